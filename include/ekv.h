@@ -1,0 +1,286 @@
+/*
+ * ekv.h — the public C API of libekv.
+ *
+ * libekv runs Llama-family (vision-)language models from GGUF or llama2.c
+ * files and keeps their key-value cache small with pluggable compression
+ * policies (Elastic Cache, H2O, StreamingLLM, SnapKV, VL-Cache, ...).
+ *
+ * Conventions
+ * - Every handle is opaque. Constructors are `ekv_<noun>_new`/`_load` and
+ *   return an `enum ekv_status`; the new handle is written to `*out` and is
+ *   owned by the caller, who releases it with the matching `_free`.
+ *   `_free(NULL)` does nothing.
+ * - The library never prints and never exits. On failure a function returns
+ *   a status other than EKV_OK and leaves a human-readable message that names
+ *   the offending thing (file, tensor, key, parameter) and the reason;
+ *   `ekv_last_error()` returns it for the calling thread.
+ * - Parameter structs come with `ekv_*_default_params()`; start from those.
+ * - Strings passed in are borrowed for the duration of the call unless a
+ *   function says otherwise.
+ */
+#ifndef EKV_H
+#define EKV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Status                                                                     */
+/* ------------------------------------------------------------------------ */
+
+enum ekv_status {
+    EKV_OK = 0,
+    EKV_ERR_INVALID_ARG,   /* a parameter is out of range or inconsistent   */
+    EKV_ERR_NOMEM,         /* an allocation failed                          */
+    EKV_ERR_IO,            /* a file could not be opened, read or written   */
+    EKV_ERR_FORMAT,        /* a file is malformed, truncated or hostile     */
+    EKV_ERR_UNSUPPORTED,   /* valid but not supported (type, architecture)  */
+    EKV_ERR_OVERFLOW,      /* a size computation would overflow             */
+    EKV_ERR_NOT_FOUND,     /* a key, tensor or name does not exist          */
+    EKV_ERR_CONTEXT_FULL,  /* the sequence reached its context limit        */
+    EKV_ERR_INTERNAL,      /* a bug: an invariant did not hold              */
+    EKV_STATUS_COUNT
+};
+
+/* Short constant description of a status ("invalid argument", ...). Never NULL. */
+const char *ekv_status_str(enum ekv_status s);
+
+/* Detail message of the last failure on the calling thread ("" if none).
+ * The string is owned by the library and valid until the next libekv call
+ * on this thread. */
+const char *ekv_last_error(void);
+
+/* Library version string, e.g. "0.1.0". */
+const char *ekv_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Models                                                                     */
+/* ------------------------------------------------------------------------ */
+
+struct ekv_model;
+
+struct ekv_model_params {
+    bool use_mmap;              /* map the file instead of reading it (default true) */
+    const char *tokenizer_path; /* llama2.c checkpoints only: tokenizer .bin;
+                                   NULL = tok<vocab>.bin beside the model */
+};
+
+struct ekv_model_params ekv_model_default_params(void);
+
+/* Loads a GGUF (v2/v3) or llama2.c checkpoint; the format is detected from
+ * the file's first bytes. On success *out is a new model owned by the caller
+ * (free with ekv_model_free). The model may be shared by several contexts,
+ * read-only, from several threads. */
+enum ekv_status ekv_model_load(const char *path, const struct ekv_model_params *params,
+                               struct ekv_model **out);
+void ekv_model_free(struct ekv_model *model);
+
+/* Hyper-parameters as read from the file. */
+struct ekv_model_info {
+    const char *arch;        /* "llama", "qwen2" (owned by the model) */
+    const char *name;        /* general.name or "" (owned by the model) */
+    const char *format;      /* "gguf" or "llama2c" */
+    int32_t n_vocab;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_ff;
+    int32_t n_ctx_train;
+    int32_t rope_dim;
+    float rope_freq_base;
+    float norm_eps;
+    bool rope_neox;          /* rotate halves (qwen2) instead of pairs */
+    bool tied_output;        /* output projection shares token_embd */
+    uint64_t n_params;
+    uint64_t weight_bytes;
+    uint64_t kv_bytes_per_token; /* full-cache bytes per token (K+V, all layers) */
+};
+void ekv_model_get_info(const struct ekv_model *model, struct ekv_model_info *info);
+
+/* ------------------------------------------------------------------------ */
+/* Tokenizer                                                                  */
+/* ------------------------------------------------------------------------ */
+
+int32_t ekv_token_bos(const struct ekv_model *model); /* -1 if none */
+int32_t ekv_token_eos(const struct ekv_model *model); /* -1 if none */
+/* True for end-of-generation tokens (EOS, <|im_end|>, ...). */
+bool ekv_token_is_eog(const struct ekv_model *model, int32_t token);
+
+/* Tokenizes `len` bytes of UTF-8 `text`. add_special: prepend BOS when the
+ * vocabulary asks for it. parse_special: text of special/control tokens
+ * ("<s>", "<|im_start|>") becomes those tokens. Writes at most `n_max` ids
+ * to `tokens` and the full count to *n_out; returns EKV_ERR_INVALID_ARG with
+ * *n_out set to the count needed when n_max is too small. */
+enum ekv_status ekv_tokenize(const struct ekv_model *model, const char *text, size_t len,
+                             bool add_special, bool parse_special, int32_t *tokens,
+                             size_t n_max, size_t *n_out);
+
+/* Bytes of one token as text (byte-fallback tokens give their byte, SPM's
+ * U+2581 gives a space, GPT-2 byte mapping is undone). Control tokens give
+ * "" unless `special` is set. Writes at most `n` bytes, no terminator; the
+ * full length goes to *n_out (EKV_ERR_INVALID_ARG when n is too small). */
+enum ekv_status ekv_token_to_piece(const struct ekv_model *model, int32_t token, bool special,
+                                   char *buf, size_t n, size_t *n_out);
+
+/* Decodes a whole token sequence into `buf` (NUL-terminated when it fits).
+ * remove_leading_space drops the space SPM puts before the first word.
+ * *n_out gets the length without the terminator. */
+enum ekv_status ekv_detokenize(const struct ekv_model *model, const int32_t *tokens, size_t n_tokens,
+                               bool special, bool remove_leading_space, char *buf, size_t n,
+                               size_t *n_out);
+
+/* ------------------------------------------------------------------------ */
+/* KV-cache policies                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* Modality of a cached token, for modality-aware policies (VL-Cache). */
+enum ekv_tag {
+    EKV_TAG_TEXT = 0,      /* system prompt or user text */
+    EKV_TAG_IMAGE = 1,     /* image embedding positions */
+    EKV_TAG_GENERATED = 2  /* tokens produced (or teacher-forced) after the prompt */
+};
+
+enum ekv_pool_kind { EKV_POOL_AVG = 0, EKV_POOL_MAX = 1 };
+
+/* Policy selection and parameters. A value of -1 (or NaN for floats) means
+ * "the policy's default from POLICIES.md". */
+struct ekv_kv_params {
+    const char *policy;     /* "full", "random", "local", "h2o", "scissorhands", "tova",
+                               "roco", "snapkv", "pyramidkv", "vlcache", "elastic" */
+    double budget;          /* fraction of tokens seen that is kept, (0, 1]; 1 = keep all */
+    int32_t max_tokens;     /* absolute cap of entries per layer and head; 0 = none */
+    int32_t sinks;          /* protected first tokens */
+    int32_t window;         /* protected recent tokens (H2O, ScissorHands, local) */
+    int32_t obs_window;     /* observation window of queries (SnapKV, PyramidKV) */
+    int32_t pool;           /* pooling kernel size (SnapKV, PyramidKV), odd */
+    enum ekv_pool_kind pool_kind;
+    int32_t distance;       /* Elastic Cache fixed-point distance (default -25) */
+    int32_t chunk;          /* block-wise prefill: tokens per chunk; 0 = whole prompt */
+    double beta;            /* PyramidKV beta (default 20) */
+    double sparsity_p;      /* VL-Cache threshold p (default 0.01) */
+    double recent_ratio;    /* VL-Cache/RoCo recent share of the budget */
+    uint64_t seed;          /* random policy */
+    bool compat_ref;        /* reproduce the authors' reference code (Elastic, --kv-compat ref) */
+};
+struct ekv_kv_params ekv_kv_default_params(void);
+
+/* Number of registered policies and the name/summary of the i-th (static strings). */
+int ekv_kv_policy_count(void);
+const char *ekv_kv_policy_name(int i);
+const char *ekv_kv_policy_summary(int i);
+
+/* ------------------------------------------------------------------------ */
+/* Contexts and sequences                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* A context owns the worker threads and scratch memory for one model; a
+ * sequence owns one KV cache with its policy. Several sequences of one
+ * context can be decoded together (ekv_decode_batch). A context and its
+ * sequences must be used from one thread at a time. */
+struct ekv_context;
+struct ekv_seq;
+
+struct ekv_context_params {
+    int32_t n_threads;  /* worker threads for matmuls (default: online cores, max 8) */
+    int32_t n_ctx;      /* positions per sequence; 0 = the model's trained context */
+};
+struct ekv_context_params ekv_context_default_params(void);
+
+/* The model must outlive the context. *out is owned by the caller. */
+enum ekv_status ekv_context_new(const struct ekv_model *model, const struct ekv_context_params *params,
+                                struct ekv_context **out);
+void ekv_context_free(struct ekv_context *ctx);
+
+/* New empty sequence with the given KV policy (NULL = full cache). The
+ * context must outlive the sequence. *out is owned by the caller. */
+enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params *kv,
+                            struct ekv_seq **out);
+void ekv_seq_free(struct ekv_seq *seq);
+
+/* One batch of input for a sequence: tokens, or embeddings (n x n_embd
+ * floats, e.g. projected image patches) when `tokens` is NULL. */
+struct ekv_input {
+    const int32_t *tokens;
+    const float *embd;
+    int32_t n;
+    enum ekv_tag tag;      /* modality of these positions */
+    bool is_prompt;        /* part of the prompt (compressed at prefill) or decode steps */
+    bool last_of_prompt;   /* the prompt ends with this input: prefill compression runs */
+    bool logits_all;       /* write logits for every position, not only the last */
+};
+
+/* Runs the model over `in`, appending to the sequence's cache and applying
+ * its policy. Writes n_vocab logits (or n x n_vocab with logits_all) to
+ * `logits` when it is not NULL (caller-owned buffer). */
+enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, float *logits);
+
+/* Convenience: the whole prompt as one text-tagged input (chunked when the
+ * policy asks for it); logits of the last token. */
+enum ekv_status ekv_seq_prefill(struct ekv_seq *seq, const int32_t *tokens, int32_t n, float *logits);
+/* Convenience: one generated token; logits of the next. */
+enum ekv_status ekv_seq_decode(struct ekv_seq *seq, int32_t token, float *logits);
+
+/* Decodes one token for each of n sequences of one context in a single
+ * forward step (weights read once). logits: n x n_vocab, caller-owned. */
+enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const *seqs,
+                                 const int32_t *tokens, int32_t n, float *logits);
+
+/* Tokens seen so far (prompt plus fed tokens). */
+int64_t ekv_seq_n_seen(const struct ekv_seq *seq);
+
+/* Cache statistics of a sequence. */
+struct ekv_kv_stats {
+    int64_t n_seen;          /* tokens seen */
+    int64_t entries;         /* cached entries summed over layers and KV heads */
+    int64_t entries_full;    /* what a full cache would hold (n_seen x layers x heads) */
+    uint64_t bytes;          /* bytes of the cached K/V entries now */
+    uint64_t bytes_full;     /* bytes a full cache would hold now */
+    uint64_t bytes_alloc;    /* bytes allocated for entries and statistics */
+    uint64_t peak_bytes_alloc;
+    int64_t evicted;         /* tokens dropped (summed over layers and heads) */
+    int64_t merged;          /* tokens merged into another entry (summed) */
+};
+void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st);
+
+/* Entries of one layer (0 if out of range). */
+int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head);
+
+/* Copies the kept original positions, merge weights and tags of one
+ * (layer, KV head) into caller buffers of at least ekv_seq_kv_layer_len
+ * entries each; any may be NULL. */
+enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int32_t kv_head,
+                                   int32_t *positions, float *weights, uint8_t *tags);
+
+/* ------------------------------------------------------------------------ */
+/* Sampling                                                                   */
+/* ------------------------------------------------------------------------ */
+
+struct ekv_sampler;
+
+struct ekv_sampler_params {
+    float temp;       /* <= 0: greedy (default 0.8) */
+    int32_t top_k;    /* 0 = off (default 40) */
+    float top_p;      /* 1 = off (default 0.95) */
+    float min_p;      /* 0 = off (default 0.05) */
+    uint64_t seed;    /* default 0xEC0 */
+};
+struct ekv_sampler_params ekv_sampler_default_params(void);
+
+enum ekv_status ekv_sampler_new(const struct ekv_sampler_params *params, struct ekv_sampler **out);
+void ekv_sampler_free(struct ekv_sampler *s);
+
+/* Picks the next token from n_vocab logits (not modified). */
+int32_t ekv_sampler_sample(struct ekv_sampler *s, const float *logits, int32_t n_vocab);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EKV_H */

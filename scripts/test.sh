@@ -1,0 +1,10 @@
+#!/bin/sh
+# The README's second command: install, build and run the whole test suite,
+# then the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -eu
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+./scripts/build.sh build
+(cd build && ctest --output-on-failure -j2)
+./scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DEKV_SANITIZE=ON
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j2)

@@ -1,0 +1,44 @@
+/*
+ * attention.h — causal attention for one KV head and the query heads that
+ * share it, one query row at a time (never a T x T matrix), collecting in
+ * the same pass the statistics KV-cache policies rank tokens by.
+ */
+#ifndef EKV_ATTENTION_H
+#define EKV_ATTENTION_H
+
+#include <stdint.h>
+
+/* Statistics a policy can ask for (bit flags). */
+#define EKV_STAT_COLSUM   (1u << 0) /* column sums over all queries, with counts */
+#define EKV_STAT_SUMSQ    (1u << 1) /* sums of squared attention (RoCo std) */
+#define EKV_STAT_LASTROW  (1u << 2) /* attention of the latest query (TOVA) */
+#define EKV_STAT_WINSUM   (1u << 3) /* column sums over a window of queries (SnapKV, VL-Cache) */
+#define EKV_STAT_BINCOUNT (1u << 4) /* count of attention >= 1/visible keys (ScissorHands) */
+#define EKV_STAT_SPARSITY (1u << 5) /* VL-Cache threshold-filter counts, per layer */
+
+/* Where one query row's statistics go. Arrays are [n_keys] and are added
+ * to (lastrow is overwritten); each receives the mean over the R query
+ * heads. NULL arrays are skipped. */
+struct ekv_attn_stats {
+    unsigned flags;        /* which of the statistics below this row feeds */
+    double *colsum;
+    int32_t *count;
+    double *sumsq;
+    float *lastrow;
+    double *winsum;
+    float *bincount;
+    double *sparse_zero;   /* scalar: entries below sparsity_p * row max, summed over heads */
+    double *sparse_total;  /* scalar: causal entries, summed over heads */
+    float sparsity_p;
+};
+
+/* One query position against n_keys cached keys.
+ *   q:     [R][d] query vectors (RoPE applied) of the R heads sharing the KV head
+ *   k, v:  [n_keys][d]
+ *   out:   [R][d] attention outputs
+ *   probs: scratch [R][n_keys]
+ * Softmax in fp32 with max subtraction; scale is usually 1/sqrt(d). */
+void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys,
+                  float scale, float *out, float *probs, const struct ekv_attn_stats *st);
+
+#endif

@@ -1,0 +1,102 @@
+/*
+ * kernels.h — the numeric kernels of ekv: a thread pool, matrix-vector and
+ * matrix-matrix products over GGUF weight types, quantisation formats, and
+ * the element-wise operations of a transformer. Every SIMD path has a
+ * plain-C reference beside it; the dispatcher picks AVX2/FMA at run time
+ * when the CPU has it, and tests compare the two.
+ *
+ * Kernels know nothing about models or caches (they sit at the bottom of
+ * the layering in DESIGN.md) and never allocate on the hot path except
+ * through the pool's scratch memory.
+ */
+#ifndef EKV_KERNELS_H
+#define EKV_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "ekv.h"
+
+/* ------------------------------------------------------------------ */
+/* Thread pool                                                          */
+/* ------------------------------------------------------------------ */
+
+struct ekv_pool;
+
+/* Work item: called once per thread index ith in [0, nth). */
+typedef void (*ekv_task_fn)(void *ctx, int ith, int nth);
+
+/* A pool of n_threads workers (the caller counts as one). n_threads >= 1. */
+enum ekv_status ekv_pool_new(int n_threads, struct ekv_pool **out);
+void ekv_pool_free(struct ekv_pool *p);
+int ekv_pool_size(const struct ekv_pool *p); /* 1 for NULL */
+/* Runs fn(ctx, ith, nth) for every ith < nth on the pool's threads and
+ * returns when all are done. p == NULL runs fn(ctx, 0, 1) inline. Not
+ * re-entrant: do not call from inside a task. */
+void ekv_pool_run(struct ekv_pool *p, ekv_task_fn fn, void *ctx);
+/* Per-thread scratch of at least `bytes` (64-byte aligned), valid until
+ * the next call with the same ith; NULL on allocation failure. */
+void *ekv_pool_scratch(struct ekv_pool *p, int ith, size_t bytes);
+
+/* ------------------------------------------------------------------ */
+/* Weights and products                                                 */
+/* ------------------------------------------------------------------ */
+
+/* A 2-D weight matrix as stored in GGUF: ne1 rows of ne0 elements each,
+ * row r starting at data + r * row_bytes. */
+struct ekv_weight {
+    enum ekv_dtype type;
+    int64_t ne0;          /* columns = input dimension  */
+    int64_t ne1;          /* rows    = output dimension */
+    size_t row_bytes;
+    const void *data;
+};
+
+/* True when matvec/matmul/dequantize handle the type. */
+bool ekv_dtype_can_compute(enum ekv_dtype t);
+
+/* y[r] = sum_c W[r][c] * x[c], r < ne1.  x: [ne0], y: [ne1]. */
+enum ekv_status ekv_matvec(struct ekv_pool *p, const struct ekv_weight *w, const float *x, float *y);
+
+/* Y[t][r] = sum_c W[r][c] * X[t][c] for t < n.  X: [n][ne0], Y: [n][ne1],
+ * both row-major. Results equal n calls of ekv_matvec up to rounding. */
+enum ekv_status ekv_matmul(struct ekv_pool *p, const struct ekv_weight *w, const float *x, int64_t n,
+                           float *y);
+
+/* Row r of w as floats (embedding lookup). dst: [ne0]. */
+enum ekv_status ekv_weight_get_row(const struct ekv_weight *w, int64_t r, float *dst);
+
+/* Block (de)quantisation of n elements (n a multiple of the block size). */
+enum ekv_status ekv_dequantize_row(enum ekv_dtype t, const void *src, float *dst, int64_t n);
+enum ekv_status ekv_quantize_row(enum ekv_dtype t, const float *src, void *dst, int64_t n);
+
+/* SIMD selection. ekv_kernels_use_reference(true) forces the plain-C paths
+ * (tests, debugging). ekv_kernels_isa() names what is in use. */
+void ekv_kernels_use_reference(bool on);
+const char *ekv_kernels_isa(void);
+
+/* ------------------------------------------------------------------ */
+/* Element-wise and small ops (src/kernels/ops.c)                       */
+/* ------------------------------------------------------------------ */
+
+float ekv_dot_f32(const float *a, const float *b, int64_t n);
+/* y += a * x */
+void ekv_axpy_f32(float *y, float a, const float *x, int64_t n);
+/* out = x / rms(x) * w */
+void ekv_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+/* out = (x - mean) / std * w + b  (w/b may be NULL) */
+void ekv_layernorm(float *out, const float *x, const float *w, const float *b, int64_t n, float eps);
+/* In-place softmax over n values. */
+void ekv_softmax(float *x, int64_t n);
+/* Rotary embedding of n_heads vectors of head_dim at position pos; the first
+ * rope_dim dims are rotated: pairs (2i, 2i+1) when !neox, halves (i, i+rope_dim/2) when neox. */
+void ekv_rope(float *x, int n_heads, int head_dim, int rope_dim, int64_t pos, float freq_base, bool neox);
+/* out[i] = silu(gate[i]) * up[i] */
+void ekv_swiglu(float *out, const float *gate, const float *up, int64_t n);
+/* tanh approximation of GELU, in place */
+void ekv_gelu(float *x, int64_t n);
+void ekv_add(float *y, const float *x, int64_t n); /* y += x */
+
+#endif

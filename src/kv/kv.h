@@ -1,0 +1,157 @@
+/*
+ * kv.h — the KV cache and the policy interface (DESIGN.md "The KV cache").
+ *
+ * Storage is per layer and per KV head (GQA-native). Each (layer, head)
+ * holds `len` entries in ascending original position: the key after RoPE,
+ * the value, the original position, a modality tag, a merge weight (tokens
+ * the entry stands for) and the statistics the active policy asked for.
+ * Heads and layers may hold different lengths. Capacity follows what is
+ * kept: it grows by appends and shrinks after compaction.
+ *
+ * A policy is a table of function pointers (struct ekv_policy_ops), one
+ * file per policy in src/kv/, listed in the registry in policy.c. The
+ * engine calls begin() before each forward (a prompt chunk or decode
+ * steps), layer() right after each layer's attention has been computed
+ * (statistics included) and end() after the last layer. A policy compacts
+ * or merges a head's entries through ekv_kv_head_keep / ekv_kv_head_merge.
+ */
+#ifndef EKV_KV_H
+#define EKV_KV_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ekv.h"
+#include "kernels/attention.h"
+
+struct ekv_kv_head {
+    int32_t len;      /* entries in use */
+    int32_t cap;      /* entries allocated */
+    float *k;         /* [cap][head_dim] keys, RoPE applied */
+    float *v;         /* [cap][head_dim] values */
+    int32_t *pos;     /* [cap] original positions, strictly increasing */
+    uint8_t *tag;     /* [cap] enum ekv_tag */
+    float *weight;    /* [cap] tokens this entry stands for (1 unless merged) */
+    /* statistics, present when kv->stats has the flag (else NULL); all are
+     * group means over the R query heads that read this KV head */
+    double *colsum;   /* [cap] EKV_STAT_COLSUM: sum over queries of attention */
+    int32_t *count;   /* [cap] EKV_STAT_COLSUM: queries summed into colsum */
+    double *sumsq;    /* [cap] EKV_STAT_SUMSQ: sum of squared attention */
+    float *lastrow;   /* [cap] EKV_STAT_LASTROW: attention of the latest query */
+    double *winsum;   /* [cap] EKV_STAT_WINSUM: sum over queries at positions >= kv->win_start */
+    float *bincount;  /* [cap] EKV_STAT_BINCOUNT: queries with attention >= 1/visible keys */
+    int64_t n_evicted; /* tokens dropped from this head (merged members not counted) */
+    int64_t n_merged;  /* tokens merged into another entry of this head */
+};
+
+struct ekv_kv_layer {
+    struct ekv_kv_head *heads; /* [n_head_kv] */
+    /* EKV_STAT_SPARSITY: over query rows at positions >= win_start and all
+     * query heads, entries below p * row max, and causal entries seen. */
+    double sparse_zero;
+    double sparse_total;
+    int32_t budget;            /* per-layer cap set by a policy (-1: none) */
+};
+
+struct ekv_kv;
+
+/* What the current forward is. */
+struct ekv_kv_step {
+    bool is_prompt;            /* prefill of (a chunk of) a prompt */
+    bool last_chunk;           /* prompt: this chunk ends the prompt */
+    int64_t pos0;              /* position of the first new token */
+    int32_t n_new;             /* positions in this forward */
+    int64_t prompt_pos0;       /* prompt: position of its first token */
+    int32_t prompt_len;        /* prompt: length of the whole prompt (all chunks) */
+    const uint8_t *prompt_tags;/* prompt: [prompt_len] tags of the whole prompt */
+};
+
+struct ekv_policy_ops {
+    const char *name;
+    const char *summary;      /* one line for --help */
+    /* Fills defaults (-1/NaN fields of kv->params) and validates; optional. */
+    enum ekv_status (*configure)(struct ekv_kv *kv);
+    /* Allocates kv->pstate; optional. */
+    enum ekv_status (*init)(struct ekv_kv *kv);
+    void (*destroy)(struct ekv_kv *kv);
+    /* Before a forward: set kv->stats, kv->win_start, reset statistics. Optional. */
+    enum ekv_status (*begin)(struct ekv_kv *kv, const struct ekv_kv_step *step);
+    /* After layer il's attention in this forward. Optional. */
+    enum ekv_status (*layer)(struct ekv_kv *kv, int il, const struct ekv_kv_step *step);
+    /* After all layers. Optional. */
+    enum ekv_status (*end)(struct ekv_kv *kv, const struct ekv_kv_step *step);
+};
+
+struct ekv_kv {
+    int32_t n_layer;
+    int32_t n_head;       /* query heads */
+    int32_t n_head_kv;
+    int32_t head_dim;
+    struct ekv_kv_layer *layers; /* [n_layer] */
+    int64_t n_seen;       /* tokens seen, including the current forward's */
+    unsigned stats;       /* EKV_STAT_* flags collected by attention */
+    int64_t win_start;    /* queries at positions >= win_start feed winsum / sparsity */
+    struct ekv_kv_params params;  /* defaults resolved by configure() */
+    char policy_name[32];
+    const struct ekv_policy_ops *ops;
+    void *pstate;         /* policy-owned */
+    uint64_t bytes_alloc; /* bytes allocated for entries + statistics */
+    uint64_t peak_bytes_alloc;
+};
+
+/* ---- cache (src/kv/cache.c) ---- */
+
+/* New empty cache for the given shape with the named policy (params->policy
+ * NULL or "full" = full cache). Validates parameters (budget in (0,1], ...). */
+enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                           const struct ekv_kv_params *params, struct ekv_kv **out);
+void ekv_kv_free(struct ekv_kv *kv);
+
+/* Makes room for `extra` more entries in every head of layer il (keeps the
+ * statistics arrays required by kv->stats). */
+enum ekv_status ekv_kv_reserve(struct ekv_kv *kv, int il, int32_t extra);
+/* Allocates any statistics arrays newly required by kv->stats (zeroed). */
+enum ekv_status ekv_kv_ensure_stats(struct ekv_kv *kv);
+
+/* Appends one entry at the end of a head (capacity must be reserved);
+ * statistics start at zero, weight 1. */
+void ekv_kv_head_append(struct ekv_kv *kv, struct ekv_kv_head *h, const float *k, const float *v,
+                        int32_t pos, uint8_t tag);
+
+/* Keeps entries with keep[j] != 0 (j < h->len), in order; the rest are
+ * evicted (counted in n_evicted by their weight). Shrinks capacity when
+ * much is freed. */
+enum ekv_status ekv_kv_head_keep(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep);
+/* Keeps the n entries at the given ascending indices. */
+enum ekv_status ekv_kv_head_keep_idx(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *idx,
+                                     int32_t n);
+/* Merges entries: into[j] is the index of the entry that j joins (into[j]
+ * == j for an entry that survives, -1 to drop j). Survivors get the
+ * weight-weighted mean of K and V over themselves and their members, the sum
+ * of weights, and the sum of additive statistics; members count as merged. */
+enum ekv_status ekv_kv_head_merge(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into);
+/* Zeroes the statistics arrays of every head. */
+void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
+
+/* Entries to keep now for layer il: min(len, ceil(budget * n_seen),
+ * max_tokens, layer budget when set), and at least 1. */
+int32_t ekv_kv_target(const struct ekv_kv *kv, int il);
+
+/* ---- policy helpers (src/kv/policy.c) ---- */
+
+/* Registry lookup by name; NULL if unknown. */
+const struct ekv_policy_ops *ekv_policy_find(const char *name);
+int ekv_policy_count(void);
+const struct ekv_policy_ops *ekv_policy_at(int i);
+
+/* Indices of the k largest scores among n (ties: lower index first, per
+ * POLICIES.md 0.7), written to out in ascending index order. Entries with
+ * mask[j] == 0 are not candidates when mask is not NULL. Returns how many
+ * were written (min(k, candidates)). */
+int32_t ekv_topk(const double *score, int32_t n, int32_t k, const uint8_t *mask, int32_t *out);
+
+/* 1-D pooling with odd kernel, padding kernel/2, stride 1: avg counts the
+ * zero padding (divides by kernel), max pads with -inf. out: [n]. */
+void ekv_pool1d(const double *in, int32_t n, int32_t kernel, enum ekv_pool_kind kind, double *out);
+
+#endif

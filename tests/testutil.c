@@ -1,0 +1,35 @@
+/* testutil.c — see testutil.h. */
+#include "testutil.h"
+
+#include <stdlib.h>
+
+int tu_pass, tu_fail;
+
+static const char *join(const char *dir, const char *rel) {
+    static char bufs[8][4096];
+    static int slot;
+    char *b = bufs[slot++ & 7];
+    snprintf(b, 4096, "%s/%s", dir, rel);
+    return b;
+}
+
+const char *tu_src(const char *rel) { return join(EKV_SOURCE_DIR, rel); }
+const char *tu_shared(const char *rel) { return join(EKV_SHARED_DIR, rel); }
+
+char *tu_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); buf = NULL; }
+    fclose(f);
+    if (buf) { buf[n] = 0; if (len) *len = (size_t)n; }
+    return buf;
+}
+
+int test_finish(const char *name) {
+    printf("%s: %d passed, %d failed\n", name, tu_pass, tu_fail);
+    return tu_fail ? 1 : 0;
+}
