@@ -105,7 +105,8 @@ enum ekv_status ekv_model_load_llama2c(struct ekv_model *m, const char *path, co
     m->vecs_len = 0; /* norms are used in place */
     if (!m->layers) return ekv_err(EKV_ERR_NOMEM, "%s: out of memory", path);
 
-    const float *emb, *rms_att, *wq, *wk, *wv, *wo, *rms_ffn, *w1, *w2, *w3, *rms_final, *skip, *wcls;
+    const float *emb = NULL, *rms_att = NULL, *wq = NULL, *wk = NULL, *wv = NULL, *wo = NULL, *rms_ffn = NULL,
+                *w1 = NULL, *w2 = NULL, *w3 = NULL, *rms_final = NULL, *skip = NULL, *wcls = NULL;
     enum ekv_status s;
     if ((s = take(&c, (size_t)vocab * D, "token embeddings", &emb)) ||
         (s = take(&c, L * D, "attention norms", &rms_att)) || (s = take(&c, L * D * D, "wq", &wq)) ||
