@@ -118,10 +118,12 @@ static enum ekv_status parse_copy(const uint8_t *d, size_t n, struct gguf_file *
 
 static const char *g_hostile_dir;
 
+/* Hostile files go to <dir>/<name>.gguf; the valid one is "valid.ok" so
+ * that a glob of *.gguf holds only files that must be rejected. */
 static void save(const char *name, const uint8_t *d, size_t n) {
     if (!g_hostile_dir) return;
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s.gguf", g_hostile_dir, name);
+    snprintf(path, sizeof path, "%s/%s%s", g_hostile_dir, name, strcmp(name, "valid") ? ".gguf" : ".ok");
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(d, 1, n, f) != n) fprintf(stderr, "cannot write %s\n", path);
     if (f) fclose(f);
@@ -426,6 +428,7 @@ int main(void) {
     g_hostile_dir = getenv("EKV_HOSTILE_DIR");
     if (g_hostile_dir && !g_hostile_dir[0]) g_hostile_dir = NULL;
     build_valid();
+    save("valid", g_valid.d, g_valid.n);
     test_valid();
     test_header();
     test_values();
