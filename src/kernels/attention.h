@@ -41,4 +41,9 @@ struct ekv_attn_stats {
 void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys,
                   float scale, float *out, float *probs, const struct ekv_attn_stats *st);
 
+/* Adds one row of attention probabilities probs [R][n_keys] (the R query
+ * heads of one KV head) into the statistics of st, exactly as ekv_attn_row
+ * does. Exposed so tests can feed hand-written attention matrices. */
+void ekv_attn_accumulate(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
+
 #endif

@@ -23,6 +23,7 @@
 
 #include "ekv.h"
 #include "kernels/attention.h"
+#include "kernels/kernels.h"
 
 struct ekv_kv_head {
     int32_t len;      /* entries in use */
@@ -64,6 +65,7 @@ struct ekv_kv_step {
     int64_t prompt_pos0;       /* prompt: position of its first token */
     int32_t prompt_len;        /* prompt: length of the whole prompt (all chunks) */
     const uint8_t *prompt_tags;/* prompt: [prompt_len] tags of the whole prompt */
+    const uint8_t *tags;       /* [n_new] tags of the new positions */
 };
 
 struct ekv_policy_ops {
@@ -136,6 +138,28 @@ void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
 /* Entries to keep now for layer il: min(len, ceil(budget * n_seen),
  * max_tokens, layer budget when set), and at least 1. */
 int32_t ekv_kv_target(const struct ekv_kv *kv, int il);
+
+/* ---- one forward through the cache (src/kv/attend.c) ---- */
+
+/* Starts a forward: kv->n_seen = step->pos0 + step->n_new, policy begin(),
+ * statistics arrays ensured. */
+enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step);
+
+/* Layer il of the current forward: appends the n_new keys/values (positions
+ * pos0.., tags from step->tags), computes causal attention of the n_new
+ * queries over the layer's entries (row i sees entries with position <=
+ * pos0 + i) collecting kv->stats, then calls the policy's layer().
+ *   q:   [n_new][n_head][head_dim]    queries, RoPE applied
+ *   k:   [n_new][n_head_kv][head_dim] keys, RoPE applied
+ *   v:   [n_new][n_head_kv][head_dim]
+ *   out: [n_new][n_head][head_dim]    attention output
+ * Work is split over KV heads on the pool (which may be NULL). */
+enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, int il,
+                                     const struct ekv_kv_step *step, const float *q, const float *k,
+                                     const float *v, float *out);
+
+/* Ends a forward: policy end(). */
+enum ekv_status ekv_kv_end(struct ekv_kv *kv, const struct ekv_kv_step *step);
 
 /* ---- policy helpers (src/kv/policy.c) ---- */
 
