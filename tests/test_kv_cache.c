@@ -576,6 +576,53 @@ static void test_same_output(void) {
     CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0);
 }
 
+/* The forward split over KV heads on a thread pool gives the same output
+ * and statistics, bit for bit, as inline (pool NULL). */
+static void test_pool(void) {
+    enum { L = 2, H = 8, G = 4, DD = 8, T = 30, P = 24 };
+    static float q[L][T][H][DD], k[L][T][G][DD], v[L][T][G][DD], out[2][L][T][H][DD];
+    for (int il = 0; il < L; il++)
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < H * DD; i++) (&q[il][t][0][0])[i] = 2.0f * frand();
+            for (int i = 0; i < G * DD; i++) (&k[il][t][0][0])[i] = 2.0f * frand();
+            for (int i = 0; i < G * DD; i++) (&v[il][t][0][0])[i] = frand();
+        }
+    struct ekv_pool *pool = NULL;
+    CHECK_OK(ekv_pool_new(3, &pool));
+    if (!pool) return;
+    struct ekv_kv *kv[2] = {NULL, NULL};
+    for (int r = 0; r < 2; r++) {
+        struct ekv_kv_params p = ekv_kv_default_params();
+        p.policy = "h2o";
+        p.budget = 0.5;
+        CHECK_OK(ekv_kv_new(L, H, G, DD, &p, &kv[r]));
+        if (!kv[r]) goto done;
+        for (int t = 0; t < T;) {
+            const int n = t == 0 ? P : 1;
+            struct ekv_kv_step st = {.is_prompt = t == 0, .last_chunk = t == 0, .pos0 = t, .n_new = n,
+                                     .prompt_len = P};
+            CHECK_OK(ekv_kv_begin(kv[r], &st));
+            for (int il = 0; il < L; il++)
+                CHECK_OK(ekv_kv_layer_forward(kv[r], r ? pool : NULL, il, &st, &q[il][t][0][0], &k[il][t][0][0],
+                                              &v[il][t][0][0], &out[r][il][t][0][0]));
+            CHECK_OK(ekv_kv_end(kv[r], &st));
+            t += n;
+        }
+    }
+    CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0);
+    for (int il = 0; il < L; il++)
+        for (int g = 0; g < G; g++) {
+            const struct ekv_kv_head *a = &kv[0]->layers[il].heads[g], *b = &kv[1]->layers[il].heads[g];
+            CHECK(a->len == b->len && a->len == 15);
+            CHECK(memcmp(a->pos, b->pos, (size_t)a->len * sizeof *a->pos) == 0);
+            CHECK(memcmp(a->colsum, b->colsum, (size_t)a->len * sizeof *a->colsum) == 0);
+        }
+done:
+    ekv_kv_free(kv[0]);
+    ekv_kv_free(kv[1]);
+    ekv_pool_free(pool);
+}
+
 int main(void) {
     test_new_validation();
     test_storage();
@@ -585,5 +632,6 @@ int main(void) {
     test_stats_direct();
     test_forward();
     test_same_output();
+    test_pool();
     return test_finish("test_kv_cache");
 }
