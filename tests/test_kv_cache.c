@@ -51,6 +51,7 @@ static void test_new_validation(void) {
     p.policy = "no-such-policy";
     CHECK(ekv_kv_new(2, 4, 2, 8, &p, &kv) == EKV_ERR_INVALID_ARG);
     CHECK(strstr(ekv_last_error(), "no-such-policy") != NULL);
+    CHECK_MSG(strstr(ekv_last_error(), "(known: full, random, local") != NULL, "%s", ekv_last_error());
     CHECK(ekv_kv_new(2, 4, 3, 8, NULL, &kv) == EKV_ERR_INVALID_ARG); /* 4 % 3 */
     CHECK(ekv_kv_new(0, 4, 2, 8, NULL, &kv) == EKV_ERR_INVALID_ARG);
     CHECK(ekv_kv_new(2, 4, 2, 0, NULL, &kv) == EKV_ERR_INVALID_ARG);
