@@ -112,7 +112,9 @@ void ekv_kv_free(struct ekv_kv *kv);
 /* Makes room for `extra` more entries in every head of layer il (keeps the
  * statistics arrays required by kv->stats). */
 enum ekv_status ekv_kv_reserve(struct ekv_kv *kv, int il, int32_t extra);
-/* Allocates any statistics arrays newly required by kv->stats (zeroed). */
+/* Allocates any statistics arrays newly required by kv->stats (zeroed) and
+ * frees those whose flag is no longer in kv->stats (memory follows what the
+ * policy uses). ekv_kv_begin calls it after the policy's begin(). */
 enum ekv_status ekv_kv_ensure_stats(struct ekv_kv *kv);
 
 /* Appends one entry at the end of a head (capacity must be reserved);
@@ -177,5 +179,12 @@ int32_t ekv_topk(const double *score, int32_t n, int32_t k, const uint8_t *mask,
 /* 1-D pooling with odd kernel, padding kernel/2, stride 1: avg counts the
  * zero padding (divides by kernel), max pads with -inf. out: [n]. */
 void ekv_pool1d(const double *in, int32_t n, int32_t kernel, enum ekv_pool_kind kind, double *out);
+
+/* Reduces h to `target` entries when it holds more: the last `window`
+ * entries (clamped to [0, target]) plus the top (target - window) of the
+ * older entries by score [h->len] (ekv_topk's tie rule). Used by H2O and
+ * ScissorHands; nothing happens when h->len <= target. */
+enum ekv_status ekv_kv_head_keep_recent_top(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t target,
+                                            int32_t window, const double *score);
 
 #endif
