@@ -50,8 +50,8 @@ int32_t ekv_roco_select(const double *mean, const double *std, int32_t n, int32_
     if (E > K) E = K;
     if (E <= 0) return 0;
 
-    double *neg = malloc((size_t)n * sizeof *neg);
-    uint8_t *mask = malloc((size_t)n);
+    double *neg = calloc((size_t)n, sizeof *neg);
+    uint8_t *mask = calloc((size_t)n, 1);
     int32_t *idx = malloc((size_t)n * sizeof *idx);
     if (!neg || !mask || !idx) {
         free(neg); free(mask); free(idx);
