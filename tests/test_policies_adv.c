@@ -687,6 +687,9 @@ static void run_random(const char *policy, int32_t chunk) {
                     if (strcmp(policy, "elastic") || !prompt || pos == m) bad += h->len != target;
                 } else if (pos == m) {
                     if (!strcmp(policy, "snapkv")) bad += h->len != target;
+                    /* T = 97, C = 30, w = 8: min 1, max 43, step 21 */
+                    static const int32_t pcap[3] = {43 + 8, 22 + 8, 1 + 8};
+                    if (!strcmp(policy, "pyramidkv")) bad += h->len != pcap[il];
                 }
             }
         if (pos >= m && (!strcmp(policy, "snapkv") || !strcmp(policy, "pyramidkv") || !strcmp(policy, "vlcache"))) {

@@ -261,10 +261,10 @@ static enum ekv_status compat_merge(struct ekv_kv *kv, int il, int32_t T, int32_
     int32_t *to = malloc((size_t)(mlen > 0 ? mlen : 1) * sizeof *to);
     int32_t *cnt = calloc((size_t)T, sizeof *cnt);
     uint8_t *keep = malloc((size_t)T);
-    float *ko = malloc((size_t)T * (size_t)d * sizeof *ko);
-    float *vo = malloc((size_t)T * (size_t)d * sizeof *vo);
+    int32_t *tos = malloc((size_t)(mlen > 0 ? mlen : 1) * sizeof *tos);
+    double *acc = malloc((size_t)(mlen > 0 ? mlen : 1) * 2 * (size_t)d * sizeof *acc); /* [nsel][2][d] */
     enum ekv_status st = EKV_OK;
-    if (!score || !pi || !ord || !sel || !thr || !to || !cnt || !keep || !ko || !vo) {
+    if (!score || !pi || !ord || !sel || !thr || !to || !cnt || !keep || !tos || !acc) {
         st = ekv_err(EKV_ERR_NOMEM, "elastic: merge scratch for %d entries", (int)T);
         goto out;
     }
@@ -287,7 +287,7 @@ static enum ekv_status compat_merge(struct ekv_kv *kv, int il, int32_t T, int32_
     /* nearest kept index to each thrown r, first occurrence on ties (sel
      * is ascending, so that is the left one): binary search */
     for (int32_t i = 0; i < nthr; i++) {
-        int32_t best = -1;
+        int32_t best = -1, bslot = -1;
         if (nsel > 0) {
             int32_t lo = 0, hi = nsel; /* first sel >= thr[i] */
             while (lo < hi) {
@@ -295,11 +295,13 @@ static enum ekv_status compat_merge(struct ekv_kv *kv, int il, int32_t T, int32_
                 if (sel[mid] < thr[i]) lo = mid + 1;
                 else hi = mid;
             }
-            if (lo == nsel) best = sel[nsel - 1];
-            else if (lo == 0) best = sel[0];
-            else best = thr[i] - sel[lo - 1] <= sel[lo] - thr[i] ? sel[lo - 1] : sel[lo];
+            if (lo == nsel) bslot = nsel - 1;
+            else if (lo == 0) bslot = 0;
+            else bslot = thr[i] - sel[lo - 1] <= sel[lo] - thr[i] ? lo - 1 : lo;
+            best = sel[bslot];
         }
         to[i] = best;
+        tos[i] = bslot;
         if (best >= 0) cnt[best]++;
     }
     memset(keep, 0, (size_t)T);
@@ -309,21 +311,34 @@ static enum ekv_status compat_merge(struct ekv_kv *kv, int il, int32_t T, int32_
 
     for (int32_t hh = 0; hh < kv->n_head_kv && st == EKV_OK; hh++) {
         struct ekv_kv_head *h = &ly->heads[hh];
-        memcpy(ko, h->k, (size_t)T * (size_t)d * sizeof *ko);
-        memcpy(vo, h->v, (size_t)T * (size_t)d * sizeof *vo);
-        /* anchors: plain mean of the old value and the thrown values */
+        /* anchors: plain mean of the old value and the thrown values, all
+         * read before any is written (scatter_reduce reads the originals) */
+        memset(acc, 0, (size_t)nsel * 2 * (size_t)d * sizeof *acc);
+        for (int32_t a = 0; a < nsel; a++) {
+            const float *kj = h->k + (size_t)sel[a] * d, *vj = h->v + (size_t)sel[a] * d;
+            double *ac = acc + (size_t)a * 2 * d;
+            for (int32_t c = 0; c < d; c++) {
+                ac[c] = kj[c];
+                ac[d + c] = vj[c];
+            }
+        }
+        for (int32_t i = 0; i < nthr; i++) {
+            if (tos[i] < 0) continue;
+            const float *kt = h->k + (size_t)thr[i] * d, *vt = h->v + (size_t)thr[i] * d;
+            double *ac = acc + (size_t)tos[i] * 2 * d;
+            for (int32_t c = 0; c < d; c++) {
+                ac[c] += kt[c];
+                ac[d + c] += vt[c];
+            }
+        }
         for (int32_t a = 0; a < nsel; a++) {
             const int32_t j = sel[a];
             if (!cnt[j]) continue;
+            const double *ac = acc + (size_t)a * 2 * d;
+            const double den = (double)(cnt[j] + 1);
             for (int32_t c = 0; c < d; c++) {
-                double sk = ko[(size_t)j * d + c], sv = vo[(size_t)j * d + c];
-                for (int32_t i = 0; i < nthr; i++) {
-                    if (to[i] != j) continue;
-                    sk += ko[(size_t)thr[i] * d + c];
-                    sv += vo[(size_t)thr[i] * d + c];
-                }
-                h->k[(size_t)j * d + c] = (float)(sk / (double)(cnt[j] + 1));
-                h->v[(size_t)j * d + c] = (float)(sv / (double)(cnt[j] + 1));
+                h->k[(size_t)j * d + c] = (float)(ac[c] / den);
+                h->v[(size_t)j * d + c] = (float)(ac[d + c] / den);
             }
         }
         /* honest token accounting: a dropped entry that was merged somewhere
@@ -344,7 +359,7 @@ static enum ekv_status compat_merge(struct ekv_kv *kv, int il, int32_t T, int32_
         }
     }
 out:
-    free(score); free(pi); free(ord); free(sel); free(thr); free(to); free(cnt); free(keep); free(ko); free(vo);
+    free(score); free(pi); free(ord); free(sel); free(thr); free(to); free(cnt); free(keep); free(tos); free(acc);
     return st;
 }
 

@@ -23,8 +23,8 @@
  * Defaults (SnapKV's LongBench configurations): w = obs_window = 32 (clamped
  * to the prompt length), pool = 7, max pooling. pool <= 1 disables pooling;
  * an even kernel is rejected (it would select out of range, §7).
- * params.pool_kind other than EKV_POOL_AVG / EKV_POOL_MAX (e.g. -1) means
- * the default, max pooling.
+ * params.pool_kind has no "unset" value: ekv_kv_default_params() gives
+ * EKV_POOL_MAX, the default here; EKV_POOL_AVG must be asked for.
  *
  * No decode-time eviction: SnapKV compresses the prompt once; generated
  * tokens are appended and the cache grows after prefill (its size is then
