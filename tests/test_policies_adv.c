@@ -641,7 +641,33 @@ static void elastic_long(bool compat) {
     ekv_kv_free(kv);
 }
 
+/* §10.5 edge cases of the reference's unclamped P with Python slicing:
+ * after the §10.7 reference merge ([0, 1, 7], P = 4 + distance) four decode
+ * steps give f = trunc(k/2 - 1) = 1 at k = 4 with 7 entries
+ * [0,1,7,8,9,10,11]: P = -2 deletes index 5 (position 10); P = -21
+ * (len < -P) and P = -1 (the reference would duplicate) delete nothing. */
+static void elastic_compat_edge(int32_t distance, const int32_t *want, int n_want) {
+    struct ekv_kv_params p = params_for("elastic", 0.5);
+    p.compat_ref = true;
+    p.distance = distance;
+    struct ekv_kv *kv = run_matrix(p, 2);
+    if (!kv) return;
+    CHECK(ekv_elastic_fixed_point(kv, 0) == 4 + distance);
+    for (int32_t k = 1; k <= 4; k++) {
+        struct ekv_kv_step d = {.is_prompt = false, .pos0 = 7 + k, .n_new = 1};
+        CHECK_OK(ekv_kv_begin(kv, &d));
+        append_entries(kv, 0, 7 + k, 1, NULL);
+        CHECK_OK(kv->ops->layer(kv, 0, &d));
+    }
+    CHECK_MSG(positions_are(&kv->layers[0].heads[0], want, n_want), "distance %d", (int)distance);
+    ekv_kv_free(kv);
+}
+
 static void test_elastic_long(void) {
+    static const int32_t del5[] = {0, 1, 7, 8, 9, 11}, none[] = {0, 1, 7, 8, 9, 10, 11};
+    elastic_compat_edge(-6, del5, 6);
+    elastic_compat_edge(-25, none, 7);
+    elastic_compat_edge(-5, none, 7);
     elastic_long(false);
     elastic_long(true);
 }

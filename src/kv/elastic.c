@@ -274,7 +274,7 @@ static enum ekv_status compat_merge(struct ekv_kv *kv, int il, int32_t T, int32_
     /* stable ascending argsort of s = score[start : T-1] (the CUDA sort
      * leaves ties unspecified; index order breaks them here) */
     for (int32_t r = 0; r < mlen; r++) {
-        ord[r].v = score[start + r];
+        ord[r].v = isnan(score[start + r]) ? -INFINITY : score[start + r];
         ord[r].i = r;
     }
     if (mlen > 1) qsort(ord, (size_t)mlen, sizeof *ord, cmp_vi);
@@ -403,7 +403,9 @@ static enum ekv_status elastic_layer(struct ekv_kv *kv, int il, const struct ekv
         if (step->is_prompt && f > 1) {
             enum ekv_status st = compat_merge(kv, il, T, f);
             if (st != EKV_OK) return st;
-            s->P[il] = distance > 0 ? distance : T - f + distance;
+            int64_t P = distance > 0 ? (int64_t)distance : (int64_t)T - f + distance;
+            if (P <= (int64_t)INT32_MIN) P = (int64_t)INT32_MIN + 1; /* beyond any cache: deletes nothing */
+            s->P[il] = (int32_t)P;
             return EKV_OK;
         }
         if (f >= 1) return compat_eliminate(kv, il, f);
