@@ -157,7 +157,16 @@ enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, i
     struct ekv_kv_params p = params ? *params : ekv_kv_default_params();
     const char *name = (p.policy && p.policy[0]) ? p.policy : "full";
     const struct ekv_policy_ops *ops = ekv_policy_find(name);
-    if (!ops) return ekv_err(EKV_ERR_INVALID_ARG, "unknown kv policy '%s'", name);
+    if (!ops) {
+        char known[256] = "";
+        size_t used = 0;
+        for (int i = 0; i < ekv_policy_count() && used < sizeof known; i++) {
+            int w = snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", ekv_policy_at(i)->name);
+            if (w < 0) break;
+            used += (size_t)w;
+        }
+        return ekv_err(EKV_ERR_INVALID_ARG, "unknown kv policy '%s' (known: %s)", name, known);
+    }
     if (!(p.budget > 0.0 && p.budget <= 1.0))
         return ekv_err(EKV_ERR_INVALID_ARG, "kv budget %g out of range (0, 1]", p.budget);
     if (p.max_tokens < 0)

@@ -137,8 +137,10 @@ enum ekv_status ekv_kv_head_merge(struct ekv_kv *kv, struct ekv_kv_head *h, cons
 /* Zeroes the statistics arrays of every head. */
 void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
 
-/* Entries to keep now for layer il: min(len, ceil(budget * n_seen),
- * max_tokens, layer budget when set), and at least 1. */
+/* Entries to keep now for layer il: min(len, ceil(budget * n_seen - 1e-9),
+ * max_tokens when > 0, layer budget when >= 0), and at least 1; len is the
+ * longest head of the layer. The 1e-9 keeps budget 1.0 (and any product
+ * that is an integer up to rounding) from rounding up. */
 int32_t ekv_kv_target(const struct ekv_kv *kv, int il);
 
 /* ---- one forward through the cache (src/kv/attend.c) ---- */
