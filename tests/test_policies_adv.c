@@ -30,6 +30,15 @@ static const float A[8][8] = {
     {.20f, .04f, .15f, .06f, .25f, .11f, .09f, .10f},
 };
 
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static double rnd(void) { /* splitmix64 -> [0, 1) */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
 static struct ekv_kv_params params_for(const char *policy, double budget) {
     struct ekv_kv_params p = ekv_kv_default_params();
     p.policy = policy;
@@ -121,7 +130,52 @@ static double weight_sum(const struct ekv_kv_head *h) {
 /* RoCo §6                                                              */
 /* ------------------------------------------------------------------ */
 
+/* Brute-force RoCo round: selection sort with the §0.7 tie rules. */
+static void roco_brute(const double *mean, const double *sd, int n, int sinks, int window, int K, int E,
+                       uint8_t *keep) {
+    uint8_t cand[64] = {0}, used[64] = {0};
+    for (int j = 0; j < n; j++) keep[j] = 1;
+    for (int c = 0; c < K; c++) { /* K times: lowest std, lowest index */
+        int b = -1;
+        for (int j = sinks; j < n - window; j++)
+            if (!used[j] && (b < 0 || sd[j] < sd[b])) b = j;
+        if (b < 0) break;
+        used[b] = cand[b] = 1;
+    }
+    for (int e = 0; e < E; e++) { /* E times: lowest mean among candidates */
+        int b = -1;
+        for (int j = 0; j < n; j++)
+            if (cand[j] && keep[j] && (b < 0 || mean[j] < mean[b])) b = j;
+        if (b < 0) break;
+        keep[b] = 0;
+    }
+}
+
+/* Both selection paths of ekv_roco_select (few or most candidates) against
+ * the brute force, on values with many ties. */
+static void test_roco_select_random(void) {
+    int bad = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        const int n = 8 + trial % 40;
+        double mean[64], sd[64];
+        for (int j = 0; j < n; j++) {
+            mean[j] = (double)(int)(rnd() * 5) / 5.0;
+            sd[j] = (double)(int)(rnd() * 4) / 4.0;
+        }
+        const int sinks = trial % 3, window = 1 + trial % 4;
+        const int unprot = n - sinks - window;
+        const int K = 1 + (int)(rnd() * unprot);
+        const int E = 1 + (int)(rnd() * K);
+        uint8_t a[64], b[64];
+        if (ekv_roco_select(mean, sd, n, sinks, window, K, E, a) != E) bad++;
+        roco_brute(mean, sd, n, sinks, window, K, E, b);
+        if (memcmp(a, b, (size_t)n) != 0) bad++;
+    }
+    CHECK_MSG(bad == 0, "%d mismatches", bad);
+}
+
 static void test_roco(void) {
+    test_roco_select_random();
     /* mean / std of §15 */
     static const double mean[8] = {.4625, .0843, .2333, .1220, .2250, .1367, .1450, .1000};
     static const double sd[8] = {.2509, .0912, .0986, .0900, .1031, .0838, .0550, 0};
@@ -308,14 +362,6 @@ static void test_pyramid_schedule(void) {
     for (int l = 0; l < 4; l++) CHECK(caps[l] == 200);
 }
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static double rnd(void) { /* splitmix64 -> [0, 1) */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 9007199254740992.0;
-}
 
 /* The policy on a 1000-token prompt, 4 layers: layer capacities follow the
  * schedule with C = ceil(0.128 * 1000) = 128, w = 8. */

@@ -57,14 +57,30 @@ int32_t ekv_roco_select(const double *mean, const double *std, int32_t n, int32_
         free(neg); free(mask); free(idx);
         return -1;
     }
-    /* candidates: K lowest std among the unprotected */
-    for (int32_t j = 0; j < n; j++) {
-        neg[j] = -std[j];
-        mask[j] = (j >= sinks && j < n - window) ? 1 : 0;
+    /* candidates: the K lowest std among the unprotected, ties to the lower
+     * index. When K is most of them (decode: all but a few), select the
+     * excluded rest instead -- the highest std, ties to the HIGHER index,
+     * which is ekv_topk's rule on the reversed array -- so the work stays
+     * O(n log(excluded)). */
+    const int32_t nx = unprot - K;
+    if (nx < K) {
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t j = n - 1 - i;
+            neg[i] = std[j];
+            mask[i] = (j >= sinks && j < n - window) ? 1 : 0;
+        }
+        const int32_t got = ekv_topk(neg, n, nx, mask, idx);
+        for (int32_t j = 0; j < n; j++) mask[j] = (j >= sinks && j < n - window) ? 1 : 0;
+        for (int32_t i = 0; i < got; i++) mask[n - 1 - idx[i]] = 0;
+    } else {
+        for (int32_t j = 0; j < n; j++) {
+            neg[j] = -std[j];
+            mask[j] = (j >= sinks && j < n - window) ? 1 : 0;
+        }
+        const int32_t nc = ekv_topk(neg, n, K, mask, idx);
+        memset(mask, 0, (size_t)n);
+        for (int32_t i = 0; i < nc; i++) mask[idx[i]] = 1;
     }
-    int32_t nc = ekv_topk(neg, n, K, mask, idx);
-    memset(mask, 0, (size_t)n);
-    for (int32_t i = 0; i < nc; i++) mask[idx[i]] = 1;
     /* evict the E lowest means among the candidates */
     for (int32_t j = 0; j < n; j++) neg[j] = -mean[j];
     int32_t ne = ekv_topk(neg, n, E, mask, idx);
