@@ -594,6 +594,17 @@ static void test_elastic_vectors(void) {
         CHECK(positions_are(&kv->layers[0].heads[0], pos, 7));
         ekv_kv_free(kv);
     }
+    /* max_tokens 4 with budget 1 forces f = 4: the §10.7 paper result */
+    p = params_for("elastic", 1.0);
+    p.max_tokens = 4;
+    kv = run_matrix(p, 2);
+    if (kv) {
+        static const int32_t pos[] = {0, 2, 4, 7};
+        static const double val[] = {0, 2, 5, 7};
+        CHECK(positions_are(&kv->layers[0].heads[0], pos, 4));
+        CHECK(kv_is(&kv->layers[0].heads[0], val, 4));
+        ekv_kv_free(kv);
+    }
     /* f <= 0 (budget 1): nothing */
     kv = run_matrix(params_for("elastic", 1.0), 2);
     if (kv) {
