@@ -74,6 +74,31 @@ void ekv_attn_accumulate(const float *probs, int R, int32_t n_keys, const struct
     }
 }
 
+/* q . k with eight partial sums (lane c % 8), added pairwise at the end:
+ * a fixed order, so results are deterministic, and independent chains the
+ * compiler can keep in one vector register. */
+static inline float dot8(const float *a, const float *b, size_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[c + l] * b[c + l];
+    for (; c < n; c++) acc[c & 7] += a[c] * b[c];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* o += sum_j p[j] * v[j][:], one key at a time (out does not alias v). */
+static void axpy_rows(float *restrict o, const float *restrict p, const float *restrict v, size_t n,
+                      size_t d) {
+    for (size_t j = 0; j < n; j++) {
+        const float pj = p[j];
+        const float *restrict vj = v + j * d;
+        size_t c = 0;
+        for (; c + 8 <= d; c += 8) /* fixed-width blocks the compiler vectorises */
+            for (int l = 0; l < 8; l++) o[c + l] += pj * vj[c + l];
+        for (; c < d; c++) o[c] += pj * vj[c];
+    }
+}
+
 void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys,
                   float scale, float *out, float *probs, const struct ekv_attn_stats *st) {
     if (R <= 0 || d <= 0) return;
@@ -89,10 +114,7 @@ void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, 
         /* scores and their maximum */
         float mx = -INFINITY;
         for (size_t j = 0; j < n; j++) {
-            const float *kj = k + j * dd;
-            float s = 0.0f;
-            for (size_t c = 0; c < dd; c++) s += qh[c] * kj[c];
-            s *= scale;
+            const float s = dot8(qh, k + j * dd, dd) * scale;
             ph[j] = s;
             mx = s > mx ? s : mx;
         }
@@ -107,11 +129,7 @@ void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, 
         for (size_t j = 0; j < n; j++) ph[j] *= inv;
 
         /* out = sum_j p_j v_j */
-        for (size_t j = 0; j < n; j++) {
-            const float p = ph[j];
-            const float *vj = v + j * dd;
-            for (size_t c = 0; c < dd; c++) oh[c] += p * vj[c];
-        }
+        axpy_rows(oh, ph, v, n, dd);
     }
     if (st && n) ekv_attn_accumulate(probs, R, n_keys, st);
 }
