@@ -53,7 +53,11 @@ cp "$SRC" "$T/m.gguf"; patch "$T/m.gguf" $ninfo u32le 9; expect_error "$T/m.gguf
 cp "$SRC" "$T/m.gguf"; patch "$T/m.gguf" $((ninfo+4)) u64le $((1<<40)); patch "$T/m.gguf" $((ninfo+12)) u64le $((1<<40)); expect_error "$T/m.gguf" "absurd dims"
 cp "$SRC" "$T/m.gguf"; patch "$T/m.gguf" $((ninfo+20)) u32le 200; expect_error "$T/m.gguf" "unknown type"
 cp "$SRC" "$T/m.gguf"; patch "$T/m.gguf" $((ninfo+24)) u64le $((1<<50)); expect_error "$T/m.gguf" "offset past end"
-cp "$SRC" "$T/m.gguf"; patch "$T/m.gguf" $((ninfo+4)) u64le 65; expect_error "$T/m.gguf" "shape mismatch"
+# a structurally valid GGUF whose token_embd no longer matches the metadata:
+# `info` may still list it, `run` must refuse it
+cp "$SRC" "$T/m.gguf"; patch "$T/m.gguf" $((ninfo+4)) u64le 65
+"$EKV" run -m "$T/m.gguf" -n 1 -p Hi >/dev/null 2>"$T/err"
+if [ $? -eq 1 ] && grep -q "token_embd.weight" "$T/err"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL (shape mismatch)" >&2; fi
 cp "$SRC" "$T/m.gguf"; patch "$T/m.gguf" $((off-8)) u64le $((1<<61)); expect_error "$T/m.gguf" "absurd tensor name length"
 
 # llama2.c checkpoints

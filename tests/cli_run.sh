@@ -9,10 +9,15 @@ fail=0; pass=0
 ok()  { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 cd "$REPO"
-GOLD="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high."
+# The quoted sentence is the first 57 generated tokens; tokens 58-60 are "\nLily".
+GOLD="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.
+Lily"
+GOLD57="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high."
 
 out=$("$EKV" run -p "Once upon a time" -n 60 --temp 0 -t 2 2>/tmp/ekv_cli_err.$$)
 [ "$out" = "$GOLD" ] && ok || bad "GGUF greedy output: '$out'"
+out=$("$EKV" run -p "Once upon a time" -n 57 --temp 0 2>/dev/null)
+[ "$out" = "$GOLD57" ] && ok || bad "GGUF greedy 57 tokens: '$out'"
 grep -q "tok/s" /tmp/ekv_cli_err.$$ && ok || bad "no report line on stderr"
 
 out=$("$EKV" run -m "$SHARED/models/stories260K.bin" -p "Once upon a time" -n 60 --temp 0 2>/dev/null)

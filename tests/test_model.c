@@ -90,9 +90,14 @@ int main(void) {
     int32_t gen_g[60], gen_l[60];
     greedy(&g, "Once upon a time", 60, gen_g, NULL, NULL);
     greedy(&l, "Once upon a time", 60, gen_l, NULL, NULL);
+    /* The quoted golden sentence is exactly the first 57 generated tokens;
+     * tokens 58-60 continue with "\nLily". */
     char text[4096];
-    text_of(g.m, "Once upon a time", gen_g, 60, text, sizeof text);
+    text_of(g.m, "Once upon a time", gen_g, 57, text, sizeof text);
     CHECK_MSG(strcmp(text, GOLDEN) == 0, "GGUF greedy text:\n%s\nexpected:\n%s", text, GOLDEN);
+    text_of(g.m, "Once upon a time", gen_g, 60, text, sizeof text);
+    CHECK_MSG(strncmp(text, GOLDEN, strlen(GOLDEN)) == 0 && strcmp(text + strlen(GOLDEN), "\nLily") == 0,
+              "60-token text: %s", text);
     CHECK_MSG(memcmp(gen_g, gen_l, sizeof gen_g) == 0, "llama2.c tokens differ from GGUF tokens");
 
     /* 200-token run: logits of both formats at every position, teacher-forced */

@@ -494,10 +494,11 @@ int32_t ekv_kv_target(const struct ekv_kv *kv, int il) {
         if (L->heads[hk].len > t) t = L->heads[hk].len;
     /* the -1e-9 keeps budget * n_seen that is an integer up to rounding
      * (budget 1.0 in particular) from rounding up */
-    const double c = ceil(kv->params.budget * (double)kv->n_seen - 1e-9);
+    /* a per-layer budget set by the policy (PyramidKV, VL-Cache) replaces
+     * the uniform ceil(budget * n_seen): lower layers may keep more */
+    const double c = L->budget >= 0 ? (double)L->budget : ceil(kv->params.budget * (double)kv->n_seen - 1e-9);
     if (c < (double)t) t = (int64_t)c;
     if (kv->params.max_tokens > 0 && kv->params.max_tokens < t) t = kv->params.max_tokens;
-    if (L->budget >= 0 && L->budget < t) t = L->budget;
     if (t < 1) t = 1;
     return (int32_t)t;
 }

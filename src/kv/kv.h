@@ -137,8 +137,9 @@ enum ekv_status ekv_kv_head_merge(struct ekv_kv *kv, struct ekv_kv_head *h, cons
 /* Zeroes the statistics arrays of every head. */
 void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
 
-/* Entries to keep now for layer il: min(len, ceil(budget * n_seen - 1e-9),
- * max_tokens when > 0, layer budget when >= 0), and at least 1; len is the
+/* Entries to keep now for layer il: min(len, B, max_tokens when > 0), at
+ * least 1, where B is the layer budget when a policy set one (>= 0) and
+ * ceil(budget * n_seen - 1e-9) otherwise; len is the
  * longest head of the layer. The 1e-9 keeps budget 1.0 (and any product
  * that is an integer up to rounding) from rounding up. */
 int32_t ekv_kv_target(const struct ekv_kv *kv, int il);
