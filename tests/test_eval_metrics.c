@@ -505,6 +505,51 @@ static void test_dataset_text(void) {
     CHECK(ekv_data_format_parse("csv", &fmt) == EKV_ERR_INVALID_ARG);
 }
 
+/* The shipped in-domain set and the ../shared sets load as they are. */
+static void test_dataset_shipped_and_shared(void) {
+    struct ekv_data_opts o = ekv_data_default_opts();
+    struct ekv_dataset ds, stories;
+    /* data/tinystories_eval.jsonl: 5 items; each is a story of the shared
+     * sample cut in two (instruction + whitespace + answer = the story) */
+    o.require_answer = true;
+    CHECK_OK(ekv_dataset_load(tu_src("data/tinystories_eval.jsonl"), &o, &ds));
+    struct ekv_data_opts to = ekv_data_default_opts();
+    to.format = EKV_DATA_TEXT;
+    to.doc_sep = "<|endoftext|>";
+    CHECK_OK(ekv_dataset_load(tu_shared("data/perplexity/tinystories_sample.txt"), &to, &stories));
+    CHECK(ds.n_items == 5 && stories.n_items == 5);
+    for (size_t i = 0; i < ds.n_items && i < stories.n_items; i++) {
+        const char *st = stories.items[i].text, *in = ds.items[i].instruction, *an = ds.items[i].answer;
+        size_t ls = strlen(st), li = strlen(in), la = strlen(an);
+        CHECK_MSG(strncmp(st, in, li) == 0 && ls >= li + la && strcmp(st + ls - la, an) == 0 &&
+                  ls - li - la >= 1 && ls - li - la <= 2, "item %zu", i);
+        /* the cut is near 40% of the story */
+        CHECK_MSG(li * 100 >= 40 * ls && li * 100 <= 55 * ls, "item %zu: %zu of %zu", i, li, ls);
+    }
+    ekv_dataset_free(&ds);
+    ekv_dataset_free(&stories);
+    /* XSum (article/summary_gt), AlpacaEval (instruction/output), the HF XSum
+     * fixture (document/summary, ".json" read as JSONL) */
+    static const char *const sets[] = {"data/summarization/xsum_0shot.jsonl",
+                                       "data/instructions/alpaca_eval.jsonl",
+                                       "data/summarization/hf_fixture_xsum_sample.json"};
+    for (size_t i = 0; i < 3; i++) {
+        o = ekv_data_default_opts();
+        o.require_answer = true;
+        o.offset = 1;
+        o.limit = 3;
+        CHECK_OK(ekv_dataset_load(tu_shared(sets[i]), &o, &ds));
+        CHECK_MSG(ds.n_items == 3 && ds.items[0].line == 2 && ds.items[0].answer &&
+                  strlen(ds.items[0].instruction) > 10, "%s", sets[i]);
+        ekv_dataset_free(&ds);
+    }
+    /* WikiText-2 test split as one document */
+    o = ekv_data_default_opts();
+    CHECK_OK(ekv_dataset_load(tu_shared("data/perplexity/wikitext2_wiki.test.raw"), &o, &ds));
+    CHECK(ds.n_items == 1 && ds.items[0].text && strlen(ds.items[0].text) > 1000000);
+    ekv_dataset_free(&ds);
+}
+
 static void test_grid_parsing(void) {
     double *b;
     size_t n;
@@ -645,6 +690,7 @@ int main(void) {
     test_dataset_jsonl();
     test_dataset_huge_line();
     test_dataset_text();
+    test_dataset_shipped_and_shared();
     test_grid_parsing();
     test_report();
     /* clean up the temporary directory */

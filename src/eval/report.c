@@ -110,15 +110,14 @@ enum ekv_status ekv_split_list(const char *list, char ***items, size_t *n) {
         while (*p == ' ' || *p == '\t') p++;
         char *e = p + strlen(p);
         while (e > p && (e[-1] == ' ' || e[-1] == '\t')) *--e = '\0';
-        if (!*p) {
-            free(arr);
-            return ekv_err(EKV_ERR_INVALID_ARG, "list '%s': empty element %zu", list, k + 1);
-        }
-        for (size_t i = 0; i < k; i++) {
-            if (strcmp(arr[i], p) == 0) {
-                free(arr);
-                return ekv_err(EKV_ERR_INVALID_ARG, "list '%s': '%s' given twice", list, p);
-            }
+        enum ekv_status st = EKV_OK;
+        if (!*p) st = ekv_err(EKV_ERR_INVALID_ARG, "list '%s': empty element %zu", list, k + 1);
+        for (size_t i = 0; i < k && st == EKV_OK; i++)
+            if (strcmp(arr[i], p) == 0)
+                st = ekv_err(EKV_ERR_INVALID_ARG, "list '%s': '%s' given twice", list, p);
+        if (st != EKV_OK) {
+            free(arr); /* p points into arr: the message is written first */
+            return st;
         }
         arr[k++] = p;
         if (!c) break;
