@@ -158,6 +158,18 @@ static void test_rouge_limits(void) {
     CHECK(ekv_rouge_l(EKV_ROUGE_PLTRDY, s, s, &r) == EKV_ERR_INVALID_ARG);
     CHECK(strstr(ekv_last_error(), "LCS limit") != NULL);
     CHECK(ekv_rouge_l(EKV_ROUGE_SENTENCE, s, s, &r) == EKV_ERR_INVALID_ARG);
+    /* texts over 1 MiB are refused before any table is built */
+    char *big = malloc(EKV_ROUGE_MAX_BYTES + 2);
+    if (big) {
+        memset(big, 'a', EKV_ROUGE_MAX_BYTES + 1);
+        big[EKV_ROUGE_MAX_BYTES + 1] = '\0';
+        CHECK(ekv_rouge_l(EKV_ROUGE_PLTRDY, big, "a", &r) == EKV_ERR_INVALID_ARG);
+        CHECK(strstr(ekv_last_error(), "hypothesis of 1048577 bytes") != NULL);
+        big[EKV_ROUGE_MAX_BYTES] = '\0'; /* exactly 1 MiB: one word, accepted */
+        CHECK_OK(ekv_rouge_l(EKV_ROUGE_PLTRDY, "a", big, &r));
+        CHECK(r.overlap == 0 && r.ref_len == 1);
+        free(big);
+    }
     /* 2000 x 2000 is fine: all words "w", LCS = 2000 */
     s[2 * 2000] = '\0';
     CHECK_OK(ekv_rouge_l(EKV_ROUGE_SENTENCE, s, s, &r));
@@ -661,6 +673,8 @@ static void test_report(void) {
     s = tu_read_file(tmp_path("ppl.gp"), NULL);
     CHECK(s && strstr(s, "$d1 << EOD\n0.2 20\n0.5 13.25\nEOD\n") != NULL); /* h2o sorted by budget */
     CHECK(s && strstr(s, "title \"full\"") != NULL && strstr(s, "set output \"ppl.png\"") != NULL);
+    CHECK(s && strstr(s, "plot 12.5 with lines dt 2") != NULL); /* full: one budget, reference line */
+    CHECK(s && strstr(s, "set xrange [0:1.05]") != NULL);
     free(s);
     /* real gnuplot, when installed (scripts/setup.sh installs gnuplot-nox) */
     if (access("/usr/bin/gnuplot", X_OK) == 0) {

@@ -119,8 +119,12 @@ struct ekv_rouge {
 /* Scores hypothesis `hyp` against reference `ref` (NUL-terminated UTF-8).
  * An empty hypothesis or reference (PLTRDY: no non-empty '.'-segment;
  * SENTENCE: no word) is EKV_ERR_INVALID_ARG, as pltrdy raises ValueError.
- * A sentence pair whose LCS table would exceed EKV_ROUGE_MAX_CELLS cells is
- * EKV_ERR_INVALID_ARG (pltrdy itself fails on such inputs by recursion). */
+ * A text longer than EKV_ROUGE_MAX_BYTES, or a sentence pair whose LCS
+ * table would exceed EKV_ROUGE_MAX_CELLS cells, is EKV_ERR_INVALID_ARG
+ * (pltrdy itself fails on long sentence pairs: its back-tracking recurses
+ * once per path step, up to the two sentences' word counts summed, and hits
+ * Python's default recursion limit of 1000). */
+#define EKV_ROUGE_MAX_BYTES ((size_t)1 << 20)
 #define EKV_ROUGE_MAX_CELLS ((size_t)1 << 26)
 enum ekv_status ekv_rouge_l(enum ekv_rouge_kind kind, const char *hyp,
                             const char *ref, struct ekv_rouge *out);

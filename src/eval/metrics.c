@@ -13,8 +13,9 @@
 #include "core/util.h"
 #include "eval/eval.h"
 
-/* Longest text ekv_rouge_l accepts (a generated answer is a few KB). */
-#define ROUGE_MAX_BYTES ((size_t)16 << 20)
+/* Longest text ekv_rouge_l accepts (a generated answer is a few KB); bounds
+ * the word tables, which take about 30 bytes per input byte. */
+#define ROUGE_MAX_BYTES EKV_ROUGE_MAX_BYTES
 
 /* ------------------------------------------------------------------------ */
 /* Words                                                                      */

@@ -516,7 +516,22 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
     sb_printf(b, "%s\"\n", metric);
     sb_printf(b, "set xlabel \"KV budget (fraction of tokens kept)\"\n");
     sb_printf(b, "set ylabel \"%s\"\nset grid\nset key outside right top\n", metric);
-    sb_printf(b, "set offsets graph 0.03, graph 0.03, graph 0.05, graph 0.05\n");
+    double bmax = 0.0;
+    for (size_t i = 0; i < rep->n_rows; i++)
+        if (strcmp(rep->rows[i].metric, metric) == 0 && rep->rows[i].budget > bmax)
+            bmax = rep->rows[i].budget;
+    /* x from 0 to just past the largest budget, so that the reference lines
+     * of single-budget policies span the plot */
+    sb_printf(b, "set xrange [0:%.9g]\n", bmax > 0.0 ? bmax * 1.05 : 1.05);
+    sb_printf(b, "set offsets 0, 0, graph 0.05, graph 0.05\n");
+    /* A policy measured at a single budget (the full cache, typically) is
+     * drawn as a dashed horizontal reference line across the plot. */
+    double *single = malloc((np ? np : 1) * sizeof *single);
+    if (!single) {
+        free(pts);
+        free(pol);
+        return ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+    }
     for (size_t k = 0; k < np; k++) {
         size_t n = 0;
         for (size_t i = 0; i < rep->n_rows; i++) {
@@ -525,15 +540,21 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
                 pts[n++] = r;
         }
         qsort(pts, n, sizeof *pts, cmp_row_budget);
+        single[k] = n == 1 ? pts[0]->value : NAN;
         sb_printf(b, "$d%zu << EOD\n", k);
         for (size_t i = 0; i < n; i++) sb_printf(b, "%.9g %.9g\n", pts[i]->budget, pts[i]->value);
         sb_printf(b, "EOD\n");
     }
     sb_printf(b, "plot ");
-    for (size_t k = 0; k < np; k++)
-        sb_printf(b, "%s$d%zu using 1:2 with linespoints lw 2 pt 7 title \"%s\"", k ? ", \\\n     " : "",
-                  k, pol[k]);
+    for (size_t k = 0; k < np; k++) {
+        sb_printf(b, "%s", k ? ", \\\n     " : "");
+        if (isfinite(single[k]))
+            sb_printf(b, "%.9g with lines dt 2 lw 2 title \"%s\"", single[k], pol[k]);
+        else
+            sb_printf(b, "$d%zu using 1:2 with linespoints lw 2 pt 7 title \"%s\"", k, pol[k]);
+    }
     sb_printf(b, "\n");
+    free(single);
     free(pts);
     free(pol);
     return b->oom ? ekv_err(EKV_ERR_NOMEM, "plot: no memory for the script") : EKV_OK;
