@@ -50,6 +50,6 @@ enum ekv_status ekv_err_prefix(enum ekv_status s, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     snprintf(old, sizeof old, "%s", g_errmsg);
-    snprintf(g_errmsg, sizeof g_errmsg, "%s: %s", prefix, old);
+    snprintf(g_errmsg, sizeof g_errmsg, "%.500s: %.500s", prefix, old);
     return s;
 }

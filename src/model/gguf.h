@@ -51,7 +51,8 @@ struct gguf_value {
         struct {
             enum gguf_type type;        /* element type */
             uint64_t n;                 /* element count */
-            const void *data;           /* scalar elements: raw little-endian bytes in the file */
+            const void *data;           /* scalar elements: raw little-endian bytes in the file,
+                                           possibly unaligned (read them with memcpy) */
             struct gguf_str *strs;      /* STRING elements: n entries (owned by the gguf_file) */
             struct gguf_value *vals;    /* ARRAY elements: n nested values (owned) */
         } arr;
@@ -134,6 +135,9 @@ enum ekv_status gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum
                                     const void *data, uint64_t n);
 enum ekv_status gguf_writer_set_arr_str(struct gguf_writer *w, const char *key,
                                         const char *const *strs, uint64_t n);
+/* Stores a deep copy of any value (every scalar type, strings, arrays of
+ * scalars, of strings and of arrays up to 8 levels). */
+enum ekv_status gguf_writer_set_value(struct gguf_writer *w, const char *key, const struct gguf_value *v);
 /* Copies one key/value (any type, nested arrays included) from a reader. */
 enum ekv_status gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_kv *kv);
 
