@@ -1,0 +1,385 @@
+/*
+ * eval.h — internal API of libekv_eval, the part of `ekv eval` that does
+ * not need a model: quality metrics (ROUGE-L, perplexity, KL, top-1
+ * agreement, cache hit rate, Jaccard), evaluation-set readers (JSONL and
+ * plain text with --offset/--limit) and result writers (CSV, JSON, Markdown,
+ * gnuplot PNGs). The CLI (tools/ekv/cmd_eval.c) drives the engine and feeds
+ * these functions; nothing here prints, every failure returns a status and
+ * sets ekv_last_error().
+ *
+ * Protocols follow POLICIES.md §13; what each metric computes exactly is
+ * written next to its function.
+ */
+#ifndef EKV_EVAL_H
+#define EKV_EVAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ekv.h"
+
+/*
+ * Planned CLI (tools/ekv/cmd_eval.c, not wired yet):
+ *
+ *   ekv eval -m MODEL -f DATA [options]
+ *
+ *   -m, --model FILE       GGUF or llama2.c checkpoint (default: the bundled
+ *                          models/stories260K.gguf when present)
+ *   -f, --data FILE        evaluation set: JSONL (one object per line, fields
+ *                          below) or a plain text file
+ *       --format F         jsonl | text | auto (default auto: ".jsonl"/".json"
+ *                          suffix => jsonl, anything else => text)
+ *       --doc-sep S        text format: split the file into documents at S
+ *                          (e.g. "<|endoftext|>"); default: one document
+ *       --metric LIST      comma-separated subset of ppl,rouge,kl,hitrate
+ *                          (default ppl)
+ *                            ppl     jsonl: instruction (+system, +image)
+ *                                    prefilled and compressed, answer
+ *                                    teacher-forced token by token with the
+ *                                    decode-time policy active; text: the
+ *                                    document streamed in --stride chunks
+ *                                    with the policy active (EasyKV style).
+ *                                    PPL = exp(mean NLL), token-weighted over
+ *                                    all items (POLICIES.md §13.1, §13.3).
+ *                            rouge   greedy answer under the policy vs greedy
+ *                                    answer with the full cache; ROUGE-L F1/P/R
+ *                                    (default: pltrdy rouge 1.0.1 "rouge-l",
+ *                                    --rouge sentence for plain LCS), macro
+ *                                    mean over items (§13.2).
+ *                            kl      mean KL(full || policy) of next-token
+ *                                    distributions on teacher-forced answer
+ *                                    tokens, plus top-1 agreement.
+ *                            hitrate VL-Cache CacheHitRate and RoCo Jaccard of
+ *                                    kept tokens vs top-k of the next query's
+ *                                    full attention, mean over layers, KV
+ *                                    heads and decode steps.
+ *       --rouge KIND         pltrdy (default) | sentence
+ *       --kv-policy LIST     comma-separated policies, e.g. full,h2o,elastic
+ *       --kv-budget LIST     comma-separated kept fractions in (0,1], e.g.
+ *                            1,0.5,0.2; policies x budgets run as a grid
+ *                            ("full" runs once, at budget 1)
+ *       --limit N            evaluate at most N items (0 = all)
+ *       --offset N           skip the first N items (non-blank lines)
+ *   -n, --n-predict N        max new tokens for greedy answers (rouge;
+ *                            default 256)
+ *       --stride N           text ppl: tokens fed per chunk (default 1)
+ *   -c, --ctx N              context length cap; longer items are truncated
+ *                            (text) or skipped with a warning (jsonl)
+ *   -o, --out DIR            write results.csv, results.json, results.md,
+ *                            per-item items.jsonl and <metric>.png there
+ *       --json               print the JSON summary on stdout instead of the
+ *                            Markdown table
+ *   -t, --threads N          worker threads
+ *   -s, --seed N             seed for the random policy (results are
+ *                            deterministic for a given seed and thread count)
+ *       --mmproj FILE        vision projector for image items
+ *       --image-dir DIR      resolve relative "image" fields against DIR
+ *                            (default: the data file's directory)
+ *       --no-plot            skip gnuplot
+ *
+ *   Progress with ETA goes to stderr (ekv_eval_format_progress); exit status
+ *   0 on success, 1 on bad usage or unreadable input, 2 when results were
+ *   written but plotting failed.
+ */
+
+/* ------------------------------------------------------------------------ */
+/* ROUGE-L                                                                    */
+/* ------------------------------------------------------------------------ */
+
+enum ekv_rouge_kind {
+    /* pltrdy `rouge` 1.0.1 "rouge-l" (the ElasticCache protocol, default):
+     * both texts are cut into "sentences" at every '.', segments of length 0
+     * are dropped, each kept segment is split on (Unicode) whitespace, and a
+     * segment with no words counts as one empty word "" (as Python's
+     * " ".join(s.split()).split(" ") gives). With set semantics:
+     *   n = number of distinct hypothesis words, m = distinct reference words,
+     *   U = union over reference sentences r and hypothesis sentences c of the
+     *       set of words on the LCS(r, c) path that pltrdy's back-tracking
+     *       picks (diagonal on match, else up if T[i-1][j] > T[i][j-1],
+     *       else left; r indexes rows),
+     *   P = |U|/n, R = |U|/m, F = 2PR/(P+R+1e-8).
+     * Identical texts give F = 2/(2+1e-8) = 0.999999995. No lowercasing, no
+     * stemming. */
+    EKV_ROUGE_PLTRDY = 0,
+    /* Plain sentence-level ROUGE-L (Lin 2004, beta = 1): the whole text is
+     * one sequence of whitespace-separated words (no '.' splitting, counts
+     * with multiplicity), L = LCS length, P = L/|hyp|, R = L/|ref|,
+     * F = 2PR/(P+R) (0 when L = 0). Identical texts give exactly 1. */
+    EKV_ROUGE_SENTENCE = 1,
+};
+
+struct ekv_rouge {
+    double p, r, f;
+    size_t hyp_len;  /* n: words (distinct words for PLTRDY)            */
+    size_t ref_len;  /* m: words (distinct words for PLTRDY)            */
+    size_t overlap;  /* LCS length, or |U| for PLTRDY                   */
+};
+
+/* Scores hypothesis `hyp` against reference `ref` (NUL-terminated UTF-8).
+ * An empty hypothesis or reference (PLTRDY: no non-empty '.'-segment;
+ * SENTENCE: no word) is EKV_ERR_INVALID_ARG, as pltrdy raises ValueError.
+ * A text longer than EKV_ROUGE_MAX_BYTES, or a sentence pair whose LCS
+ * table would exceed EKV_ROUGE_MAX_CELLS cells, is EKV_ERR_INVALID_ARG
+ * (pltrdy itself fails on long sentence pairs: its back-tracking recurses
+ * once per path step, up to the two sentences' word counts summed, and hits
+ * Python's default recursion limit of 1000). */
+#define EKV_ROUGE_MAX_BYTES ((size_t)1 << 20)
+#define EKV_ROUGE_MAX_CELLS ((size_t)1 << 26)
+enum ekv_status ekv_rouge_l(enum ekv_rouge_kind kind, const char *hyp,
+                            const char *ref, struct ekv_rouge *out);
+
+/* Parses "pltrdy" or "sentence". */
+enum ekv_status ekv_rouge_kind_parse(const char *s, enum ekv_rouge_kind *out);
+const char *ekv_rouge_kind_name(enum ekv_rouge_kind kind);
+
+/* ------------------------------------------------------------------------ */
+/* Perplexity                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Token-weighted negative log-likelihood accumulator. Pool items by adding
+ * all their tokens to one accumulator (ElasticCache's eval_ppl.py pools all
+ * scored tokens of all items) or merge per-item accumulators. */
+struct ekv_ppl_acc {
+    double nll_sum;   /* sum of -log p(target) in nats */
+    size_t n_tokens;
+};
+
+void ekv_ppl_init(struct ekv_ppl_acc *acc);
+
+/* -log softmax(logits)[target], computed in double with log-sum-exp:
+ * lse = max + log(sum exp(x - max)), nll = lse - x[target].
+ * logits: [n_vocab]. NaN or +inf logits are EKV_ERR_INVALID_ARG; -inf
+ * logits are allowed (masked tokens) and give nll = +inf when targeted. */
+enum ekv_status ekv_nll_from_logits(const float *logits, size_t n_vocab,
+                                    int32_t target, double *nll);
+
+/* Adds one scored token; *nll_out (may be NULL) receives its NLL. */
+enum ekv_status ekv_ppl_add_logits(struct ekv_ppl_acc *acc, const float *logits,
+                                   size_t n_vocab, int32_t target, double *nll_out);
+/* Adds a precomputed NLL (must be >= 0 and not NaN). */
+enum ekv_status ekv_ppl_add_nll(struct ekv_ppl_acc *acc, double nll);
+void ekv_ppl_merge(struct ekv_ppl_acc *dst, const struct ekv_ppl_acc *src);
+/* exp(nll_sum / n_tokens); EKV_ERR_INVALID_ARG when no token was added. */
+enum ekv_status ekv_ppl_value(const struct ekv_ppl_acc *acc, double *ppl);
+enum ekv_status ekv_ppl_mean_nll(const struct ekv_ppl_acc *acc, double *mean_nll);
+
+/* ------------------------------------------------------------------------ */
+/* Distribution agreement: KL and top-1                                       */
+/* ------------------------------------------------------------------------ */
+
+/* KL(P || Q) = sum_i p_i (log p_i - log q_i) with P = softmax(logits_p),
+ * Q = softmax(logits_q), in double via log-softmax. Terms with p_i = 0 are
+ * 0; p_i > 0 with q_i = 0 gives +inf. Rounding can make the sum a tiny
+ * negative number; it is clamped at 0. For ekv's `kl` metric P is the
+ * full-cache distribution and Q the policy's. Logits as for
+ * ekv_nll_from_logits; both [n_vocab]. */
+enum ekv_status ekv_kl_from_logits(const float *logits_p, const float *logits_q,
+                                   size_t n_vocab, double *kl);
+
+/* Index of the largest logit; the lowest index among equal maxima (as
+ * torch.argmax). NaN logits are EKV_ERR_INVALID_ARG. */
+enum ekv_status ekv_argmax(const float *logits, size_t n_vocab, size_t *idx);
+
+/* Mean KL and top-1 agreement over teacher-forced positions. */
+struct ekv_kl_acc {
+    double kl_sum;
+    size_t n_positions;
+    size_t top1_agree;  /* positions where argmax(full) == argmax(policy) */
+};
+void ekv_kl_init(struct ekv_kl_acc *acc);
+enum ekv_status ekv_kl_add(struct ekv_kl_acc *acc, const float *logits_full,
+                           const float *logits_policy, size_t n_vocab);
+void ekv_kl_merge(struct ekv_kl_acc *dst, const struct ekv_kl_acc *src);
+/* Mean KL and top-1 fraction; EKV_ERR_INVALID_ARG when empty. */
+enum ekv_status ekv_kl_result(const struct ekv_kl_acc *acc, double *mean_kl,
+                              double *top1);
+
+/* ------------------------------------------------------------------------ */
+/* Kept-token agreement: top-k, Jaccard, cache hit rate                       */
+/* ------------------------------------------------------------------------ */
+
+/* The k largest scores, ranked by score descending then index ascending
+ * (POLICIES.md §0.7); out receives the k indices in ascending order.
+ * scores: [n]; out: [k]; k <= n. NaN scores are EKV_ERR_INVALID_ARG. */
+enum ekv_status ekv_topk_indices(const float *scores, size_t n, size_t k,
+                                 uint32_t *out);
+
+/* |A ∩ B| / |A ∪ B| with set semantics (duplicates are ignored; inputs need
+ * not be sorted). Two empty sets give 1. */
+enum ekv_status ekv_jaccard(const uint32_t *a, size_t na, const uint32_t *b,
+                            size_t nb, double *out);
+
+/*
+ * Agreement of the tokens a policy kept with the next query's full
+ * attention, for one (layer, head) at one step.
+ *   attn_full: [n] post-softmax attention of the next query (the first
+ *              decoding token in VL-Cache) over the n uncompressed cache
+ *              positions, computed with the full cache;
+ *   kept:      [n_kept] positions (0..n-1) the policy kept (distinct);
+ *   k:         size of the "ideal" set S* = top-k of attn_full (§0.7 ties);
+ *              0 means k = n_kept, the comparison both papers make.
+ * Outputs (any may be NULL):
+ *   hit_rate:  VL-Cache Definition 3.1, |S ∩ S*| / |S*|  (S = kept);
+ *   jaccard:   RoCo/EasyKV §4.3, |S ∩ S*| / |S ∪ S*|;
+ *   mass:      sum of attn_full over S / sum of attn_full over all n (the
+ *              attention mass the kept tokens would receive; not from either
+ *              paper, reported as a diagnostic).
+ * Positions >= n or duplicates in kept are EKV_ERR_INVALID_ARG.
+ */
+enum ekv_status ekv_kept_agreement(const float *attn_full, size_t n,
+                                   const uint32_t *kept, size_t n_kept, size_t k,
+                                   double *hit_rate, double *jaccard, double *mass);
+
+/* Plain running mean, for averaging per-(layer, head, step) values. */
+struct ekv_mean_acc {
+    double sum;
+    size_t n;
+};
+static inline void ekv_mean_add(struct ekv_mean_acc *a, double v) { a->sum += v; a->n++; }
+static inline double ekv_mean_value(const struct ekv_mean_acc *a) {
+    return a->n ? a->sum / (double)a->n : 0.0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Evaluation sets                                                            */
+/* ------------------------------------------------------------------------ */
+
+enum ekv_data_format { EKV_DATA_AUTO = 0, EKV_DATA_JSONL, EKV_DATA_TEXT };
+
+/* One evaluation item. JSONL fields (the first alias present wins):
+ *   instruction | prompt | question | article | input   -> instruction (required)
+ *   answer | reference | output | summary_gt | target   -> answer (optional)
+ *   system, image                                        -> optional strings
+ *   id | question_id (string or number)                  -> id (optional)
+ * A text item carries its document in `text` and nothing else. */
+struct ekv_eval_item {
+    char *id;           /* NULL if absent */
+    char *system;       /* NULL if absent */
+    char *instruction;  /* JSONL: never NULL; text: NULL */
+    char *answer;       /* NULL if absent */
+    char *image;        /* NULL if absent (path as written in the file) */
+    char *text;         /* text format: the document; JSONL: NULL */
+    size_t line;        /* 1-based line of the item in the file */
+};
+
+struct ekv_dataset {
+    struct ekv_eval_item *items;  /* [n_items] */
+    size_t n_items;
+    size_t n_total;               /* items in the file before offset/limit
+                                     (counted up to the end of the selection) */
+    enum ekv_data_format format;  /* resolved format */
+};
+
+struct ekv_data_opts {
+    enum ekv_data_format format;  /* AUTO: ".jsonl"/".json" => JSONL, else TEXT */
+    size_t offset;                /* items to skip */
+    size_t limit;                 /* max items kept; 0 = all */
+    size_t max_line_bytes;        /* JSONL: longer lines are an error */
+    size_t max_file_bytes;        /* text: larger files are an error */
+    size_t max_items;             /* more selected items are an error */
+    bool require_answer;          /* JSONL: an item without answer is an error */
+    const char *doc_sep;          /* text: document separator; NULL = whole file */
+};
+#define EKV_DATA_DEFAULT_MAX_LINE (16u << 20)   /* 16 MiB  */
+#define EKV_DATA_DEFAULT_MAX_FILE (256u << 20)  /* 256 MiB */
+#define EKV_DATA_DEFAULT_MAX_ITEMS 10000000u
+
+struct ekv_data_opts ekv_data_default_opts(void);
+enum ekv_status ekv_data_format_parse(const char *s, enum ekv_data_format *out);
+
+/* Reads `path`. Items are the non-blank lines (JSONL) or the non-empty
+ * documents (text); the first `offset` are skipped without being parsed and
+ * reading stops after `limit`. Errors name the file and the 1-based line:
+ * "data.jsonl:7: invalid JSON at column 12", "...:3: no instruction field
+ * (instruction|prompt|question|article|input)", "...:9: line longer than
+ * 16777216 bytes". Text documents are stripped of surrounding whitespace;
+ * NUL bytes are EKV_ERR_FORMAT. An empty selection is not an error. */
+enum ekv_status ekv_dataset_load(const char *path, const struct ekv_data_opts *opts,
+                                 struct ekv_dataset *out);
+void ekv_dataset_free(struct ekv_dataset *ds);
+
+/* ------------------------------------------------------------------------ */
+/* Grid specification helpers (comma-separated lists)                         */
+/* ------------------------------------------------------------------------ */
+
+enum ekv_metric_bits {
+    EKV_METRIC_PPL = 1u << 0,
+    EKV_METRIC_ROUGE = 1u << 1,
+    EKV_METRIC_KL = 1u << 2,
+    EKV_METRIC_HITRATE = 1u << 3,
+};
+/* "ppl,rouge" -> bits. Unknown names, empty elements are EKV_ERR_INVALID_ARG. */
+enum ekv_status ekv_metrics_parse(const char *list, unsigned *bits);
+
+/* Splits "a,b,c" into *n strings (one allocation; free with free(*items)).
+ * Empty elements and duplicate names are EKV_ERR_INVALID_ARG. */
+enum ekv_status ekv_split_list(const char *list, char ***items, size_t *n);
+
+/* "1,0.5,0.2" -> budgets (malloc'd). Each must be a finite number in (0,1];
+ * duplicates are rejected. */
+enum ekv_status ekv_budgets_parse(const char *list, double **budgets, size_t *n);
+
+/* "[ 12/100  12.0%] 0:00:31 elapsed, ETA 0:03:47" into buf (always
+ * NUL-terminated); ETA is "--:--:--" before the first item is done. */
+void ekv_eval_format_progress(char *buf, size_t cap, size_t done, size_t total,
+                              double elapsed_s);
+
+/* ------------------------------------------------------------------------ */
+/* Results                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* One measured value: metric `metric` for policy at budget. Long format, so
+ * that a grid with several metrics per cell is several rows. */
+struct ekv_result_row {
+    char *policy;
+    double budget;      /* kept fraction, 1 = full cache */
+    char *metric;       /* e.g. "ppl", "rouge_l_f", "kl", "top1", "hit_rate" */
+    double value;
+    size_t n;           /* items (rouge) or tokens/positions (ppl, kl) */
+};
+
+struct ekv_report {
+    struct ekv_result_row *rows;  /* [n_rows], insertion order */
+    size_t n_rows, cap;
+    char *title;                  /* e.g. "stories260K on tinystories_eval" */
+    char *meta_json;              /* optional JSON object text copied into "meta" */
+};
+
+void ekv_report_init(struct ekv_report *rep);
+void ekv_report_free(struct ekv_report *rep);
+/* Copies the strings. A second value for the same (policy, budget, metric)
+ * is EKV_ERR_INVALID_ARG. policy and metric must be non-empty and made of
+ * printable ASCII without ',' or '|' or '"'. */
+enum ekv_status ekv_report_add(struct ekv_report *rep, const char *policy,
+                               double budget, const char *metric, double value,
+                               size_t n);
+enum ekv_status ekv_report_set_title(struct ekv_report *rep, const char *title);
+/* meta must parse as a JSON object. */
+enum ekv_status ekv_report_set_meta(struct ekv_report *rep, const char *meta_json);
+
+/* CSV, header "policy,budget,metric,value,n", one row per result. */
+enum ekv_status ekv_report_write_csv(const struct ekv_report *rep, const char *path);
+/* {"title":..., "meta":{...}, "results":[{"policy":..,"budget":..,"metric":..,
+ *  "value":..,"n":..}, ...]}; non-finite values are written as null. */
+enum ekv_status ekv_report_write_json(const struct ekv_report *rep, const char *path);
+/* Pivot table: one row per (policy, budget) in first-seen order, one column
+ * per metric in first-seen order; missing cells are "-". Returns a malloc'd
+ * string in *out. */
+enum ekv_status ekv_report_markdown(const struct ekv_report *rep, char **out);
+enum ekv_status ekv_report_write_markdown(const struct ekv_report *rep, const char *path);
+
+struct ekv_plot_opts {
+    const char *gnuplot;   /* program to run; NULL = "gnuplot" from PATH */
+    int width, height;     /* PNG size in pixels; 0 = 800 x 500 */
+};
+/* For each metric: writes DIR/<metric>.gp (a self-contained gnuplot script
+ * with inline data, x = budget, one line per policy) and runs gnuplot on it
+ * to make DIR/<metric>.png. gnuplot's own output goes to DIR/gnuplot.log.
+ * gnuplot missing from PATH: EKV_ERR_NOT_FOUND; gnuplot failing:
+ * EKV_ERR_IO naming the log. The .gp scripts are written either way, so a
+ * user can run them later. */
+enum ekv_status ekv_report_plot(const struct ekv_report *rep, const char *dir,
+                                const struct ekv_plot_opts *opts);
+
+#endif
