@@ -443,6 +443,12 @@ static void test_products_type(enum ekv_dtype t, struct ekv_pool **pools) {
 }
 
 static void test_products(void) {
+    /* the SIMD comparisons below are only meaningful when SIMD is in use */
+    ekv_kernels_use_reference(false);
+    CHECK(strcmp(ekv_kernels_isa(), ekv_cpu_has_avx2() ? "avx2" : "reference") == 0);
+    ekv_kernels_use_reference(true);
+    CHECK(strcmp(ekv_kernels_isa(), "reference") == 0);
+    if (!ekv_cpu_has_avx2()) fprintf(stderr, "note: no AVX2 on this CPU, SIMD paths not tested\n");
     struct ekv_pool *pools[4] = {NULL};
     for (int i = 1; i < 4; i++) CHECK_OK(ekv_pool_new(i, &pools[i]));
     for (size_t i = 0; i < EKV_ARRAY_LEN(k_types); i++) {
