@@ -19,6 +19,8 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static void noop(void *ctx, int ith, int nth) { (void)ctx; (void)ith; (void)nth; }
+
 int main(int argc, char **argv) {
     enum ekv_dtype t = EKV_Q8_0;
     if (argc > 1 && !ekv_dtype_from_name(argv[1], &t)) {
@@ -46,26 +48,40 @@ int main(int argc, char **argv) {
     if (ekv_pool_new(nth, &pool) != EKV_OK) return 1;
     struct ekv_weight wt = {t, ne0, ne1, rb, w};
     ekv_matvec(pool, &wt, x, y);
+    /* best and mean of repeated runs over about a second each (the best is
+     * the less noisy figure on a shared machine) */
+    double best = 1e30, total = 0;
     int reps = 0;
-    double t0 = now(), el;
     do {
+        double t0 = now();
         ekv_matvec(pool, &wt, x, y);
+        double el = now() - t0;
+        best = el < best ? el : best;
+        total += el;
         reps++;
-        el = now() - t0;
-    } while (el < 1.0);
+    } while (total < 1.0);
     const double bytes = (double)rb * ne1;
-    printf("%s %s matvec [%lld x %lld] %d thread(s): %.3f ms, %.2f GB/s weights\n", ekv_dtype_name(t),
-           ekv_kernels_isa(), (long long)ne1, (long long)ne0, nth, el / reps * 1e3, bytes * reps / el / 1e9);
+    printf("%s %s matvec [%lld x %lld] %d thread(s): best %.3f ms = %.2f GB/s, mean %.3f ms = %.2f GB/s\n",
+           ekv_dtype_name(t), ekv_kernels_isa(), (long long)ne1, (long long)ne0, nth, best * 1e3,
+           bytes / best / 1e9, total / reps * 1e3, bytes * reps / total / 1e9);
+    best = 1e30;
+    total = 0;
     reps = 0;
-    t0 = now();
     do {
+        double t0 = now();
         ekv_matmul(pool, &wt, x, np, y);
+        double el = now() - t0;
+        best = el < best ? el : best;
+        total += el;
         reps++;
-        el = now() - t0;
-    } while (el < 1.0);
-    printf("%s %s matmul [%lld x %lld] x %lld rows %d thread(s): %.3f ms, %.1f GFLOP/s\n", ekv_dtype_name(t),
-           ekv_kernels_isa(), (long long)ne1, (long long)ne0, (long long)np, nth, el / reps * 1e3,
-           2.0 * ne0 * ne1 * np * reps / el / 1e9);
+    } while (total < 1.0);
+    printf("%s %s matmul [%lld x %lld] x %lld rows %d thread(s): best %.3f ms = %.1f GFLOP/s, mean %.1f GFLOP/s\n",
+           ekv_dtype_name(t), ekv_kernels_isa(), (long long)ne1, (long long)ne0, (long long)np, nth, best * 1e3,
+           2.0 * ne0 * ne1 * np / best / 1e9, 2.0 * ne0 * ne1 * np * reps / total / 1e9);
+    /* cost of waking the pool for an empty task */
+    double t0 = now();
+    for (int i = 0; i < 20000; i++) ekv_pool_run(pool, noop, NULL);
+    printf("pool of %d: %.2f us per empty ekv_pool_run\n", nth, (now() - t0) / 20000 * 1e6);
     ekv_pool_free(pool);
     free(w); free(row); free(x); free(y);
     return 0;
