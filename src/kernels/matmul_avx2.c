@@ -378,6 +378,12 @@ DEFINE_KERNELS(q4_0, K_Q4_0)
 void ekv_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *w, const void *xa);
 void ekv_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *w, const void *xa);
 void ekv_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *w, const void *xa);
+void ekv_gemm_q4_K_avx2(const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, size_t xs, int64_t n,
+                        float *y, int64_t ldy);
+void ekv_gemm_q5_K_avx2(const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, size_t xs, int64_t n,
+                        float *y, int64_t ldy);
+void ekv_gemm_q6_K_avx2(const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, size_t xs, int64_t n,
+                        float *y, int64_t ldy);
 
 void ekv_kernels_avx2_fill(enum ekv_dtype t, struct ekv_type_kernels *k) {
     switch (t) {
@@ -386,9 +392,9 @@ void ekv_kernels_avx2_fill(enum ekv_dtype t, struct ekv_type_kernels *k) {
     case EKV_BF16: k->vec_dot = dot_bf16; k->gemv = gemv_bf16; k->gemm = gemm_bf16; break;
     case EKV_Q8_0: k->vec_dot = dot_q8_0; k->gemv = gemv_q8_0; k->gemm = gemm_q8_0; break;
     case EKV_Q4_0: k->vec_dot = dot_q4_0; k->gemv = gemv_q4_0; k->gemm = gemm_q4_0; break;
-    case EKV_Q4_K: k->vec_dot = ekv_dot_q4_K_q8_K_avx2; break;
-    case EKV_Q5_K: k->vec_dot = ekv_dot_q5_K_q8_K_avx2; break;
-    case EKV_Q6_K: k->vec_dot = ekv_dot_q6_K_q8_K_avx2; break;
+    case EKV_Q4_K: k->vec_dot = ekv_dot_q4_K_q8_K_avx2; k->gemm = ekv_gemm_q4_K_avx2; break;
+    case EKV_Q5_K: k->vec_dot = ekv_dot_q5_K_q8_K_avx2; k->gemm = ekv_gemm_q5_K_avx2; break;
+    case EKV_Q6_K: k->vec_dot = ekv_dot_q6_K_q8_K_avx2; k->gemm = ekv_gemm_q6_K_avx2; break;
     default: break;
     }
 }
