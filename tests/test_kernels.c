@@ -613,6 +613,12 @@ static void test_ops(void) {
             bad += x[h * 10 + 8] != v[8] || x[h * 10 + 9] != v[9]; /* dims >= rope_dim untouched */
         }
         CHECK_MSG(bad == 0, "rope neox=%d: %d bad", neox, bad);
+        /* the two-step form gives the same bits */
+        float y[30], cs[8];
+        memcpy(y, x0, sizeof(y));
+        ekv_rope_sincos(cs, 8, pos, 10000.0f);
+        ekv_rope_apply(y, 3, 10, 8, cs, neox);
+        CHECK(same_bits(x, y, 30));
         /* position 0 is the identity */
         memcpy(x, x0, sizeof(x));
         ekv_rope(x, 3, 10, 8, 0, 10000.0f, neox);
