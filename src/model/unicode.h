@@ -30,6 +30,7 @@ size_t ekv_utf8_encode(uint32_t cp, char out[4]);
 bool ekv_cp_is_letter(uint32_t cp);     /* \p{L} */
 bool ekv_cp_is_number(uint32_t cp);     /* \p{N} */
 bool ekv_cp_is_whitespace(uint32_t cp); /* \s (Unicode White_Space) */
+bool ekv_cp_is_punct(uint32_t cp);      /* \p{P} */
 
 /* GPT-2 byte-level mapping: byte b is written as the code point
  * ekv_gpt2_byte_to_cp(b) (printable bytes map to themselves); the inverse
