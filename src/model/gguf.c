@@ -460,14 +460,17 @@ static enum ekv_status parse(struct gguf_file *f) {
     size_t data_size = f->size - f->data_offset;
     for (size_t i = 0; i < f->n_tensors; i++) {
         struct gguf_tensor *t = &f->tensors[i];
+        char nb[80];
+        struct gguf_str nm = {strlen(t->name), t->name};
+        const char *pn = printable(nm, nb, sizeof nb);
         if (t->offset % f->alignment)
             return ekv_err(EKV_ERR_FORMAT, "tensor '%s': data offset %llu is not a multiple of the alignment %u",
-                           t->name, (unsigned long long)t->offset, f->alignment);
+                           pn, (unsigned long long)t->offset, f->alignment);
         if (t->offset > data_size || t->nbytes > data_size - t->offset) {
             unsigned long long abs_off = (unsigned long long)t->offset + f->data_offset;
             if (abs_off < t->offset) abs_off = (unsigned long long)t->offset; /* wrapped: show the raw value */
             return ekv_err(EKV_ERR_FORMAT, "tensor '%s': data [offset %llu, %zu bytes] extends past end of file "
-                           "(size %zu)", t->name, abs_off, t->nbytes, f->size);
+                           "(size %zu)", pn, abs_off, t->nbytes, f->size);
         }
         t->data = f->base + f->data_offset + t->offset;
     }

@@ -51,7 +51,8 @@ struct gguf_value {
         struct {
             enum gguf_type type;        /* element type */
             uint64_t n;                 /* element count */
-            const void *data;           /* scalar elements: raw little-endian bytes in the file */
+            const void *data;           /* scalar elements: raw little-endian bytes in the file,
+                                           possibly unaligned (read them with memcpy) */
             struct gguf_str *strs;      /* STRING elements: n entries (owned by the gguf_file) */
             struct gguf_value *vals;    /* ARRAY elements: n nested values (owned) */
         } arr;
