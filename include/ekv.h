@@ -204,21 +204,28 @@ enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params 
                             struct ekv_seq **out);
 void ekv_seq_free(struct ekv_seq *seq);
 
-/* One batch of input for a sequence: tokens, or embeddings (n x n_embd
+/* A run of positions with one modality: tokens, or embeddings (n x n_embd
  * floats, e.g. projected image patches) when `tokens` is NULL. */
-struct ekv_input {
+struct ekv_segment {
     const int32_t *tokens;
     const float *embd;
     int32_t n;
-    enum ekv_tag tag;      /* modality of these positions */
-    bool is_prompt;        /* part of the prompt (compressed at prefill) or decode steps */
-    bool last_of_prompt;   /* the prompt ends with this input: prefill compression runs */
-    bool logits_all;       /* write logits for every position, not only the last */
+    enum ekv_tag tag;
+};
+
+/* Input of one ekv_seq_eval call: segments in order. A prompt (is_prompt)
+ * is compressed by the policy when it has been read (block-wise when the
+ * policy's `chunk` is set); otherwise the positions are decode steps. */
+struct ekv_input {
+    const struct ekv_segment *segs;
+    int32_t n_segs;
+    bool is_prompt;
+    bool logits_all;       /* logits for every position, not only the last */
 };
 
 /* Runs the model over `in`, appending to the sequence's cache and applying
- * its policy. Writes n_vocab logits (or n x n_vocab with logits_all) to
- * `logits` when it is not NULL (caller-owned buffer). */
+ * its policy. Writes n_vocab logits (n_positions x n_vocab with logits_all)
+ * to `logits` when it is not NULL (caller-owned buffer). */
 enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, float *logits);
 
 /* Convenience: the whole prompt as one text-tagged input (chunked when the

@@ -112,7 +112,9 @@ void ekv_kv_free(struct ekv_kv *kv);
 /* Makes room for `extra` more entries in every head of layer il (keeps the
  * statistics arrays required by kv->stats). */
 enum ekv_status ekv_kv_reserve(struct ekv_kv *kv, int il, int32_t extra);
-/* Allocates any statistics arrays newly required by kv->stats (zeroed). */
+/* Allocates any statistics arrays newly required by kv->stats (zeroed) and
+ * frees those whose flag is no longer in kv->stats (memory follows what the
+ * policy uses). ekv_kv_begin calls it after the policy's begin(). */
 enum ekv_status ekv_kv_ensure_stats(struct ekv_kv *kv);
 
 /* Appends one entry at the end of a head (capacity must be reserved);
@@ -135,8 +137,11 @@ enum ekv_status ekv_kv_head_merge(struct ekv_kv *kv, struct ekv_kv_head *h, cons
 /* Zeroes the statistics arrays of every head. */
 void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
 
-/* Entries to keep now for layer il: min(len, ceil(budget * n_seen),
- * max_tokens, layer budget when set), and at least 1. */
+/* Entries to keep now for layer il: min(len, B, max_tokens when > 0), at
+ * least 1, where B is the layer budget when a policy set one (>= 0) and
+ * ceil(budget * n_seen - 1e-9) otherwise; len is the
+ * longest head of the layer. The 1e-9 keeps budget 1.0 (and any product
+ * that is an integer up to rounding) from rounding up. */
 int32_t ekv_kv_target(const struct ekv_kv *kv, int il);
 
 /* ---- one forward through the cache (src/kv/attend.c) ---- */
@@ -177,5 +182,12 @@ int32_t ekv_topk(const double *score, int32_t n, int32_t k, const uint8_t *mask,
 /* 1-D pooling with odd kernel, padding kernel/2, stride 1: avg counts the
  * zero padding (divides by kernel), max pads with -inf. out: [n]. */
 void ekv_pool1d(const double *in, int32_t n, int32_t kernel, enum ekv_pool_kind kind, double *out);
+
+/* Reduces h to `target` entries when it holds more: the last `window`
+ * entries (clamped to [0, target]) plus the top (target - window) of the
+ * older entries by score [h->len] (ekv_topk's tie rule). Used by H2O and
+ * ScissorHands; nothing happens when h->len <= target. */
+enum ekv_status ekv_kv_head_keep_recent_top(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t target,
+                                            int32_t window, const double *score);
 
 #endif

@@ -1,12 +1,16 @@
 /*
- * cli.h — shared pieces of the ekv sub-commands: the command table entry
- * and option parsing helpers (llama.cpp-style flags).
+ * cli.h — shared pieces of the ekv sub-commands: the command table entry,
+ * llama.cpp-style option parsing helpers (model, threads, sampling, KV
+ * policy flags), default model lookup, timing and error printing.
  */
 #ifndef EKV_CLI_H
 #define EKV_CLI_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+
+#include "ekv.h"
 
 struct ekv_cmd {
     const char *name;
@@ -16,5 +20,33 @@ struct ekv_cmd {
 
 extern const struct ekv_cmd ekv_cmd_run;
 extern const struct ekv_cmd ekv_cmd_info;
+
+/* Prints "ekv <cmd>: error: <status>: <detail>" to stderr; returns 1. */
+int cli_fail(const char *cmd, enum ekv_status s);
+/* Prints "ekv <cmd>: <message>" to stderr; returns 1. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The bundled model when -m is not given: ./models/stories260K.gguf, then
+ * next to the executable (../models), then the source tree. */
+const char *cli_default_model(void);
+
+/* Option value parsing with range checks; false (and a message) on error. */
+bool cli_int(const char *cmd, const char *opt, const char *v, long lo, long hi, long *out);
+bool cli_double(const char *cmd, const char *opt, const char *v, double lo, double hi, double *out);
+
+/* KV-policy flags (--kv-policy, --kv-budget, ...). If argv[*i] is one of
+ * them, consumes it (and its value), stores into p and returns 1; returns 0
+ * if it is not a KV flag, -1 on a bad value (message printed). */
+int cli_parse_kv_opt(const char *cmd, int argc, char **argv, int *i, struct ekv_kv_params *p);
+/* Help text for the KV flags. */
+void cli_print_kv_help(FILE *out);
+
+/* Monotonic seconds. */
+double cli_now(void);
+/* Peak resident set size in bytes (0 if unknown). */
+uint64_t cli_peak_rss(void);
+
+/* Reads a whole file (text) into a malloc'd NUL-terminated buffer; NULL with message on error. */
+char *cli_read_file(const char *cmd, const char *path, size_t *len);
 
 #endif

@@ -1,5 +1,149 @@
-/* cmd_info.c — placeholder while the engine lands; replaced in the foundation work. */
-#include <stdio.h>
+/*
+ * cmd_info.c — `ekv info`: what a model file holds: format, architecture,
+ * hyper-parameters, full KV-cache bytes per token, GGUF metadata and the
+ * tensors with their types and shapes.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli.h"
-static int cmd_main(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "ekv info: not built yet\n"); return 1; }
-const struct ekv_cmd ekv_cmd_info = {"info", "not built yet", cmd_main};
+#include "model/gguf.h"
+
+static const char *const CMD = "info";
+
+static void help(void) {
+    printf("usage: ekv info [-m FILE] [--tensors] [--no-metadata]\n\n"
+           "Describes a GGUF or llama2.c model: hyper-parameters, KV-cache bytes per token,\n"
+           "GGUF metadata and tensors (type, shape, bytes).\n\n"
+           "  -m, --model FILE   model (default: bundled models/stories260K.gguf); any GGUF\n"
+           "                     (vocabulary-only files and mmproj files too) is listed\n"
+           "      --no-tensors   do not list tensors\n"
+           "      --no-metadata  do not list metadata\n"
+           "  -h, --help         this help\n");
+}
+
+static void print_scalar(const struct gguf_value *v) {
+    switch (v->type) {
+    case GGUF_TYPE_UINT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_UINT32: case GGUF_TYPE_UINT64:
+        printf("%" PRIu64, v->v.u64);
+        break;
+    case GGUF_TYPE_INT8: case GGUF_TYPE_INT16: case GGUF_TYPE_INT32: case GGUF_TYPE_INT64:
+        printf("%" PRId64, v->v.i64);
+        break;
+    case GGUF_TYPE_FLOAT32: case GGUF_TYPE_FLOAT64: printf("%g", v->v.f64); break;
+    case GGUF_TYPE_BOOL: printf("%s", v->v.u64 ? "true" : "false"); break;
+    case GGUF_TYPE_STRING: {
+        uint64_t n = v->v.str.len > 80 ? 80 : v->v.str.len;
+        putchar('"');
+        for (uint64_t i = 0; i < n; i++) {
+            unsigned char ch = (unsigned char)v->v.str.ptr[i];
+            if (ch == '\n') fputs("\\n", stdout);
+            else if (ch < 32) printf("\\x%02x", ch);
+            else putchar(ch);
+        }
+        printf("\"%s", v->v.str.len > 80 ? "..." : "");
+        break;
+    }
+    default: printf("?"); break;
+    }
+}
+
+static int info_gguf(const char *path, bool tensors, bool metadata) {
+    struct gguf_file *f = NULL;
+    enum ekv_status s = gguf_open(path, &f);
+    if (s != EKV_OK) return cli_fail(CMD, s);
+    printf("gguf: version %u, %zu metadata keys, %zu tensors, alignment %u, data at byte %zu of %zu\n",
+           gguf_version(f), gguf_n_kv(f), gguf_n_tensors(f), gguf_alignment(f), gguf_data_offset(f),
+           gguf_file_size(f));
+    if (metadata) {
+        printf("metadata:\n");
+        for (size_t i = 0; i < gguf_n_kv(f); i++) {
+            const struct gguf_kv *kv = gguf_kv_at(f, i);
+            printf("  %-45.*s ", (int)(kv->key.len > 200 ? 200 : kv->key.len), kv->key.ptr);
+            if (kv->value.type == GGUF_TYPE_ARRAY) {
+                printf("[%s x %" PRIu64 "]", gguf_type_name(kv->value.v.arr.type), kv->value.v.arr.n);
+                if (kv->value.v.arr.type == GGUF_TYPE_STRING && kv->value.v.arr.strs) {
+                    uint64_t n = kv->value.v.arr.n < 4 ? kv->value.v.arr.n : 4;
+                    for (uint64_t j = 0; j < n; j++) {
+                        struct gguf_value sv = {.type = GGUF_TYPE_STRING};
+                        sv.v.str = kv->value.v.arr.strs[j];
+                        putchar(' ');
+                        print_scalar(&sv);
+                    }
+                    if (kv->value.v.arr.n > 4) printf(" ...");
+                }
+            } else {
+                print_scalar(&kv->value);
+            }
+            putchar('\n');
+        }
+    }
+    if (tensors) {
+        printf("tensors:\n");
+        for (size_t i = 0; i < gguf_n_tensors(f); i++) {
+            const struct gguf_tensor *t = gguf_tensor_at(f, i);
+            printf("  %-32s %-7s [", t->name, ekv_dtype_name(t->type));
+            for (uint32_t d = 0; d < t->n_dims; d++) printf("%s%" PRId64, d ? ", " : "", t->ne[d]);
+            printf("] %zu bytes\n", t->nbytes);
+        }
+    }
+    gguf_close(f);
+    return 0;
+}
+
+static int cmd_info_main(int argc, char **argv) {
+    const char *path = NULL;
+    bool tensors = true, metadata = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { help(); return 0; }
+        else if (!strcmp(a, "--no-tensors")) tensors = false;
+        else if (!strcmp(a, "--no-metadata")) metadata = false;
+        else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) path = argv[++i];
+        else return cli_usage_error(CMD, "unknown option or missing value: %s", a);
+    }
+    if (!path) path = cli_default_model();
+    printf("file: %s\n", path);
+
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        fprintf(stderr, "ekv info: error: cannot open '%s'\n", path);
+        return 1;
+    }
+    char magic[4] = {0};
+    size_t got = fread(magic, 1, 4, fp);
+    fclose(fp);
+    bool is_gguf = got == 4 && !memcmp(magic, "GGUF", 4);
+
+    /* hyper-parameters when the file is a loadable language model */
+    struct ekv_model *m = NULL;
+    enum ekv_status s = ekv_model_load(path, NULL, &m);
+    if (s == EKV_OK) {
+        struct ekv_model_info mi;
+        ekv_model_get_info(m, &mi);
+        printf("model: %s, format %s, arch %s\n", mi.name[0] ? mi.name : "(unnamed)", mi.format, mi.arch);
+        printf("  n_vocab %d, n_embd %d, n_layer %d, n_head %d, n_head_kv %d (GQA group %d), head_dim %d, n_ff %d\n",
+               mi.n_vocab, mi.n_embd, mi.n_layer, mi.n_head, mi.n_head_kv, mi.n_head / mi.n_head_kv, mi.head_dim,
+               mi.n_ff);
+        printf("  context %d, rope dim %d base %g (%s), norm eps %g, output %s\n", mi.n_ctx_train, mi.rope_dim,
+               (double)mi.rope_freq_base, mi.rope_neox ? "neox" : "normal", (double)mi.norm_eps,
+               mi.tied_output ? "tied to token_embd" : "separate");
+        printf("  parameters %.3f M, weights %.2f MiB\n", mi.n_params / 1e6, mi.weight_bytes / 1048576.0);
+        printf("  KV cache: %" PRIu64 " bytes per token (K+V, f32, %d layers x %d KV heads x %d dims x 2); "
+               "full context %.2f MiB\n",
+               mi.kv_bytes_per_token, mi.n_layer, mi.n_head_kv, mi.head_dim,
+               (double)mi.kv_bytes_per_token * mi.n_ctx_train / 1048576.0);
+        printf("  tokenizer: BOS %d, EOS %d\n", ekv_token_bos(m), ekv_token_eos(m));
+        ekv_model_free(m);
+    } else if (!is_gguf) {
+        return cli_fail(CMD, s);
+    } else {
+        printf("model: not a loadable language model (%s: %s)\n", ekv_status_str(s), ekv_last_error());
+    }
+    if (is_gguf) return info_gguf(path, tensors, metadata);
+    return 0;
+}
+
+const struct ekv_cmd ekv_cmd_info = {"info", "describe a model file: metadata, tensors, KV bytes per token",
+                                     cmd_info_main};

@@ -1,5 +1,343 @@
-/* cmd_run.c — placeholder while the engine lands; replaced in the foundation work. */
-#include <stdio.h>
+/*
+ * cmd_run.c — `ekv run`: generate text from a prompt with a chosen KV-cache
+ * policy and budget, llama.cpp-style flags, streaming output on stdout, a
+ * one-line report on stderr (tokens, tokens/s per phase, cache bytes against
+ * the full cache), optional JSON output and a JSON trace of the kept
+ * positions (--kv-trace).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
 #include "cli.h"
-static int cmd_main(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "ekv run: not built yet\n"); return 1; }
-const struct ekv_cmd ekv_cmd_run = {"run", "not built yet", cmd_main};
+
+static const char *const CMD = "run";
+
+static void help(void) {
+    printf("usage: ekv run [options]\n\n"
+           "Generates text from a prompt.\n\n"
+           "  -m, --model FILE      GGUF or llama2.c model (default: bundled models/stories260K.gguf)\n"
+           "      --tokenizer FILE  tokenizer .bin for llama2.c checkpoints (default tok<vocab>.bin beside it)\n"
+           "  -p, --prompt TEXT     prompt (default \"Once upon a time\")\n"
+           "  -f, --file FILE       read the prompt from a file\n"
+           "  -n, --n-predict N     tokens to generate (default 128; -1 = until end of text or context)\n"
+           "  -t, --threads N       worker threads (default: online cores, at most 8)\n"
+           "  -c, --ctx-size N      context size (default: the model's trained context)\n"
+           "      --temp F          temperature; 0 = greedy (default 0.8)\n"
+           "      --top-k N         top-k, 0 = off (default 40)\n"
+           "      --top-p F         top-p, 1 = off (default 0.95)\n"
+           "      --min-p F         min-p, 0 = off (default 0.05)\n"
+           "  -s, --seed N          sampling seed (default 3776)\n"
+           "      --ignore-eos      keep generating after end of text\n"
+           "      --no-display-prompt  do not echo the prompt\n"
+           "      --json            print one JSON object (text, tokens, timings, cache) instead of text\n"
+           "      --kv-trace FILE   write kept positions and merge weights per layer and KV head (JSON)\n"
+           "                        after prefill and at the end\n"
+           "  -h, --help            this help\n\n");
+    cli_print_kv_help(stdout);
+}
+
+/* ---- --kv-trace ---- */
+
+static cJSON *kv_snapshot(const struct ekv_seq *seq, const struct ekv_model_info *mi, const char *when) {
+    cJSON *snap = cJSON_CreateObject();
+    cJSON_AddStringToObject(snap, "when", when);
+    cJSON_AddNumberToObject(snap, "n_seen", (double)ekv_seq_n_seen(seq));
+    cJSON *layers = cJSON_AddArrayToObject(snap, "layers");
+    for (int32_t l = 0; l < mi->n_layer; l++) {
+        cJSON *lo = cJSON_CreateObject();
+        cJSON_AddNumberToObject(lo, "layer", l);
+        cJSON *heads = cJSON_AddArrayToObject(lo, "heads");
+        for (int32_t h = 0; h < mi->n_head_kv; h++) {
+            int32_t n = ekv_seq_kv_layer_len(seq, l, h);
+            int32_t *pos = malloc(((size_t)n + 1) * sizeof *pos);
+            float *w = malloc(((size_t)n + 1) * sizeof *w);
+            uint8_t *tag = malloc((size_t)n + 1);
+            cJSON *ho = cJSON_CreateObject();
+            cJSON_AddNumberToObject(ho, "kv_head", h);
+            cJSON_AddNumberToObject(ho, "len", n);
+            if (pos && w && tag && ekv_seq_kv_entries(seq, l, h, pos, w, tag) == EKV_OK) {
+                cJSON *pa = cJSON_AddArrayToObject(ho, "positions");
+                cJSON *wa = cJSON_AddArrayToObject(ho, "weights");
+                cJSON *ta = cJSON_AddArrayToObject(ho, "tags");
+                static const char *const tag_names[] = {"text", "image", "generated"};
+                for (int32_t i = 0; i < n; i++) {
+                    cJSON_AddItemToArray(pa, cJSON_CreateNumber(pos[i]));
+                    cJSON_AddItemToArray(wa, cJSON_CreateNumber(w[i]));
+                    cJSON_AddItemToArray(ta, cJSON_CreateString(tag[i] < 3 ? tag_names[tag[i]] : "?"));
+                }
+            }
+            free(pos);
+            free(w);
+            free(tag);
+            cJSON_AddItemToArray(heads, ho);
+        }
+        cJSON_AddItemToArray(layers, lo);
+    }
+    return snap;
+}
+
+/* Writes JSON atomically (tmp + rename): no partial file on failure. */
+static bool write_json_file(const char *path, cJSON *root) {
+    char *txt = cJSON_Print(root);
+    if (!txt) return false;
+    size_t plen = strlen(path) + 8;
+    char *tmp = malloc(plen);
+    bool ok = false;
+    if (tmp) {
+        snprintf(tmp, plen, "%s.tmp", path);
+        FILE *f = fopen(tmp, "wb");
+        if (f) {
+            ok = fputs(txt, f) >= 0 && fputc('\n', f) != EOF;
+            ok = (fclose(f) == 0) && ok;
+            if (ok) ok = rename(tmp, path) == 0;
+            if (!ok) remove(tmp);
+        }
+    }
+    free(tmp);
+    free(txt);
+    return ok;
+}
+
+static void print_kv_report(FILE *out, const struct ekv_seq *seq, const struct ekv_model_info *mi,
+                            const char *policy, double budget) {
+    struct ekv_kv_stats st;
+    ekv_seq_kv_stats(seq, &st);
+    fprintf(out, "ekv run: kv: policy %s, budget %.3g, entries per layer (mean over %d KV heads):", policy,
+            budget, mi->n_head_kv);
+    for (int32_t l = 0; l < mi->n_layer; l++) {
+        int64_t sum = 0;
+        for (int32_t h = 0; h < mi->n_head_kv; h++) sum += ekv_seq_kv_layer_len(seq, l, h);
+        if (l < 16 || l == mi->n_layer - 1) fprintf(out, " %.1f", (double)sum / mi->n_head_kv);
+        else if (l == 16) fprintf(out, " ...");
+    }
+    fprintf(out, "\nekv run: kv: %.1f KiB of %.1f KiB full cache (%.1f%%), %lld tokens seen, %lld evicted, "
+                 "%lld merged (summed over layers and heads)\n",
+            st.bytes / 1024.0, st.bytes_full / 1024.0, st.bytes_full ? 100.0 * st.bytes / st.bytes_full : 100.0,
+            (long long)st.n_seen, (long long)st.evicted, (long long)st.merged);
+}
+
+static int cmd_run_main(int argc, char **argv) {
+    const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *trace_path = NULL;
+    long n_predict = 128, threads = -1, n_ctx = 0;
+    bool json = false, ignore_eos = false, display_prompt = true;
+    struct ekv_sampler_params sp = ekv_sampler_default_params();
+    struct ekv_kv_params kvp = ekv_kv_default_params();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long x;
+        double d;
+        int kv = cli_parse_kv_opt(CMD, argc, argv, &i, &kvp);
+        if (kv < 0) return 1;
+        if (kv > 0) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { help(); return 0; }
+        else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
+        else if (!strcmp(a, "--no-display-prompt")) display_prompt = false;
+        else if (!v) return cli_usage_error(CMD, "unknown option or missing value: %s", a);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { model_path = v; i++; }
+        else if (!strcmp(a, "--tokenizer")) { tok_path = v; i++; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { prompt = v; i++; }
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { prompt_file = v; i++; }
+        else if (!strcmp(a, "--kv-trace")) { trace_path = v; i++; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            if (!cli_int(CMD, a, v, -1, 1L << 24, &n_predict)) return 1;
+            i++;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (!cli_int(CMD, a, v, 1, 256, &threads)) return 1;
+            i++;
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            if (!cli_int(CMD, a, v, 0, 1L << 24, &n_ctx)) return 1;
+            i++;
+        } else if (!strcmp(a, "--temp")) {
+            if (!cli_double(CMD, a, v, 0.0, 100.0, &d)) return 1;
+            sp.temp = (float)d;
+            i++;
+        } else if (!strcmp(a, "--top-k")) {
+            if (!cli_int(CMD, a, v, 0, 1L << 24, &x)) return 1;
+            sp.top_k = (int32_t)x;
+            i++;
+        } else if (!strcmp(a, "--top-p")) {
+            if (!cli_double(CMD, a, v, 1e-6, 1.0, &d)) return 1;
+            sp.top_p = (float)d;
+            i++;
+        } else if (!strcmp(a, "--min-p")) {
+            if (!cli_double(CMD, a, v, 0.0, 1.0, &d)) return 1;
+            sp.min_p = (float)d;
+            i++;
+        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
+            if (!cli_int(CMD, a, v, 0, __LONG_MAX__, &x)) return 1;
+            sp.seed = (uint64_t)x;
+            i++;
+        } else return cli_usage_error(CMD, "unknown option: %s", a);
+    }
+    if (prompt && prompt_file) return cli_usage_error(CMD, "give either -p or -f, not both");
+
+    int rc = 1;
+    char *file_text = NULL;
+    struct ekv_model *model = NULL;
+    struct ekv_context *ctx = NULL;
+    struct ekv_seq *seq = NULL;
+    struct ekv_sampler *smp = NULL;
+    int32_t *toks = NULL, *gen = NULL;
+    float *logits = NULL;
+    char *out_text = NULL;
+    cJSON *trace = NULL;
+    enum ekv_status s;
+
+    if (prompt_file) {
+        file_text = cli_read_file(CMD, prompt_file, NULL);
+        if (!file_text) goto done;
+        prompt = file_text;
+    }
+    if (!prompt) prompt = "Once upon a time";
+    if (!model_path) model_path = cli_default_model();
+
+    struct ekv_model_params mp = ekv_model_default_params();
+    mp.tokenizer_path = tok_path;
+    if ((s = ekv_model_load(model_path, &mp, &model)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    struct ekv_model_info mi;
+    ekv_model_get_info(model, &mi);
+    struct ekv_context_params cp = ekv_context_default_params();
+    if (threads > 0) cp.n_threads = (int32_t)threads;
+    cp.n_ctx = (int32_t)n_ctx;
+    if ((s = ekv_context_new(model, &cp, &ctx)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    if ((s = ekv_seq_new(ctx, &kvp, &seq)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    if ((s = ekv_sampler_new(&sp, &smp)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    int32_t ctx_size = n_ctx > 0 ? (int32_t)n_ctx : mi.n_ctx_train;
+
+    size_t plen = strlen(prompt), n_tok = 0;
+    size_t cap = plen + 16;
+    toks = malloc(cap * sizeof *toks);
+    if (!toks) { fprintf(stderr, "ekv run: out of memory\n"); goto done; }
+    if ((s = ekv_tokenize(model, prompt, plen, true, true, toks, cap, &n_tok)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    if (n_tok == 0) { cli_usage_error(CMD, "the prompt is empty"); goto done; }
+    if ((int64_t)n_tok >= ctx_size) {
+        fprintf(stderr, "ekv run: error: prompt of %zu tokens does not fit the context of %d\n", n_tok, ctx_size);
+        goto done;
+    }
+    if (n_predict < 0 || (int64_t)n_tok + n_predict > ctx_size) n_predict = ctx_size - (long)n_tok;
+    gen = malloc(((size_t)n_predict + 1) * sizeof *gen);
+    logits = malloc((size_t)mi.n_vocab * sizeof *logits);
+    if (!gen || !logits) { fprintf(stderr, "ekv run: out of memory\n"); goto done; }
+    if (trace_path) {
+        trace = cJSON_CreateObject();
+        cJSON_AddStringToObject(trace, "model", model_path);
+        cJSON_AddStringToObject(trace, "policy", kvp.policy ? kvp.policy : "full");
+        cJSON_AddNumberToObject(trace, "budget", kvp.budget);
+        cJSON_AddNumberToObject(trace, "prompt_tokens", (double)n_tok);
+        cJSON_AddArrayToObject(trace, "snapshots");
+    }
+
+    if (display_prompt && !json) {
+        fputs(prompt, stdout);
+        fflush(stdout);
+    }
+    double t0 = cli_now();
+    if ((s = ekv_seq_prefill(seq, toks, (int32_t)n_tok, logits)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    double t1 = cli_now();
+    if (trace) cJSON_AddItemToArray(cJSON_GetObjectItem(trace, "snapshots"), kv_snapshot(seq, &mi, "prefill"));
+    long n_gen = 0;
+    double t_first = 0;
+    const char *stop = "length";
+    size_t out_cap = 256, out_len = 0;
+    out_text = malloc(out_cap);
+    if (!out_text) goto done;
+    while (n_gen < n_predict) {
+        int32_t t = ekv_sampler_sample(smp, logits, mi.n_vocab);
+        if (!ignore_eos && ekv_token_is_eog(model, t)) { stop = "eos"; break; }
+        gen[n_gen++] = t;
+        if (n_gen == 1) t_first = cli_now();
+        char piece[256];
+        size_t pn = 0;
+        if (ekv_token_to_piece(model, t, false, piece, sizeof piece, &pn) != EKV_OK) pn = 0;
+        if (out_len + pn + 1 > out_cap) {
+            out_cap = (out_len + pn + 1) * 2;
+            char *nb = realloc(out_text, out_cap);
+            if (!nb) goto done;
+            out_text = nb;
+        }
+        memcpy(out_text + out_len, piece, pn);
+        out_len += pn;
+        if (!json) {
+            fwrite(piece, 1, pn, stdout);
+            fflush(stdout);
+        }
+        if (n_gen == n_predict) break;
+        if ((s = ekv_seq_decode(seq, t, logits)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    }
+    double t2 = cli_now();
+    out_text[out_len] = 0;
+    if (!json) printf("\n");
+    if (trace) {
+        cJSON_AddItemToArray(cJSON_GetObjectItem(trace, "snapshots"), kv_snapshot(seq, &mi, "end"));
+        if (!write_json_file(trace_path, trace)) {
+            fprintf(stderr, "ekv run: error: cannot write --kv-trace file '%s'\n", trace_path);
+            goto done;
+        }
+    }
+    double pp_s = t1 - t0, tg_s = t2 - t1;
+    /* decode time excludes the first token (it comes from the prefill logits) */
+    long n_dec = n_gen > 1 ? n_gen - 1 : 0;
+    struct ekv_kv_stats st;
+    ekv_seq_kv_stats(seq, &st);
+    const char *pol = kvp.policy ? kvp.policy : "full";
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "model", model_path);
+        cJSON_AddStringToObject(o, "prompt", prompt);
+        cJSON_AddStringToObject(o, "text", out_text);
+        cJSON *ga = cJSON_AddArrayToObject(o, "tokens");
+        for (long i = 0; i < n_gen; i++) cJSON_AddItemToArray(ga, cJSON_CreateNumber(gen[i]));
+        cJSON_AddStringToObject(o, "stop", stop);
+        cJSON_AddNumberToObject(o, "prompt_tokens", (double)n_tok);
+        cJSON_AddNumberToObject(o, "generated_tokens", (double)n_gen);
+        cJSON_AddNumberToObject(o, "prefill_seconds", pp_s);
+        cJSON_AddNumberToObject(o, "prefill_tokens_per_second", pp_s > 0 ? n_tok / pp_s : 0);
+        cJSON_AddNumberToObject(o, "time_to_first_token_seconds", n_gen ? t_first - t0 : 0);
+        cJSON_AddNumberToObject(o, "decode_seconds", tg_s);
+        cJSON_AddNumberToObject(o, "decode_tokens_per_second", tg_s > 0 ? n_dec / tg_s : 0);
+        cJSON *kvo = cJSON_AddObjectToObject(o, "kv");
+        cJSON_AddStringToObject(kvo, "policy", pol);
+        cJSON_AddNumberToObject(kvo, "budget", kvp.budget);
+        cJSON_AddNumberToObject(kvo, "bytes", (double)st.bytes);
+        cJSON_AddNumberToObject(kvo, "bytes_full", (double)st.bytes_full);
+        cJSON_AddNumberToObject(kvo, "entries", (double)st.entries);
+        cJSON_AddNumberToObject(kvo, "evicted", (double)st.evicted);
+        cJSON_AddNumberToObject(kvo, "merged", (double)st.merged);
+        cJSON *lens = cJSON_AddArrayToObject(kvo, "entries_per_layer");
+        for (int32_t l = 0; l < mi.n_layer; l++) {
+            int64_t sum = 0;
+            for (int32_t h = 0; h < mi.n_head_kv; h++) sum += ekv_seq_kv_layer_len(seq, l, h);
+            cJSON_AddItemToArray(lens, cJSON_CreateNumber((double)sum / mi.n_head_kv));
+        }
+        cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)cli_peak_rss());
+        char *txt = cJSON_Print(o);
+        if (txt) puts(txt);
+        free(txt);
+        cJSON_Delete(o);
+    }
+    print_kv_report(stderr, seq, &mi, pol, kvp.budget);
+    fprintf(stderr,
+            "ekv run: prompt %zu tokens in %.3f s (%.1f tok/s), generated %ld tokens in %.3f s (%.1f tok/s), "
+            "stop: %s, threads %d, peak RSS %.1f MiB\n",
+            n_tok, pp_s, pp_s > 0 ? n_tok / pp_s : 0.0, n_gen, tg_s, tg_s > 0 ? n_dec / tg_s : 0.0, stop,
+            cp.n_threads, cli_peak_rss() / 1048576.0);
+    rc = 0;
+done:
+    cJSON_Delete(trace);
+    free(out_text);
+    free(logits);
+    free(gen);
+    free(toks);
+    ekv_sampler_free(smp);
+    ekv_seq_free(seq);
+    ekv_context_free(ctx);
+    ekv_model_free(model);
+    free(file_text);
+    return rc;
+}
+
+const struct ekv_cmd ekv_cmd_run = {"run", "generate text from a prompt with a chosen KV-cache policy", cmd_run_main};

@@ -1,0 +1,296 @@
+/*
+ * context.c — contexts and sequences: owning the worker pool and scratch,
+ * turning tokens or embeddings into the rows of a forward, splitting prompts
+ * into chunks for block-wise compression, batching decode steps of several
+ * sequences, and reporting cache statistics.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/util.h"
+#include "engine/engine.h"
+#include "model/vocab.h"
+
+struct ekv_context_params ekv_context_default_params(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    struct ekv_context_params p = {.n_threads = (int32_t)(n < 1 ? 1 : n > 8 ? 8 : n), .n_ctx = 0};
+    return p;
+}
+
+static void free_scratch(struct ekv_context *c) {
+    free(c->x); free(c->xb); free(c->q); free(c->k); free(c->v);
+    free(c->att); free(c->proj); free(c->gate); free(c->up);
+    c->x = c->xb = c->q = c->k = c->v = c->att = c->proj = c->gate = c->up = NULL;
+    c->scratch_rows = 0;
+}
+
+static float *alloc_rows(size_t rows, int64_t width, bool *ok) {
+    size_t n;
+    if (!ekv_mul_ok(rows, (size_t)width, &n) || !ekv_mul_ok(n, sizeof(float), &n)) {
+        *ok = false;
+        return NULL;
+    }
+    float *p = malloc(n ? n : 1);
+    if (!p) *ok = false;
+    return p;
+}
+
+enum ekv_status ekv_context_reserve(struct ekv_context *c, int32_t rows) {
+    if (rows <= 0) rows = 1;
+    if ((size_t)rows <= c->scratch_rows) return EKV_OK;
+    const struct ekv_model_info *in = &c->model->info;
+    size_t want = EKV_MAX((size_t)rows, c->scratch_rows * 3 / 2);
+    size_t ffn_rows = EKV_MIN(want, (size_t)256);
+    int64_t qd = (int64_t)in->n_head * in->head_dim, kvd = (int64_t)in->n_head_kv * in->head_dim;
+    free_scratch(c);
+    bool ok = true;
+    c->x = alloc_rows(want, in->n_embd, &ok);
+    c->xb = alloc_rows(want, in->n_embd, &ok);
+    c->q = alloc_rows(want, qd, &ok);
+    c->k = alloc_rows(want, kvd, &ok);
+    c->v = alloc_rows(want, kvd, &ok);
+    c->att = alloc_rows(want, qd, &ok);
+    c->proj = alloc_rows(want, in->n_embd, &ok);
+    c->gate = alloc_rows(ffn_rows, in->n_ff, &ok);
+    c->up = alloc_rows(ffn_rows, in->n_ff, &ok);
+    if (!ok) {
+        free_scratch(c);
+        return ekv_err(EKV_ERR_NOMEM, "out of memory for activations of %d positions", rows);
+    }
+    c->scratch_rows = want;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_context_new(const struct ekv_model *model, const struct ekv_context_params *params,
+                                struct ekv_context **out) {
+    ekv_err_clear();
+    if (!model || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_context_new: model and out are required");
+    *out = NULL;
+    struct ekv_context_params p = params ? *params : ekv_context_default_params();
+    if (p.n_threads < 1 || p.n_threads > 256)
+        return ekv_err(EKV_ERR_INVALID_ARG, "thread count %d out of range [1, 256]", p.n_threads);
+    if (p.n_ctx < 0) return ekv_err(EKV_ERR_INVALID_ARG, "context size %d is negative", p.n_ctx);
+    if (p.n_ctx == 0) p.n_ctx = model->info.n_ctx_train;
+    struct ekv_context *c = calloc(1, sizeof *c);
+    if (!c) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    c->model = model;
+    c->params = p;
+    enum ekv_status s = ekv_pool_new(p.n_threads, &c->pool);
+    if (s == EKV_OK) s = ekv_context_reserve(c, 1);
+    if (s != EKV_OK) {
+        ekv_context_free(c);
+        return s;
+    }
+    *out = c;
+    return EKV_OK;
+}
+
+void ekv_context_free(struct ekv_context *c) {
+    if (!c) return;
+    ekv_pool_free(c->pool);
+    free_scratch(c);
+    free(c);
+}
+
+enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params *kvp, struct ekv_seq **out) {
+    ekv_err_clear();
+    if (!ctx || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_new: context and out are required");
+    *out = NULL;
+    struct ekv_kv_params p = kvp ? *kvp : ekv_kv_default_params();
+    struct ekv_seq *s = calloc(1, sizeof *s);
+    if (!s) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    s->ctx = ctx;
+    const struct ekv_model_info *in = &ctx->model->info;
+    enum ekv_status st = ekv_kv_new(in->n_layer, in->n_head, in->n_head_kv, in->head_dim, &p, &s->kv);
+    if (st != EKV_OK) {
+        free(s);
+        return st;
+    }
+    *out = s;
+    return EKV_OK;
+}
+
+void ekv_seq_free(struct ekv_seq *s) {
+    if (!s) return;
+    ekv_kv_free(s->kv);
+    free(s);
+}
+
+int64_t ekv_seq_n_seen(const struct ekv_seq *s) { return s->n_seen; }
+
+/* Writes the input embeddings of segs (starting at position `skip` within
+ * the concatenation, n rows) into ctx->x, and their tags into tags. */
+static enum ekv_status fill_rows(struct ekv_context *ctx, const struct ekv_input *in, int32_t skip, int32_t n,
+                                 uint8_t *tags) {
+    const struct ekv_model *m = ctx->model;
+    const int64_t D = m->info.n_embd;
+    int32_t row = 0, at = 0;
+    for (int32_t si = 0; si < in->n_segs && row < n; si++) {
+        const struct ekv_segment *sg = &in->segs[si];
+        for (int32_t j = 0; j < sg->n && row < n; j++, at++) {
+            if (at < skip) continue;
+            float *dst = ctx->x + (size_t)row * D;
+            if (sg->tokens) {
+                int32_t t = sg->tokens[j];
+                if (t < 0 || t >= m->info.n_vocab)
+                    return ekv_err(EKV_ERR_INVALID_ARG, "token id %d out of range [0, %d)", t, m->info.n_vocab);
+                enum ekv_status s = ekv_weight_get_row(&m->tok_embd, t, dst);
+                if (s != EKV_OK) return s;
+            } else {
+                memcpy(dst, sg->embd + (size_t)j * D, (size_t)D * sizeof(float));
+            }
+            if (tags) tags[row] = (uint8_t)sg->tag;
+            row++;
+        }
+    }
+    return EKV_OK;
+}
+
+enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, float *logits) {
+    ekv_err_clear();
+    if (!seq || !in || (in->n_segs > 0 && !in->segs) || in->n_segs < 0)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_eval: sequence and input are required");
+    struct ekv_context *ctx = seq->ctx;
+    int64_t total = 0;
+    for (int32_t i = 0; i < in->n_segs; i++) {
+        const struct ekv_segment *sg = &in->segs[i];
+        if (sg->n < 0 || (sg->n > 0 && !sg->tokens && !sg->embd))
+            return ekv_err(EKV_ERR_INVALID_ARG, "input segment %d has no tokens or embeddings", i);
+        if (sg->tag > EKV_TAG_GENERATED) return ekv_err(EKV_ERR_INVALID_ARG, "input segment %d: bad tag", i);
+        total += sg->n;
+    }
+    if (total == 0) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_eval: empty input");
+    if (seq->n_seen + total > ctx->params.n_ctx)
+        return ekv_err(EKV_ERR_CONTEXT_FULL, "context full: %lld positions seen + %lld new > context size %d",
+                       (long long)seq->n_seen, (long long)total, ctx->params.n_ctx);
+    const int32_t n = (int32_t)total;
+    uint8_t *tags = malloc((size_t)n);
+    if (!tags) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    /* all tags first (policies see the whole prompt's modality layout) */
+    int32_t at = 0;
+    for (int32_t i = 0; i < in->n_segs; i++)
+        for (int32_t j = 0; j < in->segs[i].n; j++) tags[at++] = (uint8_t)in->segs[i].tag;
+
+    int32_t chunk = n;
+    if (in->is_prompt && seq->kv->params.chunk > 0) chunk = seq->kv->params.chunk;
+    if (!in->is_prompt) chunk = 1; /* decode steps: the policy acts after each one */
+    const int32_t V = ctx->model->info.n_vocab;
+    enum ekv_status s = EKV_OK;
+    int64_t prompt_pos0 = seq->n_seen;
+    for (int32_t off = 0; off < n && s == EKV_OK; off += chunk) {
+        int32_t len = EKV_MIN(chunk, n - off);
+        if ((s = ekv_context_reserve(ctx, len)) != EKV_OK) break;
+        if ((s = fill_rows(ctx, in, off, len, NULL)) != EKV_OK) break;
+        struct ekv_fwd_part part = {.seq = seq, .row0 = 0, .n = len};
+        part.step.is_prompt = in->is_prompt;
+        part.step.last_chunk = off + len == n;
+        part.step.pos0 = seq->n_seen;
+        part.step.n_new = len;
+        part.step.prompt_pos0 = in->is_prompt ? prompt_pos0 : seq->n_seen;
+        part.step.prompt_len = in->is_prompt ? n : 0;
+        part.step.prompt_tags = in->is_prompt ? tags : NULL;
+        part.step.tags = tags + off;
+        float *out = NULL;
+        if (logits) out = in->logits_all ? logits + (size_t)off * V : (off + len == n ? logits : NULL);
+        uint8_t *want = NULL;
+        if (out && !in->logits_all) { /* only the last row */
+            want = calloc((size_t)len, 1);
+            if (!want) { s = ekv_err(EKV_ERR_NOMEM, "out of memory"); break; }
+            want[len - 1] = 1;
+        }
+        s = ekv_forward(ctx, &part, 1, len, want, out);
+        free(want);
+        if (s == EKV_OK) seq->n_seen += len;
+    }
+    free(tags);
+    return s;
+}
+
+enum ekv_status ekv_seq_prefill(struct ekv_seq *seq, const int32_t *tokens, int32_t n, float *logits) {
+    struct ekv_segment sg = {.tokens = tokens, .n = n, .tag = EKV_TAG_TEXT};
+    struct ekv_input in = {.segs = &sg, .n_segs = 1, .is_prompt = true};
+    return ekv_seq_eval(seq, &in, logits);
+}
+
+enum ekv_status ekv_seq_decode(struct ekv_seq *seq, int32_t token, float *logits) {
+    struct ekv_segment sg = {.tokens = &token, .n = 1, .tag = EKV_TAG_GENERATED};
+    struct ekv_input in = {.segs = &sg, .n_segs = 1, .is_prompt = false};
+    return ekv_seq_eval(seq, &in, logits);
+}
+
+enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const *seqs, const int32_t *tokens,
+                                 int32_t n, float *logits) {
+    ekv_err_clear();
+    if (!ctx || !seqs || !tokens || n <= 0)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_decode_batch: context, sequences and tokens are required");
+    const struct ekv_model *m = ctx->model;
+    for (int32_t i = 0; i < n; i++) {
+        if (!seqs[i] || seqs[i]->ctx != ctx)
+            return ekv_err(EKV_ERR_INVALID_ARG, "ekv_decode_batch: sequence %d does not belong to this context", i);
+        for (int32_t j = 0; j < i; j++)
+            if (seqs[j] == seqs[i])
+                return ekv_err(EKV_ERR_INVALID_ARG, "ekv_decode_batch: sequence %d appears twice", i);
+        if (seqs[i]->n_seen + 1 > ctx->params.n_ctx)
+            return ekv_err(EKV_ERR_CONTEXT_FULL, "context full for sequence %d", i);
+        if (tokens[i] < 0 || tokens[i] >= m->info.n_vocab)
+            return ekv_err(EKV_ERR_INVALID_ARG, "token id %d out of range", tokens[i]);
+    }
+    enum ekv_status s = ekv_context_reserve(ctx, n);
+    if (s != EKV_OK) return s;
+    struct ekv_fwd_part *parts = calloc((size_t)n, sizeof *parts);
+    if (!parts) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    static const uint8_t gen_tag = EKV_TAG_GENERATED;
+    for (int32_t i = 0; i < n && s == EKV_OK; i++) {
+        s = ekv_weight_get_row(&m->tok_embd, tokens[i], ctx->x + (size_t)i * m->info.n_embd);
+        parts[i].seq = seqs[i];
+        parts[i].row0 = i;
+        parts[i].n = 1;
+        parts[i].step.pos0 = seqs[i]->n_seen;
+        parts[i].step.n_new = 1;
+        parts[i].step.prompt_pos0 = seqs[i]->n_seen;
+        parts[i].step.tags = &gen_tag;
+    }
+    if (s == EKV_OK) s = ekv_forward(ctx, parts, n, n, NULL, logits);
+    if (s == EKV_OK)
+        for (int32_t i = 0; i < n; i++) seqs[i]->n_seen++;
+    free(parts);
+    return s;
+}
+
+void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
+    memset(st, 0, sizeof *st);
+    const struct ekv_kv *kv = seq->kv;
+    uint64_t entry_bytes = 2ull * (uint64_t)kv->head_dim * sizeof(float);
+    st->n_seen = seq->n_seen;
+    for (int32_t l = 0; l < kv->n_layer; l++)
+        for (int32_t h = 0; h < kv->n_head_kv; h++) {
+            const struct ekv_kv_head *hd = &kv->layers[l].heads[h];
+            st->entries += hd->len;
+            st->evicted += hd->n_evicted;
+            st->merged += hd->n_merged;
+        }
+    st->entries_full = seq->n_seen * kv->n_layer * kv->n_head_kv;
+    st->bytes = (uint64_t)st->entries * entry_bytes;
+    st->bytes_full = (uint64_t)st->entries_full * entry_bytes;
+    st->bytes_alloc = kv->bytes_alloc;
+    st->peak_bytes_alloc = kv->peak_bytes_alloc;
+}
+
+int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head) {
+    const struct ekv_kv *kv = seq->kv;
+    if (layer < 0 || layer >= kv->n_layer || kv_head < 0 || kv_head >= kv->n_head_kv) return 0;
+    return kv->layers[layer].heads[kv_head].len;
+}
+
+enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int32_t kv_head, int32_t *positions,
+                                   float *weights, uint8_t *tags) {
+    const struct ekv_kv *kv = seq->kv;
+    if (layer < 0 || layer >= kv->n_layer || kv_head < 0 || kv_head >= kv->n_head_kv)
+        return ekv_err(EKV_ERR_INVALID_ARG, "layer %d / KV head %d out of range", layer, kv_head);
+    const struct ekv_kv_head *h = &kv->layers[layer].heads[kv_head];
+    if (positions) memcpy(positions, h->pos, (size_t)h->len * sizeof *positions);
+    if (weights) memcpy(weights, h->weight, (size_t)h->len * sizeof *weights);
+    if (tags) memcpy(tags, h->tag, (size_t)h->len);
+    return EKV_OK;
+}

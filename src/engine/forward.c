@@ -1,0 +1,101 @@
+/*
+ * forward.c — the Llama-family transformer forward (LLaMA, Mistral, SmolLM,
+ * Qwen2): RMSNorm, Q/K/V projections (optional biases), RoPE, attention
+ * through the KV cache (src/kv/attend.c, which also feeds the policy its
+ * statistics and lets it compress the layer right away), output projection,
+ * SwiGLU feed-forward. Rows of several sequences can share one forward
+ * (batched decode): the weight products run over all rows at once, the
+ * attention per sequence.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "engine/engine.h"
+
+/* Feed-forward rows per sub-batch: bounds the [rows][n_ff] scratch. */
+#define EKV_FFN_ROWS 256
+
+static void add_bias(float *y, const float *b, int32_t rows, int64_t dim) {
+    if (!b) return;
+    for (int32_t r = 0; r < rows; r++) ekv_add(y + (size_t)r * dim, b, dim);
+}
+
+enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
+                            int32_t n_rows, const uint8_t *want, float *logits) {
+    const struct ekv_model *m = ctx->model;
+    const struct ekv_model_info *in = &m->info;
+    const int64_t D = in->n_embd, HD = in->head_dim;
+    const int64_t QD = (int64_t)in->n_head * HD, KVD = (int64_t)in->n_head_kv * HD, FF = in->n_ff;
+    struct ekv_pool *pool = ctx->pool;
+    enum ekv_status s = EKV_OK;
+
+    /* RoPE position of each part's first row: the true position, or, in
+     * Elastic Cache's reference-compatibility mode, the compressed cache
+     * length (POLICIES.md 0.6). */
+    int64_t rope0[n_parts > 0 ? n_parts : 1];
+    for (int32_t p = 0; p < n_parts; p++) {
+        struct ekv_kv *kv = parts[p].seq->kv;
+        rope0[p] = parts[p].step.pos0;
+        if (kv->params.compat_ref) rope0[p] = kv->layers[0].heads[0].len;
+        s = ekv_kv_begin(kv, &parts[p].step);
+        if (s != EKV_OK) return s;
+    }
+
+    for (int32_t il = 0; il < in->n_layer; il++) {
+        const struct ekv_layer_weights *L = &m->layers[il];
+        for (int32_t r = 0; r < n_rows; r++)
+            ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)r * D, L->attn_norm, D, in->norm_eps);
+        if ((s = ekv_matmul(pool, &L->wq, ctx->xb, n_rows, ctx->q)) ||
+            (s = ekv_matmul(pool, &L->wk, ctx->xb, n_rows, ctx->k)) ||
+            (s = ekv_matmul(pool, &L->wv, ctx->xb, n_rows, ctx->v)))
+            return s;
+        add_bias(ctx->q, L->bq, n_rows, QD);
+        add_bias(ctx->k, L->bk, n_rows, KVD);
+        add_bias(ctx->v, L->bv, n_rows, KVD);
+        for (int32_t p = 0; p < n_parts; p++) {
+            for (int32_t i = 0; i < parts[p].n; i++) {
+                int64_t r = parts[p].row0 + i;
+                ekv_rope(ctx->q + r * QD, in->n_head, (int)HD, in->rope_dim, rope0[p] + i, in->rope_freq_base,
+                         in->rope_neox);
+                ekv_rope(ctx->k + r * KVD, in->n_head_kv, (int)HD, in->rope_dim, rope0[p] + i,
+                         in->rope_freq_base, in->rope_neox);
+            }
+            size_t r0 = (size_t)parts[p].row0;
+            s = ekv_kv_layer_forward(parts[p].seq->kv, pool, il, &parts[p].step, ctx->q + r0 * QD,
+                                     ctx->k + r0 * KVD, ctx->v + r0 * KVD, ctx->att + r0 * QD);
+            if (s != EKV_OK) return s;
+        }
+        if ((s = ekv_matmul(pool, &L->wo, ctx->att, n_rows, ctx->proj))) return s;
+        for (int32_t r = 0; r < n_rows; r++) {
+            ekv_add(ctx->x + (size_t)r * D, ctx->proj + (size_t)r * D, D);
+            ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)r * D, L->ffn_norm, D, in->norm_eps);
+        }
+        for (int32_t r0 = 0; r0 < n_rows; r0 += EKV_FFN_ROWS) {
+            int32_t nr = EKV_MIN(EKV_FFN_ROWS, n_rows - r0);
+            const float *xb = ctx->xb + (size_t)r0 * D;
+            if ((s = ekv_matmul(pool, &L->w_gate, xb, nr, ctx->gate)) ||
+                (s = ekv_matmul(pool, &L->w_up, xb, nr, ctx->up)))
+                return s;
+            ekv_swiglu(ctx->gate, ctx->gate, ctx->up, (int64_t)nr * FF);
+            if ((s = ekv_matmul(pool, &L->w_down, ctx->gate, nr, ctx->proj))) return s;
+            for (int32_t r = 0; r < nr; r++)
+                ekv_add(ctx->x + (size_t)(r0 + r) * D, ctx->proj + (size_t)r * D, D);
+        }
+    }
+
+    for (int32_t p = 0; p < n_parts; p++) {
+        s = ekv_kv_end(parts[p].seq->kv, &parts[p].step);
+        if (s != EKV_OK) return s;
+    }
+    if (!logits) return EKV_OK;
+
+    /* final norm of the wanted rows, packed, then the classifier */
+    int32_t n_out = 0;
+    for (int32_t r = 0; r < n_rows; r++) {
+        if (want && !want[r]) continue;
+        ekv_rmsnorm(ctx->xb + (size_t)n_out * D, ctx->x + (size_t)r * D, m->output_norm, D, in->norm_eps);
+        n_out++;
+    }
+    return ekv_matmul(pool, &m->output, ctx->xb, n_out, logits);
+}

@@ -1,0 +1,135 @@
+/*
+ * attention.c — the plain-C reference of causal attention with statistics
+ * (attention.h): one query position of the R query heads that share a KV
+ * head against that head's cached keys, softmax in fp32 with the row
+ * maximum subtracted, and in the same pass the per-key statistics that
+ * KV-cache policies rank entries by (column sums, squares, last row, window
+ * sums, ScissorHands bin counts, VL-Cache sparsity counts).
+ *
+ * The attention output is computed before, and independently of, the
+ * statistics, so it is bit-identical whatever st->flags asks for. Nothing
+ * here allocates: the caller passes the probability scratch.
+ */
+#include <math.h>
+#include <stddef.h>
+
+#include "kernels/attention.h"
+
+void ekv_attn_accumulate(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st) {
+    if (!st || !st->flags || n_keys <= 0 || R <= 0) return;
+    const unsigned fl = st->flags;
+    const double inv_r = 1.0 / (double)R;
+    const size_t n = (size_t)n_keys;
+
+    /* Per-key means over the R heads of p and p^2 feed colsum, sumsq,
+     * lastrow and winsum. */
+    const unsigned want_mean = EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_WINSUM;
+    if (fl & want_mean) {
+        double *colsum = (fl & EKV_STAT_COLSUM) ? st->colsum : NULL;
+        int32_t *count = (fl & EKV_STAT_COLSUM) ? st->count : NULL;
+        double *sumsq = (fl & EKV_STAT_SUMSQ) ? st->sumsq : NULL;
+        float *lastrow = (fl & EKV_STAT_LASTROW) ? st->lastrow : NULL;
+        double *winsum = (fl & EKV_STAT_WINSUM) ? st->winsum : NULL;
+        for (size_t j = 0; j < n; j++) {
+            double s = 0.0, s2 = 0.0;
+            for (int h = 0; h < R; h++) {
+                double p = (double)probs[(size_t)h * n + j];
+                s += p;
+                s2 += p * p;
+            }
+            const double m = s * inv_r;
+            if (colsum) colsum[j] += m;
+            if (count) count[j] += 1;
+            if (sumsq) sumsq[j] += s2 * inv_r;
+            if (lastrow) lastrow[j] = (float)m;
+            if (winsum) winsum[j] += m;
+        }
+    }
+
+    /* ScissorHands: a key counts for a head when its attention is at least
+     * the uniform share 1/n_keys; the group mean of those indicators. */
+    if ((fl & EKV_STAT_BINCOUNT) && st->bincount) {
+        const float thr = 1.0f / (float)n_keys;
+        for (size_t j = 0; j < n; j++) {
+            int c = 0;
+            for (int h = 0; h < R; h++) c += probs[(size_t)h * n + j] >= thr;
+            if (c) st->bincount[j] += (float)c / (float)R;
+        }
+    }
+
+    /* VL-Cache ThresholdFilter counts: entries below p * row max, per head. */
+    if ((fl & EKV_STAT_SPARSITY) && st->sparse_zero && st->sparse_total) {
+        double zeros = 0.0;
+        for (int h = 0; h < R; h++) {
+            const float *ph = probs + (size_t)h * n;
+            float mx = ph[0];
+            for (size_t j = 1; j < n; j++) mx = ph[j] > mx ? ph[j] : mx;
+            const float thr = st->sparsity_p * mx;
+            size_t z = 0;
+            for (size_t j = 0; j < n; j++) z += ph[j] < thr;
+            zeros += (double)z;
+        }
+        *st->sparse_zero += zeros;
+        *st->sparse_total += (double)n * (double)R;
+    }
+}
+
+/* q . k with eight partial sums (lane c % 8), added pairwise at the end:
+ * a fixed order, so results are deterministic, and independent chains the
+ * compiler can keep in one vector register. */
+static inline float dot8(const float *a, const float *b, size_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[c + l] * b[c + l];
+    for (; c < n; c++) acc[c & 7] += a[c] * b[c];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* o += sum_j p[j] * v[j][:], one key at a time (out does not alias v). */
+static void axpy_rows(float *restrict o, const float *restrict p, const float *restrict v, size_t n,
+                      size_t d) {
+    for (size_t j = 0; j < n; j++) {
+        const float pj = p[j];
+        const float *restrict vj = v + j * d;
+        size_t c = 0;
+        for (; c + 8 <= d; c += 8) /* fixed-width blocks the compiler vectorises */
+            for (int l = 0; l < 8; l++) o[c + l] += pj * vj[c + l];
+        for (; c < d; c++) o[c] += pj * vj[c];
+    }
+}
+
+void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys,
+                  float scale, float *out, float *probs, const struct ekv_attn_stats *st) {
+    if (R <= 0 || d <= 0) return;
+    const size_t n = n_keys > 0 ? (size_t)n_keys : 0;
+    const size_t dd = (size_t)d;
+    for (int h = 0; h < R; h++) {
+        const float *qh = q + (size_t)h * dd;
+        float *ph = probs + (size_t)h * n;
+        float *oh = out + (size_t)h * dd;
+        for (size_t c = 0; c < dd; c++) oh[c] = 0.0f;
+        if (n == 0) continue;
+
+        /* scores and their maximum */
+        float mx = -INFINITY;
+        for (size_t j = 0; j < n; j++) {
+            const float s = dot8(qh, k + j * dd, dd) * scale;
+            ph[j] = s;
+            mx = s > mx ? s : mx;
+        }
+        /* exp with the maximum subtracted, normalised */
+        float sum = 0.0f;
+        for (size_t j = 0; j < n; j++) {
+            float e = expf(ph[j] - mx);
+            ph[j] = e;
+            sum += e;
+        }
+        const float inv = 1.0f / sum;
+        for (size_t j = 0; j < n; j++) ph[j] *= inv;
+
+        /* out = sum_j p_j v_j */
+        axpy_rows(oh, ph, v, n, dd);
+    }
+    if (st && n) ekv_attn_accumulate(probs, R, n_keys, st);
+}

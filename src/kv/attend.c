@@ -1,0 +1,183 @@
+/*
+ * attend.c — one forward through the KV cache (kv.h): appends the new keys
+ * and values of a layer, runs causal attention of the new queries over each
+ * KV head's kept entries while collecting the statistics the policy asked
+ * for, then hands the layer to the policy (which may compact it at once:
+ * DESIGN.md's layer-by-layer prefill compression).
+ *
+ * Work is split over KV heads on the thread pool; a head's statistics are
+ * written only by the thread that owns the head, and the per-layer sparsity
+ * counts are summed per head and added after the run, so results do not
+ * depend on the number of threads.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "core/util.h"
+#include "kv/kv.h"
+
+enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    if (!kv || !step) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_begin: NULL argument");
+    if (step->n_new < 0 || step->pos0 < 0 || step->pos0 + step->n_new > INT32_MAX)
+        return ekv_err(EKV_ERR_INVALID_ARG, "kv step: positions %lld + %d out of range",
+                       (long long)step->pos0, (int)step->n_new);
+    if (step->is_prompt && (step->prompt_len < 0 || step->prompt_pos0 < 0))
+        return ekv_err(EKV_ERR_INVALID_ARG, "kv step: prompt length %d at %lld is invalid",
+                       (int)step->prompt_len, (long long)step->prompt_pos0);
+    kv->n_seen = step->pos0 + step->n_new;
+    if (kv->ops && kv->ops->begin) {
+        enum ekv_status s = kv->ops->begin(kv, step);
+        if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s", kv->policy_name);
+    }
+    return ekv_kv_ensure_stats(kv);
+}
+
+enum ekv_status ekv_kv_end(struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    if (!kv || !step) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_end: NULL argument");
+    if (kv->ops && kv->ops->end) {
+        enum ekv_status s = kv->ops->end(kv, step);
+        if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s", kv->policy_name);
+    }
+    return EKV_OK;
+}
+
+struct attend_task {
+    struct ekv_kv *kv;
+    struct ekv_pool *pool;
+    int il;
+    const struct ekv_kv_step *step;
+    const float *q;     /* [n_new][n_head][head_dim] */
+    float *out;         /* [n_new][n_head][head_dim] */
+    float scale;
+    float sparsity_p;
+    unsigned row_flags; /* statistics of every row */
+    unsigned win_flags; /* statistics of rows at positions >= win_start */
+    double *sparse;     /* [n_head_kv][2] zero / total counts, or NULL */
+    atomic_int failed;
+};
+
+static void attend_head(struct attend_task *t, int hk, float *probs) {
+    const struct ekv_kv *kv = t->kv;
+    struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
+    const int R = kv->n_head / kv->n_head_kv;
+    const int d = kv->head_dim;
+    const int32_t n_new = t->step->n_new;
+    const int32_t len0 = h->len - n_new; /* entries before this forward's appends */
+    double sparse_zero = 0.0, sparse_total = 0.0;
+    struct ekv_attn_stats st = {
+        .colsum = h->colsum,
+        .count = h->count,
+        .sumsq = h->sumsq,
+        .lastrow = h->lastrow,
+        .winsum = h->winsum,
+        .bincount = h->bincount,
+        .sparse_zero = &sparse_zero,
+        .sparse_total = &sparse_total,
+        .sparsity_p = t->sparsity_p,
+    };
+    for (int32_t i = 0; i < n_new; i++) {
+        const int64_t pos = t->step->pos0 + i;
+        st.flags = t->row_flags | (pos >= kv->win_start ? t->win_flags : 0u);
+        const size_t qoff = ((size_t)i * (size_t)kv->n_head + (size_t)hk * (size_t)R) * (size_t)d;
+        ekv_attn_row(t->q + qoff, R, d, h->k, h->v, len0 + i + 1, t->scale, t->out + qoff, probs,
+                     st.flags ? &st : NULL);
+    }
+    if (t->sparse) {
+        t->sparse[2 * hk] = sparse_zero;
+        t->sparse[2 * hk + 1] = sparse_total;
+    }
+}
+
+static void attend_worker(void *ctx, int ith, int nth) {
+    struct attend_task *t = ctx;
+    const struct ekv_kv *kv = t->kv;
+    const int R = kv->n_head / kv->n_head_kv;
+    for (int hk = ith; hk < kv->n_head_kv; hk += nth) {
+        const struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
+        float *probs = ekv_pool_scratch(t->pool, ith, (size_t)R * (size_t)(h->len ? h->len : 1) * sizeof(float));
+        if (!probs) {
+            atomic_store(&t->failed, 1);
+            return;
+        }
+        attend_head(t, hk, probs);
+    }
+}
+
+enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, int il,
+                                     const struct ekv_kv_step *step, const float *q, const float *k,
+                                     const float *v, float *out) {
+    if (!kv || !step) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_layer_forward: NULL argument");
+    if (il < 0 || il >= kv->n_layer)
+        return ekv_err(EKV_ERR_INVALID_ARG, "kv layer %d out of range [0, %d)", il, (int)kv->n_layer);
+    const int32_t n_new = step->n_new;
+    if (n_new < 0 || step->pos0 < 0 || step->pos0 + n_new > INT32_MAX)
+        return ekv_err(EKV_ERR_INVALID_ARG, "kv step: positions %lld + %d out of range",
+                       (long long)step->pos0, (int)n_new);
+    if (n_new > 0 && (!q || !k || !v || !out))
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_layer_forward: NULL q/k/v/out");
+    struct ekv_kv_layer *L = &kv->layers[il];
+    const int G = kv->n_head_kv;
+    const size_t d = (size_t)kv->head_dim;
+
+    if (n_new > 0) {
+        for (int hk = 0; hk < G; hk++) {
+            const struct ekv_kv_head *h = &L->heads[hk];
+            if (h->len > 0 && step->pos0 <= h->pos[h->len - 1])
+                return ekv_err(EKV_ERR_INVALID_ARG,
+                               "kv layer %d head %d: new position %lld is not after the cached %d", il, hk,
+                               (long long)step->pos0, (int)h->pos[h->len - 1]);
+        }
+        enum ekv_status s = ekv_kv_reserve(kv, il, n_new);
+        if (s != EKV_OK) return s;
+        for (int32_t i = 0; i < n_new; i++) {
+            const uint8_t tag = step->tags ? step->tags[i] : (uint8_t)EKV_TAG_GENERATED;
+            for (int hk = 0; hk < G; hk++) {
+                const size_t off = ((size_t)i * (size_t)G + (size_t)hk) * d;
+                ekv_kv_head_append(kv, &L->heads[hk], k + off, v + off, (int32_t)(step->pos0 + i), tag);
+            }
+        }
+
+        struct attend_task t = {
+            .kv = kv,
+            .pool = pool,
+            .il = il,
+            .step = step,
+            .q = q,
+            .out = out,
+            .scale = 1.0f / sqrtf((float)kv->head_dim),
+            .sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p,
+            .row_flags = kv->stats & (EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_BINCOUNT),
+            .win_flags = kv->stats & (EKV_STAT_WINSUM | EKV_STAT_SPARSITY),
+            .sparse = NULL,
+        };
+        atomic_init(&t.failed, 0);
+        /* arrays are present exactly when kv->stats asks (ekv_kv_begin) */
+        if ((t.row_flags & EKV_STAT_COLSUM) && !L->heads[0].colsum) t.row_flags &= ~EKV_STAT_COLSUM;
+        if ((t.row_flags & EKV_STAT_SUMSQ) && !L->heads[0].sumsq) t.row_flags &= ~EKV_STAT_SUMSQ;
+        if ((t.row_flags & EKV_STAT_LASTROW) && !L->heads[0].lastrow) t.row_flags &= ~EKV_STAT_LASTROW;
+        if ((t.row_flags & EKV_STAT_BINCOUNT) && !L->heads[0].bincount) t.row_flags &= ~EKV_STAT_BINCOUNT;
+        if ((t.win_flags & EKV_STAT_WINSUM) && !L->heads[0].winsum) t.win_flags &= ~EKV_STAT_WINSUM;
+        if ((t.win_flags & EKV_STAT_SPARSITY) && step->pos0 + n_new > kv->win_start) {
+            t.sparse = calloc((size_t)G * 2, sizeof(double));
+            if (!t.sparse) return ekv_err(EKV_ERR_NOMEM, "kv layer %d: out of memory for sparsity counts", il);
+        } else {
+            t.win_flags &= ~EKV_STAT_SPARSITY;
+        }
+        ekv_pool_run(pool, attend_worker, &t);
+        if (t.sparse) {
+            for (int hk = 0; hk < G; hk++) {
+                L->sparse_zero += t.sparse[2 * hk];
+                L->sparse_total += t.sparse[2 * hk + 1];
+            }
+            free(t.sparse);
+        }
+        if (atomic_load(&t.failed))
+            return ekv_err(EKV_ERR_NOMEM, "kv layer %d: out of memory for attention scratch", il);
+    }
+    if (kv->ops && kv->ops->layer) {
+        enum ekv_status s = kv->ops->layer(kv, il, step);
+        if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s, layer %d", kv->policy_name, il);
+    }
+    return EKV_OK;
+}

@@ -1,0 +1,174 @@
+/*
+ * roco.c — RoCo (EasyKV, paper 002; POLICIES.md §6): robust cache omission.
+ * Tokens are judged by the mean attention they received (MAS) and by how
+ * much it varied (its standard deviation): the tokens whose attention is
+ * the most variable are kept out of the eviction scope, and among the rest
+ * the lowest-mean ones are evicted.
+ *
+ * Statistics: EKV_STAT_COLSUM (+count) and EKV_STAT_SUMSQ, accumulated over
+ * every query since the entry was cached, group means over the R query
+ * heads of a KV head; decisions per KV head.
+ *   mean = colsum / count, std = sqrt(max(0, sumsq / count - mean^2))
+ *   (§0.3: the reference does not clamp and can produce NaN). [CHOICE]
+ *
+ * When a head holds E entries over its target (ekv_kv_target):
+ *   - protect the first `sinks` entries (default 4, EasyKV's temp_length)
+ *     and the last `window` entries (default max(1, trunc(recent_ratio *
+ *     target)) with recent_ratio 0.1 = EasyKV's encoding-mode 10%);
+ *     when sinks + window exceed the target they shrink (window first to
+ *     the target, then sinks to what is left) so the budget stays exact;
+ *     [CHOICE]
+ *   - candidates = the K lowest-std unprotected entries,
+ *     K = max(target - window - sinks, E)  (EasyKV: B - trunc(0.1 B) - 4
+ *     with B the budget, never fewer than the entries to evict);
+ *   - evict the E candidates with the lowest mean.
+ * Ties follow §0.7 (lower index first, for both the std and mean ranks).
+ *
+ * When: at the end of every prompt chunk (with params.chunk the engine runs
+ * block-wise encoding, EasyKV's evict-and-encode) and at every decode step,
+ * so the cache never exceeds the budget after a forward. Unlike EasyKV's
+ * decoding mode (K = budget - trunc(0.3 budget), prompt never evicted) one
+ * rule serves both phases. [CHOICE]
+ *
+ * EasyKV's last-10 protection is the `window` here (10% of the target);
+ * its stride-quantised capacity (§6 steps 1-3) is not reproduced: ekv keeps
+ * exactly ceil(budget * n_seen) entries. [CHOICE]
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "kv/policies_adv.h"
+
+int32_t ekv_roco_select(const double *mean, const double *std, int32_t n, int32_t sinks,
+                        int32_t window, int32_t K, int32_t E, uint8_t *keep) {
+    for (int32_t j = 0; j < n; j++) keep[j] = 1;
+    if (E <= 0 || n <= 0) return 0;
+    int32_t unprot = n - sinks - window;
+    if (K > unprot) K = unprot;
+    if (E > K) E = K;
+    if (E <= 0) return 0;
+
+    double *neg = calloc((size_t)n, sizeof *neg);
+    uint8_t *mask = calloc((size_t)n, 1);
+    int32_t *idx = malloc((size_t)n * sizeof *idx);
+    if (!neg || !mask || !idx) {
+        free(neg); free(mask); free(idx);
+        return -1;
+    }
+    /* candidates: the K lowest std among the unprotected, ties to the lower
+     * index. When K is most of them (decode: all but a few), select the
+     * excluded rest instead -- the highest std, ties to the HIGHER index,
+     * which is ekv_topk's rule on the reversed array -- so the work stays
+     * O(n log(excluded)). */
+    const int32_t nx = unprot - K;
+    if (nx < K) {
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t j = n - 1 - i;
+            neg[i] = std[j];
+            mask[i] = (j >= sinks && j < n - window) ? 1 : 0;
+        }
+        const int32_t got = ekv_topk(neg, n, nx, mask, idx);
+        for (int32_t j = 0; j < n; j++) mask[j] = (j >= sinks && j < n - window) ? 1 : 0;
+        for (int32_t i = 0; i < got; i++) mask[n - 1 - idx[i]] = 0;
+    } else {
+        for (int32_t j = 0; j < n; j++) {
+            neg[j] = -std[j];
+            mask[j] = (j >= sinks && j < n - window) ? 1 : 0;
+        }
+        const int32_t nc = ekv_topk(neg, n, K, mask, idx);
+        memset(mask, 0, (size_t)n);
+        for (int32_t i = 0; i < nc; i++) mask[idx[i]] = 1;
+    }
+    /* evict the E lowest means among the candidates */
+    for (int32_t j = 0; j < n; j++) neg[j] = -mean[j];
+    int32_t ne = ekv_topk(neg, n, E, mask, idx);
+    for (int32_t i = 0; i < ne; i++) keep[idx[i]] = 0;
+    free(neg); free(mask); free(idx);
+    return ne;
+}
+
+static enum ekv_status roco_configure(struct ekv_kv *kv) {
+    struct ekv_kv_params *p = &kv->params;
+    if (p->sinks < 0) p->sinks = 4;
+    if (isnan(p->recent_ratio)) p->recent_ratio = 0.1;
+    if (!(p->recent_ratio >= 0.0 && p->recent_ratio <= 1.0))
+        return ekv_err(EKV_ERR_INVALID_ARG, "roco: recent_ratio %g is outside [0, 1]", p->recent_ratio);
+    /* window < 0 stays: "recent_ratio of the current target" */
+    return EKV_OK;
+}
+
+static enum ekv_status roco_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    (void)step;
+    kv->stats = EKV_STAT_COLSUM | EKV_STAT_SUMSQ;
+    return EKV_OK;
+}
+
+/* Evicts len - target entries of one head. */
+static enum ekv_status roco_head(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t target) {
+    const int32_t n = h->len;
+    const int32_t E = n - target;
+    if (E <= 0) return EKV_OK;
+    if (!h->colsum || !h->count || !h->sumsq)
+        return ekv_err(EKV_ERR_INTERNAL, "roco: statistics colsum/count/sumsq are missing");
+
+    int32_t window = kv->params.window >= 0
+                         ? kv->params.window
+                         : EKV_MAX(1, (int32_t)(kv->params.recent_ratio * (double)target));
+    int32_t sinks = kv->params.sinks;
+    if (window > target) window = target;
+    if (sinks > target - window) sinks = target - window;
+    const int32_t K = EKV_MAX(target - window - sinks, E);
+
+    double *mean = malloc((size_t)n * sizeof *mean);
+    double *sd = malloc((size_t)n * sizeof *sd);
+    uint8_t *keep = malloc((size_t)n);
+    enum ekv_status st = EKV_OK;
+    if (!mean || !sd || !keep) {
+        st = ekv_err(EKV_ERR_NOMEM, "roco: scratch for %d entries", (int)n);
+        goto out;
+    }
+    for (int32_t j = 0; j < n; j++) {
+        const double c = (double)h->count[j];
+        const double m = c > 0 ? h->colsum[j] / c : 0.0;
+        const double var = c > 0 ? h->sumsq[j] / c - m * m : 0.0;
+        mean[j] = m;
+        sd[j] = sqrt(var > 0.0 ? var : 0.0);
+    }
+    int32_t ne = ekv_roco_select(mean, sd, n, sinks, window, K, E, keep);
+    if (ne < 0) {
+        st = ekv_err(EKV_ERR_NOMEM, "roco: scratch for %d entries", (int)n);
+        goto out;
+    }
+    if (ne != E) {
+        st = ekv_err(EKV_ERR_INTERNAL, "roco: evicted %d of %d entries", (int)ne, (int)E);
+        goto out;
+    }
+    st = ekv_kv_head_keep(kv, h, keep);
+out:
+    free(mean); free(sd); free(keep);
+    return st;
+}
+
+static enum ekv_status roco_layer(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
+    (void)step;
+    const int32_t target = ekv_kv_target(kv, il);
+    struct ekv_kv_layer *ly = &kv->layers[il];
+    for (int32_t hh = 0; hh < kv->n_head_kv; hh++) {
+        enum ekv_status st = roco_head(kv, &ly->heads[hh], target);
+        if (st != EKV_OK) return st;
+    }
+    return EKV_OK;
+}
+
+const struct ekv_policy_ops ekv_policy_roco = {
+    .name = "roco",
+    .summary = "RoCo: evict the lowest mean attention among the low-variance tokens (prefill chunks + decode)",
+    .configure = roco_configure,
+    .init = NULL,
+    .destroy = NULL,
+    .begin = roco_begin,
+    .layer = roco_layer,
+    .end = NULL,
+};

@@ -1,0 +1,54 @@
+/*
+ * scissorhands.c — ScissorHands, persistence of importance (POLICIES.md §4,
+ * the [CHOICE] spec there), per KV head.
+ *
+ * Score: for every query i seen (history window = all queries), count the
+ * keys whose attention is >= 1/n_i, n_i the keys query i sees
+ * (EKV_STAT_BINCOUNT; with GQA the group mean of the indicators). Whenever
+ * a head holds more than ekv_kv_target entries it protects the last
+ * `window` entries (default target / 2, RoCo's protocol; params.window
+ * sets it absolutely) and keeps the top of the rest by count (ties: lower
+ * index first, §0.7).
+ */
+#include <stdlib.h>
+
+#include "core/util.h"
+#include "kv/kv.h"
+
+static enum ekv_status sh_init(struct ekv_kv *kv) {
+    kv->stats = EKV_STAT_BINCOUNT;
+    return EKV_OK;
+}
+
+static enum ekv_status sh_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    (void)step;
+    kv->stats = EKV_STAT_BINCOUNT;
+    return EKV_OK;
+}
+
+static enum ekv_status sh_layer(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
+    (void)step;
+    const int32_t target = ekv_kv_target(kv, il);
+    const int32_t window = kv->params.window >= 0 ? kv->params.window : target / 2;
+    for (int hk = 0; hk < kv->n_head_kv; hk++) {
+        struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+        if (h->len <= target) continue;
+        if (!h->bincount)
+            return ekv_err(EKV_ERR_INTERNAL, "scissorhands: layer %d head %d has no counts", il, hk);
+        double *score = malloc((size_t)h->len * sizeof *score);
+        if (!score) return ekv_err(EKV_ERR_NOMEM, "scissorhands: out of memory for %d scores", (int)h->len);
+        for (int32_t j = 0; j < h->len; j++) score[j] = h->bincount[j];
+        enum ekv_status s = ekv_kv_head_keep_recent_top(kv, h, target, window, score);
+        free(score);
+        if (s != EKV_OK) return s;
+    }
+    return EKV_OK;
+}
+
+const struct ekv_policy_ops ekv_policy_scissorhands = {
+    .name = "scissorhands",
+    .summary = "ScissorHands: keep tokens most often attended above average, plus a recent window",
+    .init = sh_init,
+    .begin = sh_begin,
+    .layer = sh_layer,
+};

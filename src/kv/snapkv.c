@@ -1,0 +1,139 @@
+/*
+ * snapkv.c — SnapKV (POLICIES.md §7): at the end of the prompt, the last w
+ * prompt queries (the observation window) vote for the earlier keys; the
+ * votes are smoothed by 1-D pooling along the key axis and the top-ranked
+ * keys are kept together with the whole window.
+ *
+ * Statistics: EKV_STAT_WINSUM with kv->win_start = prompt_pos0 +
+ * prompt_len - w, i.e. the column sums of the window queries' attention
+ * (§0.3 winsum_w), group means over the R query heads of a KV head.
+ * Granularity: per KV head on the group-mean score, pooled after the mean
+ * (KVCache-Factory's kv_head mode with mean reduction; the original repeats
+ * K/V per query head, which does not shrink a GQA cache). [CHOICE]
+ *
+ * Rule, per KV head, at the prompt's last chunk (step->is_prompt &&
+ * step->last_chunk), with C = ekv_kv_target (window included):
+ *   - nothing when the head holds <= C entries;
+ *   - C <= w: keep the last C entries; [CHOICE] (the reference needs C > w)
+ *   - else s = winsum over the keys before the window, pooled with kernel k
+ *     (avg divides by k counting the zero padding, max pads with -inf),
+ *     keep the top (C - w) of s (§0.7 ties: lower index first) plus the w
+ *     window entries. Kept entries stay in ascending position order (§0.5).
+ *
+ * Defaults (SnapKV's LongBench configurations): w = obs_window = 32 (clamped
+ * to the prompt length), pool = 7, max pooling. pool <= 1 disables pooling;
+ * an even kernel is rejected (it would select out of range, §7).
+ * params.pool_kind has no "unset" value: ekv_kv_default_params() gives
+ * EKV_POOL_MAX, the default here; EKV_POOL_AVG must be asked for.
+ *
+ * No decode-time eviction: SnapKV compresses the prompt once; generated
+ * tokens are appended and the cache grows after prefill (its size is then
+ * C + generated tokens, not budget * n_seen). Statistics are off at decode.
+ */
+#include <stdlib.h>
+
+#include "core/util.h"
+#include "kv/policies_adv.h"
+
+enum ekv_status ekv_snapkv_configure_params(struct ekv_kv *kv) {
+    struct ekv_kv_params *p = &kv->params;
+    if (p->obs_window < 0) p->obs_window = 32;
+    if (p->obs_window < 1)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: obs_window must be at least 1 (got %d)",
+                       kv->policy_name, (int)p->obs_window);
+    if (p->pool < 0) p->pool = 7;
+    if (p->pool > 1 && p->pool % 2 == 0)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: pooling kernel %d must be odd", kv->policy_name,
+                       (int)p->pool);
+    if (p->pool_kind != EKV_POOL_AVG && p->pool_kind != EKV_POOL_MAX) p->pool_kind = EKV_POOL_MAX;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_snapkv_begin_common(struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    if (!step->is_prompt) {
+        kv->stats = 0;
+        return EKV_OK;
+    }
+    if (step->prompt_len <= 0)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: prompt step with prompt_len %d", kv->policy_name,
+                       (int)step->prompt_len);
+    int32_t w = EKV_MIN(kv->params.obs_window, step->prompt_len);
+    kv->win_start = step->prompt_pos0 + step->prompt_len - w;
+    kv->stats = EKV_STAT_WINSUM;
+    /* a new prompt: forget the votes of an earlier one */
+    if (step->pos0 == step->prompt_pos0) ekv_kv_reset_stats(kv, EKV_STAT_WINSUM);
+    return EKV_OK;
+}
+
+/* Keeps at most cap entries of one head. */
+static enum ekv_status snapkv_head(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t cap, int32_t pool,
+                                   enum ekv_pool_kind kind) {
+    const int32_t n = h->len;
+    if (cap < 1) cap = 1;
+    if (n <= cap) return EKV_OK;
+    int32_t nw = 0; /* trailing entries inside the observation window */
+    while (nw < n && h->pos[n - 1 - nw] >= kv->win_start) nw++;
+
+    int32_t *idx = malloc((size_t)n * sizeof *idx);
+    if (!idx) return ekv_err(EKV_ERR_NOMEM, "%s: scratch for %d entries", kv->policy_name, (int)n);
+    enum ekv_status st = EKV_OK;
+    if (cap <= nw) {
+        for (int32_t i = 0; i < cap; i++) idx[i] = n - cap + i;
+    } else {
+        const int32_t np = n - nw; /* keys before the window: candidates */
+        if (!h->winsum) {
+            free(idx);
+            return ekv_err(EKV_ERR_INTERNAL, "%s: winsum statistics are missing", kv->policy_name);
+        }
+        double *s = malloc((size_t)np * sizeof *s);
+        if (!s) {
+            free(idx);
+            return ekv_err(EKV_ERR_NOMEM, "%s: scratch for %d entries", kv->policy_name, (int)np);
+        }
+        if (pool > 1) {
+            ekv_pool1d(h->winsum, np, pool, kind, s);
+        } else {
+            for (int32_t j = 0; j < np; j++) s[j] = h->winsum[j];
+        }
+        int32_t got = ekv_topk(s, np, cap - nw, NULL, idx);
+        free(s);
+        if (got != cap - nw) {
+            free(idx);
+            return ekv_err(EKV_ERR_INTERNAL, "%s: top-k returned %d of %d", kv->policy_name, (int)got,
+                           (int)(cap - nw));
+        }
+        for (int32_t i = 0; i < nw; i++) idx[got + i] = np + i;
+    }
+    st = ekv_kv_head_keep_idx(kv, h, idx, cap);
+    free(idx);
+    return st;
+}
+
+enum ekv_status ekv_snapkv_compress_layer(struct ekv_kv *kv, int il, int32_t cap, int32_t pool,
+                                          enum ekv_pool_kind kind) {
+    struct ekv_kv_layer *ly = &kv->layers[il];
+    for (int32_t hh = 0; hh < kv->n_head_kv; hh++) {
+        enum ekv_status st = snapkv_head(kv, &ly->heads[hh], cap, pool, kind);
+        if (st != EKV_OK) return st;
+    }
+    return EKV_OK;
+}
+
+static enum ekv_status snapkv_configure(struct ekv_kv *kv) { return ekv_snapkv_configure_params(kv); }
+
+static enum ekv_status snapkv_layer(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
+    if (!step->is_prompt || !step->last_chunk) return EKV_OK;
+    return ekv_snapkv_compress_layer(kv, il, ekv_kv_target(kv, il), kv->params.pool,
+                                     kv->params.pool_kind);
+}
+
+const struct ekv_policy_ops ekv_policy_snapkv = {
+    .name = "snapkv",
+    .summary = "SnapKV: keep the keys the last prompt queries attend to (pooled), once at prefill",
+    .configure = snapkv_configure,
+    .init = NULL,
+    .destroy = NULL,
+    .begin = ekv_snapkv_begin_common,
+    .layer = snapkv_layer,
+    .end = NULL,
+};

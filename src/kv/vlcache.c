@@ -1,0 +1,164 @@
+/*
+ * vlcache.c — VL-Cache (paper 001, POLICIES.md §9): sparsity- and
+ * modality-aware KV-cache compression for vision-language models. The
+ * attention of the prompt's post-vision queries (the text after the last
+ * image token) tells, per layer, how sparse attention is — dense layers get
+ * more cache — and, per token, how much it is attended to.
+ *
+ * Statistics (prompt only; off at decode):
+ *   EKV_STAT_SPARSITY: per layer, over the post-vision query rows and all
+ *     query heads, the causal entries below p * row max (ThresholdFilter,
+ *     p = params.sparsity_p, default 0.01) and all causal entries;
+ *   EKV_STAT_WINSUM: per KV head (group mean), psi_j = the sum of the
+ *     post-vision queries' attention on key j.
+ * Post-vision window: kv->win_start = the position right after the LAST
+ * image-tagged token of the prompt (tau = tokens after it).
+ *   No image token: tau = m (win_start = prompt start), so sparsity is the
+ *   full lower triangle and psi the H2O column sum. [CHOICE, §9]
+ *   Image at the very end (tau = 0): tau = 1. [CHOICE, §9]
+ *
+ * At the end of the prompt (end() of its last chunk, once every layer has
+ * its sparsity):
+ *   gamma_l = sparse_zero / sparse_total, Z = sum_l (1 - gamma_l),
+ *   beta_l  = clip((1 - gamma_l) / Z * alpha * L, 0.01, 1), alpha = budget,
+ *   k_l     = max(1, floor(beta_l * m)) with m = n_seen (the prompt length
+ *             in a single-turn session). [CHOICE: floor, §9; a 1e-9 guard
+ *             absorbs rounding so that e.g. 0.04 * 1000 gives 40]
+ *   No renormalisation after clipping (the paper has none): the total can
+ *   differ from alpha * L * m. With max_tokens, alpha becomes
+ *   min(alpha, max_tokens / m): --kv-tokens is the mean per-layer cap.
+ *   [CHOICE] alpha >= 1 (budget 1, no max_tokens) compresses nothing.
+ * Then per layer and KV head: keep the most recent r_l = floor(recent_ratio
+ * * k_l) entries (recent_ratio default 0.1, the paper's "10% of budget",
+ * per layer [CHOICE]) plus the top (k_l - r_l) older entries by psi
+ * (§0.7 ties). kv->layers[l].budget = k_l.
+ *
+ * No decode-time eviction: the cache grows after prefill (paper). Because
+ * the allocation needs every layer's sparsity, compression happens in
+ * end(), so the prefill peak holds all layers at full prompt length.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "kv/policies_adv.h"
+
+void ekv_vlcache_alloc(const double *gamma, int32_t L, double alpha, int64_t m, double *beta,
+                       int32_t *k) {
+    double Z = 0.0;
+    for (int32_t l = 0; l < L; l++) Z += 1.0 - gamma[l];
+    for (int32_t l = 0; l < L; l++) {
+        double b = Z > 0.0 ? (1.0 - gamma[l]) / Z * alpha * (double)L : alpha;
+        if (!(b >= 0.01)) b = 0.01; /* also catches NaN */
+        if (b > 1.0) b = 1.0;
+        beta[l] = b;
+        if (k) {
+            double kk = floor(b * (double)m + 1e-9);
+            if (kk < 1.0) kk = 1.0;
+            if (kk > (double)INT32_MAX) kk = (double)INT32_MAX;
+            k[l] = (int32_t)kk;
+        }
+    }
+}
+
+static enum ekv_status vlcache_configure(struct ekv_kv *kv) {
+    struct ekv_kv_params *p = &kv->params;
+    if (isnan(p->sparsity_p)) p->sparsity_p = 0.01;
+    if (!(p->sparsity_p >= 0.0 && p->sparsity_p <= 1.0))
+        return ekv_err(EKV_ERR_INVALID_ARG, "vlcache: sparsity_p %g is outside [0, 1]", p->sparsity_p);
+    if (isnan(p->recent_ratio)) p->recent_ratio = 0.1;
+    if (!(p->recent_ratio >= 0.0 && p->recent_ratio <= 1.0))
+        return ekv_err(EKV_ERR_INVALID_ARG, "vlcache: recent_ratio %g is outside [0, 1]",
+                       p->recent_ratio);
+    return EKV_OK;
+}
+
+static enum ekv_status vlcache_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    if (!step->is_prompt) {
+        kv->stats = 0;
+        return EKV_OK;
+    }
+    const int32_t m = step->prompt_len;
+    if (m <= 0)
+        return ekv_err(EKV_ERR_INVALID_ARG, "vlcache: prompt step with prompt_len %d", (int)m);
+    int32_t last_img = -1;
+    if (step->prompt_tags)
+        for (int32_t i = 0; i < m; i++)
+            if (step->prompt_tags[i] == EKV_TAG_IMAGE) last_img = i;
+    int32_t tau = last_img < 0 ? m : m - (last_img + 1);
+    if (tau < 1) tau = 1;
+    kv->win_start = step->prompt_pos0 + m - tau;
+    kv->stats = EKV_STAT_SPARSITY | EKV_STAT_WINSUM;
+    if (step->pos0 == step->prompt_pos0) { /* a new prompt: fresh statistics */
+        ekv_kv_reset_stats(kv, EKV_STAT_WINSUM);
+        for (int32_t l = 0; l < kv->n_layer; l++) {
+            kv->layers[l].sparse_zero = 0.0;
+            kv->layers[l].sparse_total = 0.0;
+        }
+    }
+    return EKV_OK;
+}
+
+/* Keeps the r most recent entries plus the top (k - r) older ones by psi. */
+static enum ekv_status vlcache_head(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t k) {
+    const int32_t n = h->len;
+    if (n <= k) return EKV_OK;
+    if (!h->winsum) return ekv_err(EKV_ERR_INTERNAL, "vlcache: winsum statistics are missing");
+    int32_t r = (int32_t)floor(kv->params.recent_ratio * (double)k);
+    if (r > k) r = k;
+    int32_t *idx = malloc((size_t)k * sizeof *idx);
+    if (!idx) return ekv_err(EKV_ERR_NOMEM, "vlcache: scratch for %d entries", (int)k);
+    const int32_t older = n - r;
+    const int32_t got = ekv_topk(h->winsum, older, k - r, NULL, idx);
+    if (got != k - r) {
+        free(idx);
+        return ekv_err(EKV_ERR_INTERNAL, "vlcache: top-k returned %d of %d", (int)got, (int)(k - r));
+    }
+    for (int32_t i = 0; i < r; i++) idx[got + i] = older + i;
+    enum ekv_status st = ekv_kv_head_keep_idx(kv, h, idx, k);
+    free(idx);
+    return st;
+}
+
+static enum ekv_status vlcache_end(struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    if (!step->is_prompt || !step->last_chunk) return EKV_OK;
+    const int32_t L = kv->n_layer;
+    double *gamma = malloc((size_t)L * sizeof *gamma);
+    double *beta = malloc((size_t)L * sizeof *beta);
+    int32_t *k = malloc((size_t)L * sizeof *k);
+    enum ekv_status st = EKV_OK;
+    if (!gamma || !beta || !k) {
+        st = ekv_err(EKV_ERR_NOMEM, "vlcache: allocation of %d layers", (int)L);
+        goto out;
+    }
+    for (int32_t l = 0; l < L; l++) {
+        const struct ekv_kv_layer *ly = &kv->layers[l];
+        gamma[l] = ly->sparse_total > 0.0 ? ly->sparse_zero / ly->sparse_total : 0.0;
+    }
+    const int64_t m = kv->n_seen;
+    double alpha = kv->params.budget;
+    if (kv->params.max_tokens > 0 && m > 0 && (double)kv->params.max_tokens < alpha * (double)m)
+        alpha = (double)kv->params.max_tokens / (double)m;
+    if (alpha >= 1.0) goto out; /* keep everything: nothing to allocate */
+    ekv_vlcache_alloc(gamma, L, alpha, m, beta, k);
+    for (int32_t l = 0; l < L && st == EKV_OK; l++) {
+        kv->layers[l].budget = k[l];
+        for (int32_t hh = 0; hh < kv->n_head_kv && st == EKV_OK; hh++)
+            st = vlcache_head(kv, &kv->layers[l].heads[hh], k[l]);
+    }
+out:
+    free(gamma); free(beta); free(k);
+    return st;
+}
+
+const struct ekv_policy_ops ekv_policy_vlcache = {
+    .name = "vlcache",
+    .summary = "VL-Cache: per-layer budgets from post-vision attention sparsity, top post-vision scores",
+    .configure = vlcache_configure,
+    .init = NULL,
+    .destroy = NULL,
+    .begin = vlcache_begin,
+    .layer = NULL,
+    .end = vlcache_end,
+};

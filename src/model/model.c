@@ -1,0 +1,302 @@
+/*
+ * model.c — loading Llama-family models from GGUF: hyper-parameters from
+ * `<arch>.*` metadata (never from hard-coded shapes), weight views into the
+ * mapped file with every shape checked against the metadata, the embedded
+ * tokenizer, and the public model/tokenizer API that wraps it all.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "model/vocab.h"
+
+struct ekv_model_params ekv_model_default_params(void) {
+    struct ekv_model_params p = {.use_mmap = true, .tokenizer_path = NULL};
+    return p;
+}
+
+float *ekv_model_take_vec(struct ekv_model *m, size_t n) {
+    if (m->vecs_used + n > m->vecs_len) return NULL;
+    float *p = m->vecs + m->vecs_used;
+    m->vecs_used += n;
+    return p;
+}
+
+/* ---- GGUF helpers ---- */
+
+static enum ekv_status get_u32_key(const struct gguf_file *f, const char *arch, const char *suffix,
+                                   bool required, uint32_t dflt, uint32_t *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    enum ekv_status s = gguf_get_u32(f, key, out);
+    if (s == EKV_ERR_NOT_FOUND && !required) {
+        *out = dflt;
+        return EKV_OK;
+    }
+    return s;
+}
+
+static enum ekv_status get_f32_key(const struct gguf_file *f, const char *arch, const char *suffix,
+                                   bool required, float dflt, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    enum ekv_status s = gguf_get_f32(f, key, out);
+    if (s == EKV_ERR_NOT_FOUND && !required) {
+        *out = dflt;
+        return EKV_OK;
+    }
+    return s;
+}
+
+static enum ekv_status bind_matrix(struct ekv_model *m, const char *name, int64_t ne0, int64_t ne1,
+                                   bool optional, struct ekv_weight *w) {
+    const struct gguf_tensor *t = gguf_find_tensor(m->gguf, name);
+    memset(w, 0, sizeof *w);
+    if (!t) {
+        if (optional) return EKV_OK;
+        return ekv_err(EKV_ERR_FORMAT, "%s: tensor '%s' is missing", m->path, name);
+    }
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return ekv_err(EKV_ERR_FORMAT,
+                       "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld] "
+                       "from the metadata",
+                       m->path, name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                       (long long)t->ne[3], (long long)ne0, (long long)ne1);
+    if (!ekv_dtype_can_compute(t->type))
+        return ekv_err(EKV_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which ekv cannot compute",
+                       m->path, name, ekv_dtype_name(t->type));
+    w->type = t->type;
+    w->ne0 = ne0;
+    w->ne1 = ne1;
+    if (!ekv_dtype_row_bytes(t->type, ne0, &w->row_bytes))
+        return ekv_err(EKV_ERR_FORMAT, "%s: tensor '%s': row of %lld elements does not fit type %s",
+                       m->path, name, (long long)ne0, ekv_dtype_name(t->type));
+    w->data = t->data;
+    return EKV_OK;
+}
+
+/* 1-D tensor of n elements, copied to f32. *out stays NULL if optional and absent. */
+static enum ekv_status bind_vec(struct ekv_model *m, const char *name, int64_t n, bool optional,
+                                const float **out) {
+    const struct gguf_tensor *t = gguf_find_tensor(m->gguf, name);
+    *out = NULL;
+    if (!t) {
+        if (optional) return EKV_OK;
+        return ekv_err(EKV_ERR_FORMAT, "%s: tensor '%s' is missing", m->path, name);
+    }
+    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return ekv_err(EKV_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld]",
+                       m->path, name, (long long)t->ne[0], (long long)t->ne[1], (long long)n);
+    float *dst = ekv_model_take_vec(m, (size_t)n);
+    if (!dst) return ekv_err(EKV_ERR_INTERNAL, "%s: vector pool exhausted at '%s'", m->path, name);
+    enum ekv_status s = ekv_dequantize_row(t->type, t->data, dst, n);
+    if (s != EKV_OK) return ekv_err_prefix(s, "%s: tensor '%s'", m->path, name);
+    *out = dst;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_model_finish(struct ekv_model *m) {
+    struct ekv_model_info *in = &m->info;
+    in->arch = m->arch;
+    in->name = m->name;
+    if (in->n_embd <= 0 || in->n_layer <= 0 || in->n_head <= 0 || in->n_head_kv <= 0 || in->n_ff <= 0 ||
+        in->n_vocab <= 0 || in->head_dim <= 0)
+        return ekv_err(EKV_ERR_FORMAT, "%s: hyper-parameters must be positive (n_embd %d, layers %d, heads %d, "
+                       "kv heads %d, ff %d, vocab %d)", m->path, in->n_embd, in->n_layer, in->n_head,
+                       in->n_head_kv, in->n_ff, in->n_vocab);
+    if (in->n_head % in->n_head_kv)
+        return ekv_err(EKV_ERR_FORMAT, "%s: %d query heads are not a multiple of %d KV heads", m->path,
+                       in->n_head, in->n_head_kv);
+    if (in->rope_dim <= 0 || in->rope_dim > in->head_dim || in->rope_dim % 2)
+        return ekv_err(EKV_ERR_FORMAT, "%s: rope dimension %d invalid for head size %d", m->path,
+                       in->rope_dim, in->head_dim);
+    if (!(in->norm_eps > 0.0f && in->norm_eps < 1.0f))
+        return ekv_err(EKV_ERR_FORMAT, "%s: normalisation epsilon %g out of range", m->path,
+                       (double)in->norm_eps);
+    if (!(in->rope_freq_base > 0.0f) || !isfinite(in->rope_freq_base))
+        return ekv_err(EKV_ERR_FORMAT, "%s: rope frequency base %g invalid", m->path,
+                       (double)in->rope_freq_base);
+    if (in->n_ctx_train <= 0) in->n_ctx_train = 2048;
+    in->kv_bytes_per_token =
+        (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * (uint64_t)in->head_dim * 2u * sizeof(float);
+    if (ekv_vocab_n_tokens(m->vocab) > in->n_vocab)
+        return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer has %d tokens but the embedding only %d rows",
+                       m->path, ekv_vocab_n_tokens(m->vocab), in->n_vocab);
+    return EKV_OK;
+}
+
+enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
+    enum ekv_status s = gguf_open(path, &m->gguf);
+    if (s != EKV_OK) return s;
+    const struct gguf_file *f = m->gguf;
+    struct ekv_model_info *in = &m->info;
+    in->format = "gguf";
+
+    struct gguf_str arch;
+    s = gguf_get_str(f, "general.architecture", &arch);
+    if (s != EKV_OK) return ekv_err_prefix(s, "%s", path);
+    gguf_str_copy(arch, m->arch, sizeof m->arch);
+    bool qwen2 = !strcmp(m->arch, "qwen2");
+    if (strcmp(m->arch, "llama") && !qwen2)
+        return ekv_err(EKV_ERR_UNSUPPORTED,
+                       "%s: architecture '%s' is not supported (supported: llama, qwen2)", path, m->arch);
+    struct gguf_str name;
+    if (gguf_get_str(f, "general.name", &name) == EKV_OK) gguf_str_copy(name, m->name, sizeof m->name);
+
+    uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx, rope_dim, key_len;
+    if ((s = get_u32_key(f, m->arch, "embedding_length", true, 0, &n_embd)) ||
+        (s = get_u32_key(f, m->arch, "block_count", true, 0, &n_layer)) ||
+        (s = get_u32_key(f, m->arch, "feed_forward_length", true, 0, &n_ff)) ||
+        (s = get_u32_key(f, m->arch, "attention.head_count", true, 0, &n_head)) ||
+        (s = get_u32_key(f, m->arch, "attention.head_count_kv", false, n_head, &n_head_kv)) ||
+        (s = get_u32_key(f, m->arch, "context_length", false, 2048, &n_ctx)))
+        return ekv_err_prefix(s, "%s", path);
+    if (n_embd == 0 || n_embd > (1u << 20) || n_layer == 0 || n_layer > 4096 || n_head == 0 ||
+        n_head > 4096 || n_head_kv == 0 || n_ff == 0 || n_ff > (1u << 22) || n_ctx > (1u << 24))
+        return ekv_err(EKV_ERR_FORMAT, "%s: implausible hyper-parameters (n_embd %u, layers %u, heads %u, "
+                       "kv heads %u, ff %u, context %u)", path, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx);
+    if ((s = get_u32_key(f, m->arch, "attention.key_length", false, n_embd / n_head, &key_len)) ||
+        (s = get_u32_key(f, m->arch, "rope.dimension_count", false, key_len, &rope_dim)) ||
+        (s = get_f32_key(f, m->arch, "attention.layer_norm_rms_epsilon", false, 1e-5f, &in->norm_eps)) ||
+        (s = get_f32_key(f, m->arch, "rope.freq_base", false, 10000.0f, &in->rope_freq_base)))
+        return ekv_err_prefix(s, "%s", path);
+    if (key_len == 0 || key_len > 1024)
+        return ekv_err(EKV_ERR_FORMAT, "%s: head size %u implausible", path, key_len);
+    in->n_embd = (int32_t)n_embd;
+    in->n_layer = (int32_t)n_layer;
+    in->n_head = (int32_t)n_head;
+    in->n_head_kv = (int32_t)n_head_kv;
+    in->head_dim = (int32_t)key_len;
+    in->n_ff = (int32_t)n_ff;
+    in->n_ctx_train = (int32_t)n_ctx;
+    in->rope_dim = (int32_t)rope_dim;
+    in->rope_neox = qwen2;
+
+    const struct gguf_tensor *te = gguf_find_tensor(f, "token_embd.weight");
+    if (!te) return ekv_err(EKV_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", path);
+    if (te->ne[1] <= 0 || te->ne[1] > (1 << 24))
+        return ekv_err(EKV_ERR_FORMAT, "%s: token_embd.weight has %lld rows", path, (long long)te->ne[1]);
+    in->n_vocab = (int32_t)te->ne[1];
+
+    s = ekv_vocab_from_gguf(f, path, &m->vocab);
+    if (s != EKV_OK) return s;
+
+    /* one f32 pool for all vectors: norms and biases */
+    size_t qd = (size_t)n_head * key_len, kvd = (size_t)n_head_kv * key_len;
+    m->vecs_len = (size_t)n_embd * (1 + 2 * (size_t)n_layer) + (size_t)n_layer * (qd + 2 * kvd);
+    m->vecs = malloc(m->vecs_len * sizeof(float));
+    m->layers = calloc(n_layer, sizeof *m->layers);
+    if (!m->vecs || !m->layers) return ekv_err(EKV_ERR_NOMEM, "%s: out of memory for weights", path);
+
+    if ((s = bind_matrix(m, "token_embd.weight", n_embd, in->n_vocab, false, &m->tok_embd)) ||
+        (s = bind_vec(m, "output_norm.weight", n_embd, false, &m->output_norm)) ||
+        (s = bind_matrix(m, "output.weight", n_embd, in->n_vocab, true, &m->output)))
+        return s;
+    if (!m->output.data) {
+        m->output = m->tok_embd;
+        in->tied_output = true;
+    }
+    for (uint32_t l = 0; l < n_layer; l++) {
+        struct ekv_layer_weights *L = &m->layers[l];
+        char nm[96];
+#define BINDM(field, suffix, a, b) \
+    (snprintf(nm, sizeof nm, "blk.%u." suffix ".weight", l), bind_matrix(m, nm, a, b, false, &L->field))
+#define BINDV(field, suffix, kind, n, opt) \
+    (snprintf(nm, sizeof nm, "blk.%u." suffix "." kind, l), bind_vec(m, nm, n, opt, &L->field))
+        if ((s = BINDV(attn_norm, "attn_norm", "weight", n_embd, false)) ||
+            (s = BINDM(wq, "attn_q", n_embd, (int64_t)qd)) || (s = BINDM(wk, "attn_k", n_embd, (int64_t)kvd)) ||
+            (s = BINDM(wv, "attn_v", n_embd, (int64_t)kvd)) ||
+            (s = BINDM(wo, "attn_output", (int64_t)qd, n_embd)) ||
+            (s = BINDV(bq, "attn_q", "bias", (int64_t)qd, true)) ||
+            (s = BINDV(bk, "attn_k", "bias", (int64_t)kvd, true)) ||
+            (s = BINDV(bv, "attn_v", "bias", (int64_t)kvd, true)) ||
+            (s = BINDV(ffn_norm, "ffn_norm", "weight", n_embd, false)) ||
+            (s = BINDM(w_gate, "ffn_gate", n_embd, n_ff)) || (s = BINDM(w_up, "ffn_up", n_embd, n_ff)) ||
+            (s = BINDM(w_down, "ffn_down", n_ff, n_embd)))
+            return s;
+#undef BINDM
+#undef BINDV
+    }
+    for (size_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        uint64_t ne = 1;
+        for (int d = 0; d < GGUF_MAX_DIMS; d++) ne *= (uint64_t)t->ne[d];
+        in->n_params += ne;
+        in->weight_bytes += t->nbytes;
+    }
+    return ekv_model_finish(m);
+}
+
+/* ---- public API ---- */
+
+static bool is_gguf_file(const char *path, enum ekv_status *st) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        *st = ekv_err(EKV_ERR_IO, "%s: cannot open model file", path);
+        return false;
+    }
+    unsigned char magic[4] = {0};
+    size_t n = fread(magic, 1, 4, fp);
+    fclose(fp);
+    *st = EKV_OK;
+    return n == 4 && !memcmp(magic, "GGUF", 4);
+}
+
+enum ekv_status ekv_model_load(const char *path, const struct ekv_model_params *params,
+                               struct ekv_model **out) {
+    ekv_err_clear();
+    if (!path || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_model_load: path and out are required");
+    *out = NULL;
+    struct ekv_model_params p = params ? *params : ekv_model_default_params();
+    struct ekv_model *m = calloc(1, sizeof *m);
+    if (!m) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    snprintf(m->path, sizeof m->path, "%s", path);
+    enum ekv_status s;
+    bool gguf = is_gguf_file(path, &s);
+    if (s == EKV_OK) s = gguf ? ekv_model_load_gguf(m, path) : ekv_model_load_llama2c(m, path, p.tokenizer_path);
+    if (s != EKV_OK) {
+        ekv_model_free(m);
+        return s;
+    }
+    *out = m;
+    return EKV_OK;
+}
+
+void ekv_model_free(struct ekv_model *m) {
+    if (!m) return;
+    gguf_close(m->gguf);
+    if (m->map) ekv_llama2c_unmap(m->map, m->map_size);
+    ekv_vocab_free(m->vocab);
+    free(m->layers);
+    free(m->vecs);
+    free(m);
+}
+
+void ekv_model_get_info(const struct ekv_model *model, struct ekv_model_info *info) {
+    *info = model->info;
+}
+
+int32_t ekv_token_bos(const struct ekv_model *m) { return ekv_vocab_bos(m->vocab); }
+int32_t ekv_token_eos(const struct ekv_model *m) { return ekv_vocab_eos(m->vocab); }
+bool ekv_token_is_eog(const struct ekv_model *m, int32_t t) { return ekv_vocab_is_eog(m->vocab, t); }
+
+enum ekv_status ekv_tokenize(const struct ekv_model *m, const char *text, size_t len, bool add_special,
+                             bool parse_special, int32_t *tokens, size_t n_max, size_t *n_out) {
+    ekv_err_clear();
+    return ekv_vocab_tokenize(m->vocab, text, len, add_special, parse_special, tokens, n_max, n_out);
+}
+
+enum ekv_status ekv_token_to_piece(const struct ekv_model *m, int32_t token, bool special, char *buf,
+                                   size_t n, size_t *n_out) {
+    return ekv_vocab_token_to_piece(m->vocab, token, special, buf, n, n_out);
+}
+
+enum ekv_status ekv_detokenize(const struct ekv_model *m, const int32_t *tokens, size_t n_tokens,
+                               bool special, bool remove_leading_space, char *buf, size_t n,
+                               size_t *n_out) {
+    return ekv_vocab_detokenize(m->vocab, tokens, n_tokens, special, remove_leading_space, buf, n, n_out);
+}
