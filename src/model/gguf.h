@@ -134,6 +134,9 @@ enum ekv_status gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum
                                     const void *data, uint64_t n);
 enum ekv_status gguf_writer_set_arr_str(struct gguf_writer *w, const char *key,
                                         const char *const *strs, uint64_t n);
+/* Stores a deep copy of any value (every scalar type, strings, arrays of
+ * scalars, of strings and of arrays up to 8 levels). */
+enum ekv_status gguf_writer_set_value(struct gguf_writer *w, const char *key, const struct gguf_value *v);
 /* Copies one key/value (any type, nested arrays included) from a reader. */
 enum ekv_status gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_kv *kv);
 
