@@ -16,5 +16,6 @@ struct ekv_cmd {
 
 extern const struct ekv_cmd ekv_cmd_run;
 extern const struct ekv_cmd ekv_cmd_info;
+extern const struct ekv_cmd ekv_cmd_mkmodel;
 
 #endif
