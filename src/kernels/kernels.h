@@ -39,6 +39,10 @@ void ekv_pool_run(struct ekv_pool *p, ekv_task_fn fn, void *ctx);
 /* Per-thread scratch of at least `bytes` (64-byte aligned), valid until
  * the next call with the same ith; NULL on allocation failure. */
 void *ekv_pool_scratch(struct ekv_pool *p, int ith, size_t bytes);
+/* One more scratch buffer, for the calling thread to fill before a run and
+ * the tasks to read (e.g. a quantised activation). Same rules as above;
+ * call it outside tasks only. */
+void *ekv_pool_scratch_shared(struct ekv_pool *p, size_t bytes);
 
 /* ------------------------------------------------------------------ */
 /* Weights and products                                                 */

@@ -1,0 +1,133 @@
+/*
+ * ops.c — the element-wise and small operations of a transformer layer in
+ * plain C (dot, axpy, RMSNorm, LayerNorm, softmax, RoPE, SwiGLU, GELU,
+ * add). The public entry points use the AVX2 variants from ops_avx2.c
+ * when the dispatcher has selected them; the *_ref functions are the
+ * reference the tests compare against.
+ */
+#include <math.h>
+
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+float ekv_dot_f32_ref(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void ekv_axpy_f32_ref(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* Mean of squares in double, then y = (x * 1/sqrt(ms + eps)) * w as llama.cpp. */
+void ekv_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const float mean = n > 0 ? (float)(ss / (double)n) : 0.0f;
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = (x[i] * scale) * (w ? w[i] : 1.0f);
+}
+
+/* Max-subtracted, exp in fp32, sum in double. */
+void ekv_softmax_ref(float *x, int64_t n) {
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void ekv_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* ---- public entry points ---- */
+
+float ekv_dot_f32(const float *a, const float *b, int64_t n) {
+    return ekv_kernels_simd() ? ekv_dot_f32_avx2(a, b, n) : ekv_dot_f32_ref(a, b, n);
+}
+
+void ekv_axpy_f32(float *y, float a, const float *x, int64_t n) {
+    if (ekv_kernels_simd())
+        ekv_axpy_f32_avx2(y, a, x, n);
+    else
+        ekv_axpy_f32_ref(y, a, x, n);
+}
+
+void ekv_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    if (ekv_kernels_simd())
+        ekv_rmsnorm_avx2(out, x, w, n, eps);
+    else
+        ekv_rmsnorm_ref(out, x, w, n, eps);
+}
+
+void ekv_softmax(float *x, int64_t n) {
+    if (ekv_kernels_simd())
+        ekv_softmax_avx2(x, n);
+    else
+        ekv_softmax_ref(x, n);
+}
+
+void ekv_swiglu(float *out, const float *gate, const float *up, int64_t n) {
+    if (ekv_kernels_simd())
+        ekv_swiglu_avx2(out, gate, up, n);
+    else
+        ekv_swiglu_ref(out, gate, up, n);
+}
+
+void ekv_layernorm(float *out, const float *x, const float *w, const float *b, int64_t n, float eps) {
+    if (n <= 0) return;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += x[i];
+    const double mean = sum / (double)n;
+    double var = 0.0;
+    for (int64_t i = 0; i < n; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
+    var /= (double)n;
+    const float inv = (float)(1.0 / sqrt(var + eps));
+    const float m = (float)mean;
+    for (int64_t i = 0; i < n; i++) {
+        float v = (x[i] - m) * inv;
+        if (w) v *= w[i];
+        if (b) v += b[i];
+        out[i] = v;
+    }
+}
+
+/* theta_i = pos * base^(-2i/rope_dim), computed in double, for i < rope_dim/2. */
+void ekv_rope(float *x, int n_heads, int head_dim, int rope_dim, int64_t pos, float freq_base, bool neox) {
+    if (rope_dim > head_dim) rope_dim = head_dim;
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const double theta = (double)pos * pow((double)freq_base, -2.0 * i / (double)rope_dim);
+        const float c = (float)cos(theta), s = (float)sin(theta);
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (size_t)h * head_dim;
+            const float a = v[i0], b = v[i1];
+            v[i0] = a * c - b * s;
+            v[i1] = a * s + b * c;
+        }
+    }
+}
+
+/* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+void ekv_gelu(float *x, int64_t n) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+    }
+}
+
+void ekv_add(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
