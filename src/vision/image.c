@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,40 @@ enum ekv_status ekv_image_new(int nx, int ny, const uint8_t color[3], struct ekv
     return EKV_OK;
 }
 
+static uint32_t be16(const uint8_t *p) { return (uint32_t)p[0] << 8 | p[1]; }
+static uint32_t be32(const uint8_t *p) { return be16(p) << 16 | be16(p + 2); }
+
+/* Width and height as a PNG (IHDR) or JPEG (SOFn segment) header claims
+ * them; false when neither header can be read. */
+static bool sniff_size(const uint8_t *p, size_t n, long long *w, long long *h) {
+    static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (n >= 24 && memcmp(p, png_sig, 8) == 0 && memcmp(p + 12, "IHDR", 4) == 0) {
+        *w = be32(p + 16);
+        *h = be32(p + 20);
+        return true;
+    }
+    if (n < 4 || p[0] != 0xff || p[1] != 0xd8) return false;
+    size_t i = 2;
+    while (i + 4 <= n) {
+        if (p[i] != 0xff) return false;
+        uint8_t m = p[i + 1];
+        if (m == 0xff) { i++; continue; }                       /* fill byte */
+        if (m == 0xd8 || m == 0x01 || (m >= 0xd0 && m <= 0xd7)) { i += 2; continue; }
+        if (m == 0xd9 || m == 0xda) return false;              /* end or scan before a frame */
+        size_t len = be16(p + i + 2);
+        bool sof = m >= 0xc0 && m <= 0xcf && m != 0xc4 && m != 0xc8 && m != 0xcc;
+        if (sof) {
+            if (i + 9 > n) return false;
+            *h = be16(p + i + 5);
+            *w = be16(p + i + 7);
+            return true;
+        }
+        if (len < 2) return false;
+        i += 2 + len;
+    }
+    return false;
+}
+
 enum ekv_status ekv_image_load_memory(const void *data, size_t n, const char *name,
                                       struct ekv_image *out) {
     if (!out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_load_memory: NULL output");
@@ -83,13 +118,19 @@ enum ekv_status ekv_image_load_memory(const void *data, size_t n, const char *na
     if (!data || n == 0) return ekv_err(EKV_ERR_FORMAT, "%s: empty image data", name);
     if (n > (size_t)INT_MAX || n > EKV_IMAGE_MAX_FILE_BYTES)
         return ekv_err(EKV_ERR_INVALID_ARG, "%s: image file of %zu bytes is too large", name, n);
+    /* The size limit is checked on the header first, so that an absurd
+     * claimed size is reported as such (stb_image only says it cannot
+     * read the file). */
+    long long hw, hh;
+    size_t bytes;
+    enum ekv_status s;
+    if (sniff_size(data, n, &hw, &hh) && (s = image_bytes(name, hw, hh, &bytes)) != EKV_OK)
+        return s;
     int w = 0, h = 0, comp = 0;
     if (!stbi_info_from_memory(data, (int)n, &w, &h, &comp))
         return ekv_err(EKV_ERR_FORMAT, "%s: not a readable JPEG or PNG image (%s)", name,
                        stbi_failure_reason() ? stbi_failure_reason() : "unknown");
-    size_t bytes;
-    enum ekv_status s = image_bytes(name, w, h, &bytes);
-    if (s != EKV_OK) return s;
+    if ((s = image_bytes(name, w, h, &bytes)) != EKV_OK) return s;
     int w2 = 0, h2 = 0, c2 = 0;
     unsigned char *px = stbi_load_from_memory(data, (int)n, &w2, &h2, &c2, 3);
     if (!px)

@@ -249,7 +249,7 @@ static uint32_t file_type_of(enum ekv_dtype t) {
 static enum ekv_status gen_vocab(struct gguf_writer *w, int n_vocab) {
     if (n_vocab < 3 + 256) return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: vocabulary of %d is too small", n_vocab);
     char **strs = calloc((size_t)n_vocab, sizeof *strs);
-    char *pool = malloc((size_t)n_vocab * 16);
+    char *pool = malloc((size_t)n_vocab * 24);
     float *scores = malloc((size_t)n_vocab * sizeof *scores);
     int32_t *types = malloc((size_t)n_vocab * sizeof *types);
     enum ekv_status s = EKV_OK;
@@ -258,13 +258,13 @@ static enum ekv_status gen_vocab(struct gguf_writer *w, int n_vocab) {
         goto out;
     }
     for (int i = 0; i < n_vocab; i++) {
-        char *p = pool + (size_t)i * 16;
+        char *p = pool + (size_t)i * 24;
         strs[i] = p;
         if (i == 0) { strcpy(p, "<unk>"); types[i] = 2; scores[i] = 0.0f; }
         else if (i == 1) { strcpy(p, "<s>"); types[i] = 3; scores[i] = 0.0f; }
         else if (i == 2) { strcpy(p, "</s>"); types[i] = 3; scores[i] = 0.0f; }
-        else if (i < 3 + 256) { snprintf(p, 16, "<0x%02X>", i - 3); types[i] = 6; scores[i] = 0.0f; }
-        else { snprintf(p, 16, "<tok_%d>", i); types[i] = 1; scores[i] = -(float)(i - 259); }
+        else if (i < 3 + 256) { snprintf(p, 24, "<0x%02X>", i - 3); types[i] = 6; scores[i] = 0.0f; }
+        else { snprintf(p, 24, "<tok_%d>", i); types[i] = 1; scores[i] = -(float)(i - 259); }
     }
     if ((s = gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
         (s = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, (uint64_t)n_vocab)) ||
@@ -305,7 +305,7 @@ static enum ekv_status copy_vocab(struct gguf_writer *w, const struct gguf_file 
 
 static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, int n_vocab) {
     struct gguf_writer *w = b->w;
-    char key[128], name[96];
+    char key[128], name[160];
     const char *a = p->arch;
     const int hd = p->n_embd / p->n_head;
     TRY(gguf_writer_set_str(w, "general.architecture", a));
@@ -356,7 +356,7 @@ static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, in
 static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p) {
     struct gguf_writer *w = b->w;
     const struct vit_preset *v = p->vit;
-    char name[96];
+    char name[160];
     /* Small tensors (patch and position embeddings) stay f16 as the
      * converter writes them; f32 when everything is f32. */
     const enum ekv_dtype small = b->mat_type == EKV_F32 ? EKV_F32 : EKV_F16;
