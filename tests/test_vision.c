@@ -161,7 +161,8 @@ static void test_image_errors(void) {
     CHECK(strstr(ekv_last_error(), "no-such-file.png") != NULL);
     CHECK(img.rgb == NULL);
     /* A directory is not an image. */
-    CHECK(ekv_image_load_file(tu_src("data/images"), &img) != EKV_OK);
+    CHECK(ekv_image_load_file(tu_src("data/images"), &img) == EKV_ERR_IO);
+    CHECK(strstr(ekv_last_error(), "not a regular file") != NULL);
     /* Garbage bytes. */
     const char junk[] = "this is not an image at all, just some text";
     CHECK(ekv_image_load_memory(junk, sizeof junk, "junk", &img) == EKV_ERR_FORMAT);
