@@ -161,7 +161,8 @@ static void test_image_errors(void) {
     CHECK(strstr(ekv_last_error(), "no-such-file.png") != NULL);
     CHECK(img.rgb == NULL);
     /* A directory is not an image. */
-    CHECK(ekv_image_load_file(tu_src("data/images"), &img) != EKV_OK);
+    CHECK(ekv_image_load_file(tu_src("data/images"), &img) == EKV_ERR_IO);
+    CHECK(strstr(ekv_last_error(), "not a regular file") != NULL);
     /* Garbage bytes. */
     const char junk[] = "this is not an image at all, just some text";
     CHECK(ekv_image_load_memory(junk, sizeof junk, "junk", &img) == EKV_ERR_FORMAT);
@@ -694,6 +695,46 @@ static void test_clip_errors(void) {
     CHECK(strstr(ekv_last_error(), "mmproj") != NULL);
 }
 
+/* Copy of the tiny mmproj with clip.vision.feature_layer set to `vals`. */
+static enum ekv_status load_with_feature_layer(const int32_t *vals, int n, struct ekv_clip **out) {
+    char src[256], dst[256];
+    snprintf(src, sizeof src, "%s/tiny-mmproj.gguf", g_dir);
+    snprintf(dst, sizeof dst, "%s/feature-mmproj.gguf", g_dir);
+    struct gguf_file *f = NULL;
+    struct gguf_writer *w = NULL;
+    enum ekv_status s = gguf_open(src, &f);
+    if (s == EKV_OK) s = gguf_writer_new(&w);
+    for (size_t i = 0; s == EKV_OK && i < gguf_n_kv(f); i++) s = gguf_writer_copy_kv(w, gguf_kv_at(f, i));
+    if (s == EKV_OK) s = gguf_writer_set_arr(w, "clip.vision.feature_layer", GGUF_TYPE_INT32, vals, (uint64_t)n);
+    for (size_t i = 0; s == EKV_OK && i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        s = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL);
+    }
+    if (s == EKV_OK) s = gguf_writer_write(w, dst);
+    gguf_writer_free(w);
+    gguf_close(f);
+    CHECK_OK(s);
+    return s == EKV_OK ? ekv_clip_load(dst, out) : s;
+}
+
+/* clip.vision.feature_layer k = the output of k blocks (0 = embeddings). */
+static void test_feature_layer(void) {
+    struct ekv_clip *c = NULL;
+    int32_t all = 3, first = 1, too_deep = 4, two[2] = {1, 2};
+    CHECK_OK(load_with_feature_layer(&all, 1, &c));
+    CHECK(c && ekv_clip_hparams(c)->n_layer_run == 3);
+    ekv_clip_free(c);
+    c = NULL;
+    CHECK_OK(load_with_feature_layer(&first, 1, &c));
+    CHECK(c && ekv_clip_hparams(c)->n_layer_run == 1);
+    ekv_clip_free(c);
+    c = NULL;
+    CHECK(load_with_feature_layer(&too_deep, 1, &c) == EKV_ERR_FORMAT);
+    CHECK(strstr(ekv_last_error(), "feature_layer") != NULL);
+    CHECK(load_with_feature_layer(two, 2, &c) == EKV_ERR_UNSUPPORTED);
+    CHECK(c == NULL);
+}
+
 /* Seeded random byte mutations of the tiny mmproj's header, metadata and
  * tensor table: every load either succeeds or fails with a message; none
  * crashes (run under ASan/UBSan in the sanitizer build). A load that
@@ -763,6 +804,7 @@ int main(void) {
     test_vit();
     test_clip_errors();
     test_siglip_layout();
+    test_feature_layer();
     test_clip_mutations();
     test_quantized_towers();
     char cmd[512];

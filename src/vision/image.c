@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/util.h"
 
@@ -161,6 +162,11 @@ enum ekv_status ekv_image_load_file(const char *path, struct ekv_image *out) {
     out->rgb = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return ekv_err(EKV_ERR_IO, "%s: cannot open image: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return ekv_err(EKV_ERR_IO, "%s: not a regular file", path);
+    }
     long size = -1;
     if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
     if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
