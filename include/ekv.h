@@ -65,7 +65,6 @@ const char *ekv_version(void);
 struct ekv_model;
 
 struct ekv_model_params {
-    bool use_mmap;              /* map the file instead of reading it (default true) */
     const char *tokenizer_path; /* llama2.c checkpoints only: tokenizer .bin;
                                    NULL = tok<vocab>.bin beside the model */
 };
@@ -73,7 +72,8 @@ struct ekv_model_params {
 struct ekv_model_params ekv_model_default_params(void);
 
 /* Loads a GGUF (v2/v3) or llama2.c checkpoint; the format is detected from
- * the file's first bytes. On success *out is a new model owned by the caller
+ * the file's first bytes. The file is memory-mapped read-only; weights are
+ * used in place (only 1-D tensors are copied). On success *out is a new model owned by the caller
  * (free with ekv_model_free). The model may be shared by several contexts,
  * read-only, from several threads. */
 enum ekv_status ekv_model_load(const char *path, const struct ekv_model_params *params,
