@@ -245,7 +245,7 @@ static int cmd_run_main(int argc, char **argv) {
         goto done;
     }
     int32_t n_img = 0;
-    double t_img = 0;
+    double t_img = 0, t_start = cli_now(); /* time to first token counts image encoding */
     if (image_path) {
         double ti = cli_now();
         if ((s = ekv_vision_load(mmproj_path, &vision)) != EKV_OK) { cli_fail(CMD, s); goto done; }
@@ -358,7 +358,7 @@ static int cmd_run_main(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "generated_tokens", (double)n_gen);
         cJSON_AddNumberToObject(o, "prefill_seconds", pp_s);
         cJSON_AddNumberToObject(o, "prefill_tokens_per_second", pp_s > 0 ? n_prompt / pp_s : 0);
-        cJSON_AddNumberToObject(o, "time_to_first_token_seconds", n_gen ? t_first - t0 : 0);
+        cJSON_AddNumberToObject(o, "time_to_first_token_seconds", n_gen ? t_first - t_start : 0);
         cJSON_AddNumberToObject(o, "decode_seconds", tg_s);
         cJSON_AddNumberToObject(o, "decode_tokens_per_second", tg_s > 0 ? n_dec / tg_s : 0);
         cJSON *kvo = cJSON_AddObjectToObject(o, "kv");
