@@ -384,8 +384,8 @@ static int cmd_run_main(int argc, char **argv) {
     print_kv_report(stderr, seq, &mi, pol, kvp.budget);
     fprintf(stderr,
             "ekv run: prompt %lld tokens in %.3f s (%.1f tok/s), generated %ld tokens in %.3f s (%.1f tok/s), "
-            "stop: %s, threads %d, peak RSS %.1f MiB\n",
-            (long long)n_prompt, pp_s, pp_s > 0 ? n_prompt / pp_s : 0.0, n_gen, tg_s, tg_s > 0 ? n_dec / tg_s : 0.0, stop,
+            "first token after %.3f s, stop: %s, threads %d, peak RSS %.1f MiB\n",
+            (long long)n_prompt, pp_s, pp_s > 0 ? n_prompt / pp_s : 0.0, n_gen, tg_s, tg_s > 0 ? n_dec / tg_s : 0.0, n_gen ? t_first - t_start : 0.0, stop,
             cp.n_threads, cli_peak_rss() / 1048576.0);
     rc = 0;
 done:
