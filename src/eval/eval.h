@@ -20,67 +20,25 @@
 #include "ekv.h"
 
 /*
- * Planned CLI (tools/ekv/cmd_eval.c, not wired yet):
+ * The CLI (tools/ekv/cmd_eval.c; `ekv eval --help` is the reference):
  *
- *   ekv eval -m MODEL -f DATA [options]
+ *   ekv eval [-m MODEL] [-f DATA] [--metric ppl,rouge,kl,hitrate]
+ *            [--kv-policy LIST] [--kv-budget LIST] [other --kv-* flags]
+ *            [--format jsonl|text|auto] [--doc-sep S] [--rouge pltrdy|sentence]
+ *            [--limit N] [--offset N] [-n N] [--stride N] [-c N]
+ *            [-o DIR] [--no-plot] [--json] [-t N] [-s SEED]
  *
- *   -m, --model FILE       GGUF or llama2.c checkpoint (default: the bundled
- *                          models/stories260K.gguf when present)
- *   -f, --data FILE        evaluation set: JSONL (one object per line, fields
- *                          below) or a plain text file
- *       --format F         jsonl | text | auto (default auto: ".jsonl"/".json"
- *                          suffix => jsonl, anything else => text)
- *       --doc-sep S        text format: split the file into documents at S
- *                          (e.g. "<|endoftext|>"); default: one document
- *       --metric LIST      comma-separated subset of ppl,rouge,kl,hitrate
- *                          (default ppl)
- *                            ppl     jsonl: instruction (+system, +image)
- *                                    prefilled and compressed, answer
- *                                    teacher-forced token by token with the
- *                                    decode-time policy active; text: the
- *                                    document streamed in --stride chunks
- *                                    with the policy active (EasyKV style).
- *                                    PPL = exp(mean NLL), token-weighted over
- *                                    all items (POLICIES.md §13.1, §13.3).
- *                            rouge   greedy answer under the policy vs greedy
- *                                    answer with the full cache; ROUGE-L F1/P/R
- *                                    (default: pltrdy rouge 1.0.1 "rouge-l",
- *                                    --rouge sentence for plain LCS), macro
- *                                    mean over items (§13.2).
- *                            kl      mean KL(full || policy) of next-token
- *                                    distributions on teacher-forced answer
- *                                    tokens, plus top-1 agreement.
- *                            hitrate VL-Cache CacheHitRate and RoCo Jaccard of
- *                                    kept tokens vs top-k of the next query's
- *                                    full attention, mean over layers, KV
- *                                    heads and decode steps.
- *       --rouge KIND         pltrdy (default) | sentence
- *       --kv-policy LIST     comma-separated policies, e.g. full,h2o,elastic
- *       --kv-budget LIST     comma-separated kept fractions in (0,1], e.g.
- *                            1,0.5,0.2; policies x budgets run as a grid
- *                            ("full" runs once, at budget 1)
- *       --limit N            evaluate at most N items (0 = all)
- *       --offset N           skip the first N items (non-blank lines)
- *   -n, --n-predict N        max new tokens for greedy answers (rouge;
- *                            default 256)
- *       --stride N           text ppl: tokens fed per chunk (default 1)
- *   -c, --ctx N              context length cap; longer items are truncated
- *                            (text) or skipped with a warning (jsonl)
- *   -o, --out DIR            write results.csv, results.json, results.md,
- *                            per-item items.jsonl and <metric>.png there
- *       --json               print the JSON summary on stdout instead of the
- *                            Markdown table
- *   -t, --threads N          worker threads
- *   -s, --seed N             seed for the random policy (results are
- *                            deterministic for a given seed and thread count)
- *       --mmproj FILE        vision projector for image items
- *       --image-dir DIR      resolve relative "image" fields against DIR
- *                            (default: the data file's directory)
- *       --no-plot            skip gnuplot
- *
- *   Progress with ETA goes to stderr (ekv_eval_format_progress); exit status
- *   0 on success, 1 on bad usage or unreadable input, 2 when results were
- *   written but plotting failed.
+ *   Defaults: the bundled model and data/tinystories_eval.jsonl, metrics
+ *   ppl,rouge,kl, policies full,local,h2o,elastic, budgets 0.2,0.5,1,
+ *   -n 128, --stride 96, -c the model file's context, -o eval-out.
+ *   Policies x budgets run as a grid ("full" once, at budget 1); the
+ *   protocols are those of ekv_eval_unit_run below. DIR receives
+ *   results.csv (deterministic: no timings), results.json (with timings in
+ *   "meta"), results.md and one gnuplot PNG per metric; the Markdown table
+ *   (or the JSON with --json) goes to stdout, progress with ETA to stderr.
+ *   Exit status 0 on success, 1 on bad usage or failure, 2 when results
+ *   were written but plotting failed. Image items are refused until a
+ *   vision tower exists (--mmproj).
  */
 
 /* ------------------------------------------------------------------------ */
