@@ -65,7 +65,6 @@ const char *ekv_version(void);
 struct ekv_model;
 
 struct ekv_model_params {
-    bool use_mmap;              /* map the file instead of reading it (default true) */
     const char *tokenizer_path; /* llama2.c checkpoints only: tokenizer .bin;
                                    NULL = tok<vocab>.bin beside the model */
 };
@@ -73,7 +72,8 @@ struct ekv_model_params {
 struct ekv_model_params ekv_model_default_params(void);
 
 /* Loads a GGUF (v2/v3) or llama2.c checkpoint; the format is detected from
- * the file's first bytes. On success *out is a new model owned by the caller
+ * the file's first bytes. The file is memory-mapped read-only; weights are
+ * used in place (only 1-D tensors are copied). On success *out is a new model owned by the caller
  * (free with ekv_model_free). The model may be shared by several contexts,
  * read-only, from several threads. */
 enum ekv_status ekv_model_load(const char *path, const struct ekv_model_params *params,
@@ -264,6 +264,53 @@ int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t k
  * entries each; any may be NULL. */
 enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int32_t kv_head,
                                    int32_t *positions, float *weights, uint8_t *tags);
+
+/* ------------------------------------------------------------------------ */
+/* Chat templates and images                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Where an image goes in a prompt. */
+#define EKV_IMAGE_MARKER "<image>"
+
+/* Known templates: "none" (system + "\n" + text), "llava-1.5" ("<system>
+ * USER: <image>\n<text> ASSISTANT:"), "chatml" (Qwen2). */
+int ekv_chat_template_count(void);
+const char *ekv_chat_template_name(int i);
+
+/* Formats one user turn. system NULL = the template's default system
+ * prompt. with_image puts EKV_IMAGE_MARKER before the text unless the text
+ * already has one. Writes a NUL-terminated string to buf (may be NULL to
+ * ask for the size); *n_out gets the length without the terminator. */
+enum ekv_status ekv_chat_format(const char *tmpl, const char *system, const char *user, bool with_image,
+                                char *buf, size_t n, size_t *n_out);
+
+/* Tokenizes a prompt that may hold one EKV_IMAGE_MARKER: the text before it
+ * gets BOS, the text after it continues; *image_at is the token index where
+ * the image embeddings go (-1 without a marker). Buffer rules as in
+ * ekv_tokenize. */
+enum ekv_status ekv_tokenize_prompt(const struct ekv_model *model, const char *text, size_t len, int32_t *tokens,
+                                    size_t n_max, size_t *n_out, int32_t *image_at);
+
+/* A vision tower (CLIP/SigLIP ViT + LLaVA projector) from a llama.cpp-style
+ * mmproj GGUF. Read-only once loaded. */
+struct ekv_vision;
+
+/* Loads an mmproj file; *out owned by the caller (ekv_vision_free). */
+enum ekv_status ekv_vision_load(const char *mmproj_path, struct ekv_vision **out);
+void ekv_vision_free(struct ekv_vision *v);
+/* Embeddings one image becomes (576 for CLIP ViT-L/14-336) and their width
+ * (the language model's n_embd). */
+int32_t ekv_vision_n_tokens(const struct ekv_vision *v);
+int32_t ekv_vision_n_embd(const struct ekv_vision *v);
+/* Decodes (JPEG/PNG), preprocesses and encodes an image file into
+ * out [n_tokens][n_embd] (caller-owned), using ctx's threads (ctx may be NULL). */
+enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_context *ctx, const char *path,
+                                       float *out);
+
+/* First position whose queries feed the policy's observation-window
+ * statistics (VL-Cache's post-vision window, SnapKV's window); -1 if the
+ * policy uses none. */
+int64_t ekv_seq_kv_window_start(const struct ekv_seq *seq);
 
 /* ------------------------------------------------------------------------ */
 /* Sampling                                                                   */

@@ -282,7 +282,23 @@ static void test_codecs(void) {
 
 /* Known-answer blocks built by hand from the documented layouts. */
 static void test_layouts(void) {
-    float y[256];
+    float y[256], x[256];
+    /* Q4_0 quantizer (ggml's reference): x_j = (j-8)/2 for j < 16, 0 then, x_31 = -4;
+     * the first value of largest magnitude is -4 -> d = -4/-8 = 0.5, q = trunc(x/d + 8.5) */
+    for (int j = 0; j < 32; j++) x[j] = j < 16 ? (j - 8) * 0.5f : 0.0f;
+    x[31] = -4.0f;
+    struct ekv_block_q4_0 q4;
+    CHECK_OK(ekv_quantize_row(EKV_Q4_0, x, &q4, 32));
+    CHECK(q4.d == 0x3800); /* 0.5 */
+    int bad = 0;
+    for (int j = 0; j < 15; j++) bad += q4.qs[j] != (uint8_t)(j | 0x80);
+    CHECK(bad == 0 && q4.qs[15] == 0x0F);
+    /* Q8_0 quantizer: x_j = j -> d = 31/127, q_j = round(j * 127/31) */
+    for (int j = 0; j < 32; j++) x[j] = (float)j;
+    struct ekv_block_q8_0 q8;
+    CHECK_OK(ekv_quantize_row(EKV_Q8_0, x, &q8, 32));
+    CHECK(q8.d == ekv_f32_to_fp16(31.0f / 127.0f));
+    CHECK(q8.qs[0] == 0 && q8.qs[1] == 4 && q8.qs[16] == 66 && q8.qs[31] == 127);
     /* Q4_0: d = 0.5, qs[0] = 0x9A -> element 0 = (0xA-8)*0.5 = 1, element 16 = (9-8)*0.5 = 0.5 */
     struct ekv_block_q4_0 b4 = {0};
     b4.d = ekv_f32_to_fp16(0.5f);
@@ -360,7 +376,16 @@ static bool same_bits(const float *a, const float *b, int64_t n) { return memcmp
 static void test_products_type(enum ekv_dtype t, struct ekv_pool **pools) {
     const int64_t ne1s[] = {1, 3, 17, 33, 257};
     const int bs = (int)ekv_dtype_get(t)->block_size;
-    const int64_t ne0s[] = {bs == 256 ? 256 * 3 : 32 * 3, bs == 256 ? 256 : 64, bs == 256 ? 256 * 9 : 32 * 37};
+    /* blocks of 3 and 37 (not multiples of 8 blocks); float types also get
+     * 77 = 4*16 + 8 + 5 and 172 (stories260K's hidden size) to reach every tail */
+    int64_t ne0s[] = {bs == 256 ? 256 * 3 : 32 * 3, bs == 256 ? 256 : 64, bs == 256 ? 256 * 9 : 32 * 37, 0, 0};
+    if (bs == 1) {
+        ne0s[3] = 77;
+        ne0s[4] = 172;
+    } else {
+        ne0s[3] = bs;
+        ne0s[4] = bs * 5;
+    }
     for (size_t a = 0; a < EKV_ARRAY_LEN(ne0s); a++) {
         for (size_t b = 0; b < EKV_ARRAY_LEN(ne1s); b++) {
             const int64_t ne0 = ne0s[a], ne1 = ne1s[b], nt = 5;
@@ -443,6 +468,12 @@ static void test_products_type(enum ekv_dtype t, struct ekv_pool **pools) {
 }
 
 static void test_products(void) {
+    /* the SIMD comparisons below are only meaningful when SIMD is in use */
+    ekv_kernels_use_reference(false);
+    CHECK(strcmp(ekv_kernels_isa(), ekv_cpu_has_avx2() ? "avx2" : "reference") == 0);
+    ekv_kernels_use_reference(true);
+    CHECK(strcmp(ekv_kernels_isa(), "reference") == 0);
+    if (!ekv_cpu_has_avx2()) fprintf(stderr, "note: no AVX2 on this CPU, SIMD paths not tested\n");
     struct ekv_pool *pools[4] = {NULL};
     for (int i = 1; i < 4; i++) CHECK_OK(ekv_pool_new(i, &pools[i]));
     for (size_t i = 0; i < EKV_ARRAY_LEN(k_types); i++) {
@@ -582,6 +613,12 @@ static void test_ops(void) {
             bad += x[h * 10 + 8] != v[8] || x[h * 10 + 9] != v[9]; /* dims >= rope_dim untouched */
         }
         CHECK_MSG(bad == 0, "rope neox=%d: %d bad", neox, bad);
+        /* the two-step form gives the same bits */
+        float y[30], cs[8];
+        memcpy(y, x0, sizeof(y));
+        ekv_rope_sincos(cs, 8, pos, 10000.0f);
+        ekv_rope_apply(y, 3, 10, 8, cs, neox);
+        CHECK(same_bits(x, y, 30));
         /* position 0 is the identity */
         memcpy(x, x0, sizeof(x));
         ekv_rope(x, 3, 10, 8, 0, 10000.0f, neox);

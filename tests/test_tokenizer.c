@@ -294,6 +294,12 @@ static void test_pretokenizers(void) {
     /* Qwen2: the same with single digits */
     static const char *const q1[] = {"v", "1", "2", "3", " ", "4", ".", "5", "\n"};
     test_pretokenizer_case(PRE_QWEN2, "v123 4.5\n", q1, 9);
+    /* StarCoder / SmolLM: \p{N} first, then GPT-2 on each piece */
+    static const char *const s1[] = {"abc", " ", "1", "2", "3", "x", " y"};
+    test_pretokenizer_case(PRE_STARCODER, "abc 123x y", s1, 7);
+    /* llama.cpp's default: [\p{P}$+<=>^~|]+, GPT-2, \p{N}+, [0-9]{3} */
+    static const char *const d1[] = {"Hi", ",", " ", "123", "45", " ", "$", "x", "\xC2\xAB", "a"};
+    test_pretokenizer_case(PRE_DEFAULT, "Hi, 12345 $x\xC2\xAB" "a", d1, 10);
 }
 
 static const char *const k_extra_texts[] = {
@@ -408,7 +414,15 @@ static void test_extra_round_trips(void) {
         }
         for (size_t k = 0; k < N_VOCABS; k++) {
             struct ekv_vocab *v = g_vocabs[k].v;
-            if (!v || (raw && v->type == VOCAB_SPM)) continue;
+            if (!v) continue;
+            if (raw && v->type == VOCAB_SPM) { /* must still work, ids in range */
+                int32_t ids[MAX_IDS];
+                size_t n = tokenize(v, s, len, true, true, ids);
+                for (size_t i = 0; i < n; i++) CHECK(ids[i] >= 0 && ids[i] < ekv_vocab_n_tokens(v));
+                size_t dl;
+                free(detok(v, ids, n, true, true, &dl));
+                continue;
+            }
             if (raw && v->type == VOCAB_BPE && memchr(s, ' ', len)) continue; /* clean-up may touch " ." */
             int32_t ids[MAX_IDS];
             size_t n = tokenize(v, s, len, true, false, ids);
@@ -672,6 +686,96 @@ static void test_gguf_hostile(void) {
     expect_gguf(w, EKV_ERR_FORMAT, "tokenizer.ggml.model", "no tokenizer");
 }
 
+/* An eleven-token byte-level BPE vocabulary: merges ranked by position, ignore_merges
+ * (Llama-3), BOS defaults and the clean-up of spaces by pre-tokenizer. */
+static struct ekv_vocab *mini_bpe(const char *pre, int add_bos) {
+    struct gguf_writer *w = NULL;
+    CHECK_OK(gguf_writer_new(&w));
+    if (!w) return NULL;
+    /* 0 a, 1 b, 2 c, 3 Ġ (space), 4 ab, 5 abc, 6 Ġa, 7 Ġab, 8 ".", 9 <|endoftext|>, 10 ca */
+    static const char *const toks[] = {"a", "b", "c", "\xC4\xA0", "ab", "abc", "\xC4\xA0" "a",
+                                       "\xC4\xA0" "ab", ".", "<|endoftext|>", "ca"};
+    static const char *const merges[] = {"\xC4\xA0" " a", "a b", "ab c", "\xC4\xA0" "a b"};
+    int32_t types[11] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 1};
+    CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
+    CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre));
+    CHECK_OK(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 11));
+    CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 11));
+    CHECK_OK(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 4));
+    CHECK_OK(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 9));
+    CHECK_OK(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 9));
+    if (add_bos >= 0) CHECK_OK(gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos != 0));
+    char path[512];
+    snprintf(path, sizeof path, "%s/bpe.gguf", g_tmpdir);
+    CHECK_OK(gguf_writer_write(w, path));
+    gguf_writer_free(w);
+    struct gguf_file *f = NULL;
+    struct ekv_vocab *v = NULL;
+    CHECK_OK(gguf_open(path, &f));
+    if (f) CHECK_OK(ekv_vocab_from_gguf(f, path, &v));
+    gguf_close(f);
+    unlink(path);
+    return v;
+}
+
+static void test_mini_bpe(void) {
+    int32_t ids[16];
+    size_t n;
+    char buf[32];
+    /* GPT-2 split: "abc" -> a,b,c -> ab,c (rank 1) -> abc (rank 2);
+     * " ab" -> Ġ,a,b: (Ġ,a) has rank 0 < (a,b) rank 1, so Ġa first, then (Ġa,b) rank 3 -> Ġab */
+    struct ekv_vocab *v = mini_bpe("gpt-2", -1);
+    if (v) {
+        CHECK(!ekv_vocab_add_bos(v) && strcmp(ekv_vocab_type_name(v), "gpt2") == 0);
+        n = tokenize(v, "abc ab", 6, true, true, ids);
+        CHECK(n == 2 && ids[0] == 5 && ids[1] == 7);
+        n = tokenize(v, "c a", 3, true, true, ids);
+        CHECK(n == 2 && ids[0] == 2 && ids[1] == 6);
+        /* "ca" is a token but no merge makes it */
+        n = tokenize(v, "ca", 2, true, true, ids);
+        CHECK(n == 2 && ids[0] == 2 && ids[1] == 0);
+        /* the special token only with parse_special */
+        n = tokenize(v, "a<|endoftext|>", 14, false, true, ids);
+        CHECK(n == 2 && ids[0] == 0 && ids[1] == 9);
+        /* as text, its characters have no tokens here and are dropped (as llama.cpp does) */
+        n = tokenize(v, "a<|endoftext|>", 14, false, false, ids);
+        CHECK(n == 1 && ids[0] == 0);
+        CHECK(ekv_vocab_is_eog(v, 9));
+        /* GPT-2 cleans " ." up */
+        int32_t t[3] = {0, 3, 8};
+        CHECK_OK(ekv_vocab_detokenize(v, t, 3, false, true, buf, sizeof buf, &n));
+        CHECK(n == 2 && memcmp(buf, "a.", 2) == 0);
+        ekv_vocab_free(v);
+    }
+    /* Llama-3: a word that is a token is taken whole (ignore_merges), and BOS is added by default */
+    v = mini_bpe("llama-bpe", -1);
+    if (v) {
+        CHECK(ekv_vocab_add_bos(v));
+        n = tokenize(v, "ca", 2, true, true, ids);
+        CHECK(n == 2 && ids[0] == 9 && ids[1] == 10);
+        ekv_vocab_free(v);
+    }
+    v = mini_bpe("llama-bpe", 0); /* tokenizer.ggml.add_bos_token overrides */
+    if (v) {
+        CHECK(!ekv_vocab_add_bos(v));
+        ekv_vocab_free(v);
+    }
+    /* Qwen2 keeps " ." */
+    v = mini_bpe("qwen2", -1);
+    if (v) {
+        int32_t t[3] = {0, 3, 8};
+        CHECK_OK(ekv_vocab_detokenize(v, t, 3, false, true, buf, sizeof buf, &n));
+        CHECK(n == 3 && memcmp(buf, "a .", 3) == 0);
+        ekv_vocab_free(v);
+    }
+    v = mini_bpe("smollm", -1);
+    if (v) {
+        n = tokenize(v, "abc ab", 6, true, true, ids);
+        CHECK(n == 2 && ids[0] == 5 && ids[1] == 7);
+        ekv_vocab_free(v);
+    }
+}
+
 static void test_speed(void) {
     struct ekv_vocab *spm = vocab_by_name("llama-spm"), *gpt2 = vocab_by_name("gpt-2");
     if (!spm || !gpt2) return;
@@ -717,6 +821,7 @@ int main(void) {
     test_buffers();
     test_llama2c_hostile();
     test_gguf_hostile();
+    test_mini_bpe();
     test_speed();
     for (size_t i = 0; i < N_VOCABS; i++) ekv_vocab_free(g_vocabs[i].v);
     rmdir(g_tmpdir);

@@ -294,3 +294,8 @@ enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int
     if (tags) memcpy(tags, h->tag, (size_t)h->len);
     return EKV_OK;
 }
+
+int64_t ekv_seq_kv_window_start(const struct ekv_seq *seq) {
+    if (!seq || !(seq->kv->stats & (EKV_STAT_WINSUM | EKV_STAT_SPARSITY))) return -1;
+    return seq->kv->win_start;
+}

@@ -20,19 +20,8 @@ static inline float ekv_hsum8(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-/* Sum of 8 int32 lanes as float. */
-static inline __m256 ekv_i32_to_ps(__m256i v) { return _mm256_cvtepi32_ps(v); }
-
 /* Sums adjacent pairs of int16 lanes into int32 (for maddubs results). */
 static inline __m256i ekv_sum_i16_pairs(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
-
-/* Signed int8 x int8 products summed into 8 int32 lanes, via
- * maddubs(|a|, sign(b, a)) as ggml does. */
-static inline __m256i ekv_mul_sum_i8(__m256i a, __m256i b) {
-    const __m256i ax = _mm256_sign_epi8(a, a);
-    const __m256i sy = _mm256_sign_epi8(b, a);
-    return ekv_sum_i16_pairs(_mm256_maddubs_epi16(ax, sy));
-}
 
 /* 8 halves -> 8 floats; 8 bf16 -> 8 floats. */
 static inline __m256 ekv_load_f16x8(const uint16_t *p) {

@@ -97,6 +97,11 @@ void ekv_softmax(float *x, int64_t n);
 /* Rotary embedding of n_heads vectors of head_dim at position pos; the first
  * rope_dim dims are rotated: pairs (2i, 2i+1) when !neox, halves (i, i+rope_dim/2) when neox. */
 void ekv_rope(float *x, int n_heads, int head_dim, int rope_dim, int64_t pos, float freq_base, bool neox);
+/* The same in two steps, to compute the rotation once per position and
+ * apply it to the queries and keys of every layer (identical results):
+ * cs: [rope_dim/2][2] = {cos, sin} of theta_i = pos * base^(-2i/rope_dim). */
+void ekv_rope_sincos(float *cs, int rope_dim, int64_t pos, float freq_base);
+void ekv_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, bool neox);
 /* out[i] = silu(gate[i]) * up[i] */
 void ekv_swiglu(float *out, const float *gate, const float *up, int64_t n);
 /* tanh approximation of GELU, in place */

@@ -171,12 +171,16 @@ static void gemm_task(void *arg, int ith, int nth) {
         c->k->gemm(c->w, r0, r1, c->xa, c->xa_stride, c->n, c->y, c->w->ne1);
         return;
     }
+    /* blocks of activation rows stay in cache while the weight rows stream */
     const char *base = c->w->data;
     const char *xa = c->xa;
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t t = 0; t < c->n; t++)
-            c->k->vec_dot(c->w->ne0, &c->y[t * c->w->ne1 + r], base + (size_t)r * c->w->row_bytes,
-                          xa + (size_t)t * c->xa_stride);
+    for (int64_t t0 = 0; t0 < c->n; t0 += 16) {
+        const int64_t t1 = EKV_MIN(c->n, t0 + 16);
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t t = t0; t < t1; t++)
+                c->k->vec_dot(c->w->ne0, &c->y[t * c->w->ne1 + r], base + (size_t)r * c->w->row_bytes,
+                              xa + (size_t)t * c->xa_stride);
+    }
 }
 
 static void quantize_task(void *arg, int ith, int nth) {

@@ -103,20 +103,40 @@ void ekv_layernorm(float *out, const float *x, const float *w, const float *b, i
 }
 
 /* theta_i = pos * base^(-2i/rope_dim), computed in double, for i < rope_dim/2. */
+static inline void rope_cs(int i, int rope_dim, int64_t pos, float freq_base, float *c, float *s) {
+    const double theta = (double)pos * pow((double)freq_base, -2.0 * i / (double)rope_dim);
+    *c = (float)cos(theta);
+    *s = (float)sin(theta);
+}
+
+static inline void rope_pair(float *x, int n_heads, int head_dim, int i0, int i1, float c, float s) {
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        const float a = v[i0], b = v[i1];
+        v[i0] = a * c - b * s;
+        v[i1] = a * s + b * c;
+    }
+}
+
 void ekv_rope(float *x, int n_heads, int head_dim, int rope_dim, int64_t pos, float freq_base, bool neox) {
     if (rope_dim > head_dim) rope_dim = head_dim;
     const int half = rope_dim / 2;
     for (int i = 0; i < half; i++) {
-        const double theta = (double)pos * pow((double)freq_base, -2.0 * i / (double)rope_dim);
-        const float c = (float)cos(theta), s = (float)sin(theta);
-        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + (size_t)h * head_dim;
-            const float a = v[i0], b = v[i1];
-            v[i0] = a * c - b * s;
-            v[i1] = a * s + b * c;
-        }
+        float c, s;
+        rope_cs(i, rope_dim, pos, freq_base, &c, &s);
+        rope_pair(x, n_heads, head_dim, neox ? i : 2 * i, neox ? i + half : 2 * i + 1, c, s);
     }
+}
+
+void ekv_rope_sincos(float *cs, int rope_dim, int64_t pos, float freq_base) {
+    for (int i = 0; i < rope_dim / 2; i++) rope_cs(i, rope_dim, pos, freq_base, &cs[2 * i], &cs[2 * i + 1]);
+}
+
+void ekv_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, bool neox) {
+    if (rope_dim > head_dim) rope_dim = head_dim;
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++)
+        rope_pair(x, n_heads, head_dim, neox ? i : 2 * i, neox ? i + half : 2 * i + 1, cs[2 * i], cs[2 * i + 1]);
 }
 
 /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */

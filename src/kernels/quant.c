@@ -123,7 +123,7 @@ void ekv_quant_q8_K(const float *src, void *dst, int64_t n) {
         }
         const float iscale = -127.0f / max;
         for (int j = 0; j < EKV_QK_K; j++) {
-            int v = iround(iscale * src[j]);
+            int v = (int)rintf(iscale * src[j]); /* ties to even, as ggml's nearest_int */
             b[i].qs[j] = (int8_t)(v > 127 ? 127 : v < -128 ? -128 : v);
         }
         for (int j = 0; j < EKV_QK_K / 16; j++) {

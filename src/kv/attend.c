@@ -17,6 +17,9 @@
 #include "core/util.h"
 #include "kv/kv.h"
 
+/* multiply-adds below which a layer's attention runs on the calling thread */
+#define EKV_ATTN_INLINE_WORK 65536
+
 enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
     if (!kv || !step) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_begin: NULL argument");
     if (step->n_new < 0 || step->pos0 < 0 || step->pos0 + step->n_new > INT32_MAX)
@@ -165,7 +168,10 @@ enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, i
         } else {
             t.win_flags &= ~EKV_STAT_SPARSITY;
         }
-        ekv_pool_run(pool, attend_worker, &t);
+        /* small problems (decode on small models) run inline: waking the
+         * workers costs more than the work */
+        int64_t work = (int64_t)n_new * (int64_t)L->heads[0].len * kv->n_head * kv->head_dim;
+        ekv_pool_run(work < EKV_ATTN_INLINE_WORK ? NULL : pool, attend_worker, &t);
         if (t.sparse) {
             for (int hk = 0; hk < G; hk++) {
                 L->sparse_zero += t.sparse[2 * hk];

@@ -15,7 +15,7 @@
 #include "model/vocab.h"
 
 struct ekv_model_params ekv_model_default_params(void) {
-    struct ekv_model_params p = {.use_mmap = true, .tokenizer_path = NULL};
+    struct ekv_model_params p = {.tokenizer_path = NULL};
     return p;
 }
 

@@ -2,7 +2,8 @@
  * tokenizer_bpe.c — byte-level BPE tokenization of one plain-text fragment
  * ("gpt2" vocabularies: GPT-2, Llama-3, Qwen2 ...), as llama.cpp does it:
  *   1. the pre-tokenizer splits the text into words, by hand-written
- *      matchers equivalent to the models' split regexes;
+ *      matchers equivalent to the models' split regexes (GPT-2, Llama-3,
+ *      Qwen2, StarCoder-style digit splitting, llama.cpp's "default");
  *   2. each word's bytes are written with GPT-2's byte -> character mapping;
  *   3. within a word, the adjacent pair with the lowest merge rank is merged
  *      until no listed pair remains (ties: leftmost first);
@@ -18,7 +19,11 @@
 #include "model/unicode.h"
 #include "model/vocab_impl.h"
 
-/* ---- pre-tokenizer ---- */
+/* ---- pre-tokenizer ----
+ * A pre-tokenizer is a pipeline of stages, as in llama.cpp: each stage cuts
+ * every piece the previous one produced, on its own, into smaller pieces
+ * (regex matches and the gaps between them). The three model regexes are
+ * matched by hand; the helper stages are single character classes. */
 
 enum cls { CLS_END = 0, CLS_LETTER, CLS_NUMBER, CLS_SPACE, CLS_OTHER };
 
@@ -26,11 +31,13 @@ struct cpt {
     uint32_t cp;  /* EKV_CP_INVALID for a stray byte (class OTHER) */
     uint32_t off; /* byte offset in the fragment */
     uint8_t cls;
+    bool punct;   /* \p{P} or one of $+<=>^~| (the default pipeline's first stage) */
 };
 
+/* The piece being cut: code points [b, e) of c. */
 struct splitter {
-    const struct cpt *c; /* [n + 1], c[n].off = byte length */
-    size_t n;
+    const struct cpt *c;
+    size_t b, e;
 };
 
 static uint8_t classify(uint32_t cp) {
@@ -41,26 +48,26 @@ static uint8_t classify(uint32_t cp) {
     return CLS_OTHER;
 }
 
-static uint32_t cp_at(const struct splitter *sp, size_t i) { return i < sp->n ? sp->c[i].cp : EKV_CP_INVALID; }
-static uint8_t cls_at(const struct splitter *sp, size_t i) { return i < sp->n ? sp->c[i].cls : CLS_END; }
+static uint32_t cp_at(const struct splitter *sp, size_t i) { return i < sp->e ? sp->c[i].cp : EKV_CP_INVALID; }
+static uint8_t cls_at(const struct splitter *sp, size_t i) { return i < sp->e ? sp->c[i].cls : CLS_END; }
 static uint32_t lower_ascii(uint32_t cp) { return (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp; }
 
 /* Length (in code points, 0 if none) of 's|'t|'re|'ve|'m|'ll|'d at i. */
 static size_t match_contraction(const struct splitter *sp, size_t i, bool any_case) {
-    if (cp_at(sp, i) != '\'' || i + 1 >= sp->n) return 0;
-    uint32_t a = cp_at(sp, i + 1), b = i + 2 < sp->n ? cp_at(sp, i + 2) : 0;
+    if (cp_at(sp, i) != '\'' || i + 1 >= sp->e) return 0;
+    uint32_t a = cp_at(sp, i + 1), b = i + 2 < sp->e ? cp_at(sp, i + 2) : 0;
     if (any_case) { a = lower_ascii(a); b = lower_ascii(b); }
     if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
     if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
     return 0;
 }
 
-/* Trailing whitespace handling shared by both regexes: \s+(?!\S) then \s+.
+/* Trailing whitespace handling shared by the regexes: \s+(?!\S) then \s+.
  * Returns the end of the run to take at i (i is whitespace). */
 static size_t take_spaces(const struct splitter *sp, size_t i) {
     size_t k = i;
     while (cls_at(sp, k) == CLS_SPACE) k++;
-    if (k - i > 1 && k < sp->n) return k - 1; /* leave the last one to the next word */
+    if (k - i > 1 && k < sp->e) return k - 1; /* leave the last one to the next word */
     return k;
 }
 
@@ -116,7 +123,84 @@ static size_t next_word_llama3(const struct splitter *sp, size_t i, size_t digit
     return i + 1;
 }
 
+static bool is_ascii_digit3(const struct splitter *sp, size_t i) {
+    if (i + 3 > sp->e) return false;
+    for (size_t k = i; k < i + 3; k++)
+        if (sp->c[k].cp < '0' || sp->c[k].cp > '9') return false;
+    return true;
+}
+
+enum stage { ST_GPT2, ST_LLAMA3, ST_QWEN2, ST_DIGIT, ST_DIGITS, ST_PUNCT, ST_DIGIT3 };
+
+/* End of the piece that starts at i (a match, or the gap up to the next match). */
+static size_t stage_next(enum stage st, const struct splitter *sp, size_t i) {
+    size_t j = i;
+    switch (st) {
+    case ST_GPT2: return next_word_gpt2(sp, i);
+    case ST_LLAMA3: return next_word_llama3(sp, i, 3);
+    case ST_QWEN2: return next_word_llama3(sp, i, 1);
+    case ST_DIGIT: /* \p{N} */
+        if (cls_at(sp, i) == CLS_NUMBER) return i + 1;
+        while (j < sp->e && cls_at(sp, j) != CLS_NUMBER) j++;
+        return j;
+    case ST_DIGITS: /* \p{N}+ */
+        if (cls_at(sp, i) == CLS_NUMBER) {
+            while (cls_at(sp, j) == CLS_NUMBER) j++;
+        } else {
+            while (j < sp->e && cls_at(sp, j) != CLS_NUMBER) j++;
+        }
+        return j;
+    case ST_PUNCT: /* [\p{P}\$\+<=>\^~\|]+ */
+        if (sp->c[i].punct) {
+            while (j < sp->e && sp->c[j].punct) j++;
+        } else {
+            while (j < sp->e && !sp->c[j].punct) j++;
+        }
+        return j;
+    case ST_DIGIT3: /* [0-9][0-9][0-9] */
+        if (is_ascii_digit3(sp, i)) return i + 3;
+        j = i + 1;
+        while (j < sp->e && !is_ascii_digit3(sp, j)) j++;
+        return j;
+    }
+    return i + 1;
+}
+
+struct pipeline {
+    const char *text;
+    const struct cpt *c;
+    const enum stage *stages;
+    size_t n_stages;
+    bpe_word_fn fn;
+    void *user;
+};
+
+static enum ekv_status run_stage(const struct pipeline *p, size_t k, size_t b, size_t e) {
+    if (k == p->n_stages) return p->fn(p->user, p->text + p->c[b].off, p->c[e].off - p->c[b].off);
+    struct splitter sp = {p->c, b, e};
+    for (size_t i = b; i < e;) {
+        size_t j = stage_next(p->stages[k], &sp, i);
+        if (j <= i || j > e) /* cannot happen: every stage consumes at least one code point */
+            return ekv_err(EKV_ERR_INTERNAL, "pre-tokenizer made no progress at byte %u", p->c[i].off);
+        enum ekv_status st = run_stage(p, k + 1, i, j);
+        if (st != EKV_OK) return st;
+        i = j;
+    }
+    return EKV_OK;
+}
+
 enum ekv_status bpe_pretokenize(enum vocab_pre pre, const char *text, size_t len, bpe_word_fn fn, void *user) {
+    static const enum stage gpt2[] = {ST_GPT2}, llama3[] = {ST_LLAMA3}, qwen2[] = {ST_QWEN2};
+    static const enum stage starcoder[] = {ST_DIGIT, ST_GPT2};
+    static const enum stage deflt[] = {ST_PUNCT, ST_GPT2, ST_DIGITS, ST_DIGIT3};
+    struct pipeline p = {text, NULL, gpt2, 1, fn, user};
+    switch (pre) {
+    case PRE_LLAMA3: p.stages = llama3; break;
+    case PRE_QWEN2: p.stages = qwen2; break;
+    case PRE_STARCODER: p.stages = starcoder; p.n_stages = 2; break;
+    case PRE_DEFAULT: p.stages = deflt; p.n_stages = 4; break;
+    default: break;
+    }
     if (len == 0) return EKV_OK;
     if (len >= UINT32_MAX) return ekv_err(EKV_ERR_OVERFLOW, "tokenize: text of %zu bytes is too long", len);
     size_t bytes;
@@ -131,26 +215,13 @@ enum ekv_status bpe_pretokenize(enum vocab_pre pre, const char *text, size_t len
         c[n].cp = cp;
         c[n].off = (uint32_t)off;
         c[n].cls = classify(cp);
+        c[n].punct = cp != EKV_CP_INVALID && (ekv_cp_is_punct(cp) || (cp > 0 && cp < 0x80 && strchr("$+<=>^~|", (int)cp)));
         n++;
         off += l;
     }
     c[n].off = (uint32_t)len;
-    struct splitter sp = {c, n};
-    enum ekv_status st = EKV_OK;
-    for (size_t i = 0; i < n && st == EKV_OK;) {
-        size_t j;
-        switch (pre) {
-        case PRE_LLAMA3: j = next_word_llama3(&sp, i, 3); break;
-        case PRE_QWEN2: j = next_word_llama3(&sp, i, 1); break;
-        default: j = next_word_gpt2(&sp, i); break;
-        }
-        if (j <= i || j > n) { /* cannot happen: every matcher consumes at least one code point */
-            st = ekv_err(EKV_ERR_INTERNAL, "pre-tokenizer made no progress at byte %u", c[i].off);
-            break;
-        }
-        st = fn(user, text + c[i].off, c[j].off - c[i].off);
-        i = j;
-    }
+    p.c = c;
+    enum ekv_status st = run_stage(&p, 0, 0, n);
     free(c);
     return st;
 }

@@ -26,10 +26,12 @@ uint32_t ekv_utf8_decode(const char *s, size_t n, size_t *len);
 /* Encodes cp (<= U+10FFFF) into out; returns the byte count (1..4), 0 if cp is out of range. */
 size_t ekv_utf8_encode(uint32_t cp, char out[4]);
 
-/* Character classes of the pre-tokenizer regexes. */
+/* Character classes of the pre-tokenizer regexes (Unicode 14 general
+ * categories; code points assigned later count as neither letter nor number). */
 bool ekv_cp_is_letter(uint32_t cp);     /* \p{L} */
 bool ekv_cp_is_number(uint32_t cp);     /* \p{N} */
 bool ekv_cp_is_whitespace(uint32_t cp); /* \s (Unicode White_Space) */
+bool ekv_cp_is_punct(uint32_t cp);      /* \p{P} */
 
 /* GPT-2 byte-level mapping: byte b is written as the code point
  * ekv_gpt2_byte_to_cp(b) (printable bytes map to themselves); the inverse

@@ -355,54 +355,77 @@ static enum ekv_status read_bool(const struct gguf_file *f, const char *src, con
     return st == EKV_OK ? st : ekv_err_prefix(st, "%s", src);
 }
 
-static bool str_in(struct gguf_str s, const char *const *list, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (gguf_str_eq(s, list[i])) return true;
-    return false;
-}
+/* tokenizer.ggml.pre -> split and flags (llama.cpp's table, for the splits we implement). */
+struct pre_entry {
+    const char *name;
+    enum vocab_pre pre;
+    bool clean_spaces, ignore_merges, add_bos;
+};
 
-/* tokenizer.ggml.pre -> split and flags (llama.cpp's table, the families we implement). */
+static const struct pre_entry k_pre_table[] = {
+    {"default", PRE_DEFAULT, true, false, false},
+    {"gpt-2", PRE_GPT2, true, false, false},
+    {"phi-2", PRE_GPT2, true, false, false},
+    {"jina-es", PRE_GPT2, true, false, false},
+    {"jina-de", PRE_GPT2, true, false, false},
+    {"gigachat", PRE_GPT2, true, false, false},
+    {"jina-v2-es", PRE_GPT2, true, false, false},
+    {"jina-v2-de", PRE_GPT2, true, false, false},
+    {"a.x-4.0", PRE_GPT2, true, false, false},
+    {"mellum", PRE_GPT2, true, false, false},
+    {"modern-bert", PRE_GPT2, true, false, false},
+    {"exaone4", PRE_GPT2, true, false, false},
+    {"mpt", PRE_GPT2, true, false, false},
+    {"olmo", PRE_GPT2, true, false, false},
+    {"jais", PRE_GPT2, true, false, false},
+    {"trillion", PRE_GPT2, false, false, false},
+    {"granite-docling", PRE_GPT2, false, false, false},
+    {"starcoder", PRE_STARCODER, true, false, false},
+    {"refact", PRE_STARCODER, true, false, false},
+    {"codeshell", PRE_STARCODER, true, false, false},
+    {"exaone", PRE_STARCODER, true, false, false},
+    {"minerva-7b", PRE_STARCODER, true, false, false},
+    {"mellum2", PRE_STARCODER, true, false, false},
+    {"command-r", PRE_STARCODER, false, false, false},
+    {"smollm", PRE_STARCODER, false, false, false},
+    {"llama3", PRE_LLAMA3, true, true, true},
+    {"llama-v3", PRE_LLAMA3, true, true, true},
+    {"llama-bpe", PRE_LLAMA3, true, true, true},
+    {"falcon3", PRE_LLAMA3, true, true, true},
+    {"falcon-h1", PRE_LLAMA3, true, true, true},
+    {"pixtral", PRE_LLAMA3, true, true, true},
+    {"midm-2.0", PRE_LLAMA3, true, true, true},
+    {"lfm2", PRE_LLAMA3, true, true, true},
+    {"jina-v5-nano", PRE_LLAMA3, true, true, true},
+    {"dbrx", PRE_LLAMA3, true, false, false},
+    {"smaug-bpe", PRE_LLAMA3, true, false, false},
+    {"qwen2", PRE_QWEN2, false, false, false},
+    {"deepseek-r1-qwen", PRE_QWEN2, false, false, false},
+    {"kormo", PRE_QWEN2, false, false, false},
+    {"f2llmv2", PRE_QWEN2, false, false, false},
+    {"megrez", PRE_QWEN2, true, false, false},
+    {"stablelm2", PRE_QWEN2, true, false, false},
+};
+
 static enum ekv_status set_pre(struct ekv_vocab *v, const char *src, const struct gguf_file *f) {
-    static const char *const gpt2[] = {"default", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es",
-                                       "jina-v2-de", "a.x-4.0", "mellum", "modern-bert", "exaone4", "mpt",
-                                       "olmo", "jais", "starcoder", "refact", "codeshell", "smollm"};
-    static const char *const gpt2_noclean[] = {"trillion", "granite-docling", "command-r", "smollm"};
-    static const char *const llama3[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                                         "midm-2.0", "lfm2", "jina-v5-nano"};
-    static const char *const llama3_merges[] = {"dbrx", "smaug-bpe"};
-    static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2"};
-    static const char *const qwen2_clean[] = {"megrez", "stablelm2"};
-
     struct gguf_str pre = {7, "default"}; /* llama.cpp's fallback when the key is missing */
-    const struct gguf_kv *kv = gguf_find_kv(f, "tokenizer.ggml.pre");
-    if (kv) {
+    if (kv_present(f, "tokenizer.ggml.pre")) {
         enum ekv_status st = gguf_get_str(f, "tokenizer.ggml.pre", &pre);
         if (st != EKV_OK) return ekv_err_prefix(st, "%s", src);
     }
-    v->clean_spaces = true;
-    if (str_in(pre, gpt2_noclean, EKV_ARRAY_LEN(gpt2_noclean))) {
-        v->pre = PRE_GPT2;
-        v->clean_spaces = false;
-    } else if (str_in(pre, gpt2, EKV_ARRAY_LEN(gpt2))) {
-        v->pre = PRE_GPT2;
-    } else if (str_in(pre, llama3, EKV_ARRAY_LEN(llama3))) {
-        v->pre = PRE_LLAMA3;
-        v->ignore_merges = true;
-        v->add_bos = true;
-    } else if (str_in(pre, llama3_merges, EKV_ARRAY_LEN(llama3_merges))) {
-        v->pre = PRE_LLAMA3;
-    } else if (str_in(pre, qwen2, EKV_ARRAY_LEN(qwen2))) {
-        v->pre = PRE_QWEN2;
-        v->clean_spaces = false;
-    } else if (str_in(pre, qwen2_clean, EKV_ARRAY_LEN(qwen2_clean))) {
-        v->pre = PRE_QWEN2;
-    } else {
-        return ekv_err(EKV_ERR_UNSUPPORTED,
-                       "%s: BPE pre-tokenizer '%.*s' (tokenizer.ggml.pre) is not supported "
-                       "(supported: gpt-2 family, llama3 family, qwen2 family)",
-                       src, (int)EKV_MIN(pre.len, (uint64_t)64), pre.ptr);
+    for (size_t i = 0; i < EKV_ARRAY_LEN(k_pre_table); i++) {
+        const struct pre_entry *e = &k_pre_table[i];
+        if (!gguf_str_eq(pre, e->name)) continue;
+        v->pre = e->pre;
+        v->clean_spaces = e->clean_spaces;
+        v->ignore_merges = e->ignore_merges;
+        v->add_bos = e->add_bos; /* tokenizer.ggml.add_bos_token, read later, overrides */
+        return EKV_OK;
     }
-    return EKV_OK;
+    return ekv_err(EKV_ERR_UNSUPPORTED,
+                   "%s: BPE pre-tokenizer '%.*s' (tokenizer.ggml.pre) is not supported "
+                   "(supported: default, gpt-2, llama3, qwen2, smollm, starcoder and their aliases)",
+                   src, (int)EKV_MIN(pre.len, (uint64_t)64), pre.ptr);
 }
 
 static enum ekv_status load_merges(struct ekv_vocab *v, const char *src, const struct gguf_file *f) {

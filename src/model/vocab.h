@@ -4,7 +4,9 @@
  *   "llama" — SentencePiece BPE (score-ordered merges, U+2581 for spaces,
  *             dummy-prefix space, <0xNN> byte fallback);
  *   "gpt2"  — byte-level BPE (GPT-2 byte mapping, ranked merges) with the
- *             GPT-2, Llama-3 or Qwen2 pre-tokenizer split.
+ *             pre-tokenizer split tokenizer.ggml.pre names: GPT-2, Llama-3,
+ *             Qwen2, StarCoder/SmolLM (digits apart), llama.cpp's "default"
+ *             (and their aliases in llama.cpp's table; others are refused).
  * A vocabulary comes from GGUF metadata (tokenizer.ggml.*) or from a
  * llama2.c tokenizer file (tok512.bin / tokenizer.bin). It is read-only after
  * loading, so one vocabulary may serve several threads.

@@ -15,8 +15,15 @@
 
 enum vocab_type { VOCAB_SPM = 0, VOCAB_BPE = 1 };
 
-/* BPE pre-tokenizer split (the regex each one implements is in tokenizer_bpe.c). */
-enum vocab_pre { PRE_NONE = 0, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2 };
+/* BPE pre-tokenizer split (the regexes each one implements are in tokenizer_bpe.c). */
+enum vocab_pre {
+    PRE_NONE = 0,
+    PRE_GPT2,      /* GPT-2's regex */
+    PRE_LLAMA3,    /* Llama-3's regex (digits in threes) */
+    PRE_QWEN2,     /* Llama-3's regex with single digits */
+    PRE_STARCODER, /* single digits first, then GPT-2's regex (StarCoder, SmolLM, Command-R ...) */
+    PRE_DEFAULT,   /* llama.cpp's fallback: punctuation runs, GPT-2, digit runs, digit triples */
+};
 
 /* Token attributes (llama.cpp's token types plus strip flags). */
 enum {

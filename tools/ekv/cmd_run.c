@@ -32,6 +32,10 @@ static void help(void) {
            "  -s, --seed N          sampling seed (default 3776)\n"
            "      --ignore-eos      keep generating after end of text\n"
            "      --no-display-prompt  do not echo the prompt\n"
+           "      --mmproj FILE     vision tower (llama.cpp-style mmproj GGUF) for --image\n"
+           "      --image FILE      image (JPEG/PNG) spliced where the prompt says <image>, or before the text\n"
+           "      --chat-template T none, llava-1.5 or chatml (default: llava-1.5 with --image, else none)\n"
+           "      --system TEXT     system prompt for the chat template (default: the template's own)\n"
            "      --json            print one JSON object (text, tokens, timings, cache) instead of text\n"
            "      --kv-trace FILE   write kept positions and merge weights per layer and KV head (JSON)\n"
            "                        after prefill and at the end\n"
@@ -121,6 +125,7 @@ static void print_kv_report(FILE *out, const struct ekv_seq *seq, const struct e
 
 static int cmd_run_main(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *trace_path = NULL;
+    const char *mmproj_path = NULL, *image_path = NULL, *chat_tmpl = NULL, *system_prompt = NULL;
     long n_predict = 128, threads = -1, n_ctx = 0;
     bool json = false, ignore_eos = false, display_prompt = true;
     struct ekv_sampler_params sp = ekv_sampler_default_params();
@@ -142,6 +147,10 @@ static int cmd_run_main(int argc, char **argv) {
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { prompt = v; i++; }
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { prompt_file = v; i++; }
         else if (!strcmp(a, "--kv-trace")) { trace_path = v; i++; }
+        else if (!strcmp(a, "--mmproj")) { mmproj_path = v; i++; }
+        else if (!strcmp(a, "--image")) { image_path = v; i++; }
+        else if (!strcmp(a, "--chat-template")) { chat_tmpl = v; i++; }
+        else if (!strcmp(a, "--system")) { system_prompt = v; i++; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             if (!cli_int(CMD, a, v, -1, 1L << 24, &n_predict)) return 1;
             i++;
@@ -174,6 +183,7 @@ static int cmd_run_main(int argc, char **argv) {
         } else return cli_usage_error(CMD, "unknown option: %s", a);
     }
     if (prompt && prompt_file) return cli_usage_error(CMD, "give either -p or -f, not both");
+    if (image_path && !mmproj_path) return cli_usage_error(CMD, "--image needs --mmproj (the vision tower)");
 
     int rc = 1;
     char *file_text = NULL;
@@ -183,7 +193,9 @@ static int cmd_run_main(int argc, char **argv) {
     struct ekv_sampler *smp = NULL;
     int32_t *toks = NULL, *gen = NULL;
     float *logits = NULL;
-    char *out_text = NULL;
+    char *out_text = NULL, *chat = NULL;
+    float *img_embd = NULL;
+    struct ekv_vision *vision = NULL;
     cJSON *trace = NULL;
     enum ekv_status s;
 
@@ -208,17 +220,50 @@ static int cmd_run_main(int argc, char **argv) {
     if ((s = ekv_sampler_new(&sp, &smp)) != EKV_OK) { cli_fail(CMD, s); goto done; }
     int32_t ctx_size = n_ctx > 0 ? (int32_t)n_ctx : mi.n_ctx_train;
 
-    size_t plen = strlen(prompt), n_tok = 0;
-    size_t cap = plen + 16;
-    toks = malloc(cap * sizeof *toks);
-    if (!toks) { fprintf(stderr, "ekv run: out of memory\n"); goto done; }
-    if ((s = ekv_tokenize(model, prompt, plen, true, true, toks, cap, &n_tok)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    if (n_tok == 0) { cli_usage_error(CMD, "the prompt is empty"); goto done; }
-    if ((int64_t)n_tok >= ctx_size) {
-        fprintf(stderr, "ekv run: error: prompt of %zu tokens does not fit the context of %d\n", n_tok, ctx_size);
+    /* chat template, then tokens around the image marker */
+    if (!chat_tmpl) chat_tmpl = image_path ? "llava-1.5" : "none";
+    size_t chat_len = 0;
+    if ((s = ekv_chat_format(chat_tmpl, system_prompt, prompt, image_path != NULL, NULL, 0, &chat_len)) != EKV_OK) {
+        cli_fail(CMD, s);
         goto done;
     }
-    if (n_predict < 0 || (int64_t)n_tok + n_predict > ctx_size) n_predict = ctx_size - (long)n_tok;
+    chat = malloc(chat_len + 1);
+    if (!chat || (s = ekv_chat_format(chat_tmpl, system_prompt, prompt, image_path != NULL, chat, chat_len + 1,
+                                      &chat_len)) != EKV_OK) {
+        cli_fail(CMD, chat ? s : EKV_ERR_NOMEM);
+        goto done;
+    }
+    size_t plen = chat_len, n_tok = 0;
+    /* SentencePiece byte fallback can need 3 tokens per byte (U+2581 for a space) */
+    size_t cap = 3 * plen + 16;
+    int32_t image_at = -1;
+    toks = malloc(cap * sizeof *toks);
+    if (!toks) { fprintf(stderr, "ekv run: out of memory\n"); goto done; }
+    if ((s = ekv_tokenize_prompt(model, chat, plen, toks, cap, &n_tok, &image_at)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    if (image_at >= 0 && !image_path) {
+        cli_usage_error(CMD, "the prompt has an %s marker but no --image was given", EKV_IMAGE_MARKER);
+        goto done;
+    }
+    int32_t n_img = 0;
+    double t_img = 0;
+    if (image_path) {
+        double ti = cli_now();
+        if ((s = ekv_vision_load(mmproj_path, &vision)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+        n_img = ekv_vision_n_tokens(vision);
+        img_embd = malloc((size_t)n_img * (size_t)ekv_vision_n_embd(vision) * sizeof(float));
+        if (!img_embd) { fprintf(stderr, "ekv run: out of memory for image embeddings\n"); goto done; }
+        if ((s = ekv_vision_encode_file(vision, ctx, image_path, img_embd)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+        t_img = cli_now() - ti;
+        fprintf(stderr, "ekv run: image %s: %d image tokens encoded in %.3f s\n", image_path, n_img, t_img);
+    }
+    if (n_tok == 0) { cli_usage_error(CMD, "the prompt is empty"); goto done; }
+    const int64_t n_prompt = (int64_t)n_tok + n_img;
+    if (n_prompt >= ctx_size) {
+        fprintf(stderr, "ekv run: error: prompt of %lld positions does not fit the context of %d\n",
+                (long long)n_prompt, ctx_size);
+        goto done;
+    }
+    if (n_predict < 0 || n_prompt + n_predict > ctx_size) n_predict = ctx_size - (long)n_prompt;
     gen = malloc(((size_t)n_predict + 1) * sizeof *gen);
     logits = malloc((size_t)mi.n_vocab * sizeof *logits);
     if (!gen || !logits) { fprintf(stderr, "ekv run: out of memory\n"); goto done; }
@@ -227,7 +272,9 @@ static int cmd_run_main(int argc, char **argv) {
         cJSON_AddStringToObject(trace, "model", model_path);
         cJSON_AddStringToObject(trace, "policy", kvp.policy ? kvp.policy : "full");
         cJSON_AddNumberToObject(trace, "budget", kvp.budget);
-        cJSON_AddNumberToObject(trace, "prompt_tokens", (double)n_tok);
+        cJSON_AddNumberToObject(trace, "prompt_tokens", (double)n_prompt);
+        cJSON_AddNumberToObject(trace, "image_tokens", n_img);
+        cJSON_AddNumberToObject(trace, "image_start", image_path ? image_at : -1);
         cJSON_AddArrayToObject(trace, "snapshots");
     }
 
@@ -236,9 +283,22 @@ static int cmd_run_main(int argc, char **argv) {
         fflush(stdout);
     }
     double t0 = cli_now();
-    if ((s = ekv_seq_prefill(seq, toks, (int32_t)n_tok, logits)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    {
+        struct ekv_segment segs[3];
+        int32_t ns = 0;
+        int32_t split = image_at >= 0 ? image_at : (image_path ? 0 : (int32_t)n_tok);
+        if (split > 0) segs[ns++] = (struct ekv_segment){.tokens = toks, .n = split, .tag = EKV_TAG_TEXT};
+        if (image_path) segs[ns++] = (struct ekv_segment){.embd = img_embd, .n = n_img, .tag = EKV_TAG_IMAGE};
+        if ((int32_t)n_tok > split)
+            segs[ns++] = (struct ekv_segment){.tokens = toks + split, .n = (int32_t)n_tok - split, .tag = EKV_TAG_TEXT};
+        struct ekv_input in = {.segs = segs, .n_segs = ns, .is_prompt = true};
+        if ((s = ekv_seq_eval(seq, &in, logits)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    }
     double t1 = cli_now();
-    if (trace) cJSON_AddItemToArray(cJSON_GetObjectItem(trace, "snapshots"), kv_snapshot(seq, &mi, "prefill"));
+    if (trace) {
+        cJSON_AddNumberToObject(trace, "window_start", (double)ekv_seq_kv_window_start(seq));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(trace, "snapshots"), kv_snapshot(seq, &mi, "prefill"));
+    }
     long n_gen = 0;
     double t_first = 0;
     const char *stop = "length";
@@ -292,10 +352,12 @@ static int cmd_run_main(int argc, char **argv) {
         cJSON *ga = cJSON_AddArrayToObject(o, "tokens");
         for (long i = 0; i < n_gen; i++) cJSON_AddItemToArray(ga, cJSON_CreateNumber(gen[i]));
         cJSON_AddStringToObject(o, "stop", stop);
-        cJSON_AddNumberToObject(o, "prompt_tokens", (double)n_tok);
+        cJSON_AddNumberToObject(o, "prompt_tokens", (double)n_prompt);
+        cJSON_AddNumberToObject(o, "image_tokens", n_img);
+        cJSON_AddNumberToObject(o, "image_encode_seconds", t_img);
         cJSON_AddNumberToObject(o, "generated_tokens", (double)n_gen);
         cJSON_AddNumberToObject(o, "prefill_seconds", pp_s);
-        cJSON_AddNumberToObject(o, "prefill_tokens_per_second", pp_s > 0 ? n_tok / pp_s : 0);
+        cJSON_AddNumberToObject(o, "prefill_tokens_per_second", pp_s > 0 ? n_prompt / pp_s : 0);
         cJSON_AddNumberToObject(o, "time_to_first_token_seconds", n_gen ? t_first - t0 : 0);
         cJSON_AddNumberToObject(o, "decode_seconds", tg_s);
         cJSON_AddNumberToObject(o, "decode_tokens_per_second", tg_s > 0 ? n_dec / tg_s : 0);
@@ -321,13 +383,16 @@ static int cmd_run_main(int argc, char **argv) {
     }
     print_kv_report(stderr, seq, &mi, pol, kvp.budget);
     fprintf(stderr,
-            "ekv run: prompt %zu tokens in %.3f s (%.1f tok/s), generated %ld tokens in %.3f s (%.1f tok/s), "
+            "ekv run: prompt %lld tokens in %.3f s (%.1f tok/s), generated %ld tokens in %.3f s (%.1f tok/s), "
             "stop: %s, threads %d, peak RSS %.1f MiB\n",
-            n_tok, pp_s, pp_s > 0 ? n_tok / pp_s : 0.0, n_gen, tg_s, tg_s > 0 ? n_dec / tg_s : 0.0, stop,
+            (long long)n_prompt, pp_s, pp_s > 0 ? n_prompt / pp_s : 0.0, n_gen, tg_s, tg_s > 0 ? n_dec / tg_s : 0.0, stop,
             cp.n_threads, cli_peak_rss() / 1048576.0);
     rc = 0;
 done:
     cJSON_Delete(trace);
+    ekv_vision_free(vision);
+    free(img_embd);
+    free(chat);
     free(out_text);
     free(logits);
     free(gen);
