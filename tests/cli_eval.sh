@@ -44,6 +44,25 @@ grep -q '"results"' "$T/b.json" && cmp -s "$T/b.json" "$T/b/results.json" && ok 
   --metric ppl,kl --stride 64 --kv-policy local --kv-budget 0.5 -o "$T/c" --no-plot > /dev/null 2>&1
 [ $? -eq 0 ] && grep -q "^local,0.5,ppl," "$T/c/results.csv" && ok || bad "text ppl"
 
+# images: the tiny-vlm preset (random weights of a real layout) with its mmproj;
+# an image item without --mmproj is refused, with it every metric runs and
+# VL-Cache at budget 1 equals the full cache
+"$EKV" mkmodel --preset tiny-vlm --seed 7 -o "$T/vlm.gguf" --mmproj-out "$T/vlm-mmproj.gguf" > /dev/null 2>&1 \
+  && ok || bad "mkmodel tiny-vlm"
+cat > "$T/img.jsonl" <<'JSONL'
+{"id":"img-1","instruction":"What is in the picture?","answer":"A person in a white suit holds a helmet.","image":"astronaut_crop.jpg"}
+{"id":"txt-1","instruction":"Describe a quiet morning.","answer":"The sun rose over the hills and the birds sang."}
+JSONL
+"$EKV" eval -m "$T/vlm.gguf" -f "$T/img.jsonl" -o "$T/img0" --no-plot > /dev/null 2> "$T/img0.err"
+[ $? -eq 1 ] && grep -q -- "--mmproj" "$T/img0.err" && ok || bad "image item without --mmproj must exit 1"
+"$EKV" eval -m "$T/vlm.gguf" --mmproj "$T/vlm-mmproj.gguf" --image-dir "$REPO/data/images" -f "$T/img.jsonl" \
+  -n 8 --metric ppl,rouge,kl,hitrate --kv-policy full,vlcache,h2o --kv-budget 0.5,1 -o "$T/img" --no-plot \
+  > /dev/null 2> "$T/img.err"
+[ $? -eq 0 ] && ok || { bad "image eval failed"; cat "$T/img.err" >&2; }
+fp=$(grep "^full,1,ppl," "$T/img/results.csv" | cut -d, -f4-); vp=$(grep "^vlcache,1,ppl," "$T/img/results.csv" | cut -d, -f4-)
+[ -n "$fp" ] && [ "$fp" = "$vp" ] && grep -q "^vlcache,1,kl,0," "$T/img/results.csv" && ok || bad "vlcache at 1 with an image: '$vp' vs '$fp'"
+grep -q "^vlcache,0.5,hit_rate," "$T/img/results.csv" && ok || bad "no hit rate with images"
+
 # bad input: exit 1 with a message
 for args in "--kv-budget 0.5,abc" "--kv-budget 0,0.5" "--kv-budget 1.5" "--kv-budget 0.5,0.5" \
             "--kv-policy h2o,nonsense" "--metric ppl,bleu" "--rouge x" "--format xml" "--no-such-flag" \

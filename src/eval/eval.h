@@ -27,6 +27,7 @@
  *            [--format jsonl|text|auto] [--doc-sep S] [--rouge pltrdy|sentence]
  *            [--limit N] [--offset N] [-n N] [--stride N] [-c N]
  *            [-o DIR] [--no-plot] [--json] [-t N] [-s SEED]
+ *            [--mmproj FILE] [--image-dir DIR] [--chat-template T]
  *
  *   Defaults: the bundled model and data/tinystories_eval.jsonl, metrics
  *   ppl,rouge,kl, policies full,local,h2o,elastic, budgets 0.2,0.5,1,
@@ -37,8 +38,8 @@
  *   "meta"), results.md and one gnuplot PNG per metric; the Markdown table
  *   (or the JSON with --json) goes to stdout, progress with ETA to stderr.
  *   Exit status 0 on success, 1 on bad usage or failure, 2 when results
- *   were written but plotting failed. Image items are refused until a
- *   vision tower exists (--mmproj).
+ *   were written but plotting failed. Items with an "image" need --mmproj
+ *   (the vision tower); the image's embeddings are part of the prompt.
  */
 
 /* ------------------------------------------------------------------------ */
@@ -352,6 +353,10 @@ struct ekv_eval_cfg {
     enum ekv_rouge_kind rouge;
     int32_t n_predict;           /* rouge: max new tokens per greedy answer (default 128) */
     int32_t stride;              /* text ppl: tokens per streamed chunk (default 96) */
+    struct ekv_vision *vision;   /* borrowed; NULL: items with an image are refused */
+    const char *image_dir;       /* relative "image" paths resolve against it (NULL: as written) */
+    const char *chat_template;   /* NULL: plain prompts (system + "\n" + instruction), and
+                                    "llava-1.5" for items with an image; else ekv_chat_format's name */
 };
 struct ekv_eval_cfg ekv_eval_default_cfg(void);
 
@@ -380,6 +385,9 @@ struct ekv_eval_unit {
     int32_t n_tokens;
     int32_t n_prompt;    /* JSONL: prompt tokens; text: the first chunk (stride) */
     bool stream;         /* text window: streamed in stride chunks */
+    char *image;         /* JSONL: resolved image path, or NULL */
+    int32_t image_at;    /* token index where the image embeddings go */
+    int32_t n_image;     /* image embeddings; the prompt spans n_prompt + n_image positions */
 };
 
 struct ekv_eval_runner {
@@ -398,7 +406,8 @@ struct ekv_eval_runner {
     int32_t n_scored;
     char *ref_text;                /* rouge: the full cache's greedy answer, or NULL
                                       when it is empty (item then has no ROUGE) */
-    float *ref_attn;               /* hitrate: [n_layer][n_head_kv][n_prompt] attention of the
+    float *img_embd;               /* [n_image][n_embd] the prepared unit's image, encoded once */
+    float *ref_attn;               /* hitrate: [n_layer][n_head_kv][n_prompt + n_image] attention of the
                                       first answer token's query over the prompt, full cache */
     /* scratch */
     float *logits;                 /* [n_ctx + 1][n_vocab] */
@@ -409,14 +418,15 @@ struct ekv_eval_runner {
 
 /* Tokenises every selected item into units. JSONL: prompt = system + "\n" +
  * instruction when a system prompt is present (plain concatenation, no chat
- * template) tokenised with BOS; answer tokenised without BOS as a
- * continuation, no EOS. An item whose prompt does not leave room in n_ctx
+ * template) tokenised with BOS, or the cfg's chat template (llava-1.5 for
+ * items with an image, whose embeddings go where the template's <image>
+ * marker is); answer tokenised without BOS as a continuation, no EOS. An item whose prompt does not leave room in n_ctx
  * for its teacher-forced answer (n_prompt + n_answer - 2 > n_ctx), or with
  * an empty prompt, is skipped with a message (runner->skipped). Text:
  * the document tokenised with BOS and cut into windows of n_ctx tokens,
  * each a fresh sequence; windows of at most `stride` tokens score nothing
  * and are skipped. rouge and hitrate need JSONL; ppl, kl and hitrate need
- * answers; images are EKV_ERR_UNSUPPORTED. */
+ * answers; images without cfg->vision are EKV_ERR_UNSUPPORTED. */
 enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_context *ctx,
                                      const struct ekv_dataset *ds, const struct ekv_eval_cfg *cfg);
 void ekv_eval_runner_free(struct ekv_eval_runner *r);

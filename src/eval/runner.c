@@ -64,6 +64,29 @@ static enum ekv_status tokenize_alloc(const struct ekv_model *m, const char *tex
     return ekv_err(EKV_ERR_INTERNAL, "tokenizer asked for more room twice");
 }
 
+/* ekv_tokenize_prompt into a malloc'd array: BOS, the text around one
+ * <image> marker; *image_at as there. */
+static enum ekv_status tokenize_prompt_alloc(const struct ekv_model *m, const char *text, int32_t **toks, size_t *n,
+                                             int32_t *image_at) {
+    size_t len = strlen(text), cap = len + 16, got = 0;
+    *toks = NULL;
+    *n = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int32_t *t = malloc(cap * sizeof *t);
+        if (!t) return ekv_err(EKV_ERR_NOMEM, "no memory for %zu tokens", cap);
+        enum ekv_status s = ekv_tokenize_prompt(m, text, len, t, cap, &got, image_at);
+        if (s == EKV_OK) {
+            *toks = t;
+            *n = got;
+            return EKV_OK;
+        }
+        free(t);
+        if (s != EKV_ERR_INVALID_ARG || got <= cap) return s;
+        cap = got;
+    }
+    return ekv_err(EKV_ERR_INTERNAL, "tokenizer asked for more room twice");
+}
+
 static enum ekv_status add_skip(struct ekv_eval_runner *r, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static enum ekv_status add_skip(struct ekv_eval_runner *r, const char *fmt, ...) {
@@ -89,7 +112,7 @@ static enum ekv_status add_unit(struct ekv_eval_runner *r, size_t item, int32_t 
     }
     r->units = nu;
     nu[r->n_units++] = (struct ekv_eval_unit){
-        .item = item, .tokens = tokens, .n_tokens = n, .n_prompt = n_prompt, .stream = stream};
+        .item = item, .tokens = tokens, .n_tokens = n, .n_prompt = n_prompt, .stream = stream, .image_at = -1};
     return EKV_OK;
 }
 
@@ -105,59 +128,97 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     const bool tf = m & (EKV_METRIC_PPL | EKV_METRIC_KL);
     char name[160];
     item_name(it, name, sizeof name);
-    if (it->image)
-        return ekv_err(EKV_ERR_UNSUPPORTED, "%s has an image ('%s'): images need --mmproj (not supported yet)",
+    if (it->image && !r->cfg.vision)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "%s has an image ('%s'): images need a vision tower (--mmproj)",
                        name, it->image);
     if ((m & (EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_HITRATE)) && !it->answer)
         return ekv_err(EKV_ERR_INVALID_ARG, "%s has no answer, which ppl, kl and hitrate need", name);
-    char *prompt = NULL;
-    if (it->system) {
+    char *prompt = NULL, *image = NULL;
+    int32_t image_at = -1, n_image = 0;
+    const char *tmpl = r->cfg.chat_template ? r->cfg.chat_template : it->image ? "llava-1.5" : NULL;
+    if (it->image) {
+        n_image = ekv_vision_n_tokens(r->cfg.vision);
+        const char *dir = r->cfg.image_dir;
+        size_t need = strlen(it->image) + (dir ? strlen(dir) : 0) + 2;
+        if (!(image = malloc(need))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        if (dir && it->image[0] != '/') snprintf(image, need, "%s/%s", dir, it->image);
+        else snprintf(image, need, "%s", it->image);
+    }
+    if (tmpl) {
+        size_t n = 0;
+        enum ekv_status fs = ekv_chat_format(tmpl, it->system, it->instruction, it->image != NULL, NULL, 0, &n);
+        if (fs == EKV_OK && !(prompt = malloc(n + 1))) fs = ekv_err(EKV_ERR_NOMEM, "out of memory");
+        if (fs == EKV_OK) fs = ekv_chat_format(tmpl, it->system, it->instruction, it->image != NULL, prompt, n + 1, &n);
+        if (fs != EKV_OK) {
+            free(prompt);
+            free(image);
+            return ekv_err_prefix(fs, "%s", name);
+        }
+    } else if (it->system) {
         size_t a = strlen(it->system), b = strlen(it->instruction);
         prompt = malloc(a + b + 2);
-        if (!prompt) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        if (!prompt) {
+            free(image);
+            return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        }
         memcpy(prompt, it->system, a);
         prompt[a] = '\n';
         memcpy(prompt + a + 1, it->instruction, b + 1);
     }
     int32_t *pt = NULL, *at = NULL;
     size_t np = 0, na = 0;
-    enum ekv_status s = tokenize_alloc(r->model, prompt ? prompt : it->instruction, true, &pt, &np);
+    enum ekv_status s = tmpl ? tokenize_prompt_alloc(r->model, prompt, &pt, &np, &image_at)
+                             : tokenize_alloc(r->model, prompt ? prompt : it->instruction, true, &pt, &np);
     free(prompt);
+    if (it->image && image_at < 0) image_at = 0; /* no marker: the image goes first (as ekv run) */
     if (s == EKV_OK && it->answer) s = tokenize_alloc(r->model, it->answer, false, &at, &na);
     if (s != EKV_OK) {
         free(pt);
         free(at);
+        free(image);
         return ekv_err_prefix(s, "%s", name);
     }
     const char *why = NULL;
     char wbuf[200];
+    const size_t P = np + (size_t)n_image; /* prompt positions */
     if (np == 0) why = "the prompt has no tokens";
-    else if (np >= (size_t)r->n_ctx) {
-        snprintf(wbuf, sizeof wbuf, "prompt of %zu tokens leaves no room in the context of %d", np, r->n_ctx);
+    else if (P >= (size_t)r->n_ctx) {
+        snprintf(wbuf, sizeof wbuf, "prompt of %zu positions leaves no room in the context of %d", P, r->n_ctx);
         why = wbuf;
     } else if (tf && na < 2) {
         snprintf(wbuf, sizeof wbuf, "answer of %zu token(s) scores nothing (a-1 tokens are scored)", na);
         why = wbuf;
     } else if ((m & EKV_METRIC_HITRATE) && na < 1) {
         why = "empty answer (hitrate needs its first token)";
-    } else if (tf && np + na - 2 > (size_t)r->n_ctx) {
-        snprintf(wbuf, sizeof wbuf, "prompt %zu + answer %zu tokens exceed the context of %d", np, na, r->n_ctx);
+    } else if (tf && P + na - 2 > (size_t)r->n_ctx) {
+        snprintf(wbuf, sizeof wbuf, "prompt %zu + answer %zu positions exceed the context of %d", P, na, r->n_ctx);
         why = wbuf;
     }
     if (why) {
         free(pt);
         free(at);
+        free(image);
         return add_skip(r, "%s: %s", name, why);
     }
     int32_t *all = realloc(pt, (np + na + 1) * sizeof *all);
     if (!all) {
         free(pt);
         free(at);
+        free(image);
         return ekv_err(EKV_ERR_NOMEM, "out of memory");
     }
     if (na) memcpy(all + np, at, na * sizeof *at);
     free(at);
-    return add_unit(r, i, all, (int32_t)(np + na), (int32_t)np, false);
+    s = add_unit(r, i, all, (int32_t)(np + na), (int32_t)np, false);
+    if (s != EKV_OK) {
+        free(image);
+        return s;
+    }
+    struct ekv_eval_unit *u = &r->units[r->n_units - 1];
+    u->image = image;
+    u->image_at = image_at;
+    u->n_image = n_image;
+    return EKV_OK;
 }
 
 static enum ekv_status init_text_item(struct ekv_eval_runner *r, size_t i) {
@@ -213,6 +274,15 @@ enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_conte
                        "eval: metrics rouge and hitrate need a JSONL set with instructions (text supports ppl, kl)");
     if (ds->format == EKV_DATA_TEXT && cfg->stride >= r->n_ctx)
         return ekv_err(EKV_ERR_INVALID_ARG, "eval: stride %d must be below the context %d", cfg->stride, r->n_ctx);
+    if (cfg->vision) {
+        if (ekv_vision_n_embd(cfg->vision) != mi.n_embd)
+            return ekv_err(EKV_ERR_INVALID_ARG, "eval: the vision tower gives %d-wide embeddings, the model takes %d",
+                           ekv_vision_n_embd(cfg->vision), mi.n_embd);
+        size_t cells;
+        if (!ekv_mul_ok((size_t)ekv_vision_n_tokens(cfg->vision), (size_t)mi.n_embd, &cells) ||
+            !(r->img_embd = malloc((cells ? cells : 1) * sizeof(float))))
+            return ekv_err(EKV_ERR_NOMEM, "eval: no memory for image embeddings");
+    }
     enum ekv_status s = EKV_OK;
     for (size_t i = 0; i < ds->n_items && s == EKV_OK; i++)
         s = ds->format == EKV_DATA_TEXT ? init_text_item(r, i) : init_jsonl_item(r, i);
@@ -240,7 +310,11 @@ static void ref_clear(struct ekv_eval_runner *r) {
 void ekv_eval_runner_free(struct ekv_eval_runner *r) {
     if (!r) return;
     ref_clear(r);
-    for (size_t i = 0; i < r->n_units; i++) free(r->units[i].tokens);
+    for (size_t i = 0; i < r->n_units; i++) {
+        free(r->units[i].tokens);
+        free(r->units[i].image);
+    }
+    free(r->img_embd);
     free(r->units);
     for (size_t i = 0; i < r->n_skipped; i++) free(r->skipped[i]);
     free(r->skipped);
@@ -261,6 +335,24 @@ static int32_t unit_n_scored(const struct ekv_eval_unit *u) {
     return u->stream ? u->n_tokens - u->n_prompt : u->n_tokens - u->n_prompt - 1;
 }
 
+static int32_t unit_positions(const struct ekv_eval_unit *u) { return u->n_prompt + u->n_image; }
+
+/* Reads a JSONL unit's prompt (text, or text around the image's
+ * embeddings) as one prompt the policy compresses; logits of the last position. */
+static enum ekv_status prefill_unit(struct ekv_eval_runner *r, struct ekv_seq *seq, const struct ekv_eval_unit *u,
+                                    float *logits) {
+    if (u->n_image == 0) return ekv_seq_prefill(seq, u->tokens, u->n_prompt, logits);
+    struct ekv_segment sg[3];
+    int32_t ns = 0;
+    if (u->image_at > 0) sg[ns++] = (struct ekv_segment){.tokens = u->tokens, .n = u->image_at, .tag = EKV_TAG_TEXT};
+    sg[ns++] = (struct ekv_segment){.embd = r->img_embd, .n = u->n_image, .tag = EKV_TAG_IMAGE};
+    if (u->n_prompt > u->image_at)
+        sg[ns++] = (struct ekv_segment){.tokens = u->tokens + u->image_at, .n = u->n_prompt - u->image_at,
+                                        .tag = EKV_TAG_TEXT};
+    struct ekv_input in = {.segs = sg, .n_segs = ns, .is_prompt = true, .logits_all = false};
+    return ekv_seq_eval(seq, &in, logits);
+}
+
 /* Teacher-forced scoring (JSONL, §13.1) or chunked streaming (text, §13.3). */
 static enum ekv_status run_scored(struct ekv_eval_runner *r, struct ekv_seq *seq, const struct ekv_eval_unit *u,
                                   score_fn fn, prompt_fn pfn, void *ud) {
@@ -270,7 +362,7 @@ static enum ekv_status run_scored(struct ekv_eval_runner *r, struct ekv_seq *seq
     if (!u->stream) {
         const int32_t *ans = u->tokens + u->n_prompt;
         const int32_t a = u->n_tokens - u->n_prompt;
-        if ((s = ekv_seq_prefill(seq, u->tokens, u->n_prompt, lg)) != EKV_OK) return s;
+        if ((s = prefill_unit(r, seq, u, lg)) != EKV_OK) return s;
         if (pfn && (s = pfn(ud, seq)) != EKV_OK) return s;
         if (fn && a >= 2 && (s = fn(ud, 0, lg, ans[0])) != EKV_OK) return s;
         for (int32_t k = 1; fn && k <= a - 2; k++) {
@@ -306,9 +398,9 @@ static enum ekv_status run_greedy(struct ekv_eval_runner *r, struct ekv_seq *seq
     float *lg = r->logits;
     enum ekv_status s;
     *n_gen = 0;
-    if ((s = ekv_seq_prefill(seq, u->tokens, u->n_prompt, lg)) != EKV_OK) return s;
-    /* the last generated token is not fed, so n_prompt + max - 1 <= n_ctx */
-    int32_t max = EKV_MIN(r->cfg.n_predict, r->n_ctx - u->n_prompt + 1);
+    if ((s = prefill_unit(r, seq, u, lg)) != EKV_OK) return s;
+    /* the last generated token is not fed, so prompt + max - 1 <= n_ctx */
+    int32_t max = EKV_MIN(r->cfg.n_predict, r->n_ctx - unit_positions(u) + 1);
     int32_t n = 0;
     while (n < max) {
         size_t t;
@@ -374,6 +466,8 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
     const unsigned m = r->cfg.metrics;
     struct ekv_seq *seq = NULL;
     enum ekv_status s = EKV_OK;
+    if (u->n_image > 0 && (s = ekv_vision_encode_file(r->cfg.vision, r->ctx, u->image, r->img_embd)) != EKV_OK)
+        return ekv_err_prefix(s, "image '%s'", u->image);
     if (m & EKV_METRIC_KL) {
         r->n_scored = unit_n_scored(u);
         size_t cells;
@@ -399,7 +493,7 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
         }
     }
     if (m & EKV_METRIC_HITRATE) {
-        const size_t P = (size_t)u->n_prompt;
+        const size_t P = (size_t)unit_positions(u);
         size_t cells = (size_t)r->n_layer * (size_t)r->n_head_kv;
         if (!ekv_mul_ok(cells, P, &cells) || !(r->ref_attn = malloc(cells * sizeof(float)))) {
             s = ekv_err(EKV_ERR_NOMEM, "eval: no memory for the reference attention");
@@ -407,14 +501,14 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
         }
         if ((s = ekv_seq_new(r->ctx, NULL, &seq)) != EKV_OK) goto fail;
         seq->kv->extra_stats = EKV_STAT_LASTROW;
-        s = ekv_seq_prefill(seq, u->tokens, u->n_prompt, NULL);
+        s = prefill_unit(r, seq, u, NULL);
         if (s == EKV_OK) s = ekv_seq_decode(seq, u->tokens[u->n_prompt], NULL);
         for (int32_t l = 0; s == EKV_OK && l < r->n_layer; l++)
             for (int32_t h = 0; s == EKV_OK && h < r->n_head_kv; h++) {
                 const struct ekv_kv_head *hd = &seq->kv->layers[l].heads[h];
-                if (!hd->lastrow || hd->len != u->n_prompt + 1) {
-                    s = ekv_err(EKV_ERR_INTERNAL, "eval: full cache holds %d entries, expected %d, or no attention row",
-                                hd->len, u->n_prompt + 1);
+                if (!hd->lastrow || (size_t)hd->len != P + 1) {
+                    s = ekv_err(EKV_ERR_INTERNAL, "eval: full cache holds %d entries, expected %zu, or no attention row",
+                                hd->len, P + 1);
                     break;
                 }
                 memcpy(r->ref_attn + ((size_t)l * (size_t)r->n_head_kv + (size_t)h) * P, hd->lastrow,
@@ -454,7 +548,7 @@ static enum ekv_status score_cell(void *ud, int32_t idx, const float *logits, in
 static enum ekv_status hitrate_cell(void *ud, struct ekv_seq *seq) {
     struct cell_ctx *c = ud;
     struct ekv_eval_runner *r = c->r;
-    const size_t P = (size_t)c->u->n_prompt;
+    const size_t P = (size_t)unit_positions(c->u);
     int32_t *pos = malloc(P * sizeof *pos);
     uint32_t *kept = malloc(P * sizeof *kept);
     enum ekv_status s = (pos && kept) ? EKV_OK : ekv_err(EKV_ERR_NOMEM, "out of memory");

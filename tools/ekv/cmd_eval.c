@@ -69,7 +69,10 @@ static void help(void) {
            "      --json            print the JSON results on stdout instead of the Markdown table\n"
            "  -t, --threads N       worker threads (results do not depend on it)\n"
            "  -s, --seed N          seed of the random policy (same as --kv-seed)\n"
-           "      --mmproj FILE     vision projector for image items (not supported yet)\n"
+           "      --mmproj FILE     vision tower (llama.cpp-style mmproj GGUF) for items with an \"image\"\n"
+           "      --image-dir DIR   relative image paths resolve against DIR (default: the data file's folder)\n"
+           "      --chat-template T none, llava-1.5 or chatml (default: plain system + \"\\n\" + instruction;\n"
+           "                        llava-1.5 for items with an image)\n"
            "  -h, --help            this help\n\n"
            "Progress with ETA goes to stderr. Exit status: 0 success, 1 bad usage or failure,\n"
            "2 results written but plotting failed.\n\n"
@@ -157,6 +160,7 @@ static int cmd_eval_main(int argc, char **argv) {
     const char *metric_list = "ppl,rouge,kl", *rouge_kind = "pltrdy", *format = "auto";
     const char *policy_list = "full,local,h2o,elastic", *budget_list = "0.2,0.5,1", *out_dir = "eval-out";
     long limit = 0, offset = 0, n_predict = 128, stride = 96, n_ctx = 0, threads = -1, seed = -1;
+    const char *mmproj = NULL, *image_dir = NULL, *chat_tmpl = NULL;
     bool json = false, plot = true;
     struct ekv_kv_params kvp = ekv_kv_default_params();
     for (int i = 1; i < argc; i++) {
@@ -183,9 +187,10 @@ static int cmd_eval_main(int argc, char **argv) {
         else if (!strcmp(a, "--metric")) { metric_list = v; i++; }
         else if (!strcmp(a, "--rouge")) { rouge_kind = v; i++; }
         else if (!strcmp(a, "-o") || !strcmp(a, "--out")) { out_dir = v; i++; }
-        else if (!strcmp(a, "--mmproj")) {
-            return cli_usage_error(CMD, "--mmproj: images are not supported yet (no vision tower in this build)");
-        } else if (!strcmp(a, "--limit")) { if (!cli_int(CMD, a, v, 0, LONG_MAX, &limit)) return 1; i++; }
+        else if (!strcmp(a, "--mmproj")) { mmproj = v; i++; }
+        else if (!strcmp(a, "--image-dir")) { image_dir = v; i++; }
+        else if (!strcmp(a, "--chat-template")) { chat_tmpl = v; i++; }
+        else if (!strcmp(a, "--limit")) { if (!cli_int(CMD, a, v, 0, LONG_MAX, &limit)) return 1; i++; }
         else if (!strcmp(a, "--offset")) { if (!cli_int(CMD, a, v, 0, LONG_MAX, &offset)) return 1; i++; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { if (!cli_int(CMD, a, v, 1, 1L << 20, &n_predict)) return 1; i++; }
         else if (!strcmp(a, "--stride")) { if (!cli_int(CMD, a, v, 1, 1L << 24, &stride)) return 1; i++; }
@@ -211,6 +216,12 @@ static int cmd_eval_main(int argc, char **argv) {
         return cli_usage_error(CMD, "--rouge: %s", ekv_last_error());
     if (ekv_data_format_parse(format, &dopts.format) != EKV_OK)
         return cli_usage_error(CMD, "--format: %s", ekv_last_error());
+    if (chat_tmpl) {
+        bool known = false;
+        for (int k = 0; k < ekv_chat_template_count(); k++) known |= !strcmp(chat_tmpl, ekv_chat_template_name(k));
+        if (!known) return cli_usage_error(CMD, "--chat-template: unknown template '%s'", chat_tmpl);
+    }
+    cfg.chat_template = chat_tmpl;
     char **policies = NULL;
     size_t n_pol = 0, n_bud = 0, n_cells = 0;
     double *budgets = NULL;
@@ -233,6 +244,8 @@ static int cmd_eval_main(int argc, char **argv) {
     struct ekv_dataset ds = {0};
     struct ekv_eval_runner run;
     memset(&run, 0, sizeof run);
+    struct ekv_vision *vision = NULL;
+    char *data_dir = NULL;
     struct ekv_eval_cell *acc = NULL;
     double *cell_s = NULL;
     struct ekv_report rep;
@@ -263,6 +276,19 @@ static int cmd_eval_main(int argc, char **argv) {
         fprintf(stderr, "ekv eval: error: '%s' has no item in the selection (offset %ld, limit %ld)\n", data_path,
                 offset, limit);
         goto done;
+    }
+    if (mmproj) {
+        if ((s = ekv_vision_load(mmproj, &vision)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+        cfg.vision = vision;
+        if (!image_dir) { /* the data file's folder */
+            data_dir = strdup(data_path);
+            if (!data_dir) goto done;
+            char *slash = strrchr(data_dir, '/');
+            if (slash) *slash = 0;
+            else strcpy(data_dir, ".");
+            image_dir = data_dir;
+        }
+        cfg.image_dir = image_dir;
     }
     if ((s = ekv_eval_runner_init(&run, ctx, &ds, &cfg)) != EKV_OK) { cli_fail(CMD, s); goto done; }
     for (size_t i = 0; i < run.n_skipped; i++) fprintf(stderr, "ekv eval: skipped: %s\n", run.skipped[i]);
@@ -316,6 +342,8 @@ static int cmd_eval_main(int argc, char **argv) {
     cJSON_AddStringToObject(meta, "format", ds.format == EKV_DATA_TEXT ? "text" : "jsonl");
     cJSON_AddStringToObject(meta, "metrics", metric_list);
     cJSON_AddStringToObject(meta, "rouge", ekv_rouge_kind_name(cfg.rouge));
+    if (mmproj) cJSON_AddStringToObject(meta, "mmproj", mmproj);
+    if (chat_tmpl) cJSON_AddStringToObject(meta, "chat_template", chat_tmpl);
     cJSON_AddNumberToObject(meta, "n_predict", cfg.n_predict);
     cJSON_AddNumberToObject(meta, "stride", cfg.stride);
     cJSON_AddNumberToObject(meta, "n_ctx", run.n_ctx);
@@ -383,6 +411,8 @@ done:
     free(cell_s);
     ekv_eval_runner_free(&run); /* also after a failed init, which leaves partial state */
     ekv_dataset_free(&ds);
+    ekv_vision_free(vision);
+    free(data_dir);
     ekv_context_free(ctx);
     ekv_model_free(model);
     free(cells);
