@@ -553,23 +553,37 @@ static void test_dataset_text(void) {
 static void test_dataset_shipped_and_shared(void) {
     struct ekv_data_opts o = ekv_data_default_opts();
     struct ekv_dataset ds, stories;
-    /* data/tinystories_eval.jsonl: 5 items; each is a story of the shared
-     * sample cut in two (instruction + whitespace + answer = the story) */
+    /* data/tinystories_eval.jsonl: 19 items, the 5 stories of the shared
+     * sample each cut at up to 4 sentence ends (30/40/50/60%; two fractions
+     * of story 1 land on one cut); each item is its story cut in two
+     * (instruction + whitespace + answer = the story), its id names the
+     * story and the fraction, no story appears twice with the same cut. */
     o.require_answer = true;
     CHECK_OK(ekv_dataset_load(tu_src("data/tinystories_eval.jsonl"), &o, &ds));
     struct ekv_data_opts to = ekv_data_default_opts();
     to.format = EKV_DATA_TEXT;
     to.doc_sep = "<|endoftext|>";
     CHECK_OK(ekv_dataset_load(tu_shared("data/perplexity/tinystories_sample.txt"), &to, &stories));
-    CHECK(ds.n_items == 5 && stories.n_items == 5);
-    for (size_t i = 0; i < ds.n_items && i < stories.n_items; i++) {
-        const char *st = stories.items[i].text, *in = ds.items[i].instruction, *an = ds.items[i].answer;
+    CHECK(ds.n_items == 19 && stories.n_items == 5);
+    size_t per_story[5] = {0}, prev_li = 0, prev_story = 0;
+    for (size_t i = 0; i < ds.n_items; i++) {
+        unsigned sn = 0, frac = 0;
+        CHECK_MSG(ds.items[i].id && sscanf(ds.items[i].id, "tinystories-sample-%u-%u", &sn, &frac) == 2 &&
+                  sn >= 1 && sn <= 5 && frac >= 30 && frac <= 60, "item %zu id", i);
+        if (sn < 1 || sn > 5) continue;
+        per_story[sn - 1]++;
+        const char *st = stories.items[sn - 1].text, *in = ds.items[i].instruction, *an = ds.items[i].answer;
         size_t ls = strlen(st), li = strlen(in), la = strlen(an);
         CHECK_MSG(strncmp(st, in, li) == 0 && ls >= li + la && strcmp(st + ls - la, an) == 0 &&
                   ls - li - la >= 1 && ls - li - la <= 2, "item %zu", i);
-        /* the cut is near 40% of the story */
-        CHECK_MSG(li * 100 >= 40 * ls && li * 100 <= 55 * ls, "item %zu: %zu of %zu", i, li, ls);
+        /* the cut lies at or after its fraction, before the next one + slack */
+        CHECK_MSG(li * 100 >= frac * ls && li * 100 <= (frac + 20) * ls, "item %zu: %zu of %zu", i, li, ls);
+        /* cuts of one story grow */
+        if (sn == prev_story) CHECK_MSG(li > prev_li, "item %zu repeats a cut", i);
+        prev_story = sn;
+        prev_li = li;
     }
+    for (size_t k = 0; k < 5; k++) CHECK_MSG(per_story[k] >= 3 && per_story[k] <= 4, "story %zu", k + 1);
     ekv_dataset_free(&ds);
     ekv_dataset_free(&stories);
     /* XSum (article/summary_gt), AlpacaEval (instruction/output), the HF XSum

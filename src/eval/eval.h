@@ -20,67 +20,26 @@
 #include "ekv.h"
 
 /*
- * Planned CLI (tools/ekv/cmd_eval.c, not wired yet):
+ * The CLI (tools/ekv/cmd_eval.c; `ekv eval --help` is the reference):
  *
- *   ekv eval -m MODEL -f DATA [options]
+ *   ekv eval [-m MODEL] [-f DATA] [--metric ppl,rouge,kl,hitrate]
+ *            [--kv-policy LIST] [--kv-budget LIST] [other --kv-* flags]
+ *            [--format jsonl|text|auto] [--doc-sep S] [--rouge pltrdy|sentence]
+ *            [--limit N] [--offset N] [-n N] [--stride N] [-c N]
+ *            [-o DIR] [--no-plot] [--json] [-t N] [-s SEED]
+ *            [--mmproj FILE] [--image-dir DIR] [--chat-template T]
  *
- *   -m, --model FILE       GGUF or llama2.c checkpoint (default: the bundled
- *                          models/stories260K.gguf when present)
- *   -f, --data FILE        evaluation set: JSONL (one object per line, fields
- *                          below) or a plain text file
- *       --format F         jsonl | text | auto (default auto: ".jsonl"/".json"
- *                          suffix => jsonl, anything else => text)
- *       --doc-sep S        text format: split the file into documents at S
- *                          (e.g. "<|endoftext|>"); default: one document
- *       --metric LIST      comma-separated subset of ppl,rouge,kl,hitrate
- *                          (default ppl)
- *                            ppl     jsonl: instruction (+system, +image)
- *                                    prefilled and compressed, answer
- *                                    teacher-forced token by token with the
- *                                    decode-time policy active; text: the
- *                                    document streamed in --stride chunks
- *                                    with the policy active (EasyKV style).
- *                                    PPL = exp(mean NLL), token-weighted over
- *                                    all items (POLICIES.md §13.1, §13.3).
- *                            rouge   greedy answer under the policy vs greedy
- *                                    answer with the full cache; ROUGE-L F1/P/R
- *                                    (default: pltrdy rouge 1.0.1 "rouge-l",
- *                                    --rouge sentence for plain LCS), macro
- *                                    mean over items (§13.2).
- *                            kl      mean KL(full || policy) of next-token
- *                                    distributions on teacher-forced answer
- *                                    tokens, plus top-1 agreement.
- *                            hitrate VL-Cache CacheHitRate and RoCo Jaccard of
- *                                    kept tokens vs top-k of the next query's
- *                                    full attention, mean over layers, KV
- *                                    heads and decode steps.
- *       --rouge KIND         pltrdy (default) | sentence
- *       --kv-policy LIST     comma-separated policies, e.g. full,h2o,elastic
- *       --kv-budget LIST     comma-separated kept fractions in (0,1], e.g.
- *                            1,0.5,0.2; policies x budgets run as a grid
- *                            ("full" runs once, at budget 1)
- *       --limit N            evaluate at most N items (0 = all)
- *       --offset N           skip the first N items (non-blank lines)
- *   -n, --n-predict N        max new tokens for greedy answers (rouge;
- *                            default 256)
- *       --stride N           text ppl: tokens fed per chunk (default 1)
- *   -c, --ctx N              context length cap; longer items are truncated
- *                            (text) or skipped with a warning (jsonl)
- *   -o, --out DIR            write results.csv, results.json, results.md,
- *                            per-item items.jsonl and <metric>.png there
- *       --json               print the JSON summary on stdout instead of the
- *                            Markdown table
- *   -t, --threads N          worker threads
- *   -s, --seed N             seed for the random policy (results are
- *                            deterministic for a given seed and thread count)
- *       --mmproj FILE        vision projector for image items
- *       --image-dir DIR      resolve relative "image" fields against DIR
- *                            (default: the data file's directory)
- *       --no-plot            skip gnuplot
- *
- *   Progress with ETA goes to stderr (ekv_eval_format_progress); exit status
- *   0 on success, 1 on bad usage or unreadable input, 2 when results were
- *   written but plotting failed.
+ *   Defaults: the bundled model and data/tinystories_eval.jsonl, metrics
+ *   ppl,rouge,kl, policies full,local,h2o,elastic, budgets 0.2,0.5,1,
+ *   -n 128, --stride 96, -c the model file's context, -o eval-out.
+ *   Policies x budgets run as a grid ("full" once, at budget 1); the
+ *   protocols are those of ekv_eval_unit_run below. DIR receives
+ *   results.csv (deterministic: no timings), results.json (with timings in
+ *   "meta"), results.md and one gnuplot PNG per metric; the Markdown table
+ *   (or the JSON with --json) goes to stdout, progress with ETA to stderr.
+ *   Exit status 0 on success, 1 on bad usage or failure, 2 when results
+ *   were written but plotting failed. Items with an "image" need --mmproj
+ *   (the vision tower); the image's embeddings are part of the prompt.
  */
 
 /* ------------------------------------------------------------------------ */
@@ -381,5 +340,149 @@ struct ekv_plot_opts {
  * user can run them later. */
 enum ekv_status ekv_report_plot(const struct ekv_report *rep, const char *dir,
                                 const struct ekv_plot_opts *opts);
+
+/* ------------------------------------------------------------------------ */
+/* Runner: the per-item protocols on a model (src/eval/runner.c)              */
+/* ------------------------------------------------------------------------ */
+
+struct ekv_context;
+
+/* What to measure and how. */
+struct ekv_eval_cfg {
+    unsigned metrics;            /* EKV_METRIC_* bits */
+    enum ekv_rouge_kind rouge;
+    int32_t n_predict;           /* rouge: max new tokens per greedy answer (default 128) */
+    int32_t stride;              /* text ppl: tokens per streamed chunk (default 96) */
+    struct ekv_vision *vision;   /* borrowed; NULL: items with an image are refused */
+    const char *image_dir;       /* relative "image" paths resolve against it (NULL: as written) */
+    const char *chat_template;   /* NULL: plain prompts (system + "\n" + instruction), and
+                                    "llava-1.5" for items with an image; else ekv_chat_format's name */
+};
+struct ekv_eval_cfg ekv_eval_default_cfg(void);
+
+/* Accumulators of one grid cell (policy, budget), summed over units. */
+struct ekv_eval_cell {
+    struct ekv_ppl_acc ppl;       /* pooled over every scored token */
+    struct ekv_kl_acc kl;         /* KL(full || policy) and top-1 agreement */
+    struct ekv_mean_acc rouge_f;  /* macro means over items */
+    struct ekv_mean_acc rouge_p;
+    struct ekv_mean_acc rouge_r;
+    struct ekv_mean_acc hit_rate; /* mean over items x layers x KV heads */
+    struct ekv_mean_acc jaccard;
+    struct ekv_mean_acc kv_frac;  /* cache entries / full-cache entries at the
+                                     end of each teacher-forced (or greedy,
+                                     or prompt-only) run, mean over units */
+};
+void ekv_eval_cell_init(struct ekv_eval_cell *c);
+
+/* An evaluation unit is what one fresh sequence processes: a JSONL item
+ * (prompt + answer) or one window of at most n_ctx tokens of a text
+ * document. */
+struct ekv_eval_unit {
+    size_t item;         /* index into the dataset */
+    int32_t *tokens;     /* [n_tokens] JSONL: prompt (with BOS) then answer
+                            (no BOS, no EOS); text: the window */
+    int32_t n_tokens;
+    int32_t n_prompt;    /* JSONL: prompt tokens; text: the first chunk (stride) */
+    bool stream;         /* text window: streamed in stride chunks */
+    char *image;         /* JSONL: resolved image path, or NULL */
+    int32_t image_at;    /* token index where the image embeddings go */
+    int32_t n_image;     /* image embeddings; the prompt spans n_prompt + n_image positions */
+};
+
+struct ekv_eval_runner {
+    struct ekv_context *ctx;       /* borrowed */
+    const struct ekv_model *model; /* borrowed */
+    const struct ekv_dataset *ds;  /* borrowed */
+    struct ekv_eval_cfg cfg;
+    int32_t n_ctx, n_vocab, n_layer, n_head_kv;
+    struct ekv_eval_unit *units;   /* [n_units] */
+    size_t n_units;
+    char **skipped;                /* [n_skipped] one message per item left out */
+    size_t n_skipped;
+    /* full-cache reference of the prepared unit */
+    size_t cur;                    /* prepared unit, or SIZE_MAX */
+    float *ref_logits;             /* [n_scored][n_vocab] (kl only) */
+    int32_t n_scored;
+    char *ref_text;                /* rouge: the full cache's greedy answer, or NULL
+                                      when it is empty (item then has no ROUGE) */
+    float *img_embd;               /* [n_image][n_embd] the prepared unit's image, encoded once */
+    float *ref_attn;               /* hitrate: [n_layer][n_head_kv][n_prompt + n_image] attention of the
+                                      first answer token's query over the prompt, full cache */
+    /* scratch */
+    float *logits;                 /* [n_ctx + 1][n_vocab] */
+    int32_t *gen;                  /* [n_predict] */
+    char *text;                    /* detokenised answer */
+    size_t text_cap;
+};
+
+/* Tokenises every selected item into units. JSONL: prompt = system + "\n" +
+ * instruction when a system prompt is present (plain concatenation, no chat
+ * template) tokenised with BOS, or the cfg's chat template (llava-1.5 for
+ * items with an image, whose embeddings go where the template's <image>
+ * marker is); answer tokenised without BOS as a continuation, no EOS. An item whose prompt does not leave room in n_ctx
+ * for its teacher-forced answer (n_prompt + n_answer - 2 > n_ctx), or with
+ * an empty prompt, is skipped with a message (runner->skipped). Text:
+ * the document tokenised with BOS and cut into windows of n_ctx tokens,
+ * each a fresh sequence; windows of at most `stride` tokens score nothing
+ * and are skipped. rouge and hitrate need JSONL; ppl, kl and hitrate need
+ * answers; images without cfg->vision are EKV_ERR_UNSUPPORTED. */
+enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_context *ctx,
+                                     const struct ekv_dataset *ds, const struct ekv_eval_cfg *cfg);
+void ekv_eval_runner_free(struct ekv_eval_runner *r);
+
+/* Builds the full-cache reference of unit u (what the policies are compared
+ * with): teacher-forced logits (kl), the greedy answer (rouge), the next
+ * query's attention (hitrate). */
+enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t u);
+
+/* Runs the prepared unit with a fresh sequence under `kv` (NULL = full
+ * cache) and adds its measurements to `cell`:
+ *   ppl/kl, JSONL (POLICIES.md §13.1): prefill the prompt (compressed by the
+ *     policy; its last logits come before compression), score answer token 0
+ *     from them, then for k = 1 .. a-2 feed answer token k-1 with
+ *     ekv_seq_decode (decode-time policy) and score token k; a-1 tokens per
+ *     item, the last one is never fed.
+ *   ppl/kl, text: the window streamed in prompt chunks of `stride` tokens
+ *     (the policy compresses after each, §13.3), every token after the first
+ *     chunk scored from the logits of the position before it.
+ *   rouge (§13.2): greedy answer (argmax, lowest index on ties) of at most
+ *     n_predict tokens (fewer when the context is full), stopping before an
+ *     end-of-generation token; the policy acts after every forward, so the
+ *     first token comes from the prefill logits. Detokenised, stripped, and
+ *     scored against the full-cache answer; an empty answer scores 0.
+ *   hitrate: after the prompt, per (layer, KV head): the kept positions
+ *     against the top-k (k = kept count) of the full cache's attention of the
+ *     first answer token's query over the prompt (ekv_kept_agreement). */
+enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv,
+                                  struct ekv_eval_cell *cell);
+
+/* Rows of one cell into a report: ppl (n = tokens), rouge_l_f, rouge_l_p,
+ * rouge_l_r (n = items), kl, top1 (n = positions), hit_rate, jaccard
+ * (n = layer-head pairs), kv_frac (n = units); only requested metrics with
+ * at least one measurement. */
+enum ekv_status ekv_eval_cell_report(const struct ekv_eval_cell *c, unsigned metrics,
+                                     const char *policy, double budget, struct ekv_report *rep);
+
+/* One grid cell: a policy at a budget with the shared KV parameters. */
+struct ekv_eval_grid_cell {
+    char policy[32];
+    double budget;
+};
+/* Policies x budgets in the order given; "full" appears once, at budget 1.
+ * *cells is malloc'd. Unknown policy names are EKV_ERR_INVALID_ARG. */
+enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const double *budgets,
+                              size_t n_budgets, struct ekv_eval_grid_cell **cells, size_t *n_cells);
+
+/* Progress callback: units done (of total) after each (unit, all cells). */
+typedef void (*ekv_eval_progress_fn)(void *user, size_t done, size_t total, size_t unit);
+
+/* Runs the whole grid, units outer (each reference is built once), cells
+ * inner; out: [n_cells] accumulators (initialised here). base supplies the
+ * shared KV parameters; policy and budget come from each cell. */
+enum ekv_status ekv_eval_run_grid(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
+                                  const struct ekv_eval_grid_cell *cells, size_t n_cells,
+                                  struct ekv_eval_cell *out, ekv_eval_progress_fn progress,
+                                  void *user);
 
 #endif

@@ -482,6 +482,14 @@ static int cmp_row_budget(const void *pa, const void *pb) {
 }
 
 /* The gnuplot script for one metric; output "<metric>.png" next to it. */
+/* Twelve distinguishable colours and point shapes, so that a line's colour
+ * and marker together name its policy even when a grid has many policies
+ * (gnuplot's default cycle repeats after eight). */
+#define EKV_ARRAY_LEN_(a) (sizeof(a) / sizeof((a)[0]))
+static const char *const k_colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                                       "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8"};
+static const int k_points[] = {7, 5, 9, 11, 13, 4, 6, 8, 10, 12, 14, 1, 2, 3};
+
 static enum ekv_status plot_script(const struct ekv_report *rep, const char *metric,
                                    const struct ekv_plot_opts *o, struct sbuf *b) {
     /* policies with this metric, first-seen order */
@@ -551,7 +559,8 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
         if (isfinite(single[k]))
             sb_printf(b, "%.9g with lines dt 2 lw 2 title \"%s\"", single[k], pol[k]);
         else
-            sb_printf(b, "$d%zu using 1:2 with linespoints lw 2 pt 7 title \"%s\"", k, pol[k]);
+            sb_printf(b, "$d%zu using 1:2 with linespoints lw 2 lc rgb \"%s\" pt %d title \"%s\"", k,
+                      k_colors[k % EKV_ARRAY_LEN_(k_colors)], k_points[k % EKV_ARRAY_LEN_(k_points)], pol[k]);
     }
     sb_printf(b, "\n");
     free(single);

@@ -33,6 +33,7 @@ enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) 
         enum ekv_status s = kv->ops->begin(kv, step);
         if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s", kv->policy_name);
     }
+    kv->stats |= kv->extra_stats; /* begin() sets kv->stats afresh each forward */
     return ekv_kv_ensure_stats(kv);
 }
 

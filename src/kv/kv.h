@@ -92,6 +92,8 @@ struct ekv_kv {
     struct ekv_kv_layer *layers; /* [n_layer] */
     int64_t n_seen;       /* tokens seen, including the current forward's */
     unsigned stats;       /* EKV_STAT_* flags collected by attention */
+    unsigned extra_stats; /* EKV_STAT_* flags collected on top of the policy's (set by
+                             evaluation code, e.g. LASTROW for cache hit rates); 0 by default */
     int64_t win_start;    /* queries at positions >= win_start feed winsum / sparsity */
     struct ekv_kv_params params;  /* defaults resolved by configure() */
     char policy_name[32];

@@ -1,0 +1,696 @@
+/*
+ * runner.c — the evaluation protocols of `ekv eval` on a real model
+ * (POLICIES.md §13, DESIGN.md "Evaluation protocol"): teacher-forced
+ * perplexity and KL against the full cache, greedy ROUGE-L against the full
+ * cache's greedy answer, cache hit rate against the full cache's attention,
+ * and the policies x budgets grid. It lives beside the metrics so that tests
+ * can run the same code as the CLI. Units are outer and grid cells inner, so
+ * each full-cache reference is built once and only one unit's reference is
+ * held in memory at a time.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "engine/engine.h"
+#include "eval/eval.h"
+#include "kv/kv.h"
+
+struct ekv_eval_cfg ekv_eval_default_cfg(void) {
+    struct ekv_eval_cfg c = {
+        .metrics = EKV_METRIC_PPL | EKV_METRIC_ROUGE | EKV_METRIC_KL,
+        .rouge = EKV_ROUGE_PLTRDY,
+        .n_predict = 128,
+        .stride = 96,
+    };
+    return c;
+}
+
+void ekv_eval_cell_init(struct ekv_eval_cell *c) {
+    memset(c, 0, sizeof *c);
+    ekv_ppl_init(&c->ppl);
+    ekv_kl_init(&c->kl);
+}
+
+/* ---- set-up ---- */
+
+/* Tokenises text into a malloc'd array (*toks, *n). */
+static enum ekv_status tokenize_alloc(const struct ekv_model *m, const char *text, bool bos,
+                                      int32_t **toks, size_t *n) {
+    size_t len = strlen(text), cap;
+    *toks = NULL;
+    *n = 0;
+    if (!ekv_add_ok(len, 16, &cap)) return ekv_err(EKV_ERR_OVERFLOW, "text of %zu bytes is too long", len);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        size_t bytes;
+        if (!ekv_mul_ok(cap, sizeof(int32_t), &bytes))
+            return ekv_err(EKV_ERR_OVERFLOW, "text of %zu bytes is too long", len);
+        int32_t *t = malloc(bytes);
+        if (!t) return ekv_err(EKV_ERR_NOMEM, "no memory for %zu tokens", cap);
+        size_t got = 0;
+        enum ekv_status s = ekv_tokenize(m, text, len, bos, false, t, cap, &got);
+        if (s == EKV_OK) {
+            *toks = t;
+            *n = got;
+            return EKV_OK;
+        }
+        free(t);
+        if (s != EKV_ERR_INVALID_ARG || got <= cap) return s;
+        cap = got;
+    }
+    return ekv_err(EKV_ERR_INTERNAL, "tokenizer asked for more room twice");
+}
+
+/* ekv_tokenize_prompt into a malloc'd array: BOS, the text around one
+ * <image> marker; *image_at as there. */
+static enum ekv_status tokenize_prompt_alloc(const struct ekv_model *m, const char *text, int32_t **toks, size_t *n,
+                                             int32_t *image_at) {
+    size_t len = strlen(text), cap = len + 16, got = 0;
+    *toks = NULL;
+    *n = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int32_t *t = malloc(cap * sizeof *t);
+        if (!t) return ekv_err(EKV_ERR_NOMEM, "no memory for %zu tokens", cap);
+        enum ekv_status s = ekv_tokenize_prompt(m, text, len, t, cap, &got, image_at);
+        if (s == EKV_OK) {
+            *toks = t;
+            *n = got;
+            return EKV_OK;
+        }
+        free(t);
+        if (s != EKV_ERR_INVALID_ARG || got <= cap) return s;
+        cap = got;
+    }
+    return ekv_err(EKV_ERR_INTERNAL, "tokenizer asked for more room twice");
+}
+
+static enum ekv_status add_skip(struct ekv_eval_runner *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static enum ekv_status add_skip(struct ekv_eval_runner *r, const char *fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    char **ns = realloc(r->skipped, (r->n_skipped + 1) * sizeof *ns);
+    if (!ns) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    r->skipped = ns;
+    if (!(ns[r->n_skipped] = strdup(buf))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    r->n_skipped++;
+    return EKV_OK;
+}
+
+static enum ekv_status add_unit(struct ekv_eval_runner *r, size_t item, int32_t *tokens, int32_t n,
+                                int32_t n_prompt, bool stream) {
+    struct ekv_eval_unit *nu = realloc(r->units, (r->n_units + 1) * sizeof *nu);
+    if (!nu) {
+        free(tokens);
+        return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    }
+    r->units = nu;
+    nu[r->n_units++] = (struct ekv_eval_unit){
+        .item = item, .tokens = tokens, .n_tokens = n, .n_prompt = n_prompt, .stream = stream, .image_at = -1};
+    return EKV_OK;
+}
+
+static const char *item_name(const struct ekv_eval_item *it, char *buf, size_t cap) {
+    if (it->id) snprintf(buf, cap, "item '%s' (line %zu)", it->id, it->line);
+    else snprintf(buf, cap, "item at line %zu", it->line);
+    return buf;
+}
+
+static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
+    const struct ekv_eval_item *it = &r->ds->items[i];
+    const unsigned m = r->cfg.metrics;
+    const bool tf = m & (EKV_METRIC_PPL | EKV_METRIC_KL);
+    char name[160];
+    item_name(it, name, sizeof name);
+    if (it->image && !r->cfg.vision)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "%s has an image ('%s'): images need a vision tower (--mmproj)",
+                       name, it->image);
+    if ((m & (EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_HITRATE)) && !it->answer)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s has no answer, which ppl, kl and hitrate need", name);
+    char *prompt = NULL, *image = NULL;
+    int32_t image_at = -1, n_image = 0;
+    const char *tmpl = r->cfg.chat_template ? r->cfg.chat_template : it->image ? "llava-1.5" : NULL;
+    if (it->image) {
+        n_image = ekv_vision_n_tokens(r->cfg.vision);
+        const char *dir = r->cfg.image_dir;
+        size_t need = strlen(it->image) + (dir ? strlen(dir) : 0) + 2;
+        if (!(image = malloc(need))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        if (dir && it->image[0] != '/') snprintf(image, need, "%s/%s", dir, it->image);
+        else snprintf(image, need, "%s", it->image);
+    }
+    if (tmpl) {
+        size_t n = 0;
+        enum ekv_status fs = ekv_chat_format(tmpl, it->system, it->instruction, it->image != NULL, NULL, 0, &n);
+        if (fs == EKV_OK && !(prompt = malloc(n + 1))) fs = ekv_err(EKV_ERR_NOMEM, "out of memory");
+        if (fs == EKV_OK) fs = ekv_chat_format(tmpl, it->system, it->instruction, it->image != NULL, prompt, n + 1, &n);
+        if (fs != EKV_OK) {
+            free(prompt);
+            free(image);
+            return ekv_err_prefix(fs, "%s", name);
+        }
+    } else if (it->system) {
+        size_t a = strlen(it->system), b = strlen(it->instruction);
+        prompt = malloc(a + b + 2);
+        if (!prompt) {
+            free(image);
+            return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        }
+        memcpy(prompt, it->system, a);
+        prompt[a] = '\n';
+        memcpy(prompt + a + 1, it->instruction, b + 1);
+    }
+    int32_t *pt = NULL, *at = NULL;
+    size_t np = 0, na = 0;
+    enum ekv_status s = tmpl ? tokenize_prompt_alloc(r->model, prompt, &pt, &np, &image_at)
+                             : tokenize_alloc(r->model, prompt ? prompt : it->instruction, true, &pt, &np);
+    free(prompt);
+    if (it->image && image_at < 0) image_at = 0; /* no marker: the image goes first (as ekv run) */
+    if (s == EKV_OK && it->answer) s = tokenize_alloc(r->model, it->answer, false, &at, &na);
+    if (s != EKV_OK) {
+        free(pt);
+        free(at);
+        free(image);
+        return ekv_err_prefix(s, "%s", name);
+    }
+    const char *why = NULL;
+    char wbuf[200];
+    const size_t P = np + (size_t)n_image; /* prompt positions */
+    if (np == 0) why = "the prompt has no tokens";
+    else if (P >= (size_t)r->n_ctx) {
+        snprintf(wbuf, sizeof wbuf, "prompt of %zu positions leaves no room in the context of %d", P, r->n_ctx);
+        why = wbuf;
+    } else if (tf && na < 2) {
+        snprintf(wbuf, sizeof wbuf, "answer of %zu token(s) scores nothing (a-1 tokens are scored)", na);
+        why = wbuf;
+    } else if ((m & EKV_METRIC_HITRATE) && na < 1) {
+        why = "empty answer (hitrate needs its first token)";
+    } else if (tf && P + na - 2 > (size_t)r->n_ctx) {
+        snprintf(wbuf, sizeof wbuf, "prompt %zu + answer %zu positions exceed the context of %d", P, na, r->n_ctx);
+        why = wbuf;
+    }
+    if (why) {
+        free(pt);
+        free(at);
+        free(image);
+        return add_skip(r, "%s: %s", name, why);
+    }
+    int32_t *all = realloc(pt, (np + na + 1) * sizeof *all);
+    if (!all) {
+        free(pt);
+        free(at);
+        free(image);
+        return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    }
+    if (na) memcpy(all + np, at, na * sizeof *at);
+    free(at);
+    s = add_unit(r, i, all, (int32_t)(np + na), (int32_t)np, false);
+    if (s != EKV_OK) {
+        free(image);
+        return s;
+    }
+    struct ekv_eval_unit *u = &r->units[r->n_units - 1];
+    u->image = image;
+    u->image_at = image_at;
+    u->n_image = n_image;
+    return EKV_OK;
+}
+
+static enum ekv_status init_text_item(struct ekv_eval_runner *r, size_t i) {
+    const struct ekv_eval_item *it = &r->ds->items[i];
+    char name[160];
+    item_name(it, name, sizeof name);
+    int32_t *t = NULL;
+    size_t n = 0;
+    enum ekv_status s = tokenize_alloc(r->model, it->text, true, &t, &n);
+    if (s != EKV_OK) return ekv_err_prefix(s, "document %s", name);
+    size_t win = 0;
+    for (size_t off = 0; off < n && s == EKV_OK; off += (size_t)r->n_ctx, win++) {
+        size_t len = EKV_MIN((size_t)r->n_ctx, n - off);
+        if (len <= (size_t)r->cfg.stride) {
+            s = add_skip(r, "document %s, window %zu: %zu tokens, not more than the stride %d, score nothing",
+                         name, win, len, r->cfg.stride);
+            continue;
+        }
+        int32_t *w = malloc(len * sizeof *w);
+        if (!w) {
+            s = ekv_err(EKV_ERR_NOMEM, "out of memory");
+            break;
+        }
+        memcpy(w, t + off, len * sizeof *w);
+        s = add_unit(r, i, w, (int32_t)len, r->cfg.stride, true);
+    }
+    free(t);
+    return s;
+}
+
+enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_context *ctx,
+                                     const struct ekv_dataset *ds, const struct ekv_eval_cfg *cfg) {
+    memset(r, 0, sizeof *r);
+    r->cur = SIZE_MAX;
+    if (!ctx || !ds || !cfg) return ekv_err(EKV_ERR_INVALID_ARG, "eval runner: NULL argument");
+    r->ctx = ctx;
+    r->model = ctx->model;
+    r->ds = ds;
+    r->cfg = *cfg;
+    const unsigned all = EKV_METRIC_PPL | EKV_METRIC_ROUGE | EKV_METRIC_KL | EKV_METRIC_HITRATE;
+    if (cfg->metrics == 0 || (cfg->metrics & ~all))
+        return ekv_err(EKV_ERR_INVALID_ARG, "eval: metric set 0x%x is empty or unknown", cfg->metrics);
+    if (cfg->n_predict < 1) return ekv_err(EKV_ERR_INVALID_ARG, "eval: n_predict %d < 1", cfg->n_predict);
+    if (cfg->stride < 1) return ekv_err(EKV_ERR_INVALID_ARG, "eval: stride %d < 1", cfg->stride);
+    struct ekv_model_info mi;
+    ekv_model_get_info(r->model, &mi);
+    r->n_ctx = ctx->params.n_ctx;
+    r->n_vocab = mi.n_vocab;
+    r->n_layer = mi.n_layer;
+    r->n_head_kv = mi.n_head_kv;
+    if (ds->format == EKV_DATA_TEXT && (cfg->metrics & (EKV_METRIC_ROUGE | EKV_METRIC_HITRATE)))
+        return ekv_err(EKV_ERR_INVALID_ARG,
+                       "eval: metrics rouge and hitrate need a JSONL set with instructions (text supports ppl, kl)");
+    if (ds->format == EKV_DATA_TEXT && cfg->stride >= r->n_ctx)
+        return ekv_err(EKV_ERR_INVALID_ARG, "eval: stride %d must be below the context %d", cfg->stride, r->n_ctx);
+    if (cfg->vision) {
+        if (ekv_vision_n_embd(cfg->vision) != mi.n_embd)
+            return ekv_err(EKV_ERR_INVALID_ARG, "eval: the vision tower gives %d-wide embeddings, the model takes %d",
+                           ekv_vision_n_embd(cfg->vision), mi.n_embd);
+        size_t cells;
+        if (!ekv_mul_ok((size_t)ekv_vision_n_tokens(cfg->vision), (size_t)mi.n_embd, &cells) ||
+            !(r->img_embd = malloc((cells ? cells : 1) * sizeof(float))))
+            return ekv_err(EKV_ERR_NOMEM, "eval: no memory for image embeddings");
+    }
+    enum ekv_status s = EKV_OK;
+    for (size_t i = 0; i < ds->n_items && s == EKV_OK; i++)
+        s = ds->format == EKV_DATA_TEXT ? init_text_item(r, i) : init_jsonl_item(r, i);
+    if (s != EKV_OK) return s;
+    /* scratch: stride rows of logits (text chunks) or one row, plus one */
+    size_t rows = (size_t)(ds->format == EKV_DATA_TEXT ? cfg->stride : 1) + 1, cells;
+    if (!ekv_mul_ok(rows, (size_t)r->n_vocab, &cells)) return ekv_err(EKV_ERR_OVERFLOW, "eval: logits buffer");
+    r->logits = malloc(cells * sizeof(float));
+    r->gen = malloc((size_t)cfg->n_predict * sizeof *r->gen);
+    if (!r->logits || !r->gen) return ekv_err(EKV_ERR_NOMEM, "eval: out of memory");
+    return EKV_OK;
+}
+
+static void ref_clear(struct ekv_eval_runner *r) {
+    free(r->ref_logits);
+    free(r->ref_text);
+    free(r->ref_attn);
+    r->ref_logits = NULL;
+    r->ref_text = NULL;
+    r->ref_attn = NULL;
+    r->n_scored = 0;
+    r->cur = SIZE_MAX;
+}
+
+void ekv_eval_runner_free(struct ekv_eval_runner *r) {
+    if (!r) return;
+    ref_clear(r);
+    for (size_t i = 0; i < r->n_units; i++) {
+        free(r->units[i].tokens);
+        free(r->units[i].image);
+    }
+    free(r->img_embd);
+    free(r->units);
+    for (size_t i = 0; i < r->n_skipped; i++) free(r->skipped[i]);
+    free(r->skipped);
+    free(r->logits);
+    free(r->gen);
+    free(r->text);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- the protocols on one sequence ---- */
+
+/* Receives the logits that predict scored token `idx` (whose id is target). */
+typedef enum ekv_status (*score_fn)(void *ud, int32_t idx, const float *logits, int32_t target);
+/* Called once the prompt (JSONL) has been read and compressed. */
+typedef enum ekv_status (*prompt_fn)(void *ud, struct ekv_seq *seq);
+
+static int32_t unit_n_scored(const struct ekv_eval_unit *u) {
+    return u->stream ? u->n_tokens - u->n_prompt : u->n_tokens - u->n_prompt - 1;
+}
+
+static int32_t unit_positions(const struct ekv_eval_unit *u) { return u->n_prompt + u->n_image; }
+
+/* Reads a JSONL unit's prompt (text, or text around the image's
+ * embeddings) as one prompt the policy compresses; logits of the last position. */
+static enum ekv_status prefill_unit(struct ekv_eval_runner *r, struct ekv_seq *seq, const struct ekv_eval_unit *u,
+                                    float *logits) {
+    if (u->n_image == 0) return ekv_seq_prefill(seq, u->tokens, u->n_prompt, logits);
+    struct ekv_segment sg[3];
+    int32_t ns = 0;
+    if (u->image_at > 0) sg[ns++] = (struct ekv_segment){.tokens = u->tokens, .n = u->image_at, .tag = EKV_TAG_TEXT};
+    sg[ns++] = (struct ekv_segment){.embd = r->img_embd, .n = u->n_image, .tag = EKV_TAG_IMAGE};
+    if (u->n_prompt > u->image_at)
+        sg[ns++] = (struct ekv_segment){.tokens = u->tokens + u->image_at, .n = u->n_prompt - u->image_at,
+                                        .tag = EKV_TAG_TEXT};
+    struct ekv_input in = {.segs = sg, .n_segs = ns, .is_prompt = true, .logits_all = false};
+    return ekv_seq_eval(seq, &in, logits);
+}
+
+/* Teacher-forced scoring (JSONL, §13.1) or chunked streaming (text, §13.3). */
+static enum ekv_status run_scored(struct ekv_eval_runner *r, struct ekv_seq *seq, const struct ekv_eval_unit *u,
+                                  score_fn fn, prompt_fn pfn, void *ud) {
+    const size_t V = (size_t)r->n_vocab;
+    float *lg = r->logits;
+    enum ekv_status s;
+    if (!u->stream) {
+        const int32_t *ans = u->tokens + u->n_prompt;
+        const int32_t a = u->n_tokens - u->n_prompt;
+        if ((s = prefill_unit(r, seq, u, lg)) != EKV_OK) return s;
+        if (pfn && (s = pfn(ud, seq)) != EKV_OK) return s;
+        if (fn && a >= 2 && (s = fn(ud, 0, lg, ans[0])) != EKV_OK) return s;
+        for (int32_t k = 1; fn && k <= a - 2; k++) {
+            if ((s = ekv_seq_decode(seq, ans[k - 1], lg)) != EKV_OK) return s;
+            if ((s = fn(ud, k, lg, ans[k])) != EKV_OK) return s;
+        }
+        return EKV_OK;
+    }
+    /* text window: first chunk, then stride chunks, each a prompt the policy compresses */
+    float *prev = lg + (size_t)r->cfg.stride * V; /* [V] last row of the previous chunk */
+    struct ekv_segment sg = {.tokens = u->tokens, .n = u->n_prompt, .tag = EKV_TAG_TEXT};
+    struct ekv_input in = {.segs = &sg, .n_segs = 1, .is_prompt = true, .logits_all = false};
+    if ((s = ekv_seq_eval(seq, &in, prev)) != EKV_OK) return s;
+    int32_t idx = 0;
+    for (int32_t off = u->n_prompt; off < u->n_tokens; off += r->cfg.stride) {
+        int32_t len = EKV_MIN(r->cfg.stride, u->n_tokens - off);
+        sg.tokens = u->tokens + off;
+        sg.n = len;
+        in.logits_all = true;
+        if ((s = ekv_seq_eval(seq, &in, lg)) != EKV_OK) return s;
+        for (int32_t i = 0; i < len; i++) {
+            const float *row = i == 0 ? prev : lg + (size_t)(i - 1) * V;
+            if (fn && (s = fn(ud, idx++, row, u->tokens[off + i])) != EKV_OK) return s;
+        }
+        memcpy(prev, lg + (size_t)(len - 1) * V, V * sizeof(float));
+    }
+    return EKV_OK;
+}
+
+/* Greedy answer (§13.2) into r->gen; *n_gen tokens, EOG not included. */
+static enum ekv_status run_greedy(struct ekv_eval_runner *r, struct ekv_seq *seq, const struct ekv_eval_unit *u,
+                                  int32_t *n_gen) {
+    float *lg = r->logits;
+    enum ekv_status s;
+    *n_gen = 0;
+    if ((s = prefill_unit(r, seq, u, lg)) != EKV_OK) return s;
+    /* the last generated token is not fed, so prompt + max - 1 <= n_ctx */
+    int32_t max = EKV_MIN(r->cfg.n_predict, r->n_ctx - unit_positions(u) + 1);
+    int32_t n = 0;
+    while (n < max) {
+        size_t t;
+        if ((s = ekv_argmax(lg, (size_t)r->n_vocab, &t)) != EKV_OK) return s;
+        if (ekv_token_is_eog(r->model, (int32_t)t)) break;
+        r->gen[n++] = (int32_t)t;
+        if (n == max) break;
+        if ((s = ekv_seq_decode(seq, (int32_t)t, lg)) != EKV_OK) return s;
+    }
+    *n_gen = n;
+    return EKV_OK;
+}
+
+/* Detokenises r->gen[0..n) into r->text, surrounding whitespace stripped. */
+static enum ekv_status gen_text(struct ekv_eval_runner *r, int32_t n) {
+    for (int attempt = 0; attempt < 3; attempt++) {
+        size_t need = 0;
+        if (!r->text) {
+            r->text_cap = (size_t)r->cfg.n_predict * 16 + 64;
+            if (!(r->text = malloc(r->text_cap))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        }
+        enum ekv_status s = ekv_detokenize(r->model, r->gen, (size_t)n, false, true, r->text, r->text_cap, &need);
+        if (s == EKV_OK && need < r->text_cap) {
+            char *p = r->text, *e = r->text + need;
+            while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '\f' || *p == '\v')) p++;
+            while (e > p && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r' || e[-1] == '\f' ||
+                             e[-1] == '\v'))
+                e--;
+            memmove(r->text, p, (size_t)(e - p));
+            r->text[e - p] = 0;
+            return EKV_OK;
+        }
+        if (s != EKV_OK && s != EKV_ERR_INVALID_ARG) return s;
+        if (need + 1 <= r->text_cap) return s;
+        char *nt = realloc(r->text, need + 1);
+        if (!nt) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        r->text = nt;
+        r->text_cap = need + 1;
+    }
+    return ekv_err(EKV_ERR_INTERNAL, "detokenize kept asking for more room");
+}
+
+/* A text ROUGE cannot score (pltrdy: nothing but '.'; sentence: no word). */
+static bool rouge_empty(enum ekv_rouge_kind kind, const char *s) {
+    if (kind == EKV_ROUGE_PLTRDY) return strspn(s, ".") == strlen(s);
+    return strspn(s, " \t\n\r\f\v") == strlen(s);
+}
+
+/* ---- full-cache reference ---- */
+
+static enum ekv_status store_logits(void *ud, int32_t idx, const float *logits, int32_t target) {
+    struct ekv_eval_runner *r = ud;
+    (void)target;
+    if (idx < 0 || idx >= r->n_scored) return ekv_err(EKV_ERR_INTERNAL, "eval: scored index %d of %d", idx, r->n_scored);
+    memcpy(r->ref_logits + (size_t)idx * (size_t)r->n_vocab, logits, (size_t)r->n_vocab * sizeof(float));
+    return EKV_OK;
+}
+
+enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
+    if (!r || ui >= r->n_units) return ekv_err(EKV_ERR_INVALID_ARG, "eval: unit %zu out of range", ui);
+    ref_clear(r);
+    const struct ekv_eval_unit *u = &r->units[ui];
+    const unsigned m = r->cfg.metrics;
+    struct ekv_seq *seq = NULL;
+    enum ekv_status s = EKV_OK;
+    if (u->n_image > 0 && (s = ekv_vision_encode_file(r->cfg.vision, r->ctx, u->image, r->img_embd)) != EKV_OK)
+        return ekv_err_prefix(s, "image '%s'", u->image);
+    if (m & EKV_METRIC_KL) {
+        r->n_scored = unit_n_scored(u);
+        size_t cells;
+        if (r->n_scored < 1 || !ekv_mul_ok((size_t)r->n_scored, (size_t)r->n_vocab, &cells) ||
+            !ekv_mul_ok(cells, sizeof(float), &cells))
+            return ekv_err(EKV_ERR_INTERNAL, "eval: unit %zu scores %d tokens", ui, r->n_scored);
+        if (!(r->ref_logits = malloc(cells))) return ekv_err(EKV_ERR_NOMEM, "eval: no memory for reference logits");
+        if ((s = ekv_seq_new(r->ctx, NULL, &seq)) == EKV_OK) s = run_scored(r, seq, u, store_logits, NULL, r);
+        ekv_seq_free(seq);
+        seq = NULL;
+        if (s != EKV_OK) goto fail;
+    }
+    if (m & EKV_METRIC_ROUGE) {
+        int32_t n = 0;
+        if ((s = ekv_seq_new(r->ctx, NULL, &seq)) == EKV_OK) s = run_greedy(r, seq, u, &n);
+        ekv_seq_free(seq);
+        seq = NULL;
+        if (s == EKV_OK) s = gen_text(r, n);
+        if (s != EKV_OK) goto fail;
+        if (!rouge_empty(r->cfg.rouge, r->text) && !(r->ref_text = strdup(r->text))) {
+            s = ekv_err(EKV_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    if (m & EKV_METRIC_HITRATE) {
+        const size_t P = (size_t)unit_positions(u);
+        size_t cells = (size_t)r->n_layer * (size_t)r->n_head_kv;
+        if (!ekv_mul_ok(cells, P, &cells) || !(r->ref_attn = malloc(cells * sizeof(float)))) {
+            s = ekv_err(EKV_ERR_NOMEM, "eval: no memory for the reference attention");
+            goto fail;
+        }
+        if ((s = ekv_seq_new(r->ctx, NULL, &seq)) != EKV_OK) goto fail;
+        seq->kv->extra_stats = EKV_STAT_LASTROW;
+        s = prefill_unit(r, seq, u, NULL);
+        if (s == EKV_OK) s = ekv_seq_decode(seq, u->tokens[u->n_prompt], NULL);
+        for (int32_t l = 0; s == EKV_OK && l < r->n_layer; l++)
+            for (int32_t h = 0; s == EKV_OK && h < r->n_head_kv; h++) {
+                const struct ekv_kv_head *hd = &seq->kv->layers[l].heads[h];
+                if (!hd->lastrow || (size_t)hd->len != P + 1) {
+                    s = ekv_err(EKV_ERR_INTERNAL, "eval: full cache holds %d entries, expected %zu, or no attention row",
+                                hd->len, P + 1);
+                    break;
+                }
+                memcpy(r->ref_attn + ((size_t)l * (size_t)r->n_head_kv + (size_t)h) * P, hd->lastrow,
+                       P * sizeof(float));
+            }
+        ekv_seq_free(seq);
+        if (s != EKV_OK) goto fail;
+    }
+    r->cur = ui;
+    return EKV_OK;
+fail:
+    ref_clear(r);
+    return s;
+}
+
+/* ---- one policy on the prepared unit ---- */
+
+struct cell_ctx {
+    struct ekv_eval_runner *r;
+    struct ekv_eval_cell *cell;
+    const struct ekv_eval_unit *u;
+};
+
+static enum ekv_status score_cell(void *ud, int32_t idx, const float *logits, int32_t target) {
+    struct cell_ctx *c = ud;
+    struct ekv_eval_runner *r = c->r;
+    enum ekv_status s = EKV_OK;
+    if (r->cfg.metrics & EKV_METRIC_PPL) s = ekv_ppl_add_logits(&c->cell->ppl, logits, (size_t)r->n_vocab, target, NULL);
+    if (s == EKV_OK && (r->cfg.metrics & EKV_METRIC_KL)) {
+        if (idx < 0 || idx >= r->n_scored)
+            return ekv_err(EKV_ERR_INTERNAL, "eval: scored index %d of %d", idx, r->n_scored);
+        s = ekv_kl_add(&c->cell->kl, r->ref_logits + (size_t)idx * (size_t)r->n_vocab, logits, (size_t)r->n_vocab);
+    }
+    return s;
+}
+
+static enum ekv_status hitrate_cell(void *ud, struct ekv_seq *seq) {
+    struct cell_ctx *c = ud;
+    struct ekv_eval_runner *r = c->r;
+    const size_t P = (size_t)unit_positions(c->u);
+    int32_t *pos = malloc(P * sizeof *pos);
+    uint32_t *kept = malloc(P * sizeof *kept);
+    enum ekv_status s = (pos && kept) ? EKV_OK : ekv_err(EKV_ERR_NOMEM, "out of memory");
+    for (int32_t l = 0; s == EKV_OK && l < r->n_layer; l++)
+        for (int32_t h = 0; s == EKV_OK && h < r->n_head_kv; h++) {
+            int32_t n = ekv_seq_kv_layer_len(seq, l, h);
+            if (n < 0 || (size_t)n > P) {
+                s = ekv_err(EKV_ERR_INTERNAL, "eval: layer %d head %d keeps %d of %zu prompt tokens", l, h, n, P);
+                break;
+            }
+            if ((s = ekv_seq_kv_entries(seq, l, h, pos, NULL, NULL)) != EKV_OK) break;
+            for (int32_t j = 0; j < n; j++) kept[j] = (uint32_t)pos[j];
+            double hit, jac;
+            const float *row = r->ref_attn + ((size_t)l * (size_t)r->n_head_kv + (size_t)h) * P;
+            if ((s = ekv_kept_agreement(row, P, kept, (size_t)n, 0, &hit, &jac, NULL)) != EKV_OK) break;
+            ekv_mean_add(&c->cell->hit_rate, hit);
+            ekv_mean_add(&c->cell->jaccard, jac);
+        }
+    free(pos);
+    free(kept);
+    return s;
+}
+
+static void add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq) {
+    struct ekv_kv_stats st;
+    ekv_seq_kv_stats(seq, &st);
+    if (st.entries_full > 0) ekv_mean_add(&cell->kv_frac, (double)st.entries / (double)st.entries_full);
+}
+
+enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv,
+                                  struct ekv_eval_cell *cell) {
+    if (!r || !cell || r->cur >= r->n_units)
+        return ekv_err(EKV_ERR_INVALID_ARG, "eval: no unit prepared (call ekv_eval_unit_prepare first)");
+    const struct ekv_eval_unit *u = &r->units[r->cur];
+    const unsigned m = r->cfg.metrics;
+    struct cell_ctx cc = {.r = r, .cell = cell, .u = u};
+    struct ekv_seq *seq = NULL;
+    enum ekv_status s = EKV_OK;
+    bool frac_done = false;
+    if (m & (EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_HITRATE)) {
+        const bool tf = m & (EKV_METRIC_PPL | EKV_METRIC_KL);
+        if ((s = ekv_seq_new(r->ctx, kv, &seq)) != EKV_OK) return s;
+        s = run_scored(r, seq, u, tf ? score_cell : NULL, (m & EKV_METRIC_HITRATE) ? hitrate_cell : NULL, &cc);
+        if (s == EKV_OK) add_kv_frac(cell, seq);
+        frac_done = true;
+        ekv_seq_free(seq);
+        seq = NULL;
+        if (s != EKV_OK) return s;
+    }
+    if ((m & EKV_METRIC_ROUGE) && r->ref_text) {
+        int32_t n = 0;
+        if ((s = ekv_seq_new(r->ctx, kv, &seq)) != EKV_OK) return s;
+        s = run_greedy(r, seq, u, &n);
+        if (s == EKV_OK && !frac_done) add_kv_frac(cell, seq);
+        ekv_seq_free(seq);
+        if (s == EKV_OK) s = gen_text(r, n);
+        if (s != EKV_OK) return s;
+        struct ekv_rouge rg = {0};
+        if (!rouge_empty(r->cfg.rouge, r->text) &&
+            (s = ekv_rouge_l(r->cfg.rouge, r->text, r->ref_text, &rg)) != EKV_OK)
+            return s;
+        ekv_mean_add(&cell->rouge_f, rg.f);
+        ekv_mean_add(&cell->rouge_p, rg.p);
+        ekv_mean_add(&cell->rouge_r, rg.r);
+    }
+    return EKV_OK;
+}
+
+/* ---- results and the grid ---- */
+
+enum ekv_status ekv_eval_cell_report(const struct ekv_eval_cell *c, unsigned m, const char *policy, double budget,
+                                     struct ekv_report *rep) {
+    enum ekv_status s = EKV_OK;
+    if ((m & EKV_METRIC_PPL) && c->ppl.n_tokens) {
+        double v;
+        if ((s = ekv_ppl_value(&c->ppl, &v)) == EKV_OK) s = ekv_report_add(rep, policy, budget, "ppl", v, c->ppl.n_tokens);
+    }
+    if (s == EKV_OK && (m & EKV_METRIC_ROUGE) && c->rouge_f.n) {
+        s = ekv_report_add(rep, policy, budget, "rouge_l_f", ekv_mean_value(&c->rouge_f), c->rouge_f.n);
+        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "rouge_l_p", ekv_mean_value(&c->rouge_p), c->rouge_p.n);
+        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "rouge_l_r", ekv_mean_value(&c->rouge_r), c->rouge_r.n);
+    }
+    if (s == EKV_OK && (m & EKV_METRIC_KL) && c->kl.n_positions) {
+        double kl, top1;
+        if ((s = ekv_kl_result(&c->kl, &kl, &top1)) == EKV_OK) s = ekv_report_add(rep, policy, budget, "kl", kl, c->kl.n_positions);
+        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "top1", top1, c->kl.n_positions);
+    }
+    if (s == EKV_OK && (m & EKV_METRIC_HITRATE) && c->hit_rate.n) {
+        s = ekv_report_add(rep, policy, budget, "hit_rate", ekv_mean_value(&c->hit_rate), c->hit_rate.n);
+        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "jaccard", ekv_mean_value(&c->jaccard), c->jaccard.n);
+    }
+    if (s == EKV_OK && c->kv_frac.n)
+        s = ekv_report_add(rep, policy, budget, "kv_frac", ekv_mean_value(&c->kv_frac), c->kv_frac.n);
+    return s;
+}
+
+enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const double *budgets, size_t n_budgets,
+                              struct ekv_eval_grid_cell **cells, size_t *n_cells) {
+    *cells = NULL;
+    *n_cells = 0;
+    if (!policies || !budgets || n_policies == 0 || n_budgets == 0)
+        return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: no policy or no budget");
+    size_t cap;
+    if (!ekv_mul_ok(n_policies, n_budgets, &cap)) return ekv_err(EKV_ERR_OVERFLOW, "eval grid too large");
+    struct ekv_eval_grid_cell *c = calloc(cap, sizeof *c);
+    if (!c) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t p = 0; p < n_policies; p++) {
+        int found = 0;
+        for (int i = 0; i < ekv_kv_policy_count(); i++) found |= !strcmp(policies[p], ekv_kv_policy_name(i));
+        if (!found || strlen(policies[p]) >= sizeof c->policy) {
+            free(c);
+            return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: unknown policy '%s'", policies[p]);
+        }
+        bool full = !strcmp(policies[p], "full");
+        for (size_t b = 0; b < (full ? 1 : n_budgets); b++) {
+            snprintf(c[n].policy, sizeof c[n].policy, "%s", policies[p]);
+            c[n].budget = full ? 1.0 : budgets[b];
+            n++;
+        }
+    }
+    *cells = c;
+    *n_cells = n;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_eval_run_grid(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
+                                  const struct ekv_eval_grid_cell *cells, size_t n_cells, struct ekv_eval_cell *out,
+                                  ekv_eval_progress_fn progress, void *user) {
+    if (!r || !base || !cells || !out) return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
+    for (size_t c = 0; c < n_cells; c++) ekv_eval_cell_init(&out[c]);
+    for (size_t u = 0; u < r->n_units; u++) {
+        enum ekv_status s = ekv_eval_unit_prepare(r, u);
+        if (s != EKV_OK) return ekv_err_prefix(s, "full-cache reference of unit %zu", u);
+        for (size_t c = 0; c < n_cells; c++) {
+            struct ekv_kv_params kv = *base;
+            kv.policy = cells[c].policy;
+            kv.budget = cells[c].budget;
+            if ((s = ekv_eval_unit_run(r, &kv, &out[c])) != EKV_OK)
+                return ekv_err_prefix(s, "%s at budget %g, unit %zu", cells[c].policy, cells[c].budget, u);
+        }
+        if (progress) progress(user, u + 1, r->n_units, u);
+    }
+    return EKV_OK;
+}

@@ -1,0 +1,78 @@
+#!/bin/bash
+# cli_eval.sh — `ekv eval` end to end on the bundled model and data set:
+# --help, a tiny sweep that writes results.csv/json/md with the expected
+# rows (full at budget 1 equal to h2o at budget 1), the CSV byte-identical
+# on a rerun, --json on stdout, and exit status 1 on bad lists and flags.
+# usage: cli_eval.sh EKV REPO SHARED
+set -u
+EKV=$1; REPO=$2; SHARED=$3
+fail=0; pass=0
+ok()  { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+cd "$REPO"
+T=$(mktemp -d /tmp/ekv_cli_eval.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+
+"$EKV" eval --help > "$T/help" 2>&1 && ok || bad "ekv eval --help must exit 0"
+grep -q -- "--kv-budget LIST" "$T/help" && grep -q "meaningless" "$T/help" && ok || bad "--help text"
+
+# tiny sweep: 2 items, full + h2o at 0.3 and 1, all metrics
+"$EKV" eval --limit 2 -c 512 -n 24 --metric ppl,rouge,kl,hitrate --kv-policy full,h2o --kv-budget 0.3,1 \
+  -o "$T/a" --no-plot > "$T/a.md" 2> "$T/a.err"
+[ $? -eq 0 ] && ok || { bad "tiny sweep failed"; cat "$T/a.err" >&2; }
+[ -s "$T/a/results.csv" ] && [ -s "$T/a/results.json" ] && [ -s "$T/a/results.md" ] && ok || bad "result files missing"
+head -1 "$T/a/results.csv" | grep -qx "policy,budget,metric,value,n" && ok || bad "CSV header"
+# 3 cells (full once) x 9 metrics + header
+[ "$(wc -l < "$T/a/results.csv")" -eq 28 ] && ok || bad "CSV rows: $(wc -l < "$T/a/results.csv")"
+grep -q "^full,1,kl,0," "$T/a/results.csv" && grep -q "^h2o,1,kl,0," "$T/a/results.csv" && ok || bad "KL at budget 1 must be 0"
+fp=$(grep "^full,1,ppl," "$T/a/results.csv" | cut -d, -f4-); hp=$(grep "^h2o,1,ppl," "$T/a/results.csv" | cut -d, -f4-)
+[ -n "$fp" ] && [ "$fp" = "$hp" ] && ok || bad "h2o at 1 ppl '$hp' differs from full '$fp'"
+grep -q "^h2o,0.3,rouge_l_f," "$T/a/results.csv" && ok || bad "no ROUGE row for h2o 0.3"
+grep -q "| h2o | 0.3 |" "$T/a.md" && cmp -s "$T/a.md" "$T/a/results.md" && ok || bad "Markdown on stdout"
+grep -q "100.0%" "$T/a.err" && grep -q "ETA" "$T/a.err" && ok || bad "progress on stderr"
+grep -q '"timings"' "$T/a/results.json" && ok || bad "timings in JSON"
+grep -qi "second" "$T/a/results.csv" && bad "timings in CSV" || ok
+
+# deterministic: same command, byte-identical CSV; --json on stdout
+"$EKV" eval --limit 2 -c 512 -n 24 --metric ppl,rouge,kl,hitrate --kv-policy full,h2o --kv-budget 0.3,1 \
+  -o "$T/b" --no-plot --json > "$T/b.json" 2>/dev/null
+[ $? -eq 0 ] && cmp -s "$T/a/results.csv" "$T/b/results.csv" && ok || bad "CSV differs on a rerun"
+grep -q '"results"' "$T/b.json" && cmp -s "$T/b.json" "$T/b/results.json" && ok || bad "--json stdout"
+
+# text format: streaming ppl over the TinyStories sample
+"$EKV" eval -f "$SHARED/data/perplexity/tinystories_sample.txt" --doc-sep '<|endoftext|>' --limit 1 -c 512 \
+  --metric ppl,kl --stride 64 --kv-policy local --kv-budget 0.5 -o "$T/c" --no-plot > /dev/null 2>&1
+[ $? -eq 0 ] && grep -q "^local,0.5,ppl," "$T/c/results.csv" && ok || bad "text ppl"
+
+# images: the tiny-vlm preset (random weights of a real layout) with its mmproj;
+# an image item without --mmproj is refused, with it every metric runs and
+# VL-Cache at budget 1 equals the full cache
+"$EKV" mkmodel --preset tiny-vlm --seed 7 -o "$T/vlm.gguf" --mmproj-out "$T/vlm-mmproj.gguf" > /dev/null 2>&1 \
+  && ok || bad "mkmodel tiny-vlm"
+cat > "$T/img.jsonl" <<'JSONL'
+{"id":"img-1","instruction":"What is in the picture?","answer":"A person in a white suit holds a helmet.","image":"astronaut_crop.jpg"}
+{"id":"txt-1","instruction":"Describe a quiet morning.","answer":"The sun rose over the hills and the birds sang."}
+JSONL
+"$EKV" eval -m "$T/vlm.gguf" -f "$T/img.jsonl" -o "$T/img0" --no-plot > /dev/null 2> "$T/img0.err"
+[ $? -eq 1 ] && grep -q -- "--mmproj" "$T/img0.err" && ok || bad "image item without --mmproj must exit 1"
+"$EKV" eval -m "$T/vlm.gguf" --mmproj "$T/vlm-mmproj.gguf" --image-dir "$REPO/data/images" -f "$T/img.jsonl" \
+  -n 8 --metric ppl,rouge,kl,hitrate --kv-policy full,vlcache,h2o --kv-budget 0.5,1 -o "$T/img" --no-plot \
+  > /dev/null 2> "$T/img.err"
+[ $? -eq 0 ] && ok || { bad "image eval failed"; cat "$T/img.err" >&2; }
+fp=$(grep "^full,1,ppl," "$T/img/results.csv" | cut -d, -f4-); vp=$(grep "^vlcache,1,ppl," "$T/img/results.csv" | cut -d, -f4-)
+[ -n "$fp" ] && [ "$fp" = "$vp" ] && grep -q "^vlcache,1,kl,0," "$T/img/results.csv" && ok || bad "vlcache at 1 with an image: '$vp' vs '$fp'"
+grep -q "^vlcache,0.5,hit_rate," "$T/img/results.csv" && ok || bad "no hit rate with images"
+
+# bad input: exit 1 with a message
+for args in "--kv-budget 0.5,abc" "--kv-budget 0,0.5" "--kv-budget 1.5" "--kv-budget 0.5,0.5" \
+            "--kv-policy h2o,nonsense" "--metric ppl,bleu" "--rouge x" "--format xml" "--no-such-flag" \
+            "-f /nonexistent.jsonl" "--mmproj x.gguf"; do
+  "$EKV" eval $args -o "$T/bad" --no-plot > /dev/null 2> "$T/bad.err"
+  rc=$?
+  [ $rc -eq 1 ] && [ -s "$T/bad.err" ] && ok || bad "'ekv eval $args' exited $rc"
+done
+"$EKV" eval -f "$SHARED/data/perplexity/tinystories_sample.txt" --metric rouge -o "$T/bad" > /dev/null 2> "$T/bad.err"
+[ $? -eq 1 ] && grep -q "JSONL" "$T/bad.err" && ok || bad "rouge on text must exit 1"
+
+echo "cli_eval: $pass passed, $fail failed"
+[ $fail -eq 0 ]
