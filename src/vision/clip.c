@@ -1,0 +1,605 @@
+/*
+ * clip.c — the LLaVA vision tower: loads an mmproj GGUF written the way
+ * llama.cpp's convert_image_encoder_to_gguf.py writes it, validates every
+ * tensor against the clip.* metadata, and turns a preprocessed image into
+ * projected patch embeddings with the kernels' matmuls.
+ *
+ * Tensor names and GGUF shapes (ne0 innermost), E = embedding_length,
+ * F = feed_forward_length, P = patch_size, N = positions, M = projector width:
+ *   v.patch_embd.weight [P,P,3,E] (+ optional v.patch_embd.bias [E], SigLIP)
+ *   v.class_embd [E] (CLIP only), v.position_embd.weight [E,N]
+ *   v.pre_ln.{weight,bias} [E] (optional: SigLIP has none)
+ *   v.blk.i.ln1/ln2.{weight,bias} [E], v.blk.i.attn_{q,k,v,out}.weight [E,E] + .bias [E]
+ *   v.blk.i.ffn_down.weight [E,F] + bias [F]  (the converter names CLIP's fc1 "ffn_down")
+ *   v.blk.i.ffn_up.weight   [F,E] + bias [E]  (fc2); files with the names the
+ *   other way round (newer converters) are recognised by shape.
+ *   mm.0.weight [E,M] + bias [M], mm.2.weight [M,out] + bias [out]
+ * v.post_ln is not used: LLaVA reads the second-to-last block's output.
+ */
+#include "vision/clip.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "model/gguf.h"
+
+#define CLIP_MAX_IMAGE 4096
+#define CLIP_MAX_EMBD (1 << 16)
+#define CLIP_MAX_FF (1 << 18)
+#define CLIP_MAX_LAYER 1024
+#define CLIP_MAX_OUT (1 << 18)
+
+struct clip_layer {
+    float *ln1_w, *ln1_b, *ln2_w, *ln2_b;   /* [E] */
+    struct ekv_weight q, k, v, o;           /* E rows of E */
+    float *q_b, *k_b, *v_b, *o_b;           /* [E] */
+    struct ekv_weight ff1;                  /* F rows of E */
+    float *ff1_b;                           /* [F] */
+    struct ekv_weight ff2;                  /* E rows of F */
+    float *ff2_b;                           /* [E] */
+};
+
+struct ekv_clip {
+    struct gguf_file *f;
+    struct ekv_clip_hparams hp;
+    struct ekv_weight patch;     /* E rows of 3*P*P, columns in (channel, y, x) order */
+    float *patch_b;              /* [E] or NULL */
+    float *cls;                  /* [E] or NULL (SigLIP) */
+    float *pos;                  /* [N][E] */
+    float *pre_w, *pre_b;        /* [E] or NULL */
+    struct clip_layer *layers;   /* [n_layer] */
+    struct ekv_weight mm0;       /* M rows of E */
+    float *mm0_b;                /* [M] */
+    struct ekv_weight mm2;       /* out rows of M */
+    float *mm2_b;                /* [out] */
+    float **owned;               /* float arrays to free */
+    size_t n_owned, cap_owned;
+    const char *path;            /* for messages, borrowed during load only */
+};
+
+/* ------------------------------------------------------------------ */
+/* loading                                                              */
+/* ------------------------------------------------------------------ */
+
+static enum ekv_status own(struct ekv_clip *c, float *p) {
+    if (c->n_owned == c->cap_owned) {
+        size_t cap = c->cap_owned ? c->cap_owned * 2 : 64;
+        float **n = realloc(c->owned, cap * sizeof *n);
+        if (!n) return ekv_err(EKV_ERR_NOMEM, "%s: tensor table", c->path);
+        c->owned = n;
+        c->cap_owned = cap;
+    }
+    c->owned[c->n_owned++] = p;
+    return EKV_OK;
+}
+
+/* Finds tensor `name` and checks its shape is exactly ne[0..n-1] (other
+ * dims 1). Missing: EKV_ERR_NOT_FOUND if required, else *out = NULL. */
+static enum ekv_status find(struct ekv_clip *c, const char *name, bool required, int n,
+                            const int64_t *ne, const struct gguf_tensor **out) {
+    *out = NULL;
+    const struct gguf_tensor *t = gguf_find_tensor(c->f, name);
+    if (!t) {
+        if (!required) return EKV_OK;
+        return ekv_err(EKV_ERR_NOT_FOUND, "%s: tensor %s is missing", c->path, name);
+    }
+    bool ok = true;
+    for (int d = 0; d < GGUF_MAX_DIMS; d++) ok = ok && t->ne[d] == (d < n ? ne[d] : 1);
+    if (!ok) {
+        char want[96] = "", got[96] = "";
+        for (int d = 0; d < n; d++) {
+            size_t l = strlen(want);
+            snprintf(want + l, sizeof want - l, "%s%lld", d ? "," : "", (long long)ne[d]);
+        }
+        for (int d = 0; d < (int)t->n_dims && d < GGUF_MAX_DIMS; d++) {
+            size_t l = strlen(got);
+            snprintf(got + l, sizeof got - l, "%s%lld", d ? "," : "", (long long)t->ne[d]);
+        }
+        return ekv_err(EKV_ERR_FORMAT, "%s: tensor %s has shape [%s], expected [%s] from the metadata",
+                       c->path, name, got, want);
+    }
+    *out = t;
+    return EKV_OK;
+}
+
+/* A float copy of a vector/matrix tensor of n0 x n1 elements. */
+static enum ekv_status load_floats(struct ekv_clip *c, const char *name, bool required, int64_t n0,
+                                   int64_t n1, float **out) {
+    *out = NULL;
+    const struct gguf_tensor *t;
+    int64_t ne[2] = {n0, n1};
+    enum ekv_status s = find(c, name, required, n1 == 1 ? 1 : 2, ne, &t);
+    if (s != EKV_OK || !t) return s;
+    size_t n, bytes;
+    if (!ekv_mul_ok((size_t)n0, (size_t)n1, &n) || !ekv_mul_ok(n, sizeof(float), &bytes))
+        return ekv_err(EKV_ERR_OVERFLOW, "%s: tensor %s is too large", c->path, name);
+    float *p = malloc(bytes);
+    if (!p) return ekv_err(EKV_ERR_NOMEM, "%s: tensor %s: %zu bytes", c->path, name, bytes);
+    if ((s = own(c, p)) != EKV_OK) {
+        free(p);
+        return s;
+    }
+    size_t row_bytes;
+    if (!ekv_dtype_row_bytes(t->type, n0, &row_bytes))
+        return ekv_err(EKV_ERR_FORMAT, "%s: tensor %s: %lld elements do not fit type %s", c->path,
+                       name, (long long)n0, ekv_dtype_name(t->type));
+    for (int64_t r = 0; r < n1; r++) {
+        const uint8_t *src = (const uint8_t *)t->data + (size_t)r * row_bytes;
+        float *dst = p + (size_t)r * (size_t)n0;
+        if (t->type == EKV_F32) {
+            memcpy(dst, src, (size_t)n0 * sizeof(float));
+        } else if (t->type == EKV_F16 || t->type == EKV_BF16) {
+            for (int64_t i = 0; i < n0; i++) {
+                uint16_t h;
+                memcpy(&h, src + 2 * i, 2);
+                dst[i] = t->type == EKV_F16 ? ekv_fp16_to_f32(h) : ekv_bf16_to_f32(h);
+            }
+        } else {
+            s = ekv_dequantize_row(t->type, src, dst, n0);
+            if (s != EKV_OK)
+                return ekv_err_prefix(s, "%s: tensor %s (%s)", c->path, name,
+                                      ekv_dtype_name(t->type));
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(p[i]))
+            return ekv_err(EKV_ERR_FORMAT, "%s: tensor %s holds a non-finite value at %zu", c->path,
+                           name, i);
+    *out = p;
+    return EKV_OK;
+}
+
+/* A weight matrix of `rows` rows of `cols` elements, given its GGUF shape. */
+static enum ekv_status load_matrix(struct ekv_clip *c, const char *name, int n, const int64_t *ne,
+                                   int64_t cols, int64_t rows, struct ekv_weight *w) {
+    const struct gguf_tensor *t;
+    enum ekv_status s = find(c, name, true, n, ne, &t);
+    if (s != EKV_OK) return s;
+    if (!ekv_dtype_can_compute(t->type))
+        return ekv_err(EKV_ERR_UNSUPPORTED, "%s: tensor %s has type %s, which ekv cannot multiply",
+                       c->path, name, ekv_dtype_name(t->type));
+    w->type = t->type;
+    w->ne0 = cols;
+    w->ne1 = rows;
+    w->data = t->data;
+    if (!ekv_dtype_row_bytes(t->type, cols, &w->row_bytes))
+        return ekv_err(EKV_ERR_FORMAT, "%s: tensor %s: rows of %lld elements do not fit type %s",
+                       c->path, name, (long long)cols, ekv_dtype_name(t->type));
+    return EKV_OK;
+}
+
+static enum ekv_status load_linear(struct ekv_clip *c, const char *wname, const char *bname,
+                                   int64_t in, int64_t outn, struct ekv_weight *w, float **b) {
+    int64_t ne[2] = {in, outn};
+    enum ekv_status s = load_matrix(c, wname, 2, ne, in, outn, w);
+    if (s == EKV_OK) s = load_floats(c, bname, true, outn, 1, b);
+    return s;
+}
+
+static enum ekv_status get_u32_range(struct ekv_clip *c, const char *key, uint32_t lo, uint32_t hi,
+                                     int *out) {
+    uint32_t v;
+    enum ekv_status s = gguf_get_u32(c->f, key, &v);
+    if (s != EKV_OK) return ekv_err_prefix(s, "%s", c->path);
+    if (v < lo || v > hi)
+        return ekv_err(EKV_ERR_FORMAT, "%s: %s = %u is outside [%u, %u]", c->path, key, v, lo, hi);
+    *out = (int)v;
+    return EKV_OK;
+}
+
+static enum ekv_status get_bool_opt(struct ekv_clip *c, const char *key, bool def, bool *out) {
+    *out = def;
+    if (!gguf_find_kv(c->f, key)) return EKV_OK;
+    enum ekv_status s = gguf_get_bool(c->f, key, out);
+    return s == EKV_OK ? s : ekv_err_prefix(s, "%s", c->path);
+}
+
+static enum ekv_status get_f32x3(struct ekv_clip *c, const char *key, float v[3]) {
+    const struct gguf_value *a;
+    enum ekv_status s = gguf_get_arr(c->f, key, GGUF_TYPE_FLOAT32, &a);
+    if (s != EKV_OK) return ekv_err_prefix(s, "%s", c->path);
+    if (a->v.arr.n != 3)
+        return ekv_err(EKV_ERR_FORMAT, "%s: %s has %llu values, expected 3 (R, G, B)", c->path, key,
+                       (unsigned long long)a->v.arr.n);
+    memcpy(v, a->v.arr.data, 3 * sizeof(float));
+    for (int i = 0; i < 3; i++)
+        if (!isfinite(v[i]))
+            return ekv_err(EKV_ERR_FORMAT, "%s: %s[%d] is not finite", c->path, key, i);
+    return EKV_OK;
+}
+
+static enum ekv_status load_hparams(struct ekv_clip *c) {
+    struct ekv_clip_hparams *hp = &c->hp;
+    enum ekv_status s;
+    struct gguf_str arch;
+    if (gguf_get_str(c->f, "general.architecture", &arch) == EKV_OK && !gguf_str_eq(arch, "clip")) {
+        char a[64];
+        gguf_str_copy(arch, a, sizeof a);
+        return ekv_err(EKV_ERR_FORMAT,
+                       "%s: general.architecture is '%s', not 'clip': is this an mmproj file?",
+                       c->path, a);
+    }
+    bool has_vision, has_llava;
+    if ((s = get_bool_opt(c, "clip.has_vision_encoder", true, &has_vision)) != EKV_OK) return s;
+    if ((s = get_bool_opt(c, "clip.has_llava_projector", true, &has_llava)) != EKV_OK) return s;
+    if (!has_vision)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "%s: clip.has_vision_encoder is false", c->path);
+    if (!has_llava)
+        return ekv_err(EKV_ERR_UNSUPPORTED,
+                       "%s: clip.has_llava_projector is false: ekv needs a LLaVA projector", c->path);
+    struct gguf_str pt;
+    if (gguf_get_str(c->f, "clip.projector_type", &pt) == EKV_OK && !gguf_str_eq(pt, "mlp")) {
+        char p[64];
+        gguf_str_copy(pt, p, sizeof p);
+        return ekv_err(EKV_ERR_UNSUPPORTED,
+                       "%s: clip.projector_type '%s' is not supported (only 'mlp', LLaVA-1.5)",
+                       c->path, p);
+    }
+    if ((s = get_bool_opt(c, "clip.use_gelu", false, &hp->use_gelu)) != EKV_OK) return s;
+
+    if ((s = get_u32_range(c, "clip.vision.image_size", 1, CLIP_MAX_IMAGE, &hp->image_size)) ||
+        (s = get_u32_range(c, "clip.vision.patch_size", 1, (uint32_t)hp->image_size,
+                           &hp->patch_size)) ||
+        (s = get_u32_range(c, "clip.vision.embedding_length", 1, CLIP_MAX_EMBD, &hp->n_embd)) ||
+        (s = get_u32_range(c, "clip.vision.feed_forward_length", 1, CLIP_MAX_FF, &hp->n_ff)) ||
+        (s = get_u32_range(c, "clip.vision.attention.head_count", 1, (uint32_t)hp->n_embd,
+                           &hp->n_head)) ||
+        (s = get_u32_range(c, "clip.vision.block_count", 1, CLIP_MAX_LAYER, &hp->n_layer)))
+        return s;
+    if (hp->image_size % hp->patch_size)
+        return ekv_err(EKV_ERR_FORMAT, "%s: image_size %d is not a multiple of patch_size %d",
+                       c->path, hp->image_size, hp->patch_size);
+    if (hp->n_embd % hp->n_head)
+        return ekv_err(EKV_ERR_FORMAT, "%s: embedding_length %d is not a multiple of head_count %d",
+                       c->path, hp->n_embd, hp->n_head);
+    if ((s = gguf_get_f32(c->f, "clip.vision.attention.layer_norm_epsilon", &hp->eps)) != EKV_OK)
+        return ekv_err_prefix(s, "%s", c->path);
+    if (!(hp->eps >= 0.0f && hp->eps < 1.0f))
+        return ekv_err(EKV_ERR_FORMAT, "%s: clip.vision.attention.layer_norm_epsilon = %g", c->path,
+                       (double)hp->eps);
+    if ((s = get_f32x3(c, "clip.vision.image_mean", hp->image_mean)) ||
+        (s = get_f32x3(c, "clip.vision.image_std", hp->image_std)))
+        return s;
+    for (int i = 0; i < 3; i++)
+        if (!(hp->image_std[i] > 0.0f))
+            return ekv_err(EKV_ERR_FORMAT, "%s: clip.vision.image_std[%d] = %g is not positive",
+                           c->path, i, (double)hp->image_std[i]);
+
+    /* Feature layer: hidden state k is the output of k blocks (0 = embeddings).
+     * LLaVA-1.5 reads the second to last, which is the default. */
+    hp->n_layer_run = hp->n_layer - 1;
+    if (gguf_find_kv(c->f, "clip.vision.feature_layer")) {
+        const struct gguf_value *a;
+        if ((s = gguf_get_arr(c->f, "clip.vision.feature_layer", GGUF_TYPE_COUNT, &a)) != EKV_OK)
+            return ekv_err_prefix(s, "%s", c->path);
+        if (a->v.arr.n != 1 ||
+            (a->v.arr.type != GGUF_TYPE_INT32 && a->v.arr.type != GGUF_TYPE_UINT32))
+            return ekv_err(EKV_ERR_UNSUPPORTED,
+                           "%s: clip.vision.feature_layer must hold one 32-bit integer (several "
+                           "feature layers are not supported)",
+                           c->path);
+        int32_t fl;
+        memcpy(&fl, a->v.arr.data, 4);
+        if (fl < 0 || fl > hp->n_layer)
+            return ekv_err(EKV_ERR_FORMAT, "%s: clip.vision.feature_layer = %d is outside [0, %d]",
+                           c->path, (int)fl, hp->n_layer);
+        hp->n_layer_run = fl;
+    }
+    int grid = hp->image_size / hp->patch_size;
+    hp->n_patches = grid * grid;
+    return EKV_OK;
+}
+
+static enum ekv_status load_tensors(struct ekv_clip *c) {
+    struct ekv_clip_hparams *hp = &c->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff, P = hp->patch_size;
+    enum ekv_status s;
+    char name[96];
+
+    /* Class token decides CLIP vs SigLIP layout; positions must agree. */
+    const struct gguf_tensor *t;
+    int64_t ne1[1] = {E};
+    if ((s = find(c, "v.class_embd", false, 1, ne1, &t)) != EKV_OK) return s;
+    hp->has_class = t != NULL;
+    hp->n_pos = hp->n_patches + (hp->has_class ? 1 : 0);
+    if (hp->has_class && (s = load_floats(c, "v.class_embd", true, E, 1, &c->cls)) != EKV_OK)
+        return s;
+
+    int64_t pne[4] = {P, P, 3, E};
+    if ((s = load_matrix(c, "v.patch_embd.weight", 4, pne, 3 * P * P, E, &c->patch)) != EKV_OK)
+        return s;
+    if ((s = load_floats(c, "v.patch_embd.bias", false, E, 1, &c->patch_b)) != EKV_OK) return s;
+    if ((s = load_floats(c, "v.position_embd.weight", true, E, hp->n_pos, &c->pos)) != EKV_OK)
+        return s;
+    if ((s = load_floats(c, "v.pre_ln.weight", false, E, 1, &c->pre_w)) != EKV_OK ||
+        (s = load_floats(c, "v.pre_ln.bias", false, E, 1, &c->pre_b)) != EKV_OK)
+        return s;
+    if ((c->pre_w == NULL) != (c->pre_b == NULL))
+        return ekv_err(EKV_ERR_FORMAT, "%s: v.pre_ln has a weight or a bias but not both", c->path);
+
+    c->layers = calloc((size_t)hp->n_layer, sizeof *c->layers);
+    if (!c->layers) return ekv_err(EKV_ERR_NOMEM, "%s: layer table", c->path);
+    for (int il = 0; il < hp->n_layer; il++) {
+        struct clip_layer *L = &c->layers[il];
+        struct {
+            const char *part;
+            float **w, **b;
+        } norms[2] = {{"ln1", &L->ln1_w, &L->ln1_b}, {"ln2", &L->ln2_w, &L->ln2_b}};
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "v.blk.%d.%s.weight", il, norms[k].part);
+            if ((s = load_floats(c, name, true, E, 1, norms[k].w)) != EKV_OK) return s;
+            snprintf(name, sizeof name, "v.blk.%d.%s.bias", il, norms[k].part);
+            if ((s = load_floats(c, name, true, E, 1, norms[k].b)) != EKV_OK) return s;
+        }
+        struct {
+            const char *part;
+            struct ekv_weight *w;
+            float **b;
+        } att[4] = {{"attn_q", &L->q, &L->q_b},
+                    {"attn_k", &L->k, &L->k_b},
+                    {"attn_v", &L->v, &L->v_b},
+                    {"attn_out", &L->o, &L->o_b}};
+        for (int k = 0; k < 4; k++) {
+            char bname[96];
+            snprintf(name, sizeof name, "v.blk.%d.%s.weight", il, att[k].part);
+            snprintf(bname, sizeof bname, "v.blk.%d.%s.bias", il, att[k].part);
+            if ((s = load_linear(c, name, bname, E, E, att[k].w, att[k].b)) != EKV_OK) return s;
+        }
+        /* fc1 (E -> F) is "ffn_down" in llama.cpp's LLaVA converter; accept the
+         * swapped naming too, told apart by shape when E != F. */
+        char dn[96], up[96];
+        snprintf(dn, sizeof dn, "v.blk.%d.ffn_down.weight", il);
+        snprintf(up, sizeof up, "v.blk.%d.ffn_up.weight", il);
+        const struct gguf_tensor *td = gguf_find_tensor(c->f, dn);
+        bool swapped = E != F && td && td->ne[0] == F && td->ne[1] == E;
+        const char *first = swapped ? "ffn_up" : "ffn_down", *second = swapped ? "ffn_down" : "ffn_up";
+        char wn[96], bn[96];
+        snprintf(wn, sizeof wn, "v.blk.%d.%s.weight", il, first);
+        snprintf(bn, sizeof bn, "v.blk.%d.%s.bias", il, first);
+        if ((s = load_linear(c, wn, bn, E, F, &L->ff1, &L->ff1_b)) != EKV_OK) return s;
+        snprintf(wn, sizeof wn, "v.blk.%d.%s.weight", il, second);
+        snprintf(bn, sizeof bn, "v.blk.%d.%s.bias", il, second);
+        if ((s = load_linear(c, wn, bn, F, E, &L->ff2, &L->ff2_b)) != EKV_OK) return s;
+    }
+
+    /* Projector: widths come from the tensors, checked against each other. */
+    if (gguf_find_tensor(c->f, "mm.3.weight"))
+        return ekv_err(EKV_ERR_UNSUPPORTED,
+                       "%s: tensor mm.3.weight found: the mlp_norm projector is not supported", c->path);
+    const struct gguf_tensor *m0 = gguf_find_tensor(c->f, "mm.0.weight");
+    const struct gguf_tensor *m2 = gguf_find_tensor(c->f, "mm.2.weight");
+    if (!m0) return ekv_err(EKV_ERR_NOT_FOUND, "%s: tensor mm.0.weight is missing", c->path);
+    if (!m2) return ekv_err(EKV_ERR_NOT_FOUND, "%s: tensor mm.2.weight is missing", c->path);
+    if (m0->ne[1] < 1 || m0->ne[1] > CLIP_MAX_OUT || m2->ne[1] < 1 || m2->ne[1] > CLIP_MAX_OUT)
+        return ekv_err(EKV_ERR_FORMAT, "%s: projector widths %lld, %lld are out of range", c->path,
+                       (long long)m0->ne[1], (long long)m2->ne[1]);
+    hp->n_mm = (int)m0->ne[1];
+    hp->n_embd_out = (int)m2->ne[1];
+    if ((s = load_linear(c, "mm.0.weight", "mm.0.bias", E, hp->n_mm, &c->mm0, &c->mm0_b)) ||
+        (s = load_linear(c, "mm.2.weight", "mm.2.bias", hp->n_mm, hp->n_embd_out, &c->mm2,
+                         &c->mm2_b)))
+        return s;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_clip_load(const char *path, struct ekv_clip **out) {
+    if (!path || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_clip_load: NULL argument");
+    *out = NULL;
+    struct ekv_clip *c = calloc(1, sizeof *c);
+    if (!c) return ekv_err(EKV_ERR_NOMEM, "%s: clip context", path);
+    c->path = path;
+    enum ekv_status s = gguf_open(path, &c->f);
+    if (s == EKV_OK) s = load_hparams(c);
+    if (s == EKV_OK) s = load_tensors(c);
+    c->path = "mmproj";
+    if (s != EKV_OK) {
+        ekv_clip_free(c);
+        return s;
+    }
+    *out = c;
+    return EKV_OK;
+}
+
+void ekv_clip_free(struct ekv_clip *c) {
+    if (!c) return;
+    for (size_t i = 0; i < c->n_owned; i++) free(c->owned[i]);
+    free(c->owned);
+    free(c->layers);
+    gguf_close(c->f);
+    free(c);
+}
+
+const struct ekv_clip_hparams *ekv_clip_hparams(const struct ekv_clip *c) { return &c->hp; }
+int ekv_clip_n_patches(const struct ekv_clip *c) { return c->hp.n_patches; }
+int ekv_clip_n_embd_out(const struct ekv_clip *c) { return c->hp.n_embd_out; }
+
+/* ------------------------------------------------------------------ */
+/* compute                                                              */
+/* ------------------------------------------------------------------ */
+
+static float *alloc_floats(size_t a, size_t b) {
+    size_t n, bytes;
+    if (!ekv_mul_ok(a, b, &n) || !ekv_mul_ok(n, sizeof(float), &bytes)) return NULL;
+    return malloc(bytes ? bytes : 1);
+}
+
+static void add_bias_rows(float *y, const float *b, size_t rows, size_t n) {
+    if (!b) return;
+    for (size_t r = 0; r < rows; r++) ekv_add(y + r * n, b, (int64_t)n);
+}
+
+/* y = x W^T + b over `rows` rows. */
+static enum ekv_status linear(struct ekv_pool *pool, const struct ekv_weight *w, const float *b,
+                              const float *x, size_t rows, float *y) {
+    enum ekv_status s = ekv_matmul(pool, w, x, (int64_t)rows, y);
+    if (s == EKV_OK) add_bias_rows(y, b, rows, (size_t)w->ne1);
+    return s;
+}
+
+static void quick_gelu(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-1.702f * x[i]));
+}
+
+enum ekv_status ekv_clip_preprocess(const struct ekv_clip *c, const struct ekv_image *img,
+                                    float *pixels) {
+    return ekv_image_preprocess_llava(img, c->hp.image_size, c->hp.image_mean, c->hp.image_std,
+                                      pixels);
+}
+
+enum ekv_status ekv_clip_embed(const struct ekv_clip *c, struct ekv_pool *pool, const float *pixels,
+                               float *x) {
+    const struct ekv_clip_hparams *hp = &c->hp;
+    const size_t E = (size_t)hp->n_embd, P = (size_t)hp->patch_size, S = (size_t)hp->image_size;
+    const size_t grid = S / P, np = (size_t)hp->n_patches, K = 3 * P * P;
+    float *cols = alloc_floats(np, K);
+    if (!cols) return ekv_err(EKV_ERR_NOMEM, "clip: patch buffer");
+    /* im2col: patch (py, px) row holds channel-major P x P blocks, the
+     * layout of the convolution weight [E][3][P][P]. */
+    for (size_t py = 0; py < grid; py++)
+        for (size_t px = 0; px < grid; px++) {
+            float *dst = cols + (py * grid + px) * K;
+            for (size_t ch = 0; ch < 3; ch++)
+                for (size_t ky = 0; ky < P; ky++)
+                    memcpy(dst + (ch * P + ky) * P, pixels + ch * S * S + (py * P + ky) * S + px * P,
+                           P * sizeof(float));
+        }
+    float *patches = x + (hp->has_class ? E : 0);
+    enum ekv_status s = linear(pool, &c->patch, c->patch_b, cols, np, patches);
+    free(cols);
+    if (s != EKV_OK) return s;
+    if (hp->has_class) memcpy(x, c->cls, E * sizeof(float));
+    for (size_t r = 0; r < (size_t)hp->n_pos; r++) ekv_add(x + r * E, c->pos + r * E, (int64_t)E);
+    if (c->pre_w)
+        for (size_t r = 0; r < (size_t)hp->n_pos; r++)
+            ekv_layernorm(x + r * E, x + r * E, c->pre_w, c->pre_b, (int64_t)E, hp->eps);
+    return EKV_OK;
+}
+
+/* Bidirectional multi-head attention over all positions, rows split
+ * across the pool's threads. */
+struct attn_task {
+    const float *q, *k, *v; /* [n][E] */
+    float *out;             /* [n][E] */
+    float *scratch;         /* [nth][n] */
+    int n, E, n_head, dh;
+    float scale;
+};
+
+static void attn_rows(void *ctx, int ith, int nth) {
+    struct attn_task *a = ctx;
+    const size_t E = (size_t)a->E, n = (size_t)a->n, dh = (size_t)a->dh;
+    float *sc = a->scratch + (size_t)ith * n;
+    size_t per = (n + (size_t)nth - 1) / (size_t)nth;
+    size_t t0 = per * (size_t)ith, t1 = EKV_MIN(n, t0 + per);
+    for (size_t t = t0; t < t1; t++)
+        for (int h = 0; h < a->n_head; h++) {
+            const float *qv = a->q + t * E + (size_t)h * dh;
+            for (size_t s = 0; s < n; s++)
+                sc[s] = ekv_dot_f32(qv, a->k + s * E + (size_t)h * dh, (int64_t)dh) * a->scale;
+            ekv_softmax(sc, (int64_t)n);
+            float *o = a->out + t * E + (size_t)h * dh;
+            memset(o, 0, dh * sizeof(float));
+            for (size_t s = 0; s < n; s++) ekv_axpy_f32(o, sc[s], a->v + s * E + (size_t)h * dh, (int64_t)dh);
+        }
+}
+
+enum ekv_status ekv_clip_block(const struct ekv_clip *c, struct ekv_pool *pool, int il, float *x) {
+    const struct ekv_clip_hparams *hp = &c->hp;
+    if (il < 0 || il >= hp->n_layer)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_clip_block: layer %d outside [0, %d)", il,
+                       hp->n_layer);
+    const struct clip_layer *L = &c->layers[il];
+    const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, n = (size_t)hp->n_pos;
+    const int nth = ekv_pool_size(pool);
+    float *h = alloc_floats(n, E), *q = alloc_floats(n, E), *k = alloc_floats(n, E);
+    float *v = alloc_floats(n, E), *att = alloc_floats(n, E), *ff = alloc_floats(n, F);
+    float *scratch = alloc_floats((size_t)nth, n);
+    enum ekv_status s = EKV_OK;
+    if (!h || !q || !k || !v || !att || !ff || !scratch) {
+        s = ekv_err(EKV_ERR_NOMEM, "clip: block %d buffers", il);
+        goto done;
+    }
+    for (size_t r = 0; r < n; r++)
+        ekv_layernorm(h + r * E, x + r * E, L->ln1_w, L->ln1_b, (int64_t)E, hp->eps);
+    if ((s = linear(pool, &L->q, L->q_b, h, n, q)) || (s = linear(pool, &L->k, L->k_b, h, n, k)) ||
+        (s = linear(pool, &L->v, L->v_b, h, n, v)))
+        goto done;
+    struct attn_task at = {q, k, v, att, scratch, (int)n, (int)E, hp->n_head,
+                           (int)(E / (size_t)hp->n_head),
+                           1.0f / sqrtf((float)(E / (size_t)hp->n_head))};
+    if (nth > 1)
+        ekv_pool_run(pool, attn_rows, &at);
+    else
+        attn_rows(&at, 0, 1);
+    if ((s = linear(pool, &L->o, L->o_b, att, n, h))) goto done;
+    ekv_add(x, h, (int64_t)(n * E));
+    for (size_t r = 0; r < n; r++)
+        ekv_layernorm(h + r * E, x + r * E, L->ln2_w, L->ln2_b, (int64_t)E, hp->eps);
+    if ((s = linear(pool, &L->ff1, L->ff1_b, h, n, ff))) goto done;
+    if (hp->use_gelu)
+        ekv_gelu(ff, (int64_t)(n * F));
+    else
+        quick_gelu(ff, n * F);
+    if ((s = linear(pool, &L->ff2, L->ff2_b, ff, n, h))) goto done;
+    ekv_add(x, h, (int64_t)(n * E));
+done:
+    free(h);
+    free(q);
+    free(k);
+    free(v);
+    free(att);
+    free(ff);
+    free(scratch);
+    return s;
+}
+
+enum ekv_status ekv_clip_project(const struct ekv_clip *c, struct ekv_pool *pool, const float *feat,
+                                 float *out) {
+    const size_t np = (size_t)c->hp.n_patches;
+    float *mid = alloc_floats(np, (size_t)c->hp.n_mm);
+    if (!mid) return ekv_err(EKV_ERR_NOMEM, "clip: projector buffer");
+    enum ekv_status s = linear(pool, &c->mm0, c->mm0_b, feat, np, mid);
+    if (s == EKV_OK) {
+        ekv_gelu(mid, (int64_t)(np * (size_t)c->hp.n_mm));
+        s = linear(pool, &c->mm2, c->mm2_b, mid, np, out);
+    }
+    free(mid);
+    return s;
+}
+
+enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool *pool,
+                                       const float *pixels, float *out) {
+    if (!c || !pixels || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_clip_encode: NULL argument");
+    const struct ekv_clip_hparams *hp = &c->hp;
+    float *x = alloc_floats((size_t)hp->n_pos, (size_t)hp->n_embd);
+    if (!x) return ekv_err(EKV_ERR_NOMEM, "clip: hidden states");
+    enum ekv_status s = ekv_clip_embed(c, pool, pixels, x);
+    for (int il = 0; s == EKV_OK && il < hp->n_layer_run; il++) s = ekv_clip_block(c, pool, il, x);
+    if (s == EKV_OK) s = ekv_clip_project(c, pool, x + (hp->has_class ? hp->n_embd : 0), out);
+    free(x);
+    return s;
+}
+
+enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool *pool,
+                                      const struct ekv_image *img, float *out) {
+    if (!c || !img || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_clip_encode_image: NULL argument");
+    size_t S = (size_t)c->hp.image_size;
+    float *pixels = alloc_floats(3 * S, S);
+    if (!pixels) return ekv_err(EKV_ERR_NOMEM, "clip: pixel buffer");
+    enum ekv_status s = ekv_clip_preprocess(c, img, pixels);
+    if (s == EKV_OK) s = ekv_clip_encode_pixels(c, pool, pixels, out);
+    free(pixels);
+    return s;
+}
+
+enum ekv_status ekv_clip_encode_file(const struct ekv_clip *c, struct ekv_pool *pool,
+                                     const char *path, float *out) {
+    struct ekv_image img = {0};
+    enum ekv_status s = ekv_image_load_file(path, &img);
+    if (s == EKV_OK) s = ekv_clip_encode_image(c, pool, &img, out);
+    ekv_image_free(&img);
+    return s;
+}

@@ -1,0 +1,82 @@
+/*
+ * clip.h — the vision tower of LLaVA-style models, loaded from an `mmproj`
+ * GGUF in llama.cpp's CLIP layout (clip.* metadata, v.* encoder tensors,
+ * mm.* projector tensors): ViT patch embedding, class token (absent in
+ * SigLIP-style towers), position embeddings, pre-layernorm, transformer
+ * blocks up to the feature layer LLaVA reads (the second to last unless
+ * clip.vision.feature_layer says otherwise), and the LLaVA-1.5 projector
+ * (Linear-GELU-Linear) into the language model's width.
+ *
+ * The engine calls ekv_clip_load once, then ekv_clip_encode_* per image to
+ * get n_patches rows of n_embd_out floats to splice into the prompt. A
+ * loaded tower is read-only: several threads may encode with it at once
+ * (each with its own pool or none).
+ */
+#ifndef EKV_VISION_CLIP_H
+#define EKV_VISION_CLIP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ekv.h"
+#include "kernels/kernels.h"
+#include "vision/image.h"
+
+struct ekv_clip;
+
+struct ekv_clip_hparams {
+    int image_size;      /* input side in pixels (336 for CLIP ViT-L/14-336) */
+    int patch_size;      /* 14 */
+    int n_patches;       /* (image_size / patch_size)^2 */
+    int n_pos;           /* n_patches + 1 with a class token, else n_patches */
+    int n_embd;          /* ViT width (1024) */
+    int n_ff;            /* ViT MLP width (4096) */
+    int n_head;          /* 16 */
+    int n_layer;         /* blocks in the file (24) */
+    int n_layer_run;     /* blocks run to reach the feature layer (23) */
+    float eps;           /* LayerNorm epsilon */
+    bool has_class;      /* class token present (CLIP) or not (SigLIP) */
+    bool use_gelu;       /* encoder MLP: GELU (true) or quick-GELU x*sigmoid(1.702x) */
+    int n_mm;            /* projector hidden width (mm.0 rows) */
+    int n_embd_out;      /* projector output = language model width */
+    float image_mean[3];
+    float image_std[3];
+};
+
+/* Loads and validates an mmproj GGUF; every shape is checked against the
+ * metadata and a mismatch names the tensor. *out owned by the caller. */
+enum ekv_status ekv_clip_load(const char *path, struct ekv_clip **out);
+void ekv_clip_free(struct ekv_clip *c);
+
+const struct ekv_clip_hparams *ekv_clip_hparams(const struct ekv_clip *c);
+/* Image tokens one image becomes, and the width of each. */
+int ekv_clip_n_patches(const struct ekv_clip *c);
+int ekv_clip_n_embd_out(const struct ekv_clip *c);
+
+/* LLaVA-1.5 preprocessing with this tower's size, mean and std.
+ * pixels: [3][image_size][image_size]. */
+enum ekv_status ekv_clip_preprocess(const struct ekv_clip *c, const struct ekv_image *img,
+                                    float *pixels);
+
+/* Image embeddings: out [n_patches][n_embd_out], patches in row-major order.
+ * pool may be NULL (single-threaded). */
+enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool *pool,
+                                       const float *pixels, float *out);
+enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool *pool,
+                                      const struct ekv_image *img, float *out);
+enum ekv_status ekv_clip_encode_file(const struct ekv_clip *c, struct ekv_pool *pool,
+                                     const char *path, float *out);
+
+/* The stages, exposed for tests and tools.
+ * Embeddings: patch projection (+bias), class token, position embeddings,
+ * pre-layernorm when present. pixels: [3][S][S] -> x: [n_pos][n_embd]. */
+enum ekv_status ekv_clip_embed(const struct ekv_clip *c, struct ekv_pool *pool,
+                               const float *pixels, float *x);
+/* One encoder block il (0-based) in place on x: [n_pos][n_embd]:
+ * x += attn(LN1(x)); x += MLP(LN2(x)). */
+enum ekv_status ekv_clip_block(const struct ekv_clip *c, struct ekv_pool *pool, int il, float *x);
+/* Projector on the patch rows: feat [n_patches][n_embd] -> out [n_patches][n_embd_out]. */
+enum ekv_status ekv_clip_project(const struct ekv_clip *c, struct ekv_pool *pool,
+                                 const float *feat, float *out);
+
+#endif

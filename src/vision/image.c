@@ -1,0 +1,296 @@
+/*
+ * image.c — photo decoding (stb_image, JPEG and PNG only) and LLaVA-1.5
+ * preprocessing. This is the only translation unit that instantiates
+ * stb_image; the file is read here (size-capped) and decoded from memory so
+ * that the header can be checked before any pixel buffer is allocated.
+ */
+#include "vision/image.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_PNG
+#define STBI_NO_STDIO
+#define STBI_NO_LINEAR
+#define STBI_NO_HDR
+#define STB_IMAGE_IMPLEMENTATION
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#pragma GCC diagnostic ignored "-Wmisleading-indentation"
+#pragma GCC diagnostic ignored "-Wtype-limits"
+#include "stb_image.h"
+#pragma GCC diagnostic pop
+
+void ekv_image_free(struct ekv_image *img) {
+    if (!img) return;
+    free(img->rgb);
+    img->rgb = NULL;
+    img->nx = img->ny = 0;
+}
+
+/* Bytes of an nx x ny RGB image, with the project's size limits. */
+static enum ekv_status image_bytes(const char *name, long long nx, long long ny, size_t *out) {
+    if (nx < 1 || ny < 1)
+        return ekv_err(EKV_ERR_FORMAT, "%s: image has no pixels (%lld x %lld)", name, nx, ny);
+    if (nx > EKV_IMAGE_MAX_SIDE || ny > EKV_IMAGE_MAX_SIDE ||
+        (unsigned long long)nx * (unsigned long long)ny > EKV_IMAGE_MAX_PIXELS)
+        return ekv_err(EKV_ERR_INVALID_ARG,
+                       "%s: image of %lld x %lld pixels is too large (limit %d per side, %u pixels)",
+                       name, nx, ny, EKV_IMAGE_MAX_SIDE, (unsigned)EKV_IMAGE_MAX_PIXELS);
+    size_t px;
+    if (!ekv_mul_ok((size_t)nx, (size_t)ny, &px) || !ekv_mul_ok(px, 3, out))
+        return ekv_err(EKV_ERR_OVERFLOW, "%s: image size overflows", name);
+    return EKV_OK;
+}
+
+enum ekv_status ekv_image_new(int nx, int ny, const uint8_t color[3], struct ekv_image *out) {
+    if (!out || !color) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_new: NULL argument");
+    out->nx = out->ny = 0;
+    out->rgb = NULL;
+    size_t n;
+    enum ekv_status s = image_bytes("ekv_image_new", nx, ny, &n);
+    if (s != EKV_OK) return s;
+    uint8_t *p = malloc(n);
+    if (!p) return ekv_err(EKV_ERR_NOMEM, "ekv_image_new: %zu bytes", n);
+    for (size_t i = 0; i < n; i += 3) {
+        p[i] = color[0];
+        p[i + 1] = color[1];
+        p[i + 2] = color[2];
+    }
+    out->nx = nx;
+    out->ny = ny;
+    out->rgb = p;
+    return EKV_OK;
+}
+
+static uint32_t be16(const uint8_t *p) { return (uint32_t)p[0] << 8 | p[1]; }
+static uint32_t be32(const uint8_t *p) { return be16(p) << 16 | be16(p + 2); }
+
+/* Width and height as a PNG (IHDR) or JPEG (SOFn segment) header claims
+ * them; false when neither header can be read. */
+static bool sniff_size(const uint8_t *p, size_t n, long long *w, long long *h) {
+    static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (n >= 24 && memcmp(p, png_sig, 8) == 0 && memcmp(p + 12, "IHDR", 4) == 0) {
+        *w = be32(p + 16);
+        *h = be32(p + 20);
+        return true;
+    }
+    if (n < 4 || p[0] != 0xff || p[1] != 0xd8) return false;
+    size_t i = 2;
+    while (i + 4 <= n) {
+        if (p[i] != 0xff) return false;
+        uint8_t m = p[i + 1];
+        if (m == 0xff) { i++; continue; }                       /* fill byte */
+        if (m == 0xd8 || m == 0x01 || (m >= 0xd0 && m <= 0xd7)) { i += 2; continue; }
+        if (m == 0xd9 || m == 0xda) return false;              /* end or scan before a frame */
+        size_t len = be16(p + i + 2);
+        bool sof = m >= 0xc0 && m <= 0xcf && m != 0xc4 && m != 0xc8 && m != 0xcc;
+        if (sof) {
+            if (i + 9 > n) return false;
+            *h = be16(p + i + 5);
+            *w = be16(p + i + 7);
+            return true;
+        }
+        if (len < 2) return false;
+        i += 2 + len;
+    }
+    return false;
+}
+
+enum ekv_status ekv_image_load_memory(const void *data, size_t n, const char *name,
+                                      struct ekv_image *out) {
+    if (!out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_load_memory: NULL output");
+    out->nx = out->ny = 0;
+    out->rgb = NULL;
+    if (!name) name = "(image in memory)";
+    if (!data || n == 0) return ekv_err(EKV_ERR_FORMAT, "%s: empty image data", name);
+    if (n > (size_t)INT_MAX || n > EKV_IMAGE_MAX_FILE_BYTES)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: image file of %zu bytes is too large", name, n);
+    /* The size limit is checked on the header first, so that an absurd
+     * claimed size is reported as such (stb_image only says it cannot
+     * read the file). */
+    long long hw, hh;
+    size_t bytes;
+    enum ekv_status s;
+    if (sniff_size(data, n, &hw, &hh) && (s = image_bytes(name, hw, hh, &bytes)) != EKV_OK)
+        return s;
+    int w = 0, h = 0, comp = 0;
+    if (!stbi_info_from_memory(data, (int)n, &w, &h, &comp))
+        return ekv_err(EKV_ERR_FORMAT, "%s: not a readable JPEG or PNG image (%s)", name,
+                       stbi_failure_reason() ? stbi_failure_reason() : "unknown");
+    if ((s = image_bytes(name, w, h, &bytes)) != EKV_OK) return s;
+    int w2 = 0, h2 = 0, c2 = 0;
+    unsigned char *px = stbi_load_from_memory(data, (int)n, &w2, &h2, &c2, 3);
+    if (!px)
+        return ekv_err(EKV_ERR_FORMAT, "%s: cannot decode image (%s)", name,
+                       stbi_failure_reason() ? stbi_failure_reason() : "unknown");
+    if (w2 != w || h2 != h) {
+        stbi_image_free(px);
+        return ekv_err(EKV_ERR_FORMAT, "%s: decoded size %dx%d differs from header %dx%d", name, w2,
+                       h2, w, h);
+    }
+    /* Copy into malloc'd memory so that ekv_image_free is plain free(). */
+    uint8_t *rgb = malloc(bytes);
+    if (!rgb) {
+        stbi_image_free(px);
+        return ekv_err(EKV_ERR_NOMEM, "%s: %zu bytes for pixels", name, bytes);
+    }
+    memcpy(rgb, px, bytes);
+    stbi_image_free(px);
+    out->nx = w;
+    out->ny = h;
+    out->rgb = rgb;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_image_load_file(const char *path, struct ekv_image *out) {
+    if (!out || !path) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_load_file: NULL argument");
+    out->nx = out->ny = 0;
+    out->rgb = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return ekv_err(EKV_ERR_IO, "%s: cannot open image: %s", path, strerror(errno));
+    long size = -1;
+    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return ekv_err(EKV_ERR_IO, "%s: cannot determine the file size", path);
+    }
+    if ((unsigned long)size > EKV_IMAGE_MAX_FILE_BYTES) {
+        fclose(f);
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: image file of %ld bytes is too large (limit %zu)",
+                       path, size, (size_t)EKV_IMAGE_MAX_FILE_BYTES);
+    }
+    if (size == 0) {
+        fclose(f);
+        return ekv_err(EKV_ERR_FORMAT, "%s: empty file", path);
+    }
+    unsigned char *buf = malloc((size_t)size);
+    if (!buf) {
+        fclose(f);
+        return ekv_err(EKV_ERR_NOMEM, "%s: %ld bytes", path, size);
+    }
+    size_t got = fread(buf, 1, (size_t)size, f);
+    int rerr = ferror(f);
+    fclose(f);
+    if (got != (size_t)size || rerr) {
+        free(buf);
+        return ekv_err(EKV_ERR_IO, "%s: read %zu of %ld bytes", path, got, size);
+    }
+    enum ekv_status s = ekv_image_load_memory(buf, (size_t)size, path, out);
+    free(buf);
+    return s;
+}
+
+enum ekv_status ekv_image_pad_square(const struct ekv_image *src, const uint8_t color[3],
+                                     struct ekv_image *out) {
+    if (!src || !src->rgb || !out || !color)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_pad_square: NULL argument");
+    int side = EKV_MAX(src->nx, src->ny);
+    enum ekv_status s = ekv_image_new(side, side, color, out);
+    if (s != EKV_OK) return s;
+    int ox = (side - src->nx) / 2, oy = (side - src->ny) / 2;
+    size_t row = (size_t)src->nx * 3;
+    for (int y = 0; y < src->ny; y++)
+        memcpy(out->rgb + ((size_t)(y + oy) * (size_t)side + (size_t)ox) * 3,
+               src->rgb + (size_t)y * row, row);
+    return EKV_OK;
+}
+
+/* Cubic through p[-1], p[0], p[1], p[2] at t in [0,1), written on the
+ * differences to p[0] as in clip.cpp; float arithmetic as there. */
+static float cubic(float pm1, float p0, float p1, float p2, float t) {
+    float d0 = pm1 - p0, d2 = p1 - p0, d3 = p2 - p0;
+    float a1 = (float)(-1.0 / 3 * d0 + d2 - 1.0 / 6 * d3);
+    float a2 = (float)(1.0 / 2 * d0 + 1.0 / 2 * d2);
+    float a3 = (float)(-1.0 / 6 * d0 - 1.0 / 2 * d2 + 1.0 / 6 * d3);
+    return p0 + a1 * t + a2 * t * t + a3 * t * t * t;
+}
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+enum ekv_status ekv_image_resize_bicubic(const struct ekv_image *src, int nx, int ny,
+                                         struct ekv_image *out) {
+    if (!src || !src->rgb || !out)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_resize_bicubic: NULL argument");
+    static const uint8_t black[3] = {0, 0, 0};
+    enum ekv_status s = ekv_image_new(nx, ny, black, out);
+    if (s != EKV_OK) return s;
+    const int sx = src->nx, sy = src->ny;
+    const float tx = (float)sx / (float)nx, ty = (float)sy / (float)ny;
+    const uint8_t *p = src->rgb;
+    for (int i = 0; i < ny; i++) {
+        const int y = (int)(ty * (float)i);
+        const float dy = ty * (float)i - (float)y;
+        int rows[4];
+        for (int r = 0; r < 4; r++) rows[r] = clampi(y - 1 + r, 0, sy - 1);
+        for (int j = 0; j < nx; j++) {
+            const int x = (int)(tx * (float)j);
+            const float dx = tx * (float)j - (float)x;
+            int cols[4];
+            for (int c = 0; c < 4; c++) cols[c] = clampi(x - 1 + c, 0, sx - 1);
+            for (int k = 0; k < 3; k++) {
+                float C[4];
+                for (int r = 0; r < 4; r++) {
+                    const uint8_t *row = p + (size_t)rows[r] * (size_t)sx * 3;
+                    C[r] = cubic(row[cols[0] * 3 + k], row[cols[1] * 3 + k], row[cols[2] * 3 + k],
+                                 row[cols[3] * 3 + k], dx);
+                }
+                float v = roundf(cubic(C[0], C[1], C[2], C[3], dy));
+                v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
+                out->rgb[((size_t)i * (size_t)nx + (size_t)j) * 3 + (size_t)k] = (uint8_t)v;
+            }
+        }
+    }
+    return EKV_OK;
+}
+
+void ekv_image_normalize(const struct ekv_image *src, const float mean[3], const float std[3],
+                         float *out) {
+    const size_t n = (size_t)src->nx * (size_t)src->ny;
+    for (int c = 0; c < 3; c++) {
+        float *dst = out + (size_t)c * n;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = ((float)src->rgb[i * 3 + (size_t)c] / 255.0f - mean[c]) / std[c];
+    }
+}
+
+void ekv_image_mean_color(const float mean[3], uint8_t color[3]) {
+    for (int c = 0; c < 3; c++) {
+        float v = mean[c] * 255.0f;
+        color[c] = (uint8_t)(v <= 0.0f ? 0 : (v >= 255.0f ? 255 : (int)v));
+    }
+}
+
+enum ekv_status ekv_image_preprocess_llava(const struct ekv_image *src, int size,
+                                           const float mean[3], const float std[3], float *out) {
+    if (!src || !src->rgb || !mean || !std || !out)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_preprocess_llava: NULL argument");
+    if (size < 1 || size > EKV_IMAGE_MAX_SIDE)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_preprocess_llava: bad size %d", size);
+    for (int c = 0; c < 3; c++)
+        if (!(std[c] > 0.0f) || !isfinite(mean[c]))
+            return ekv_err(EKV_ERR_INVALID_ARG,
+                           "ekv_image_preprocess_llava: channel %d has mean %g, std %g", c,
+                           (double)mean[c], (double)std[c]);
+    uint8_t color[3];
+    ekv_image_mean_color(mean, color);
+    struct ekv_image sq = {0}, rs = {0};
+    enum ekv_status s = ekv_image_pad_square(src, color, &sq);
+    if (s == EKV_OK) s = ekv_image_resize_bicubic(&sq, size, size, &rs);
+    if (s == EKV_OK) ekv_image_normalize(&rs, mean, std, out);
+    ekv_image_free(&sq);
+    ekv_image_free(&rs);
+    return s;
+}

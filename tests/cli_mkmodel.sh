@@ -1,0 +1,75 @@
+#!/bin/bash
+# cli_mkmodel.sh — `ekv mkmodel`: tiny-vlm writes a language model and an
+# mmproj, the same seed gives the same bytes and another seed other bytes,
+# every weight type works, and bad arguments fail with status 1 and a
+# message. Usage: bash cli_mkmodel.sh <ekv> <repo-dir> <shared-dir>
+set -u
+EKV=$1
+SHARED=$3
+TMP=$(mktemp -d /tmp/ekv_cli_mkmodel_XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+fail=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fail=1; }
+nonempty() { [ -s "$1" ] && ok "$1 exists, $(stat -c %s "$1") bytes" || bad "$1 missing or empty"; }
+
+# tiny-vlm with the stories260K vocabulary: two files.
+if "$EKV" mkmodel --preset tiny-vlm -o "$TMP/a.gguf" --mmproj-out "$TMP/a-mmproj.gguf" \
+      --vocab "$SHARED/models/stories260K.gguf" --seed 3 > "$TMP/out.txt"; then
+    ok "tiny-vlm written"
+else
+    bad "tiny-vlm failed: $(cat "$TMP/out.txt")"
+fi
+nonempty "$TMP/a.gguf"
+nonempty "$TMP/a-mmproj.gguf"
+grep -q "tokenizer.ggml.tokens" "$TMP/a.gguf" && ok "vocabulary copied" || bad "no tokenizer.ggml.tokens in the model"
+grep -q "v.blk.2.ffn_up.weight" "$TMP/a-mmproj.gguf" && ok "mmproj has the ViT tensors" || bad "mmproj lacks v.blk.2.ffn_up.weight"
+
+# Determinism: same seed, same bytes; another seed, other bytes.
+"$EKV" mkmodel --preset tiny-vlm -o "$TMP/b.gguf" --mmproj-out "$TMP/b-mmproj.gguf" \
+    --vocab "$SHARED/models/stories260K.gguf" --seed 3 > /dev/null || bad "second run failed"
+cmp -s "$TMP/a.gguf" "$TMP/b.gguf" && ok "same seed, same model bytes" || bad "same seed gave different model bytes"
+cmp -s "$TMP/a-mmproj.gguf" "$TMP/b-mmproj.gguf" && ok "same seed, same mmproj bytes" || bad "same seed gave different mmproj bytes"
+"$EKV" mkmodel --preset tiny-vlm -o "$TMP/c.gguf" --vocab "$SHARED/models/stories260K.gguf" --seed 4 > /dev/null || bad "seed 4 failed"
+cmp -s "$TMP/a.gguf" "$TMP/c.gguf" && bad "seeds 3 and 4 gave the same bytes" || ok "another seed, other bytes"
+# Without --mmproj-out the tower goes beside the model.
+nonempty "$TMP/c.mmproj.gguf"
+
+# Every weight type; a generated vocabulary when --vocab is absent.
+for t in f32 f16 q8_0 q4_0; do
+    if "$EKV" mkmodel --preset tiny-vlm --type $t -o "$TMP/t_$t.gguf" > /dev/null; then
+        nonempty "$TMP/t_$t.gguf"
+        nonempty "$TMP/t_$t.mmproj.gguf"
+    else
+        bad "--type $t failed"
+    fi
+done
+s32=$(stat -c %s "$TMP/t_f32.gguf"); s4=$(stat -c %s "$TMP/t_q4_0.gguf")
+[ "$s4" -lt "$s32" ] && ok "q4_0 ($s4 B) smaller than f32 ($s32 B)" || bad "q4_0 not smaller than f32"
+
+# A non-vision preset at a real size (SmolLM2-135M, about 100 MB at q4_0 with its 49k vocabulary).
+if "$EKV" mkmodel --preset smollm2-135m --type q4_0 -o "$TMP/smol.gguf" > /dev/null; then
+    nonempty "$TMP/smol.gguf"
+else
+    bad "smollm2-135m failed"
+fi
+
+# Errors: status 1 and a message.
+expect_fail() {
+    local what=$1 needle=$2; shift 2
+    "$EKV" mkmodel "$@" > "$TMP/o.txt" 2> "$TMP/e.txt"
+    local rc=$?
+    if [ $rc -eq 1 ] && grep -q -- "$needle" "$TMP/e.txt"; then ok "$what -> 1"; else bad "$what: status $rc, stderr: $(cat "$TMP/e.txt")"; fi
+}
+expect_fail "unknown preset" "tiny-vlm" --preset no-such-model -o "$TMP/x.gguf"
+expect_fail "missing preset" "preset" -o "$TMP/x.gguf"
+expect_fail "missing output" "-o FILE" --preset tiny-vlm
+expect_fail "bad type" "q4_0" --preset tiny-vlm --type q3_k -o "$TMP/x.gguf"
+expect_fail "bad seed" "seed" --preset tiny-vlm --seed -5 -o "$TMP/x.gguf"
+expect_fail "unknown option" "unknown option" --preset tiny-vlm --frobnicate 1 -o "$TMP/x.gguf"
+expect_fail "mmproj for a text model" "no vision tower" --preset qwen2-0.5b --mmproj-out "$TMP/m.gguf" -o "$TMP/x.gguf"
+expect_fail "missing vocabulary file" "nope.gguf" --preset tiny-vlm --vocab "$TMP/nope.gguf" -o "$TMP/x.gguf"
+[ -e "$TMP/x.gguf" ] && bad "a failed run left $TMP/x.gguf" || ok "failed runs leave no file"
+"$EKV" mkmodel --help > "$TMP/h.txt" && grep -q "llava-1.5-7b" "$TMP/h.txt" && ok "--help lists presets" || bad "--help"
+
+exit $fail

@@ -1,0 +1,772 @@
+/*
+ * test_vision.c — the vision path against plain double-precision references
+ * written here: LLaVA-1.5 preprocessing of a real photo (pad to square with
+ * the mean colour, bicubic resize, normalise), the ViT embeddings, one
+ * encoder block and the whole tower + projector on a tiny-vlm mmproj made by
+ * `ekv mkmodel`; shapes and image-token counts; and the errors for
+ * unreadable, truncated, garbage and absurdly large images and for broken
+ * mmproj files.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/util.h"
+#include "ekv.h"
+#include "kernels/kernels.h"
+#include "model/gguf.h"
+#include "testutil.h"
+#include "vision/clip.h"
+#include "vision/image.h"
+
+static const float k_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
+static const float k_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+
+static char g_dir[] = "/tmp/ekv_test_vision_XXXXXX";
+
+/* ------------------------------------------------------------------ */
+/* preprocessing reference (double)                                     */
+/* ------------------------------------------------------------------ */
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+static double ref_cubic(double pm1, double p0, double p1, double p2, double t) {
+    double d0 = pm1 - p0, d2 = p1 - p0, d3 = p2 - p0;
+    double a1 = -d0 / 3.0 + d2 - d3 / 6.0;
+    double a2 = d0 / 2.0 + d2 / 2.0;
+    double a3 = -d0 / 6.0 - d2 / 2.0 + d3 / 6.0;
+    return p0 + a1 * t + a2 * t * t + a3 * t * t * t;
+}
+
+/* pad (centre, colour (int)(mean*255)) + bicubic + normalise, all in double. */
+static void ref_preprocess(const uint8_t *rgb, int nx, int ny, int size, double *out) {
+    int side = nx > ny ? nx : ny;
+    uint8_t *sq = malloc((size_t)side * side * 3);
+    int col[3];
+    for (int c = 0; c < 3; c++) col[c] = (int)(k_mean[c] * 255.0);
+    for (int i = 0; i < side * side; i++)
+        for (int c = 0; c < 3; c++) sq[i * 3 + c] = (uint8_t)col[c];
+    int ox = (side - nx) / 2, oy = (side - ny) / 2;
+    for (int y = 0; y < ny; y++)
+        for (int x = 0; x < nx; x++)
+            for (int c = 0; c < 3; c++)
+                sq[((y + oy) * side + x + ox) * 3 + c] = rgb[(y * nx + x) * 3 + c];
+    double scale = (double)side / size;
+    for (int i = 0; i < size; i++) {
+        int y = (int)(scale * i);
+        double dy = scale * i - y;
+        for (int j = 0; j < size; j++) {
+            int x = (int)(scale * j);
+            double dx = scale * j - x;
+            for (int c = 0; c < 3; c++) {
+                double C[4];
+                for (int r = 0; r < 4; r++) {
+                    const uint8_t *row = sq + (size_t)clampi(y - 1 + r, 0, side - 1) * side * 3;
+                    double p[4];
+                    for (int k = 0; k < 4; k++) p[k] = row[clampi(x - 1 + k, 0, side - 1) * 3 + c];
+                    C[r] = ref_cubic(p[0], p[1], p[2], p[3], dx);
+                }
+                double v = floor(ref_cubic(C[0], C[1], C[2], C[3], dy) + 0.5);
+                v = v < 0 ? 0 : (v > 255 ? 255 : v);
+                out[(size_t)c * size * size + (size_t)i * size + j] =
+                    (v / 255.0 - (double)k_mean[c]) / (double)k_std[c];
+            }
+        }
+    }
+    free(sq);
+}
+
+static void test_preprocess_photo(void) {
+    struct ekv_image img = {0};
+    CHECK_OK(ekv_image_load_file(tu_src("data/images/astronaut_crop.png"), &img));
+    CHECK(img.nx == 320 && img.ny == 200);
+    if (!img.rgb) return;
+    const int S = 336;
+    float *got = malloc(sizeof(float) * 3 * S * S);
+    double *want = malloc(sizeof(double) * 3 * S * S);
+    CHECK_OK(ekv_image_preprocess_llava(&img, S, k_mean, k_std, got));
+    ref_preprocess(img.rgb, img.nx, img.ny, S, want);
+    /* Float vs double can round a resized value to the neighbouring grey
+     * level (at most one level = 1/(255*std) after normalisation); nearly
+     * all values must agree to 1e-5. */
+    double one_level = 1.0 / (255.0 * 0.26130258) + 1e-5, maxd = 0;
+    size_t exact = 0, n = (size_t)3 * S * S;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(got[i] - want[i]);
+        if (d > maxd) maxd = d;
+        if (d <= 1e-5) exact++;
+    }
+    printf("preprocess: %zu of %zu values within 1e-5 of the double reference, max diff %.3g\n",
+           exact, n, maxd);
+    CHECK_MSG(maxd <= one_level, "max diff %g > one grey level %g", maxd, one_level);
+    CHECK_MSG(exact >= n - n / 1000, "only %zu of %zu within 1e-5", exact, n);
+    /* The top rows come from the padding only: exactly the mean colour. */
+    for (int c = 0; c < 3; c++) {
+        double pad = ((int)(k_mean[c] * 255.0) / 255.0 - k_mean[c]) / k_std[c];
+        CHECK_NEAR(got[(size_t)c * S * S + 5 * S + 100], pad, 1e-5);
+    }
+    /* The photo is in the middle: a skin pixel is far from the pad colour. */
+    CHECK(fabs(got[(size_t)S * S / 2 + S / 2] - got[5 * S + 100]) > 0.1);
+
+    /* The JPEG twin decodes to the same picture up to JPEG loss. */
+    struct ekv_image jpg = {0};
+    CHECK_OK(ekv_image_load_file(tu_src("data/images/astronaut_crop.jpg"), &jpg));
+    CHECK(jpg.nx == 320 && jpg.ny == 200);
+    if (jpg.rgb && jpg.nx == img.nx && jpg.ny == img.ny) {
+        double sum = 0;
+        for (size_t i = 0; i < (size_t)320 * 200 * 3; i++) sum += abs((int)jpg.rgb[i] - (int)img.rgb[i]);
+        double mad = sum / (320.0 * 200 * 3);
+        printf("jpeg vs png: mean abs difference %.2f grey levels\n", mad);
+        CHECK_MSG(mad < 4.0, "JPEG differs from PNG by %.2f levels on average", mad);
+    }
+    ekv_image_free(&jpg);
+    free(got);
+    free(want);
+    ekv_image_free(&img);
+}
+
+static void test_pad_and_resize_small(void) {
+    /* 3 x 1 image -> 3 x 3 square, image on the middle row. */
+    struct ekv_image a = {0}, sq = {0}, same = {0};
+    const uint8_t red[3] = {200, 10, 20}, pad[3] = {1, 2, 3};
+    CHECK_OK(ekv_image_new(3, 1, red, &a));
+    a.rgb[3] = 77; /* middle pixel's red */
+    CHECK_OK(ekv_image_pad_square(&a, pad, &sq));
+    CHECK(sq.nx == 3 && sq.ny == 3);
+    if (sq.rgb) {
+        CHECK(sq.rgb[0] == 1 && sq.rgb[1] == 2 && sq.rgb[2] == 3);             /* (0,0) pad */
+        CHECK(sq.rgb[(1 * 3 + 0) * 3] == 200 && sq.rgb[(1 * 3 + 1) * 3] == 77); /* row 1 image */
+        CHECK(sq.rgb[(2 * 3 + 2) * 3 + 2] == 3);                                /* (2,2) pad */
+        /* Same-size bicubic is the identity (scale 1, fraction 0). */
+        CHECK_OK(ekv_image_resize_bicubic(&sq, 3, 3, &same));
+        CHECK(same.rgb && memcmp(same.rgb, sq.rgb, 27) == 0);
+    }
+    /* Mean colour as LLaVA computes it. */
+    uint8_t mc[3];
+    ekv_image_mean_color(k_mean, mc);
+    CHECK(mc[0] == 122 && mc[1] == 116 && mc[2] == 104);
+    ekv_image_free(&a);
+    ekv_image_free(&sq);
+    ekv_image_free(&same);
+}
+
+static void test_image_errors(void) {
+    struct ekv_image img = {0};
+    /* Missing file. */
+    CHECK(ekv_image_load_file(tu_src("data/images/no-such-file.png"), &img) == EKV_ERR_IO);
+    CHECK(strstr(ekv_last_error(), "no-such-file.png") != NULL);
+    CHECK(img.rgb == NULL);
+    /* A directory is not an image. */
+    CHECK(ekv_image_load_file(tu_src("data/images"), &img) != EKV_OK);
+    /* Garbage bytes. */
+    const char junk[] = "this is not an image at all, just some text";
+    CHECK(ekv_image_load_memory(junk, sizeof junk, "junk", &img) == EKV_ERR_FORMAT);
+    CHECK(strstr(ekv_last_error(), "junk") != NULL);
+    /* Truncated PNG: the header is fine, the pixels are cut off. */
+    size_t n = 0;
+    char *png = tu_read_file(tu_src("data/images/astronaut_crop.png"), &n);
+    CHECK(png != NULL && n > 1000);
+    if (png) {
+        size_t cuts[] = {n / 2, 100, 40, 8};
+        for (size_t i = 0; i < EKV_ARRAY_LEN(cuts); i++) {
+            enum ekv_status s = ekv_image_load_memory(png, cuts[i], "cut.png", &img);
+            CHECK_MSG(s == EKV_ERR_FORMAT, "cut at %zu: %s", cuts[i], ekv_status_str(s));
+            CHECK(img.rgb == NULL);
+        }
+        /* Truncated JPEG. */
+        size_t jn = 0;
+        char *jpg = tu_read_file(tu_src("data/images/astronaut_crop.jpg"), &jn);
+        if (jpg) {
+            enum ekv_status s = ekv_image_load_memory(jpg, jn / 3, "cut.jpg", &img);
+            /* stb_image fills a truncated baseline JPEG's missing blocks, as
+             * libjpeg does; either a clean error or a full-size image. */
+            CHECK(s == EKV_ERR_FORMAT || (s == EKV_OK && img.nx == 320 && img.ny == 200));
+            ekv_image_free(&img);
+            free(jpg);
+        }
+        free(png);
+    }
+    /* A PNG header claiming 100000 x 100000 pixels: refused before decoding. */
+    static const uint8_t huge[] = {
+        0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n',
+        0, 0, 0, 13, 'I', 'H', 'D', 'R',
+        0x00, 0x01, 0x86, 0xa0, 0x00, 0x01, 0x86, 0xa0, /* 100000 x 100000 */
+        8, 2, 0, 0, 0,                                  /* 8-bit RGB */
+        0, 0, 0, 0,                                     /* CRC (stb does not check) */
+        0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+    enum ekv_status s = ekv_image_load_memory(huge, sizeof huge, "huge.png", &img);
+    CHECK(s == EKV_ERR_INVALID_ARG);
+    CHECK(strstr(ekv_last_error(), "too large") != NULL && strstr(ekv_last_error(), "100000") != NULL);
+    printf("huge image: %s\n", ekv_last_error());
+    CHECK(img.rgb == NULL);
+    /* A JPEG whose frame header claims 65535 x 65535. */
+    static const uint8_t huge_jpg[] = {0xff, 0xd8, 0xff, 0xe0, 0x00, 0x04, 0x00, 0x00,
+                                       0xff, 0xc0, 0x00, 0x11, 0x08, 0xff, 0xff, 0xff, 0xff, 0x03,
+                                       0x01, 0x22, 0x00, 0x02, 0x11, 0x01, 0x03, 0x11, 0x01,
+                                       0xff, 0xd9};
+    s = ekv_image_load_memory(huge_jpg, sizeof huge_jpg, "huge.jpg", &img);
+    CHECK(s == EKV_ERR_INVALID_ARG);
+    CHECK(strstr(ekv_last_error(), "65535 x 65535") != NULL);
+    CHECK(img.rgb == NULL);
+    /* Same through a file. */
+    char path[256];
+    snprintf(path, sizeof path, "%s/huge.png", g_dir);
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fwrite(huge, 1, sizeof huge, f);
+        fclose(f);
+        CHECK(ekv_image_load_file(path, &img) == EKV_ERR_INVALID_ARG);
+    }
+    /* Preprocessing with a bad std. */
+    struct ekv_image one = {0};
+    const uint8_t px[3] = {1, 2, 3};
+    CHECK_OK(ekv_image_new(1, 1, px, &one));
+    float out[3 * 4], bad_std[3] = {0.2f, 0.0f, 0.2f};
+    CHECK(ekv_image_preprocess_llava(&one, 2, k_mean, bad_std, out) == EKV_ERR_INVALID_ARG);
+    ekv_image_free(&one);
+}
+
+/* ------------------------------------------------------------------ */
+/* ViT reference (double) on a tiny-vlm mmproj written by ekv mkmodel   */
+/* ------------------------------------------------------------------ */
+
+static const float *T(struct gguf_file *f, const char *name) {
+    const struct gguf_tensor *t = gguf_find_tensor(f, name);
+    CHECK_MSG(t && t->type == EKV_F32, "tensor %s missing or not f32", name);
+    return t && t->type == EKV_F32 ? (const float *)t->data : NULL;
+}
+
+static const float *Tn(struct gguf_file *f, const char *fmt, int il) {
+    char name[96];
+    snprintf(name, sizeof name, fmt, il);
+    return T(f, name);
+}
+
+static void ref_ln(double *out, const double *x, const float *w, const float *b, int n, double eps) {
+    double mean = 0, var = 0;
+    for (int i = 0; i < n; i++) mean += x[i];
+    mean /= n;
+    for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    var /= n;
+    for (int i = 0; i < n; i++) out[i] = (x[i] - mean) / sqrt(var + eps) * w[i] + b[i];
+}
+
+/* y[o] = b[o] + sum_i W[o][i] x[i]; W stored with ne = [in, out]. */
+static void ref_linear(double *y, const float *W, const float *b, const double *x, int in, int out) {
+    for (int o = 0; o < out; o++) {
+        double s = b ? b[o] : 0.0;
+        for (int i = 0; i < in; i++) s += (double)W[(size_t)o * in + i] * x[i];
+        y[o] = s;
+    }
+}
+
+/* Patch embedding + class + positions + pre-LN. x: [n_pos][E]. */
+static void ref_embed(struct gguf_file *f, const struct ekv_clip_hparams *hp, const float *pix,
+                      double *x) {
+    const int E = hp->n_embd, P = hp->patch_size, S = hp->image_size, G = S / P;
+    const int first = hp->has_class ? 1 : 0; /* SigLIP: no class token */
+    const float *w = T(f, "v.patch_embd.weight");
+    const float *cls = hp->has_class ? T(f, "v.class_embd") : NULL;
+    const float *pb = gguf_find_tensor(f, "v.patch_embd.bias") ? T(f, "v.patch_embd.bias") : NULL;
+    const float *pos = T(f, "v.position_embd.weight");
+    bool pre = gguf_find_tensor(f, "v.pre_ln.weight") != NULL;
+    const float *lw = pre ? T(f, "v.pre_ln.weight") : NULL, *lb = pre ? T(f, "v.pre_ln.bias") : NULL;
+    if (!w || !pos || (hp->has_class && !cls) || (pre && (!lw || !lb))) return;
+    for (int e = 0; e < E && cls; e++) x[e] = cls[e];
+    for (int py = 0; py < G; py++)
+        for (int px = 0; px < G; px++)
+            for (int e = 0; e < E; e++) {
+                double s = 0;
+                /* conv weight [E][3][P][P] (GGUF ne = [P,P,3,E]) */
+                for (int c = 0; c < 3; c++)
+                    for (int ky = 0; ky < P; ky++)
+                        for (int kx = 0; kx < P; kx++)
+                            s += (double)w[((size_t)(e * 3 + c) * P + ky) * P + kx] *
+                                 pix[(size_t)c * S * S + (size_t)(py * P + ky) * S + px * P + kx];
+                x[(size_t)(first + py * G + px) * E + e] = s + (pb ? pb[e] : 0.0);
+            }
+    for (int r = 0; r < hp->n_pos; r++)
+        for (int e = 0; e < E; e++) x[(size_t)r * E + e] += pos[(size_t)r * E + e];
+    double *tmp = malloc(sizeof(double) * E);
+    for (int r = 0; r < hp->n_pos && pre; r++) {
+        ref_ln(tmp, x + (size_t)r * E, lw, lb, E, hp->eps);
+        memcpy(x + (size_t)r * E, tmp, sizeof(double) * E);
+    }
+    free(tmp);
+}
+
+/* One pre-LN block: x += attn(LN1 x); x += fc2(quick_gelu(fc1(LN2 x))). */
+static void ref_block(struct gguf_file *f, const struct ekv_clip_hparams *hp, int il, double *x) {
+    const int E = hp->n_embd, F = hp->n_ff, N = hp->n_pos, H = hp->n_head, D = E / H;
+    const float *l1w = Tn(f, "v.blk.%d.ln1.weight", il), *l1b = Tn(f, "v.blk.%d.ln1.bias", il);
+    const float *l2w = Tn(f, "v.blk.%d.ln2.weight", il), *l2b = Tn(f, "v.blk.%d.ln2.bias", il);
+    const float *qw = Tn(f, "v.blk.%d.attn_q.weight", il), *qb = Tn(f, "v.blk.%d.attn_q.bias", il);
+    const float *kw = Tn(f, "v.blk.%d.attn_k.weight", il), *kb = Tn(f, "v.blk.%d.attn_k.bias", il);
+    const float *vw = Tn(f, "v.blk.%d.attn_v.weight", il), *vb = Tn(f, "v.blk.%d.attn_v.bias", il);
+    const float *ow = Tn(f, "v.blk.%d.attn_out.weight", il), *ob = Tn(f, "v.blk.%d.attn_out.bias", il);
+    /* llama.cpp's LLaVA converter: fc1 = ffn_down [E->F], fc2 = ffn_up [F->E]. */
+    const float *f1w = Tn(f, "v.blk.%d.ffn_down.weight", il), *f1b = Tn(f, "v.blk.%d.ffn_down.bias", il);
+    const float *f2w = Tn(f, "v.blk.%d.ffn_up.weight", il), *f2b = Tn(f, "v.blk.%d.ffn_up.bias", il);
+    if (!l1w || !l1b || !l2w || !l2b || !qw || !qb || !kw || !kb || !vw || !vb || !ow || !ob ||
+        !f1w || !f1b || !f2w || !f2b)
+        return;
+    double *h = malloc(sizeof(double) * N * E), *q = malloc(sizeof(double) * N * E);
+    double *k = malloc(sizeof(double) * N * E), *v = malloc(sizeof(double) * N * E);
+    double *a = malloc(sizeof(double) * N * E), *t = malloc(sizeof(double) * N * F);
+    double *p = malloc(sizeof(double) * N);
+    for (int r = 0; r < N; r++) {
+        ref_ln(h + r * E, x + r * E, l1w, l1b, E, hp->eps);
+        ref_linear(q + r * E, qw, qb, h + r * E, E, E);
+        ref_linear(k + r * E, kw, kb, h + r * E, E, E);
+        ref_linear(v + r * E, vw, vb, h + r * E, E, E);
+    }
+    for (int r = 0; r < N; r++)
+        for (int hh = 0; hh < H; hh++) {
+            double mx = -1e300, sum = 0;
+            for (int s = 0; s < N; s++) {
+                double d = 0;
+                for (int i = 0; i < D; i++) d += q[r * E + hh * D + i] * k[s * E + hh * D + i];
+                p[s] = d / sqrt((double)D);
+                if (p[s] > mx) mx = p[s];
+            }
+            for (int s = 0; s < N; s++) sum += (p[s] = exp(p[s] - mx));
+            for (int i = 0; i < D; i++) {
+                double o = 0;
+                for (int s = 0; s < N; s++) o += p[s] / sum * v[s * E + hh * D + i];
+                a[r * E + hh * D + i] = o;
+            }
+        }
+    for (int r = 0; r < N; r++) {
+        ref_linear(h + r * E, ow, ob, a + r * E, E, E);
+        for (int e = 0; e < E; e++) x[r * E + e] += h[r * E + e];
+    }
+    for (int r = 0; r < N; r++) {
+        ref_ln(h + r * E, x + r * E, l2w, l2b, E, hp->eps);
+        ref_linear(t + r * F, f1w, f1b, h + r * E, E, F);
+        for (int i = 0; i < F; i++) {
+            double z = t[r * F + i];
+            t[r * F + i] = hp->use_gelu ? 0.5 * z * (1.0 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)))
+                                        : z / (1.0 + exp(-1.702 * z));
+        }
+        ref_linear(h + r * E, f2w, f2b, t + r * F, F, E);
+        for (int e = 0; e < E; e++) x[r * E + e] += h[r * E + e];
+    }
+    free(h); free(q); free(k); free(v); free(a); free(t); free(p);
+}
+
+/* LLaVA-1.5 projector with tanh-GELU, on the patch rows. */
+static void ref_project(struct gguf_file *f, const struct ekv_clip_hparams *hp, const double *feat,
+                        double *out) {
+    const float *w0 = T(f, "mm.0.weight"), *b0 = T(f, "mm.0.bias");
+    const float *w2 = T(f, "mm.2.weight"), *b2 = T(f, "mm.2.bias");
+    if (!w0 || !b0 || !w2 || !b2) return;
+    double *mid = malloc(sizeof(double) * hp->n_mm);
+    for (int r = 0; r < hp->n_patches; r++) {
+        ref_linear(mid, w0, b0, feat + (size_t)r * hp->n_embd, hp->n_embd, hp->n_mm);
+        for (int i = 0; i < hp->n_mm; i++) {
+            double z = mid[i];
+            mid[i] = 0.5 * z * (1.0 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
+        }
+        ref_linear(out + (size_t)r * hp->n_embd_out, w2, b2, mid, hp->n_mm, hp->n_embd_out);
+    }
+    free(mid);
+}
+
+static double max_abs_diff_fd(const float *a, const double *b, size_t n, double *maxref) {
+    double m = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= m)) m = d; /* NaN propagates */
+        if (fabs(b[i]) > r) r = fabs(b[i]);
+    }
+    if (maxref) *maxref = r;
+    return m;
+}
+
+static int run_mkmodel(const char *args) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel %s > /dev/null", EKV_BINARY_DIR, args);
+    return system(cmd);
+}
+
+static void test_vit(void) {
+    char lm[256], mm[256], args[1024];
+    snprintf(lm, sizeof lm, "%s/tiny.gguf", g_dir);
+    snprintf(mm, sizeof mm, "%s/tiny-mmproj.gguf", g_dir);
+    snprintf(args, sizeof args, "--preset tiny-vlm --type f32 --seed 7 -o '%s' --mmproj-out '%s'", lm, mm);
+    int rc = run_mkmodel(args);
+    CHECK_MSG(rc == 0, "ekv mkmodel failed (%d); is %s/ekv built?", rc, EKV_BINARY_DIR);
+    if (rc != 0) return;
+
+    struct ekv_clip *c = NULL;
+    CHECK_OK(ekv_clip_load(mm, &c));
+    if (!c) return;
+    const struct ekv_clip_hparams *hp = ekv_clip_hparams(c);
+    CHECK(hp->image_size == 56 && hp->patch_size == 14 && hp->n_embd == 64 && hp->n_head == 4);
+    CHECK(hp->n_ff == 128 && hp->n_layer == 3 && hp->n_layer_run == 2 && hp->has_class);
+    CHECK(hp->n_pos == 17 && hp->n_mm == 64);
+    CHECK(ekv_clip_n_patches(c) == 16); /* image tokens = (56/14)^2 */
+    CHECK(ekv_clip_n_embd_out(c) == 64);
+    CHECK(!hp->use_gelu);
+    for (int i = 0; i < 3; i++) {
+        CHECK(hp->image_mean[i] == k_mean[i]);
+        CHECK(hp->image_std[i] == k_std[i]);
+    }
+
+    struct gguf_file *f = NULL;
+    CHECK_OK(gguf_open(mm, &f));
+    if (!f) {
+        ekv_clip_free(c);
+        return;
+    }
+    const int S = hp->image_size, E = hp->n_embd, N = hp->n_pos;
+    float *pix = malloc(sizeof(float) * 3 * S * S);
+    struct ekv_image img = {0};
+    CHECK_OK(ekv_image_load_file(tu_src("data/images/astronaut_crop.png"), &img));
+    CHECK_OK(ekv_clip_preprocess(c, &img, pix));
+
+    /* Tolerances. Everything here is f32 weights and f32 activations
+     * against double; a float32 sum of <= 588 products of O(1) terms is off
+     * by ~1e-6 at worst. Embeddings (then LayerNorm, values O(1)): 2e-5
+     * absolute. One block: 1e-5 absolute (its MLP and attention add only
+     * ~1e-2..1e-1 to the residual at these weight scales, so a looser bound
+     * would miss e.g. a wrong quick-GELU constant, which moves it by 1e-4).
+     * Whole tower + projector (outputs ~0.07): 1e-6 + 1e-5 * max|ref|. */
+    float *x = malloc(sizeof(float) * N * E);
+    double *xr = calloc((size_t)N * E, sizeof(double));
+    CHECK_OK(ekv_clip_embed(c, NULL, pix, x));
+    ref_embed(f, hp, pix, xr);
+    double mref, d = max_abs_diff_fd(x, xr, (size_t)N * E, &mref);
+    printf("embeddings: max |diff| %.3g (max |ref| %.3g)\n", d, mref);
+    CHECK_MSG(d <= 2e-5, "embeddings differ by %g", d);
+    CHECK(mref > 0.5); /* not all zeros */
+
+    /* One block from the same input. */
+    for (size_t i = 0; i < (size_t)N * E; i++) xr[i] = x[i];
+    float *x1 = malloc(sizeof(float) * N * E);
+    memcpy(x1, x, sizeof(float) * N * E);
+    CHECK_OK(ekv_clip_block(c, NULL, 0, x1));
+    ref_block(f, hp, 0, xr);
+    d = max_abs_diff_fd(x1, xr, (size_t)N * E, &mref);
+    printf("block 0: max |diff| %.3g (max |ref| %.3g)\n", d, mref);
+    CHECK_MSG(d <= 1e-5, "block 0 differs by %g", d);
+    /* The block changed its input (a block that did nothing would pass
+     * a reference that also did nothing). */
+    double moved = 0;
+    for (size_t i = 0; i < (size_t)N * E; i++) moved = fmax(moved, fabs((double)x1[i] - x[i]));
+    CHECK(moved > 1e-3);
+
+    /* The same block on a 2-thread pool. */
+    struct ekv_pool *pool = NULL;
+    CHECK_OK(ekv_pool_new(2, &pool));
+    float *x2 = malloc(sizeof(float) * N * E);
+    memcpy(x2, x, sizeof(float) * N * E);
+    CHECK_OK(ekv_clip_block(c, pool, 0, x2));
+    d = max_abs_diff_fd(x2, xr, (size_t)N * E, NULL);
+    CHECK_MSG(d <= 1e-5, "block 0 on a pool differs by %g", d);
+
+    /* Whole tower: embeddings, blocks 0..n_layer_run-1 (second to last),
+     * projector. */
+    int np = ekv_clip_n_patches(c), no = ekv_clip_n_embd_out(c);
+    float *emb = malloc(sizeof(float) * np * no);
+    double *embr = calloc((size_t)np * no, sizeof(double));
+    CHECK_OK(ekv_clip_encode_pixels(c, pool, pix, emb));
+    ref_embed(f, hp, pix, xr);
+    for (int il = 0; il < hp->n_layer_run; il++) ref_block(f, hp, il, xr);
+    ref_project(f, hp, xr + E /* skip the class token */, embr);
+    d = max_abs_diff_fd(emb, embr, (size_t)np * no, &mref);
+    printf("image embeddings [%d][%d]: max |diff| %.3g (max |ref| %.3g)\n", np, no, d, mref);
+    const double tol_out = 1e-6 + 1e-5 * mref;
+    CHECK_MSG(d <= tol_out, "image embeddings differ by %g (tolerance %g)", d, tol_out);
+    CHECK(mref > 0.01);
+
+    /* Encoding the file gives the same embeddings as encoding its pixels. */
+    float *emb2 = malloc(sizeof(float) * np * no);
+    CHECK_OK(ekv_clip_encode_file(c, NULL, tu_src("data/images/astronaut_crop.png"), emb2));
+    d = max_abs_diff_fd(emb2, embr, (size_t)np * no, NULL);
+    CHECK_MSG(d <= tol_out, "encode_file differs by %g", d);
+    CHECK(ekv_clip_encode_file(c, NULL, tu_src("data/images/none.png"), emb2) == EKV_ERR_IO);
+    CHECK(ekv_clip_block(c, NULL, 3, x2) == EKV_ERR_INVALID_ARG);
+
+    free(emb2);
+    free(emb);
+    free(embr);
+    free(x2);
+    ekv_pool_free(pool);
+    free(x1);
+    free(x);
+    free(xr);
+    free(pix);
+    ekv_image_free(&img);
+    gguf_close(f);
+    ekv_clip_free(c);
+
+    /* The language model file is a loadable llama GGUF with stories-sized shapes. */
+    struct gguf_file *lf = NULL;
+    CHECK_OK(gguf_open(lm, &lf));
+    if (lf) {
+        struct gguf_str arch;
+        CHECK_OK(gguf_get_str(lf, "general.architecture", &arch));
+        CHECK(gguf_str_eq(arch, "llama"));
+        uint32_t v = 0;
+        CHECK_OK(gguf_get_u32(lf, "llama.embedding_length", &v));
+        CHECK(v == 64);
+        CHECK(gguf_n_tensors(lf) == 1 + 5 * 9 + 2);
+        const struct gguf_tensor *t = gguf_find_tensor(lf, "blk.4.ffn_down.weight");
+        CHECK(t && t->ne[0] == 172 && t->ne[1] == 64);
+        gguf_close(lf);
+    }
+}
+
+/* The same tower (same seed) with f16, q8_0 and q4_0 matrices: loads,
+ * encodes, and lands near the f32 result. The bound is loose on purpose
+ * (quantisation error, not arithmetic): relative RMS error of the image
+ * embeddings below 0.2% (f16), 2% (q8_0), 20% (q4_0); measured 0.02%,
+ * 0.6%, 6%. */
+static void test_quantized_towers(void) {
+    static const char *const types[] = {"f32", "f16", "q8_0", "q4_0"};
+    static const double max_rel[] = {0.0, 0.002, 0.02, 0.20};
+    float *ref = NULL;
+    size_t n = 0;
+    for (int ti = 0; ti < 4; ti++) {
+        char lm[256], mm[256], args[1024];
+        snprintf(lm, sizeof lm, "%s/q_%s.gguf", g_dir, types[ti]);
+        snprintf(mm, sizeof mm, "%s/q_%s-mmproj.gguf", g_dir, types[ti]);
+        snprintf(args, sizeof args, "--preset tiny-vlm --type %s --seed 11 -o '%s' --mmproj-out '%s'",
+                 types[ti], lm, mm);
+        int rc = run_mkmodel(args);
+        CHECK_MSG(rc == 0, "mkmodel --type %s failed", types[ti]);
+        struct ekv_clip *c = NULL;
+        if (rc != 0) continue;
+        CHECK_OK(ekv_clip_load(mm, &c));
+        if (!c) continue;
+        n = (size_t)ekv_clip_n_patches(c) * (size_t)ekv_clip_n_embd_out(c);
+        float *out = malloc(n * sizeof(float));
+        CHECK_OK(ekv_clip_encode_file(c, NULL, tu_src("data/images/astronaut_crop.jpg"), out));
+        if (ti == 0) {
+            ref = out;
+        } else if (ref) {
+            double num = 0, den = 0;
+            for (size_t i = 0; i < n; i++) {
+                num += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
+                den += (double)ref[i] * ref[i];
+            }
+            double rel = sqrt(num / den);
+            printf("tower with %s matrices: relative RMS difference to f32 %.4f\n", types[ti], rel);
+            CHECK_MSG(rel > 0.0 && rel < max_rel[ti], "%s: relative error %g", types[ti], rel);
+            free(out);
+        } else {
+            free(out);
+        }
+        ekv_clip_free(c);
+    }
+    free(ref);
+}
+
+/* A SigLIP-style tower derived from the tiny CLIP one: no class token,
+ * 16 position rows, a patch bias, no pre-LayerNorm, tanh-GELU MLP. */
+static void test_siglip_layout(void) {
+    char src[256], dst[256];
+    snprintf(src, sizeof src, "%s/tiny-mmproj.gguf", g_dir);
+    snprintf(dst, sizeof dst, "%s/siglip-mmproj.gguf", g_dir);
+    struct gguf_file *f = NULL;
+    CHECK_OK(gguf_open(src, &f));
+    if (!f) return;
+    struct gguf_writer *w = NULL;
+    CHECK_OK(gguf_writer_new(&w));
+    for (size_t i = 0; i < gguf_n_kv(f); i++) CHECK_OK(gguf_writer_copy_kv(w, gguf_kv_at(f, i)));
+    CHECK_OK(gguf_writer_set_bool(w, "clip.use_gelu", true));
+    float bias[64];
+    for (int i = 0; i < 64; i++) bias[i] = 0.05f * (float)((i * 37) % 11 - 5);
+    for (size_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        if (!strcmp(t->name, "v.class_embd") || !strncmp(t->name, "v.pre_ln.", 9)) continue;
+        if (!strcmp(t->name, "v.position_embd.weight")) {
+            int64_t ne[2] = {t->ne[0], t->ne[1] - 1};
+            CHECK_OK(gguf_writer_add_tensor(w, t->name, t->type, 2, ne,
+                                            (const float *)t->data + t->ne[0], NULL, NULL));
+            continue;
+        }
+        CHECK_OK(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL));
+    }
+    int64_t ne1 = 64;
+    CHECK_OK(gguf_writer_add_tensor(w, "v.patch_embd.bias", EKV_F32, 1, &ne1, bias, NULL, NULL));
+    CHECK_OK(gguf_writer_write(w, dst));
+    gguf_writer_free(w);
+    gguf_close(f);
+
+    struct ekv_clip *c = NULL;
+    CHECK_OK(ekv_clip_load(dst, &c));
+    CHECK_OK(gguf_open(dst, &f));
+    if (!c || !f) {
+        ekv_clip_free(c);
+        gguf_close(f);
+        return;
+    }
+    const struct ekv_clip_hparams *hp = ekv_clip_hparams(c);
+    CHECK(!hp->has_class && hp->n_pos == 16 && hp->use_gelu);
+    CHECK(ekv_clip_n_patches(c) == 16);
+    const int S = hp->image_size, E = hp->n_embd, np = hp->n_patches, no = hp->n_embd_out;
+    float *pix = malloc(sizeof(float) * 3 * S * S), *out = malloc(sizeof(float) * np * no);
+    float *x = malloc(sizeof(float) * np * E);
+    double *xr = calloc((size_t)np * E, sizeof(double)), *outr = calloc((size_t)np * no, sizeof(double));
+    struct ekv_image img = {0};
+    CHECK_OK(ekv_image_load_file(tu_src("data/images/astronaut_crop.png"), &img));
+    CHECK_OK(ekv_clip_preprocess(c, &img, pix));
+    CHECK_OK(ekv_clip_embed(c, NULL, pix, x));
+    ref_embed(f, hp, pix, xr);
+    double mref, d = max_abs_diff_fd(x, xr, (size_t)np * E, &mref);
+    printf("siglip embeddings: max |diff| %.3g (max |ref| %.3g)\n", d, mref);
+    CHECK_MSG(d <= 2e-5 && mref > 0.05, "siglip embeddings differ by %g", d);
+    CHECK_OK(ekv_clip_encode_pixels(c, NULL, pix, out));
+    for (int il = 0; il < hp->n_layer_run; il++) ref_block(f, hp, il, xr);
+    ref_project(f, hp, xr, outr);
+    d = max_abs_diff_fd(out, outr, (size_t)np * no, &mref);
+    printf("siglip image embeddings: max |diff| %.3g (max |ref| %.3g)\n", d, mref);
+    CHECK_MSG(d <= 1e-6 + 1e-5 * mref, "siglip image embeddings differ by %g", d);
+    free(pix); free(out); free(x); free(xr); free(outr);
+    ekv_image_free(&img);
+    gguf_close(f);
+    ekv_clip_free(c);
+}
+
+/* Byte-patches a copy of the mmproj and checks the load error names the problem. */
+static void expect_load_error(const char *src, const char *find, size_t off, const void *bytes,
+                              size_t nb, enum ekv_status want, const char *needle) {
+    size_t n = 0;
+    char *buf = tu_read_file(src, &n);
+    if (!buf) {
+        CHECK(buf != NULL);
+        return;
+    }
+    char *at = memmem(buf, n, find, strlen(find));
+    CHECK_MSG(at != NULL, "'%s' not in the file", find);
+    if (at) {
+        memcpy(at + off, bytes, nb);
+        char path[256];
+        snprintf(path, sizeof path, "%s/broken.gguf", g_dir);
+        FILE *f = fopen(path, "wb");
+        if (f) {
+            fwrite(buf, 1, n, f);
+            fclose(f);
+        }
+        struct ekv_clip *c = NULL;
+        enum ekv_status s = ekv_clip_load(path, &c);
+        CHECK_MSG(s == want, "patched '%s': got %s (%s)", find, ekv_status_str(s), ekv_last_error());
+        CHECK_MSG(strstr(ekv_last_error(), needle) != NULL, "message '%s' lacks '%s'", ekv_last_error(),
+                  needle);
+        CHECK(c == NULL);
+        ekv_clip_free(c);
+    }
+    free(buf);
+}
+
+static void test_clip_errors(void) {
+    char mm[256];
+    snprintf(mm, sizeof mm, "%s/tiny-mmproj.gguf", g_dir);
+    struct ekv_clip *c = NULL;
+    CHECK(ekv_clip_load(tu_src("data/images/none.gguf"), &c) == EKV_ERR_IO);
+    CHECK(ekv_clip_load(tu_src("data/images/astronaut_crop.png"), &c) == EKV_ERR_FORMAT);
+    if (access(mm, R_OK) != 0) return;
+    /* Key "clip.vision.image_size": after the name come the type (u32) and value. */
+    const char *k = "clip.vision.image_size";
+    uint32_t v70 = 70; /* 5 x 5 patches: 26 positions, the file has 17 */
+    expect_load_error(mm, k, strlen(k) + 4, &v70, 4, EKV_ERR_FORMAT, "v.position_embd.weight");
+    uint32_t v50 = 50; /* not a multiple of 14 */
+    expect_load_error(mm, k, strlen(k) + 4, &v50, 4, EKV_ERR_FORMAT, "patch_size");
+    const char *e = "clip.vision.embedding_length";
+    uint32_t v32 = 32;
+    expect_load_error(mm, e, strlen(e) + 4, &v32, 4, EKV_ERR_FORMAT, "v.class_embd");
+    /* A renamed tensor: the loader names the one that is missing. */
+    expect_load_error(mm, "v.blk.1.ffn_up.weight", 12, "q", 1, EKV_ERR_NOT_FOUND,
+                      "v.blk.1.ffn_up.weight");
+    expect_load_error(mm, "mm.2.bias", 0, "mx", 2, EKV_ERR_NOT_FOUND, "mm.2.bias");
+    /* Projector type other than mlp. */
+    expect_load_error(mm, "mlp", 0, "ldp", 3, EKV_ERR_UNSUPPORTED, "ldp");
+    /* A language model is not an mmproj. */
+    char lm[256];
+    snprintf(lm, sizeof lm, "%s/tiny.gguf", g_dir);
+    CHECK(ekv_clip_load(lm, &c) == EKV_ERR_FORMAT);
+    CHECK(strstr(ekv_last_error(), "mmproj") != NULL);
+}
+
+/* Seeded random byte mutations of the tiny mmproj's header, metadata and
+ * tensor table: every load either succeeds or fails with a message; none
+ * crashes (run under ASan/UBSan in the sanitizer build). A load that
+ * succeeds must also encode without error. */
+static void test_clip_mutations(void) {
+    char src[256], dst[256];
+    snprintf(src, sizeof src, "%s/tiny-mmproj.gguf", g_dir);
+    snprintf(dst, sizeof dst, "%s/mutant.gguf", g_dir);
+    size_t n = 0;
+    char *orig = tu_read_file(src, &n);
+    if (!orig) return;
+    struct gguf_file *f = NULL;
+    size_t meta_end = 4096;
+    if (gguf_open(src, &f) == EKV_OK) {
+        meta_end = gguf_data_offset(f);
+        gguf_close(f);
+    }
+    char *buf = malloc(n);
+    uint64_t st = 12345;
+    int loaded = 0, failed = 0, silent = 0;
+    float *out = malloc(sizeof(float) * 16 * 64);
+    for (int it = 0; it < 300; it++) {
+        memcpy(buf, orig, n);
+        int nmut = 1 + (int)(st % 4);
+        for (int m = 0; m < nmut; m++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            size_t pos = (size_t)(st >> 33) % meta_end;
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            buf[pos] = (char)(st >> 56);
+        }
+        FILE *fo = fopen(dst, "wb");
+        if (!fo) break;
+        fwrite(buf, 1, n, fo);
+        fclose(fo);
+        struct ekv_clip *c = NULL;
+        ekv_err_clear();
+        enum ekv_status s = ekv_clip_load(dst, &c);
+        if (s == EKV_OK) {
+            loaded++;
+            const struct ekv_clip_hparams *hp = ekv_clip_hparams(c);
+            if (hp->n_patches * hp->n_embd_out <= 16 * 64)
+                CHECK_OK(ekv_clip_encode_file(c, NULL, tu_src("data/images/astronaut_crop.png"), out));
+            ekv_clip_free(c);
+        } else {
+            failed++;
+            if (ekv_last_error()[0] == 0) silent++;
+            CHECK(c == NULL);
+        }
+    }
+    printf("mmproj mutations: %d loaded, %d refused, %d refused without a message\n", loaded, failed,
+           silent);
+    CHECK(silent == 0);
+    CHECK(failed > 0);
+    free(out);
+    free(buf);
+    free(orig);
+}
+
+int main(void) {
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_pad_and_resize_small();
+    test_preprocess_photo();
+    test_image_errors();
+    test_vit();
+    test_clip_errors();
+    test_siglip_layout();
+    test_clip_mutations();
+    test_quantized_towers();
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+    return test_finish("test_vision");
+}

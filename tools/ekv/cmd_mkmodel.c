@@ -1,0 +1,579 @@
+/*
+ * cmd_mkmodel.c — `ekv mkmodel`: writes GGUF files with random weights of
+ * real model shapes, laid out as llama.cpp's converters lay them out, so
+ * that speed and memory can be measured on LLaVA-1.5-7B, TinyLlama, SmolLM2
+ * or Qwen2 shapes without their weights (which cannot be downloaded here),
+ * and so that tests have a tiny vision-language model.
+ *
+ * Weights are drawn row by row from a counter-based generator keyed by
+ * (--seed, tensor, row), so the bytes do not depend on how the GGUF writer
+ * chunks its fill calls, and they are streamed: the 7B model never sits in
+ * memory. Matrices are normal * 0.02 in the chosen type (falling back to f16
+ * when a row does not fill whole quantisation blocks); RMSNorm weights are 1;
+ * ViT LayerNorm weights are 1 + 0.05 * normal with biases 0.02 * normal so
+ * that tests can tell a weight from a bias. Norms, biases and 1-D tensors
+ * stay f32.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "core/util.h"
+#include "ekv.h"
+#include "kernels/kernels.h"
+#include "model/gguf.h"
+
+/* ------------------------------------------------------------------ */
+/* presets                                                              */
+/* ------------------------------------------------------------------ */
+
+struct vit_preset {
+    int image_size, patch_size, n_embd, n_layer, n_head, n_ff;
+    float eps;
+    int n_mm;          /* projector hidden width */
+    int proj_dim;      /* CLIP's projection_dim, recorded as metadata only */
+    bool use_gelu;     /* false: quick-GELU (CLIP ViT-L) */
+};
+
+struct lm_preset {
+    const char *name;
+    const char *arch; /* "llama" or "qwen2" */
+    const char *desc;
+    int n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    float rope_base, eps;
+    bool qkv_bias, tied;
+    const struct vit_preset *vit;
+};
+
+static const struct vit_preset k_vit_l14_336 = {336, 14, 1024, 24, 16, 4096, 1e-5f, 4096, 768, false};
+static const struct vit_preset k_vit_tiny = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false};
+
+static const float k_clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
+static const float k_clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+
+static const struct lm_preset k_presets[] = {
+    {"llava-1.5-7b", "llama", "LLaVA-1.5-7B (Vicuna-7B) + CLIP ViT-L/14-336 mmproj", 4096, 32, 32,
+     32, 11008, 32000, 4096, 10000.0f, 1e-5f, false, false, &k_vit_l14_336},
+    {"tiny-vlm", "llama", "stories260K-sized decoder + 56px ViT (16 patches), for tests", 64, 5, 8,
+     4, 172, 512, 512, 10000.0f, 1e-5f, false, false, &k_vit_tiny},
+    {"tinyllama-1.1b", "llama", "TinyLlama-1.1B", 2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f,
+     1e-5f, false, false, NULL},
+    {"smollm2-135m", "llama", "SmolLM2-135M (tied embeddings)", 576, 30, 9, 3, 1536, 49152, 8192,
+     100000.0f, 1e-5f, false, true, NULL},
+    {"qwen2-0.5b", "qwen2", "Qwen2-0.5B (QKV biases, tied embeddings)", 896, 24, 14, 2, 4864,
+     151936, 32768, 1000000.0f, 1e-6f, true, true, NULL},
+};
+
+/* ------------------------------------------------------------------ */
+/* deterministic random rows                                            */
+/* ------------------------------------------------------------------ */
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t hash_str(const char *s) { /* FNV-1a */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* Uniform in (0, 1). */
+static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) / 9007199254740992.0; }
+
+enum init_kind { INIT_NORMAL, INIT_ONES, INIT_ONES_JITTER };
+
+struct gen; /* shared row cache */
+
+struct tspec {
+    char name[64];
+    enum ekv_dtype type;
+    uint32_t n_dims;
+    int64_t ne[4];
+    enum init_kind init;
+    float scale;
+    uint64_t seed;
+    size_t row_bytes;
+    struct gen *g;
+};
+
+struct gen {
+    const struct tspec *cur; /* tensor whose row sits in q */
+    int64_t row;
+    float *f;                /* [ne0] */
+    uint8_t *q;              /* [row_bytes] */
+    size_t cap_f, cap_q;
+};
+
+static enum ekv_status gen_row(struct gen *g, const struct tspec *ts, int64_t row) {
+    const int64_t n = ts->ne[0];
+    if ((size_t)n > g->cap_f) {
+        float *f = realloc(g->f, (size_t)n * sizeof *f);
+        if (!f) return ekv_err(EKV_ERR_NOMEM, "mkmodel: row buffer");
+        g->f = f;
+        g->cap_f = (size_t)n;
+    }
+    if (ts->row_bytes > g->cap_q) {
+        uint8_t *q = realloc(g->q, ts->row_bytes);
+        if (!q) return ekv_err(EKV_ERR_NOMEM, "mkmodel: row buffer");
+        g->q = q;
+        g->cap_q = ts->row_bytes;
+    }
+    uint64_t st = ts->seed ^ ((uint64_t)row * 0xd1b54a32d192ed03ull);
+    splitmix64(&st);
+    for (int64_t i = 0; i < n; i += 2) {
+        /* Box-Muller: two normals per two uniforms. */
+        double u1 = uniform01(&st), u2 = uniform01(&st);
+        double r = sqrt(-2.0 * log(u1));
+        double z[2] = {r * cos(6.283185307179586 * u2), r * sin(6.283185307179586 * u2)};
+        for (int k = 0; k < 2 && i + k < n; k++) {
+            float v;
+            switch (ts->init) {
+            case INIT_ONES: v = 1.0f; break;
+            case INIT_ONES_JITTER: v = 1.0f + ts->scale * (float)z[k]; break;
+            default: v = ts->scale * (float)z[k]; break;
+            }
+            g->f[i + k] = v;
+        }
+    }
+    if (ts->type == EKV_F32) {
+        memcpy(g->q, g->f, (size_t)n * sizeof(float));
+    } else if (ts->type == EKV_F16) {
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = ekv_f32_to_fp16(g->f[i]);
+            memcpy(g->q + 2 * i, &h, 2);
+        }
+    } else {
+        enum ekv_status s = ekv_quantize_row(ts->type, g->f, g->q, n);
+        if (s != EKV_OK) return ekv_err_prefix(s, "mkmodel: tensor %s", ts->name);
+    }
+    g->cur = ts;
+    g->row = row;
+    return EKV_OK;
+}
+
+static enum ekv_status fill_tensor(void *user, const struct gguf_tensor *t, uint64_t offset,
+                                   void *dst, size_t n) {
+    (void)t;
+    const struct tspec *ts = user;
+    struct gen *g = ts->g;
+    uint8_t *out = dst;
+    while (n > 0) {
+        int64_t row = (int64_t)(offset / ts->row_bytes);
+        size_t within = (size_t)(offset % ts->row_bytes);
+        if (g->cur != ts || g->row != row) {
+            enum ekv_status s = gen_row(g, ts, row);
+            if (s != EKV_OK) return s;
+        }
+        size_t k = EKV_MIN(n, ts->row_bytes - within);
+        memcpy(out, g->q + within, k);
+        out += k;
+        offset += k;
+        n -= k;
+    }
+    return EKV_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* building the tensor lists                                            */
+/* ------------------------------------------------------------------ */
+
+struct builder {
+    struct gguf_writer *w;
+    struct tspec *specs; /* fixed capacity, addresses stay valid for the writer */
+    size_t n, cap;
+    struct gen *g;
+    uint64_t seed;
+    enum ekv_dtype mat_type;
+};
+
+/* Adds a tensor; 1-D tensors are f32, matrices `type` (or f16 when a row
+ * does not fill whole blocks of it). */
+static enum ekv_status add(struct builder *b, const char *name, uint32_t n_dims, const int64_t *ne,
+                           enum ekv_dtype type, enum init_kind init, float scale) {
+    if (b->n == b->cap) return ekv_err(EKV_ERR_INTERNAL, "mkmodel: tensor table full at %s", name);
+    struct tspec *ts = &b->specs[b->n];
+    memset(ts, 0, sizeof *ts);
+    snprintf(ts->name, sizeof ts->name, "%s", name);
+    if (n_dims == 1) type = EKV_F32;
+    const struct ekv_dtype_info *di = ekv_dtype_get(type);
+    if (di && ne[0] % (int64_t)di->block_size != 0) type = EKV_F16;
+    ts->type = type;
+    ts->n_dims = n_dims;
+    for (int d = 0; d < 4; d++) ts->ne[d] = d < (int)n_dims ? ne[d] : 1;
+    ts->init = init;
+    ts->scale = scale;
+    ts->seed = b->seed ^ hash_str(name);
+    ts->g = b->g;
+    if (!ekv_dtype_row_bytes(type, ne[0], &ts->row_bytes))
+        return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: tensor %s: bad row of %lld for %s", name,
+                       (long long)ne[0], ekv_dtype_name(type));
+    enum ekv_status s = gguf_writer_add_tensor(b->w, ts->name, type, n_dims, ts->ne, NULL,
+                                               fill_tensor, ts);
+    if (s == EKV_OK) b->n++;
+    return s;
+}
+
+static enum ekv_status add_vec(struct builder *b, const char *name, int64_t n, enum init_kind init,
+                               float scale) {
+    return add(b, name, 1, &n, EKV_F32, init, scale);
+}
+
+static enum ekv_status add_mat(struct builder *b, const char *name, int64_t in, int64_t out,
+                               enum ekv_dtype type) {
+    int64_t ne[2] = {in, out};
+    return add(b, name, 2, ne, type, INIT_NORMAL, 0.02f);
+}
+
+static uint32_t file_type_of(enum ekv_dtype t) {
+    switch (t) {
+    case EKV_F32: return 0;
+    case EKV_F16: return 1;
+    case EKV_Q4_0: return 2;
+    case EKV_Q8_0: return 7;
+    default: return 1;
+    }
+}
+
+#define TRY(expr) do { enum ekv_status s_ = (expr); if (s_ != EKV_OK) return s_; } while (0)
+
+/* A minimal SentencePiece vocabulary: <unk>, <s>, </s>, 256 byte tokens,
+ * then "<tok_N>" pieces up to n_vocab. */
+static enum ekv_status gen_vocab(struct gguf_writer *w, int n_vocab) {
+    if (n_vocab < 3 + 256) return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: vocabulary of %d is too small", n_vocab);
+    char **strs = calloc((size_t)n_vocab, sizeof *strs);
+    char *pool = malloc((size_t)n_vocab * 24);
+    float *scores = malloc((size_t)n_vocab * sizeof *scores);
+    int32_t *types = malloc((size_t)n_vocab * sizeof *types);
+    enum ekv_status s = EKV_OK;
+    if (!strs || !pool || !scores || !types) {
+        s = ekv_err(EKV_ERR_NOMEM, "mkmodel: vocabulary");
+        goto out;
+    }
+    for (int i = 0; i < n_vocab; i++) {
+        char *p = pool + (size_t)i * 24;
+        strs[i] = p;
+        if (i == 0) { strcpy(p, "<unk>"); types[i] = 2; scores[i] = 0.0f; }
+        else if (i == 1) { strcpy(p, "<s>"); types[i] = 3; scores[i] = 0.0f; }
+        else if (i == 2) { strcpy(p, "</s>"); types[i] = 3; scores[i] = 0.0f; }
+        else if (i < 3 + 256) { snprintf(p, 24, "<0x%02X>", i - 3); types[i] = 6; scores[i] = 0.0f; }
+        else { snprintf(p, 24, "<tok_%d>", i); types[i] = 1; scores[i] = -(float)(i - 259); }
+    }
+    if ((s = gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
+        (s = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, (uint64_t)n_vocab)) ||
+        (s = gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, (uint64_t)n_vocab)) ||
+        (s = gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, (uint64_t)n_vocab)) ||
+        (s = gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0)) ||
+        (s = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1)) ||
+        (s = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2)) ||
+        (s = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true)) ||
+        (s = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false)))
+        goto out;
+out:
+    free(strs);
+    free(pool);
+    free(scores);
+    free(types);
+    return s;
+}
+
+/* Copies every tokenizer.* key from a vocabulary GGUF; *n_vocab gets the
+ * token count. */
+static enum ekv_status copy_vocab(struct gguf_writer *w, const struct gguf_file *vf,
+                                  const char *path, int *n_vocab) {
+    const struct gguf_value *toks;
+    enum ekv_status s = gguf_get_arr(vf, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks);
+    if (s != EKV_OK) return ekv_err_prefix(s, "%s", path);
+    if (toks->v.arr.n < 1 || toks->v.arr.n > (1u << 24))
+        return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries", path,
+                       (unsigned long long)toks->v.arr.n);
+    *n_vocab = (int)toks->v.arr.n;
+    for (size_t i = 0; i < gguf_n_kv(vf); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(vf, i);
+        if (kv->key.len >= 10 && memcmp(kv->key.ptr, "tokenizer.", 10) == 0)
+            TRY(gguf_writer_copy_kv(w, kv));
+    }
+    return EKV_OK;
+}
+
+static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, int n_vocab) {
+    struct gguf_writer *w = b->w;
+    char key[128], name[160];
+    const char *a = p->arch;
+    const int hd = p->n_embd / p->n_head;
+    TRY(gguf_writer_set_str(w, "general.architecture", a));
+    snprintf(name, sizeof name, "ekv-mkmodel %s (random weights)", p->name);
+    TRY(gguf_writer_set_str(w, "general.name", name));
+    TRY(gguf_writer_set_u32(w, "general.file_type", file_type_of(b->mat_type)));
+    if (b->mat_type == EKV_Q4_0 || b->mat_type == EKV_Q8_0)
+        TRY(gguf_writer_set_u32(w, "general.quantization_version", 2));
+#define SETU(suffix, v) do { snprintf(key, sizeof key, "%s." suffix, a); TRY(gguf_writer_set_u32(w, key, (uint32_t)(v))); } while (0)
+#define SETF(suffix, v) do { snprintf(key, sizeof key, "%s." suffix, a); TRY(gguf_writer_set_f32(w, key, (v))); } while (0)
+    SETU("context_length", p->n_ctx);
+    SETU("embedding_length", p->n_embd);
+    SETU("block_count", p->n_layer);
+    SETU("feed_forward_length", p->n_ff);
+    SETU("attention.head_count", p->n_head);
+    SETU("attention.head_count_kv", p->n_head_kv);
+    SETF("attention.layer_norm_rms_epsilon", p->eps);
+    SETF("rope.freq_base", p->rope_base);
+    SETU("rope.dimension_count", hd);
+    SETU("vocab_size", n_vocab);
+#undef SETU
+#undef SETF
+    const int64_t E = p->n_embd, KV = (int64_t)p->n_head_kv * hd, Q = (int64_t)p->n_head * hd;
+    TRY(add_mat(b, "token_embd.weight", E, n_vocab, b->mat_type));
+    for (int il = 0; il < p->n_layer; il++) {
+#define NM(fmt) (snprintf(name, sizeof name, "blk.%d." fmt, il), name)
+        TRY(add_vec(b, NM("attn_norm.weight"), E, INIT_ONES, 0.0f));
+        TRY(add_mat(b, NM("attn_q.weight"), E, Q, b->mat_type));
+        TRY(add_mat(b, NM("attn_k.weight"), E, KV, b->mat_type));
+        TRY(add_mat(b, NM("attn_v.weight"), E, KV, b->mat_type));
+        if (p->qkv_bias) {
+            TRY(add_vec(b, NM("attn_q.bias"), Q, INIT_NORMAL, 0.02f));
+            TRY(add_vec(b, NM("attn_k.bias"), KV, INIT_NORMAL, 0.02f));
+            TRY(add_vec(b, NM("attn_v.bias"), KV, INIT_NORMAL, 0.02f));
+        }
+        TRY(add_mat(b, NM("attn_output.weight"), Q, E, b->mat_type));
+        TRY(add_vec(b, NM("ffn_norm.weight"), E, INIT_ONES, 0.0f));
+        TRY(add_mat(b, NM("ffn_gate.weight"), E, p->n_ff, b->mat_type));
+        TRY(add_mat(b, NM("ffn_up.weight"), E, p->n_ff, b->mat_type));
+        TRY(add_mat(b, NM("ffn_down.weight"), p->n_ff, E, b->mat_type));
+#undef NM
+    }
+    TRY(add_vec(b, "output_norm.weight", E, INIT_ONES, 0.0f));
+    if (!p->tied) TRY(add_mat(b, "output.weight", E, n_vocab, b->mat_type));
+    return EKV_OK;
+}
+
+static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p) {
+    struct gguf_writer *w = b->w;
+    const struct vit_preset *v = p->vit;
+    char name[160];
+    /* Small tensors (patch and position embeddings) stay f16 as the
+     * converter writes them; f32 when everything is f32. */
+    const enum ekv_dtype small = b->mat_type == EKV_F32 ? EKV_F32 : EKV_F16;
+    TRY(gguf_writer_set_str(w, "general.architecture", "clip"));
+    snprintf(name, sizeof name, "ekv-mkmodel %s mmproj (random weights)", p->name);
+    TRY(gguf_writer_set_str(w, "general.name", name));
+    TRY(gguf_writer_set_str(w, "general.description", "image encoder for LLaVA"));
+    TRY(gguf_writer_set_u32(w, "general.file_type", file_type_of(b->mat_type)));
+    TRY(gguf_writer_set_bool(w, "clip.has_text_encoder", false));
+    TRY(gguf_writer_set_bool(w, "clip.has_vision_encoder", true));
+    TRY(gguf_writer_set_bool(w, "clip.has_llava_projector", true));
+    TRY(gguf_writer_set_str(w, "clip.projector_type", "mlp"));
+    TRY(gguf_writer_set_u32(w, "clip.vision.image_size", (uint32_t)v->image_size));
+    TRY(gguf_writer_set_u32(w, "clip.vision.patch_size", (uint32_t)v->patch_size));
+    TRY(gguf_writer_set_u32(w, "clip.vision.embedding_length", (uint32_t)v->n_embd));
+    TRY(gguf_writer_set_u32(w, "clip.vision.feed_forward_length", (uint32_t)v->n_ff));
+    TRY(gguf_writer_set_u32(w, "clip.vision.projection_dim", (uint32_t)v->proj_dim));
+    TRY(gguf_writer_set_u32(w, "clip.vision.attention.head_count", (uint32_t)v->n_head));
+    TRY(gguf_writer_set_f32(w, "clip.vision.attention.layer_norm_epsilon", v->eps));
+    TRY(gguf_writer_set_u32(w, "clip.vision.block_count", (uint32_t)v->n_layer));
+    TRY(gguf_writer_set_arr(w, "clip.vision.image_mean", GGUF_TYPE_FLOAT32, k_clip_mean, 3));
+    TRY(gguf_writer_set_arr(w, "clip.vision.image_std", GGUF_TYPE_FLOAT32, k_clip_std, 3));
+    TRY(gguf_writer_set_bool(w, "clip.use_gelu", v->use_gelu));
+
+    const int64_t E = v->n_embd, grid = v->image_size / v->patch_size;
+    TRY(add_mat(b, "mm.0.weight", E, v->n_mm, b->mat_type));
+    TRY(add_vec(b, "mm.0.bias", v->n_mm, INIT_NORMAL, 0.02f));
+    TRY(add_mat(b, "mm.2.weight", v->n_mm, p->n_embd, b->mat_type));
+    TRY(add_vec(b, "mm.2.bias", p->n_embd, INIT_NORMAL, 0.02f));
+    TRY(add_vec(b, "v.class_embd", E, INIT_NORMAL, 0.02f));
+    int64_t pne[4] = {v->patch_size, v->patch_size, 3, E};
+    TRY(add(b, "v.patch_embd.weight", 4, pne, small, INIT_NORMAL, 0.02f));
+    int64_t posne[2] = {E, grid * grid + 1};
+    TRY(add(b, "v.position_embd.weight", 2, posne, small, INIT_NORMAL, 0.02f));
+    TRY(add_vec(b, "v.pre_ln.weight", E, INIT_ONES_JITTER, 0.05f));
+    TRY(add_vec(b, "v.pre_ln.bias", E, INIT_NORMAL, 0.02f));
+    for (int il = 0; il < v->n_layer; il++) {
+#define NM(fmt) (snprintf(name, sizeof name, "v.blk.%d." fmt, il), name)
+        static const char *const att[4] = {"attn_k", "attn_v", "attn_q", "attn_out"};
+        for (int k = 0; k < 4; k++) {
+            char wn[96], bn[96];
+            snprintf(wn, sizeof wn, "v.blk.%d.%s.weight", il, att[k]);
+            snprintf(bn, sizeof bn, "v.blk.%d.%s.bias", il, att[k]);
+            TRY(add_mat(b, wn, E, E, b->mat_type));
+            TRY(add_vec(b, bn, E, INIT_NORMAL, 0.02f));
+        }
+        TRY(add_vec(b, NM("ln1.weight"), E, INIT_ONES_JITTER, 0.05f));
+        TRY(add_vec(b, NM("ln1.bias"), E, INIT_NORMAL, 0.02f));
+        /* fc1 is "ffn_down" and fc2 "ffn_up" in llama.cpp's LLaVA converter. */
+        TRY(add_mat(b, NM("ffn_down.weight"), E, v->n_ff, b->mat_type));
+        TRY(add_vec(b, NM("ffn_down.bias"), v->n_ff, INIT_NORMAL, 0.02f));
+        TRY(add_mat(b, NM("ffn_up.weight"), v->n_ff, E, b->mat_type));
+        TRY(add_vec(b, NM("ffn_up.bias"), E, INIT_NORMAL, 0.02f));
+        TRY(add_vec(b, NM("ln2.weight"), E, INIT_ONES_JITTER, 0.05f));
+        TRY(add_vec(b, NM("ln2.bias"), E, INIT_NORMAL, 0.02f));
+#undef NM
+    }
+    return EKV_OK;
+}
+
+/* Writes one file: the language model (mmproj false) or the vision tower. */
+static enum ekv_status write_file(const struct lm_preset *p, bool mmproj, enum ekv_dtype type,
+                                  uint64_t seed, const char *vocab_path, const char *out,
+                                  size_t *n_tensors) {
+    struct gen g = {0};
+    struct builder b = {0};
+    struct gguf_file *vf = NULL;
+    enum ekv_status s = gguf_writer_new(&b.w);
+    if (s != EKV_OK) return s;
+    b.cap = 64 + (size_t)(mmproj ? p->vit->n_layer : p->n_layer) * 20;
+    b.specs = calloc(b.cap, sizeof *b.specs);
+    b.g = &g;
+    b.seed = seed * 0x9e3779b97f4a7c15ull + (mmproj ? 0x5bd1e995u : 0);
+    b.mat_type = type;
+    if (!b.specs) {
+        s = ekv_err(EKV_ERR_NOMEM, "mkmodel: tensor table");
+        goto done;
+    }
+    if (mmproj) {
+        s = build_mmproj(&b, p);
+    } else {
+        int n_vocab = p->n_vocab;
+        if (vocab_path) {
+            if ((s = gguf_open(vocab_path, &vf)) != EKV_OK) goto done;
+            if ((s = copy_vocab(b.w, vf, vocab_path, &n_vocab)) != EKV_OK) goto done;
+        } else if ((s = gen_vocab(b.w, n_vocab)) != EKV_OK) {
+            goto done;
+        }
+        s = build_lm(&b, p, n_vocab);
+    }
+    if (s == EKV_OK) s = gguf_writer_write(b.w, out);
+    if (s == EKV_OK) *n_tensors = b.n;
+done:
+    gguf_writer_free(b.w);
+    gguf_close(vf);
+    free(b.specs);
+    free(g.f);
+    free(g.q);
+    return s;
+}
+
+/* ------------------------------------------------------------------ */
+/* command line                                                         */
+/* ------------------------------------------------------------------ */
+
+static void list_presets(FILE *o) {
+    fprintf(o, "presets:\n");
+    for (size_t i = 0; i < EKV_ARRAY_LEN(k_presets); i++)
+        fprintf(o, "  %-15s %s\n", k_presets[i].name, k_presets[i].desc);
+}
+
+static void usage(FILE *o) {
+    fprintf(o,
+            "usage: ekv mkmodel --preset NAME -o FILE [--mmproj-out FILE] [--type f32|f16|q8_0|q4_0]\n"
+            "                   [--vocab VOCAB.gguf] [--seed N]\n\n"
+            "Writes a GGUF model with random weights of a real model's shapes (llama.cpp layout).\n"
+            "Vision-language presets also write the vision tower (mmproj); without --mmproj-out it\n"
+            "goes beside FILE as <FILE minus .gguf>.mmproj.gguf.\n\n"
+            "  --preset NAME      model shape (see below)\n"
+            "  -o, --output FILE  language-model GGUF to write\n"
+            "  --mmproj-out FILE  vision-tower GGUF to write (vision presets only)\n"
+            "  --type T           type of weight matrices: f32, f16, q8_0, q4_0 (default f16)\n"
+            "  --vocab FILE       copy tokenizer.* from this GGUF (vocabulary size follows it)\n"
+            "  --seed N           random seed (default 1); same seed, same bytes\n\n"
+            "Weights are random: use these files for speed and memory, never for quality.\n\n");
+    list_presets(o);
+}
+
+static int cmd_main(int argc, char **argv) {
+    const char *preset = NULL, *out = NULL, *mmproj_out = NULL, *vocab = NULL, *type_s = "f16";
+    uint64_t seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "ekv mkmodel: %s needs a value (or is unknown); see --help\n", a);
+            return 1;
+        }
+        const char *v = argv[++i];
+        if (!strcmp(a, "--preset")) preset = v;
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
+        else if (!strcmp(a, "--mmproj-out")) mmproj_out = v;
+        else if (!strcmp(a, "--type")) type_s = v;
+        else if (!strcmp(a, "--vocab")) vocab = v;
+        else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            unsigned long long x = strtoull(v, &end, 10);
+            if (errno || *end || !*v || v[0] == '-') {
+                fprintf(stderr, "ekv mkmodel: --seed '%s' is not a non-negative integer\n", v);
+                return 1;
+            }
+            seed = x;
+        } else {
+            fprintf(stderr, "ekv mkmodel: unknown option '%s'; see --help\n", a);
+            return 1;
+        }
+    }
+    if (!preset) {
+        fprintf(stderr, "ekv mkmodel: --preset is required\n");
+        list_presets(stderr);
+        return 1;
+    }
+    const struct lm_preset *p = NULL;
+    for (size_t i = 0; i < EKV_ARRAY_LEN(k_presets); i++)
+        if (!strcmp(preset, k_presets[i].name)) p = &k_presets[i];
+    if (!p) {
+        fprintf(stderr, "ekv mkmodel: unknown preset '%s'\n", preset);
+        list_presets(stderr);
+        return 1;
+    }
+    if (!out) {
+        fprintf(stderr, "ekv mkmodel: -o FILE is required\n");
+        return 1;
+    }
+    enum ekv_dtype type;
+    if (!ekv_dtype_from_name(type_s, &type) ||
+        (type != EKV_F32 && type != EKV_F16 && type != EKV_Q8_0 && type != EKV_Q4_0)) {
+        fprintf(stderr, "ekv mkmodel: --type '%s' is not one of f32, f16, q8_0, q4_0\n", type_s);
+        return 1;
+    }
+    if (mmproj_out && !p->vit) {
+        fprintf(stderr, "ekv mkmodel: preset %s has no vision tower; drop --mmproj-out\n", p->name);
+        return 1;
+    }
+    char derived[4096];
+    if (p->vit && !mmproj_out) {
+        size_t n = strlen(out);
+        if (n >= 5 && !strcmp(out + n - 5, ".gguf")) n -= 5;
+        if (n + 13 >= sizeof derived) {
+            fprintf(stderr, "ekv mkmodel: output path too long\n");
+            return 1;
+        }
+        memcpy(derived, out, n);
+        strcpy(derived + n, ".mmproj.gguf");
+        mmproj_out = derived;
+    }
+    size_t nt = 0;
+    enum ekv_status s = write_file(p, false, type, seed, vocab, out, &nt);
+    if (s != EKV_OK) {
+        fprintf(stderr, "ekv mkmodel: %s: %s\n", ekv_status_str(s), ekv_last_error());
+        return 1;
+    }
+    printf("wrote %s: %s, %zu tensors, %s weights (random)\n", out, p->name, nt, ekv_dtype_name(type));
+    if (p->vit) {
+        s = write_file(p, true, type, seed, NULL, mmproj_out, &nt);
+        if (s != EKV_OK) {
+            fprintf(stderr, "ekv mkmodel: %s: %s\n", ekv_status_str(s), ekv_last_error());
+            return 1;
+        }
+        printf("wrote %s: %s vision tower, %zu tensors (random)\n", mmproj_out, p->name, nt);
+    }
+    return 0;
+}
+
+const struct ekv_cmd ekv_cmd_mkmodel = {"mkmodel", "write a GGUF with random weights of a real model's shape",
+                                        cmd_main};
