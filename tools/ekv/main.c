@@ -12,6 +12,7 @@ static const struct ekv_cmd *const k_cmds[] = {
     &ekv_cmd_run,
     &ekv_cmd_info,
     &ekv_cmd_mkmodel,
+    &ekv_cmd_bench,
 };
 
 static void usage(FILE *out) {
