@@ -14,6 +14,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <cjson/cJSON.h>
 
@@ -47,7 +48,9 @@ static void help(void) {
            "sampled token), then n decode steps of all b sequences together (timed: decode\n"
            "tok/s = b*n / time). 'stats ovh' is the prompt-time overhead against the full\n"
            "policy of the same p/depth/b/threads when the grid has it. Peak RSS is the\n"
-           "process's high-water mark after the grid point.\n\n");
+           "process's high-water mark after the grid point. 'CPU share' is the process's\n"
+           "CPU time over the timed phases / (wall time x threads): well below 100%%\n"
+           "means other programs took the cores (rates are then not the machine's).\n\n");
     cli_print_kv_help(stdout);
 }
 
@@ -80,6 +83,7 @@ struct row {
     double *t_prompt; /* [reps] seconds for all b prompts */
     double *t_ttft;   /* [reps] seconds to the first token of sequence 0 */
     double *t_decode; /* [reps] seconds for n batched decode steps */
+    double *cpu;      /* [reps] process CPU seconds / (wall seconds * threads) over the timed phases */
     uint64_t kv_bytes, kv_bytes_full, kv_alloc;
     uint64_t peak_rss;
     double ovh; /* median prompt-time overhead vs. full, NaN if none */
@@ -113,6 +117,14 @@ static uint64_t rng_next(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+/* User + system CPU seconds of the whole process. */
+static double cpu_seconds(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0.0;
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
 static int32_t argmax(const float *x, int32_t n) {
     int32_t best = 0;
     for (int32_t i = 1; i < n; i++)
@@ -139,7 +151,7 @@ static enum ekv_status run_once(const struct ekv_model *model, struct ekv_contex
     for (long i = 0; i < b && s == EKV_OK; i++) s = ekv_seq_new(ctx, kvp, &seqs[i]);
     if (s != EKV_OK) goto done;
 
-    double t_prompt = 0.0, ttft = 0.0;
+    double t_prompt = 0.0, ttft = 0.0, cpu_timed = 0.0;
     for (long i = 0; i < b && s == EKV_OK; i++) {
         if (r->depth > 0) {
             for (long j = 0; j < r->depth; j++) toks[j] = (int32_t)(rng_next(seed) % (uint64_t)V);
@@ -149,11 +161,12 @@ static enum ekv_status run_once(const struct ekv_model *model, struct ekv_contex
         }
         if (r->p > 0) {
             for (long j = 0; j < r->p; j++) toks[j] = (int32_t)(rng_next(seed) % (uint64_t)V);
-            double t0 = cli_now();
+            double t0 = cli_now(), c0 = cpu_seconds();
             s = ekv_seq_prefill(seqs[i], toks, (int32_t)r->p, logits + (size_t)i * V);
             if (s != EKV_OK) break;
             next[i] = argmax(logits + (size_t)i * V, V);
             double dt = cli_now() - t0;
+            cpu_timed += cpu_seconds() - c0;
             t_prompt += dt;
             if (i == 0) ttft = dt;
         } else if (r->depth == 0) {
@@ -162,13 +175,15 @@ static enum ekv_status run_once(const struct ekv_model *model, struct ekv_contex
     }
     if (s != EKV_OK) goto done;
 
-    double t0 = cli_now();
+    double t0 = cli_now(), c0 = cpu_seconds();
     for (long step = 0; step < r->n && s == EKV_OK; step++) {
         s = ekv_decode_batch(ctx, seqs, next, (int32_t)b, logits);
         for (long i = 0; i < b && s == EKV_OK; i++) next[i] = argmax(logits + (size_t)i * V, V);
     }
     double t_dec = cli_now() - t0;
+    cpu_timed += cpu_seconds() - c0;
     if (s != EKV_OK) goto done;
+    r->cpu[rep] = t_prompt + t_dec > 0 ? cpu_timed / ((t_prompt + t_dec) * r->threads) : 0.0;
 
     r->t_prompt[rep] = t_prompt;
     r->t_ttft[rep] = ttft;
@@ -209,12 +224,12 @@ static void fmt_rate(char *buf, size_t n, double tokens, const double *t, int re
 static void print_table(FILE *out, const struct row *rows, int nrows, const char *model_path) {
     fprintf(out, "model: %s; rates are median (best) over repetitions\n\n", model_path);
     fprintf(out, "| t | policy | budget | p | n | depth | b | prompt tok/s | TTFT ms | decode tok/s | KV MiB | KV/full "
-                 "| peak RSS MiB | stats ovh |\n");
-    fprintf(out, "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+                 "| peak RSS MiB | stats ovh | CPU share |\n");
+    fprintf(out, "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
     for (int i = 0; i < nrows; i++) {
         const struct row *r = &rows[i];
         if (r->failed) {
-            fprintf(out, "| %d | %s | %g | %ld | %ld | %ld | %ld | failed |||||||\n", r->threads, r->policy, r->budget,
+            fprintf(out, "| %d | %s | %g | %ld | %ld | %ld | %ld | failed ||||||||\n", r->threads, r->policy, r->budget,
                     r->p, r->n, r->depth, r->b);
             continue;
         }
@@ -229,10 +244,10 @@ static void print_table(FILE *out, const struct row *rows, int nrows, const char
             snprintf(ovh, sizeof ovh, "%+.1f%%", 100.0 * r->ovh);
         else
             snprintf(ovh, sizeof ovh, "-");
-        fprintf(out, "| %d | %s | %g | %ld | %ld | %ld | %ld | %s | %s | %s | %.1f | %.3f | %.0f | %s |\n", r->threads,
+        fprintf(out, "| %d | %s | %g | %ld | %ld | %ld | %ld | %s | %s | %s | %.1f | %.3f | %.0f | %s | %.0f%% |\n", r->threads,
                 r->policy, r->budget, r->p, r->n, r->depth, r->b, pr, ttft, dr, (double)r->kv_bytes / 1048576.0,
                 r->kv_bytes_full ? (double)r->kv_bytes / (double)r->kv_bytes_full : 0.0,
-                (double)r->peak_rss / 1048576.0, ovh);
+                (double)r->peak_rss / 1048576.0, ovh, 100.0 * med(r->cpu, r->reps));
     }
 }
 
@@ -263,6 +278,7 @@ static bool write_json(const char *path, const struct row *rows, int nrows, cons
             cJSON_AddItemToObject(o, "prompt_s", num_array(r->t_prompt, r->reps));
             cJSON_AddItemToObject(o, "ttft_s", num_array(r->t_ttft, r->reps));
             cJSON_AddItemToObject(o, "decode_s", num_array(r->t_decode, r->reps));
+            cJSON_AddItemToObject(o, "cpu_share", num_array(r->cpu, r->reps));
             double pt = (double)(r->p * r->b), dt = (double)(r->n * r->b);
             cJSON_AddNumberToObject(o, "prompt_tps_median", r->p ? tps(pt, med(r->t_prompt, r->reps)) : 0);
             cJSON_AddNumberToObject(o, "prompt_tps_best", r->p ? tps(pt, vmin(r->t_prompt, r->reps)) : 0);
@@ -395,7 +411,7 @@ static int bench_main(int argc, char **argv) {
 
     size_t max_rows = (size_t)T.n * n_pol * n_bud * P.n * N.n * Dp.n * B.n;
     struct row *rows = calloc(max_rows, sizeof *rows);
-    double *times = calloc(max_rows * 3 * (size_t)reps, sizeof *times);
+    double *times = calloc(max_rows * 4 * (size_t)reps, sizeof *times);
     if (!rows || !times) {
         free(rows);
         free(times);
@@ -435,9 +451,10 @@ static int bench_main(int argc, char **argv) {
                                 r->depth = Dp.v[d];
                                 r->b = B.v[e];
                                 r->reps = (int)reps;
-                                r->t_prompt = times + (size_t)nrows * 3 * (size_t)reps;
+                                r->t_prompt = times + (size_t)nrows * 4 * (size_t)reps;
                                 r->t_ttft = r->t_prompt + reps;
                                 r->t_decode = r->t_ttft + reps;
+                                r->cpu = r->t_decode + reps;
                                 r->ovh = 0.0 / 0.0;
                                 struct ekv_kv_params k = kvp;
                                 k.policy = r->policy;
