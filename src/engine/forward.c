@@ -42,6 +42,8 @@ enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts,
         if (s != EKV_OK) return s;
     }
 
+    struct ekv_kv_part *kvp = malloc((size_t)(n_parts > 0 ? n_parts : 1) * sizeof *kvp);
+    if (!kvp) return ekv_err(EKV_ERR_NOMEM, "out of memory for %d sequences of a forward", (int)n_parts);
     for (int32_t il = 0; il < in->n_layer; il++) {
         const struct ekv_layer_weights *L = &m->layers[il];
         for (int32_t r = 0; r < n_rows; r++)
@@ -49,7 +51,7 @@ enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts,
         if ((s = ekv_matmul(pool, &L->wq, ctx->xb, n_rows, ctx->q)) ||
             (s = ekv_matmul(pool, &L->wk, ctx->xb, n_rows, ctx->k)) ||
             (s = ekv_matmul(pool, &L->wv, ctx->xb, n_rows, ctx->v)))
-            return s;
+            goto out;
         add_bias(ctx->q, L->bq, n_rows, QD);
         add_bias(ctx->k, L->bk, n_rows, KVD);
         add_bias(ctx->v, L->bv, n_rows, KVD);
@@ -62,11 +64,17 @@ enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts,
                          in->rope_freq_base, in->rope_neox);
             }
             size_t r0 = (size_t)parts[p].row0;
-            s = ekv_kv_layer_forward(parts[p].seq->kv, pool, il, &parts[p].step, ctx->q + r0 * QD,
-                                     ctx->k + r0 * KVD, ctx->v + r0 * KVD, ctx->att + r0 * QD);
-            if (s != EKV_OK) return s;
+            kvp[p] = (struct ekv_kv_part){.kv = parts[p].seq->kv, .step = &parts[p].step, .q = ctx->q + r0 * QD,
+                                          .k = ctx->k + r0 * KVD, .v = ctx->v + r0 * KVD, .out = ctx->att + r0 * QD};
         }
-        if ((s = ekv_matmul(pool, &L->wo, ctx->att, n_rows, ctx->proj))) return s;
+        /* one sequence: its KV heads split over the pool; several (batched
+         * decode): all (sequence, KV head) pairs in one job */
+        if (n_parts == 1)
+            s = ekv_kv_layer_forward(kvp[0].kv, pool, il, kvp[0].step, kvp[0].q, kvp[0].k, kvp[0].v, kvp[0].out);
+        else if (n_parts > 1)
+            s = ekv_kv_layer_forward_batch(pool, il, kvp, n_parts);
+        if (s != EKV_OK) goto out;
+        if ((s = ekv_matmul(pool, &L->wo, ctx->att, n_rows, ctx->proj))) goto out;
         for (int32_t r = 0; r < n_rows; r++) {
             ekv_add(ctx->x + (size_t)r * D, ctx->proj + (size_t)r * D, D);
             ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)r * D, L->ffn_norm, D, in->norm_eps);
@@ -76,13 +84,17 @@ enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts,
             const float *xb = ctx->xb + (size_t)r0 * D;
             if ((s = ekv_matmul(pool, &L->w_gate, xb, nr, ctx->gate)) ||
                 (s = ekv_matmul(pool, &L->w_up, xb, nr, ctx->up)))
-                return s;
+                goto out;
             ekv_swiglu(ctx->gate, ctx->gate, ctx->up, (int64_t)nr * FF);
-            if ((s = ekv_matmul(pool, &L->w_down, ctx->gate, nr, ctx->proj))) return s;
+            if ((s = ekv_matmul(pool, &L->w_down, ctx->gate, nr, ctx->proj))) goto out;
             for (int32_t r = 0; r < nr; r++)
                 ekv_add(ctx->x + (size_t)(r0 + r) * D, ctx->proj + (size_t)r * D, D);
         }
     }
+
+out:
+    free(kvp);
+    if (s != EKV_OK) return s;
 
     for (int32_t p = 0; p < n_parts; p++) {
         s = ekv_kv_end(parts[p].seq->kv, &parts[p].step);

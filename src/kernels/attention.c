@@ -6,6 +6,10 @@
  * KV-cache policies rank entries by (column sums, squares, last row, window
  * sums, ScissorHands bin counts, VL-Cache sparsity counts).
  *
+ * ekv_attn_row and ekv_attn_accumulate dispatch at run time to the AVX2
+ * versions in attention_avx2.c (same statistics bit for bit; attention
+ * outputs within the error bounds tests/test_attention.c states).
+ *
  * The attention output is computed before, and independently of, the
  * statistics, so it is bit-identical whatever st->flags asks for. Nothing
  * here allocates: the caller passes the probability scratch.
@@ -14,8 +18,9 @@
 #include <stddef.h>
 
 #include "kernels/attention.h"
+#include "kernels/quant.h"
 
-void ekv_attn_accumulate(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st) {
+void ekv_attn_accumulate_ref(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st) {
     if (!st || !st->flags || n_keys <= 0 || R <= 0) return;
     const unsigned fl = st->flags;
     const double inv_r = 1.0 / (double)R;
@@ -99,8 +104,8 @@ static void axpy_rows(float *restrict o, const float *restrict p, const float *r
     }
 }
 
-void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys,
-                  float scale, float *out, float *probs, const struct ekv_attn_stats *st) {
+void ekv_attn_row_ref(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys,
+                      float scale, float *out, float *probs, const struct ekv_attn_stats *st) {
     if (R <= 0 || d <= 0) return;
     const size_t n = n_keys > 0 ? (size_t)n_keys : 0;
     const size_t dd = (size_t)d;
@@ -131,5 +136,22 @@ void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, 
         /* out = sum_j p_j v_j */
         axpy_rows(oh, ph, v, n, dd);
     }
-    if (st && n) ekv_attn_accumulate(probs, R, n_keys, st);
+    if (st && n) ekv_attn_accumulate_ref(probs, R, n_keys, st);
+}
+
+/* Run-time choice: the AVX2 path (attention_avx2.c) when the kernels use
+ * SIMD and the head size is a multiple of 8, else the reference. */
+void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys, float scale,
+                  float *out, float *probs, const struct ekv_attn_stats *st) {
+    if (d > 0 && d % 8 == 0 && ekv_kernels_simd())
+        ekv_attn_row_avx2(q, R, d, k, v, n_keys, scale, out, probs, st);
+    else
+        ekv_attn_row_ref(q, R, d, k, v, n_keys, scale, out, probs, st);
+}
+
+void ekv_attn_accumulate(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st) {
+    if (ekv_kernels_simd())
+        ekv_attn_accumulate_avx2(probs, R, n_keys, st);
+    else
+        ekv_attn_accumulate_ref(probs, R, n_keys, st);
 }

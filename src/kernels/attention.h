@@ -46,4 +46,14 @@ void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, 
  * does. Exposed so tests can feed hand-written attention matrices. */
 void ekv_attn_accumulate(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
 
+/* The plain-C references and the AVX2/FMA versions behind the two calls
+ * above (ekv_attn_row_avx2 needs d % 8 == 0 and a CPU with AVX2+FMA; the
+ * statistics of ekv_attn_accumulate_avx2 equal the reference's bit for bit). */
+void ekv_attn_row_ref(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys,
+                      float scale, float *out, float *probs, const struct ekv_attn_stats *st);
+void ekv_attn_row_avx2(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys,
+                       float scale, float *out, float *probs, const struct ekv_attn_stats *st);
+void ekv_attn_accumulate_ref(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
+void ekv_attn_accumulate_avx2(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
+
 #endif

@@ -374,6 +374,45 @@ DEFINE_KERNELS(bf16, K_BF16)
 DEFINE_KERNELS(q8_0, K_Q8_0)
 DEFINE_KERNELS(q4_0, K_Q4_0)
 
+/* ------------------------------------------------------------------ */
+/* Q8_0 activation quantisation, bit-identical to ekv_quant_q8_0:       */
+/* exact |x| maximum, the same scale arithmetic, and roundf (ties away  */
+/* from zero) rebuilt from truncation.                                   */
+/* ------------------------------------------------------------------ */
+
+static inline __m256i round_away_epi32(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(x, t)); /* exact */
+    const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 step = _mm256_or_ps(_mm256_and_ps(x, sign), _mm256_set1_ps(1.0f)); /* +-1 */
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, step)));
+}
+
+void ekv_quant_q8_0_avx2(const float *src, void *dst, int64_t n) {
+    struct ekv_block_q8_0 *b = dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t i = 0; i < n / EKV_QK8_0; i++, src += EKV_QK8_0) {
+        const __m256 v0 = _mm256_loadu_ps(src), v1 = _mm256_loadu_ps(src + 8);
+        const __m256 v2 = _mm256_loadu_ps(src + 16), v3 = _mm256_loadu_ps(src + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        const float amax = _mm_cvtss_f32(h);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = ekv_f32_to_fp16(d);
+        const __m256 vid = _mm256_set1_ps(id);
+        const __m256i i0 = round_away_epi32(_mm256_mul_ps(v0, vid)), i1 = round_away_epi32(_mm256_mul_ps(v1, vid));
+        const __m256i i2 = round_away_epi32(_mm256_mul_ps(v2, vid)), i3 = round_away_epi32(_mm256_mul_ps(v3, vid));
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        _mm256_storeu_si256((__m256i *)(void *)b[i].qs, _mm256_permutevar8x32_epi32(p, perm));
+    }
+}
+
 /* K-quant dots (kquant_avx2.c) */
 void ekv_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *w, const void *xa);
 void ekv_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *w, const void *xa);
@@ -390,8 +429,14 @@ void ekv_kernels_avx2_fill(enum ekv_dtype t, struct ekv_type_kernels *k) {
     case EKV_F32: k->vec_dot = dot_f32; k->gemv = gemv_f32; k->gemm = gemm_f32; break;
     case EKV_F16: k->vec_dot = dot_f16; k->gemv = gemv_f16; k->gemm = gemm_f16; break;
     case EKV_BF16: k->vec_dot = dot_bf16; k->gemv = gemv_bf16; k->gemm = gemm_bf16; break;
-    case EKV_Q8_0: k->vec_dot = dot_q8_0; k->gemv = gemv_q8_0; k->gemm = gemm_q8_0; break;
-    case EKV_Q4_0: k->vec_dot = dot_q4_0; k->gemv = gemv_q4_0; k->gemm = gemm_q4_0; break;
+    case EKV_Q8_0:
+        k->vec_dot = dot_q8_0; k->gemv = gemv_q8_0; k->gemm = gemm_q8_0;
+        k->quantize_act = ekv_quant_q8_0_avx2;
+        break;
+    case EKV_Q4_0:
+        k->vec_dot = dot_q4_0; k->gemv = gemv_q4_0; k->gemm = gemm_q4_0;
+        k->quantize_act = ekv_quant_q8_0_avx2;
+        break;
     case EKV_Q4_K: k->vec_dot = ekv_dot_q4_K_q8_K_avx2; k->gemm = ekv_gemm_q4_K_avx2; break;
     case EKV_Q5_K: k->vec_dot = ekv_dot_q5_K_q8_K_avx2; k->gemm = ekv_gemm_q5_K_avx2; break;
     case EKV_Q6_K: k->vec_dot = ekv_dot_q6_K_q8_K_avx2; k->gemm = ekv_gemm_q6_K_avx2; break;

@@ -162,6 +162,8 @@ void ekv_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
 void ekv_rmsnorm_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
 void ekv_softmax_avx2(float *x, int64_t n);
 void ekv_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n);
+/* Q8_0 activation quantisation (matmul_avx2.c), bit-identical to ekv_quant_q8_0. */
+void ekv_quant_q8_0_avx2(const float *src, void *dst, int64_t n);
 
 /* True when the SIMD paths are in use (CPU support and not forced off). */
 bool ekv_kernels_simd(void);

@@ -5,7 +5,8 @@
  * for, then hands the layer to the policy (which may compact it at once:
  * DESIGN.md's layer-by-layer prefill compression).
  *
- * Work is split over KV heads on the thread pool; a head's statistics are
+ * Work is split over KV heads on the thread pool (over all sequences' (cache,
+ * KV head) pairs in one job for batched decode); a head's statistics are
  * written only by the thread that owns the head, and the per-layer sparsity
  * counts are summed per head and added after the run, so results do not
  * depend on the number of threads.
@@ -16,9 +17,6 @@
 
 #include "core/util.h"
 #include "kv/kv.h"
-
-/* multiply-adds below which a layer's attention runs on the calling thread */
-#define EKV_ATTN_INLINE_WORK 65536
 
 enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
     if (!kv || !step) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_begin: NULL argument");
@@ -93,13 +91,18 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
     }
 }
 
-static void attend_worker(void *ctx, int ith, int nth) {
-    struct attend_task *t = ctx;
+/* Attention scratch for thread ith: [R][len] probabilities. */
+static float *probs_scratch(struct attend_task *t, int ith, int hk) {
     const struct ekv_kv *kv = t->kv;
     const int R = kv->n_head / kv->n_head_kv;
-    for (int hk = ith; hk < kv->n_head_kv; hk += nth) {
-        const struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
-        float *probs = ekv_pool_scratch(t->pool, ith, (size_t)R * (size_t)(h->len ? h->len : 1) * sizeof(float));
+    const struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
+    return ekv_pool_scratch(t->pool, ith, (size_t)R * (size_t)(h->len ? h->len : 1) * sizeof(float));
+}
+
+static void attend_worker(void *ctx, int ith, int nth) {
+    struct attend_task *t = ctx;
+    for (int hk = ith; hk < t->kv->n_head_kv; hk += nth) {
+        float *probs = probs_scratch(t, ith, hk);
         if (!probs) {
             atomic_store(&t->failed, 1);
             return;
@@ -108,9 +111,12 @@ static void attend_worker(void *ctx, int ith, int nth) {
     }
 }
 
-enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, int il,
-                                     const struct ekv_kv_step *step, const float *q, const float *k,
-                                     const float *v, float *out) {
+/* Checks the step, appends the new keys and values, and fills the task of
+ * this layer's attention (t->sparse is allocated when VL-Cache counts are
+ * due; layer_finish frees it). */
+static enum ekv_status layer_prepare(struct ekv_kv *kv, struct ekv_pool *pool, int il, const struct ekv_kv_step *step,
+                                     const float *q, const float *k, const float *v, float *out,
+                                     struct attend_task *t) {
     if (!kv || !step) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_layer_forward: NULL argument");
     if (il < 0 || il >= kv->n_layer)
         return ekv_err(EKV_ERR_INVALID_ARG, "kv layer %d out of range [0, %d)", il, (int)kv->n_layer);
@@ -123,68 +129,129 @@ enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, i
     struct ekv_kv_layer *L = &kv->layers[il];
     const int G = kv->n_head_kv;
     const size_t d = (size_t)kv->head_dim;
+    *t = (struct attend_task){.kv = kv, .pool = pool, .il = il, .step = step, .q = q, .out = out};
+    atomic_init(&t->failed, 0);
+    if (n_new == 0) return EKV_OK;
 
-    if (n_new > 0) {
-        for (int hk = 0; hk < G; hk++) {
-            const struct ekv_kv_head *h = &L->heads[hk];
-            if (h->len > 0 && step->pos0 <= h->pos[h->len - 1])
-                return ekv_err(EKV_ERR_INVALID_ARG,
-                               "kv layer %d head %d: new position %lld is not after the cached %d", il, hk,
-                               (long long)step->pos0, (int)h->pos[h->len - 1]);
-        }
-        enum ekv_status s = ekv_kv_reserve(kv, il, n_new);
-        if (s != EKV_OK) return s;
-        for (int32_t i = 0; i < n_new; i++) {
-            const uint8_t tag = step->tags ? step->tags[i] : (uint8_t)EKV_TAG_GENERATED;
-            for (int hk = 0; hk < G; hk++) {
-                const size_t off = ((size_t)i * (size_t)G + (size_t)hk) * d;
-                ekv_kv_head_append(kv, &L->heads[hk], k + off, v + off, (int32_t)(step->pos0 + i), tag);
-            }
-        }
-
-        struct attend_task t = {
-            .kv = kv,
-            .pool = pool,
-            .il = il,
-            .step = step,
-            .q = q,
-            .out = out,
-            .scale = 1.0f / sqrtf((float)kv->head_dim),
-            .sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p,
-            .row_flags = kv->stats & (EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_BINCOUNT),
-            .win_flags = kv->stats & (EKV_STAT_WINSUM | EKV_STAT_SPARSITY),
-            .sparse = NULL,
-        };
-        atomic_init(&t.failed, 0);
-        /* arrays are present exactly when kv->stats asks (ekv_kv_begin) */
-        if ((t.row_flags & EKV_STAT_COLSUM) && !L->heads[0].colsum) t.row_flags &= ~EKV_STAT_COLSUM;
-        if ((t.row_flags & EKV_STAT_SUMSQ) && !L->heads[0].sumsq) t.row_flags &= ~EKV_STAT_SUMSQ;
-        if ((t.row_flags & EKV_STAT_LASTROW) && !L->heads[0].lastrow) t.row_flags &= ~EKV_STAT_LASTROW;
-        if ((t.row_flags & EKV_STAT_BINCOUNT) && !L->heads[0].bincount) t.row_flags &= ~EKV_STAT_BINCOUNT;
-        if ((t.win_flags & EKV_STAT_WINSUM) && !L->heads[0].winsum) t.win_flags &= ~EKV_STAT_WINSUM;
-        if ((t.win_flags & EKV_STAT_SPARSITY) && step->pos0 + n_new > kv->win_start) {
-            t.sparse = calloc((size_t)G * 2, sizeof(double));
-            if (!t.sparse) return ekv_err(EKV_ERR_NOMEM, "kv layer %d: out of memory for sparsity counts", il);
-        } else {
-            t.win_flags &= ~EKV_STAT_SPARSITY;
-        }
-        /* small problems (decode on small models) run inline: waking the
-         * workers costs more than the work */
-        int64_t work = (int64_t)n_new * (int64_t)L->heads[0].len * kv->n_head * kv->head_dim;
-        ekv_pool_run(work < EKV_ATTN_INLINE_WORK ? NULL : pool, attend_worker, &t);
-        if (t.sparse) {
-            for (int hk = 0; hk < G; hk++) {
-                L->sparse_zero += t.sparse[2 * hk];
-                L->sparse_total += t.sparse[2 * hk + 1];
-            }
-            free(t.sparse);
-        }
-        if (atomic_load(&t.failed))
-            return ekv_err(EKV_ERR_NOMEM, "kv layer %d: out of memory for attention scratch", il);
+    for (int hk = 0; hk < G; hk++) {
+        const struct ekv_kv_head *h = &L->heads[hk];
+        if (h->len > 0 && step->pos0 <= h->pos[h->len - 1])
+            return ekv_err(EKV_ERR_INVALID_ARG, "kv layer %d head %d: new position %lld is not after the cached %d",
+                           il, hk, (long long)step->pos0, (int)h->pos[h->len - 1]);
     }
-    if (kv->ops && kv->ops->layer) {
-        enum ekv_status s = kv->ops->layer(kv, il, step);
-        if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s, layer %d", kv->policy_name, il);
+    enum ekv_status s = ekv_kv_reserve(kv, il, n_new);
+    if (s != EKV_OK) return s;
+    for (int32_t i = 0; i < n_new; i++) {
+        const uint8_t tag = step->tags ? step->tags[i] : (uint8_t)EKV_TAG_GENERATED;
+        for (int hk = 0; hk < G; hk++) {
+            const size_t off = ((size_t)i * (size_t)G + (size_t)hk) * d;
+            ekv_kv_head_append(kv, &L->heads[hk], k + off, v + off, (int32_t)(step->pos0 + i), tag);
+        }
+    }
+    t->scale = 1.0f / sqrtf((float)kv->head_dim);
+    t->sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p;
+    t->row_flags = kv->stats & (EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_BINCOUNT);
+    t->win_flags = kv->stats & (EKV_STAT_WINSUM | EKV_STAT_SPARSITY);
+    /* arrays are present exactly when kv->stats asks (ekv_kv_begin) */
+    if ((t->row_flags & EKV_STAT_COLSUM) && !L->heads[0].colsum) t->row_flags &= ~EKV_STAT_COLSUM;
+    if ((t->row_flags & EKV_STAT_SUMSQ) && !L->heads[0].sumsq) t->row_flags &= ~EKV_STAT_SUMSQ;
+    if ((t->row_flags & EKV_STAT_LASTROW) && !L->heads[0].lastrow) t->row_flags &= ~EKV_STAT_LASTROW;
+    if ((t->row_flags & EKV_STAT_BINCOUNT) && !L->heads[0].bincount) t->row_flags &= ~EKV_STAT_BINCOUNT;
+    if ((t->win_flags & EKV_STAT_WINSUM) && !L->heads[0].winsum) t->win_flags &= ~EKV_STAT_WINSUM;
+    if ((t->win_flags & EKV_STAT_SPARSITY) && step->pos0 + n_new > kv->win_start) {
+        t->sparse = calloc((size_t)G * 2, sizeof(double));
+        if (!t->sparse) return ekv_err(EKV_ERR_NOMEM, "kv layer %d: out of memory for sparsity counts", il);
+    } else {
+        t->win_flags &= ~EKV_STAT_SPARSITY;
     }
     return EKV_OK;
+}
+
+/* After the attention ran: sparsity counts in head order, the policy's
+ * layer hook. */
+static enum ekv_status layer_finish(struct attend_task *t) {
+    struct ekv_kv *kv = t->kv;
+    struct ekv_kv_layer *L = &kv->layers[t->il];
+    if (t->sparse) {
+        for (int hk = 0; hk < kv->n_head_kv; hk++) {
+            L->sparse_zero += t->sparse[2 * hk];
+            L->sparse_total += t->sparse[2 * hk + 1];
+        }
+        free(t->sparse);
+        t->sparse = NULL;
+    }
+    if (atomic_load(&t->failed))
+        return ekv_err(EKV_ERR_NOMEM, "kv layer %d: out of memory for attention scratch", t->il);
+    if (kv->ops && kv->ops->layer) {
+        enum ekv_status s = kv->ops->layer(kv, t->il, t->step);
+        if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s, layer %d", kv->policy_name, t->il);
+    }
+    return EKV_OK;
+}
+
+enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, int il,
+                                     const struct ekv_kv_step *step, const float *q, const float *k,
+                                     const float *v, float *out) {
+    struct attend_task t;
+    enum ekv_status s = layer_prepare(kv, pool, il, step, q, k, v, out, &t);
+    if (s != EKV_OK) return s;
+    if (step->n_new > 0) ekv_pool_run(pool, attend_worker, &t);
+    return layer_finish(&t);
+}
+
+/* ---- several sequences in one job ---- */
+
+struct attend_batch {
+    struct attend_task *tasks; /* [n] */
+    int n;
+    int total;                 /* sum of the tasks' KV heads (0 for empty steps) */
+};
+
+static void attend_batch_worker(void *ctx, int ith, int nth) {
+    struct attend_batch *b = ctx;
+    int part = 0, base = 0; /* (part, head) pairs in order, dealt round-robin */
+    for (int g = ith; g < b->total; g += nth) {
+        while (g >= base + (b->tasks[part].step->n_new > 0 ? b->tasks[part].kv->n_head_kv : 0)) {
+            base += b->tasks[part].step->n_new > 0 ? b->tasks[part].kv->n_head_kv : 0;
+            part++;
+        }
+        struct attend_task *t = &b->tasks[part];
+        const int hk = g - base;
+        float *probs = probs_scratch(t, ith, hk);
+        if (!probs) {
+            atomic_store(&t->failed, 1);
+            continue;
+        }
+        attend_head(t, hk, probs);
+    }
+}
+
+enum ekv_status ekv_kv_layer_forward_batch(struct ekv_pool *pool, int il, const struct ekv_kv_part *parts, int n) {
+    if (n <= 0 || !parts) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_layer_forward_batch: no parts");
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (parts[i].kv == parts[j].kv)
+                return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_layer_forward_batch: cache of part %d repeats part %d", i, j);
+    struct attend_task *tasks = calloc((size_t)n, sizeof *tasks);
+    if (!tasks) return ekv_err(EKV_ERR_NOMEM, "kv layer %d: out of memory for %d attention tasks", il, n);
+    enum ekv_status s = EKV_OK;
+    int prepared = 0, total = 0;
+    for (; prepared < n; prepared++) {
+        const struct ekv_kv_part *p = &parts[prepared];
+        s = layer_prepare(p->kv, pool, il, p->step, p->q, p->k, p->v, p->out, &tasks[prepared]);
+        if (s != EKV_OK) break;
+        if (p->step->n_new > 0) total += p->kv->n_head_kv;
+    }
+    if (s == EKV_OK) {
+        struct attend_batch b = {.tasks = tasks, .n = n, .total = total};
+        if (total > 0) ekv_pool_run(pool, attend_batch_worker, &b);
+        for (int i = 0; i < n; i++) {
+            enum ekv_status si = layer_finish(&tasks[i]);
+            if (s == EKV_OK) s = si;
+        }
+    } else {
+        for (int i = 0; i < prepared; i++) free(tasks[i].sparse);
+    }
+    free(tasks);
+    return s;
 }

@@ -165,6 +165,21 @@ enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, i
                                      const struct ekv_kv_step *step, const float *q, const float *k,
                                      const float *v, float *out);
 
+/* One sequence's share of a batched layer step (ekv_kv_layer_forward_batch):
+ * its cache, step and rows in the layouts of ekv_kv_layer_forward. */
+struct ekv_kv_part {
+    struct ekv_kv *kv;
+    const struct ekv_kv_step *step;
+    const float *q, *k, *v; /* [n_new][...] as above */
+    float *out;
+};
+
+/* ekv_kv_layer_forward for n sequences (distinct caches) at once: appends
+ * and checks each, runs the attention of every (sequence, KV head) pair as
+ * one job on the pool, then each policy's layer hook in order. Results equal
+ * n separate calls. */
+enum ekv_status ekv_kv_layer_forward_batch(struct ekv_pool *pool, int il, const struct ekv_kv_part *parts, int n);
+
 /* Ends a forward: policy end(). */
 enum ekv_status ekv_kv_end(struct ekv_kv *kv, const struct ekv_kv_step *step);
 

@@ -22,6 +22,7 @@ extern const struct ekv_cmd ekv_cmd_run;
 extern const struct ekv_cmd ekv_cmd_info;
 extern const struct ekv_cmd ekv_cmd_mkmodel;
 extern const struct ekv_cmd ekv_cmd_eval;
+extern const struct ekv_cmd ekv_cmd_bench;
 
 /* Prints "ekv <cmd>: error: <status>: <detail>" to stderr; returns 1. */
 int cli_fail(const char *cmd, enum ekv_status s);

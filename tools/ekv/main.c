@@ -13,6 +13,7 @@ static const struct ekv_cmd *const k_cmds[] = {
     &ekv_cmd_info,
     &ekv_cmd_mkmodel,
     &ekv_cmd_eval,
+    &ekv_cmd_bench,
 };
 
 static void usage(FILE *out) {

@@ -1,0 +1,82 @@
+/*
+ * bench_membw.c — measures memory read bandwidth the way a decode step
+ * reads weights: each of T threads streams its share of one large buffer
+ * (far larger than the caches) and sums it, so the roofline in
+ * docs/performance.md uses a number measured on the same machine.
+ *
+ *   bench_membw [MiB=1024] [threads=1] [passes=5]   -> best and median GB/s
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct part {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+};
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Eight independent sums so the loop is bound by loads, not by adds. */
+static void *reader(void *arg) {
+    struct part *pt = arg;
+    uint64_t s[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= pt->n; i += 8)
+        for (int l = 0; l < 8; l++) s[l] += pt->p[i + l];
+    for (; i < pt->n; i++) s[0] += pt->p[i];
+    pt->sum = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+    return NULL;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    const size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 1024;
+    const int nth = argc > 2 ? atoi(argv[2]) : 1;
+    const int passes = argc > 3 ? atoi(argv[3]) : 5;
+    if (mib < 1 || nth < 1 || nth > 64 || passes < 1 || passes > 100) {
+        fprintf(stderr, "usage: bench_membw [MiB] [threads] [passes]\n");
+        return 2;
+    }
+    const size_t n = mib * 1048576 / sizeof(uint64_t);
+    uint64_t *buf = malloc(n * sizeof *buf);
+    if (!buf) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    double gbs[100];
+    uint64_t total = 0;
+    for (int ps = 0; ps < passes; ps++) {
+        pthread_t tid[64];
+        struct part pt[64];
+        double t0 = now();
+        for (int t = 0; t < nth; t++) {
+            size_t a = n * (size_t)t / (size_t)nth, b = n * (size_t)(t + 1) / (size_t)nth;
+            pt[t] = (struct part){buf + a, b - a, 0};
+            if (pthread_create(&tid[t], NULL, reader, &pt[t]) != 0) return 1;
+        }
+        for (int t = 0; t < nth; t++) {
+            pthread_join(tid[t], NULL);
+            total += pt[t].sum;
+        }
+        gbs[ps] = (double)(n * sizeof *buf) / (now() - t0) / 1e9;
+    }
+    qsort(gbs, (size_t)passes, sizeof gbs[0], cmp);
+    printf("read bandwidth, %zu MiB, %d thread(s), %d passes: best %.2f GB/s, median %.2f GB/s (checksum %llu)\n",
+           mib, nth, passes, gbs[passes - 1], gbs[passes / 2], (unsigned long long)(total & 0xffff));
+    free(buf);
+    return 0;
+}

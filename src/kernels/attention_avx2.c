@@ -1,0 +1,270 @@
+/*
+ * attention_avx2.c — AVX2/FMA version of attention with statistics
+ * (attention.h); attention.c holds the plain-C reference and dispatches
+ * here when the CPU has AVX2 and the head size is a multiple of 8.
+ *
+ * One query position of the R query heads sharing a KV head:
+ *   1. scores, eight keys at a time per head: eight 8-lane accumulators
+ *      over the head dimension, reduced together by a horizontal-add tree
+ *      into one vector of eight scores. A key's score is computed by the
+ *      same operations whatever its place in the group (a short last
+ *      group repeats its final key), so a key gets the same score in a
+ *      prefill row and in a decode step;
+ *   2. softmax per head in fp32: vector maximum, ekv_exp8 (about 2 ulp
+ *      from expf), lane sums, one reciprocal;
+ *   3. out_h = sum_j p_hj v_j with the head's output held in registers.
+ * Steps 1 and 3 walk the keys in blocks of EKV_ATT_KB, all R heads per
+ * block, so a block of K or V is read from memory once for the R heads.
+ *
+ * The statistics (ekv_attn_accumulate_avx2) are vectorised across keys
+ * and perform, per key, exactly the operations of the reference in the
+ * same order, so they are bit-identical to it; the attention output never
+ * depends on them.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/attention.h"
+#include "kernels/avx2_util.h"
+
+/* keys per block: 128 keys x 64 dims x 4 bytes = 32 KiB of K or V */
+#define EKV_ATT_KB 128
+
+/* Lane i of the result = horizontal sum of a_i, in the fixed order
+ * ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). */
+static inline __m256 reduce8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                               __m256 a7) {
+    const __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
+    const __m256 t2 = _mm256_hadd_ps(a4, a5), t3 = _mm256_hadd_ps(a6, a7);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    /* u0 = [k0..k3 low halves | k0..k3 high halves], u1 likewise for k4..k7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* s[j] = scale * (q . k_j) for j in [j0, j1). */
+static void qk_block(const float *q, size_t d, const float *k, size_t j0, size_t j1, float scale, float *s) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (size_t j = j0; j < j1; j += 8) {
+        const size_t m = j1 - j < 8 ? j1 - j : 8;
+        const float *kp[8];
+        for (size_t i = 0; i < 8; i++) kp[i] = k + (j + (i < m ? i : m - 1)) * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (size_t c = 0; c < d; c += 8) {
+            const __m256 qc = _mm256_loadu_ps(q + c);
+            a0 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp[0] + c), a0);
+            a1 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp[1] + c), a1);
+            a2 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp[2] + c), a2);
+            a3 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp[3] + c), a3);
+            a4 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp[4] + c), a4);
+            a5 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp[5] + c), a5);
+            a6 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp[6] + c), a6);
+            a7 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp[7] + c), a7);
+        }
+        const __m256 r = _mm256_mul_ps(reduce8x8(a0, a1, a2, a3, a4, a5, a6, a7), vs);
+        if (m == 8) {
+            _mm256_storeu_ps(s + j, r);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, r);
+            memcpy(s + j, tmp, m * sizeof(float));
+        }
+    }
+}
+
+/* In place: p = exp(s - max) / sum over n values. */
+static void softmax_row(float *p, size_t n) {
+    __m256 vmx = _mm256_set1_ps(-INFINITY);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(p + j));
+    float mxs[8];
+    _mm256_storeu_ps(mxs, vmx);
+    float mx = mxs[0];
+    for (int l = 1; l < 8; l++) mx = mxs[l] > mx ? mxs[l] : mx;
+    for (; j < n; j++) mx = p[j] > mx ? p[j] : mx;
+
+    vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = ekv_exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), vmx));
+        _mm256_storeu_ps(p + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    if (j < n) { /* the tail through the same exp, padded with -inf (-> 0) */
+        float tmp[8];
+        const size_t m = n - j;
+        for (size_t l = 0; l < 8; l++) tmp[l] = l < m ? p[j + l] : -INFINITY;
+        const __m256 e = ekv_exp8(_mm256_sub_ps(_mm256_loadu_ps(tmp), vmx));
+        _mm256_storeu_ps(tmp, e);
+        memcpy(p + j, tmp, m * sizeof(float));
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / ekv_hsum8(vsum));
+    j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(p + j, _mm256_mul_ps(_mm256_loadu_ps(p + j), inv));
+    for (; j < n; j++) p[j] *= _mm256_cvtss_f32(inv);
+}
+
+/* o[0:d] += sum_{j in [j0, j1)} p[j] * v_j[0:d]; 64 columns in registers at
+ * a time, then single 8-column chunks. */
+static void pv_block(float *o, const float *p, const float *v, size_t d, size_t j0, size_t j1) {
+    size_t c0 = 0;
+    for (; c0 + 64 <= d; c0 += 64) {
+        __m256 a0 = _mm256_loadu_ps(o + c0), a1 = _mm256_loadu_ps(o + c0 + 8);
+        __m256 a2 = _mm256_loadu_ps(o + c0 + 16), a3 = _mm256_loadu_ps(o + c0 + 24);
+        __m256 a4 = _mm256_loadu_ps(o + c0 + 32), a5 = _mm256_loadu_ps(o + c0 + 40);
+        __m256 a6 = _mm256_loadu_ps(o + c0 + 48), a7 = _mm256_loadu_ps(o + c0 + 56);
+        for (size_t j = j0; j < j1; j++) {
+            const __m256 pj = _mm256_broadcast_ss(p + j);
+            const float *vj = v + j * d + c0;
+            a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), a0);
+            a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), a1);
+            a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), a2);
+            a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), a3);
+            a4 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 32), a4);
+            a5 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 40), a5);
+            a6 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 48), a6);
+            a7 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 56), a7);
+        }
+        _mm256_storeu_ps(o + c0, a0);
+        _mm256_storeu_ps(o + c0 + 8, a1);
+        _mm256_storeu_ps(o + c0 + 16, a2);
+        _mm256_storeu_ps(o + c0 + 24, a3);
+        _mm256_storeu_ps(o + c0 + 32, a4);
+        _mm256_storeu_ps(o + c0 + 40, a5);
+        _mm256_storeu_ps(o + c0 + 48, a6);
+        _mm256_storeu_ps(o + c0 + 56, a7);
+    }
+    for (; c0 < d; c0 += 8) {
+        __m256 a = _mm256_loadu_ps(o + c0);
+        for (size_t j = j0; j < j1; j++)
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + j * d + c0), a);
+        _mm256_storeu_ps(o + c0, a);
+    }
+}
+
+void ekv_attn_row_avx2(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys, float scale,
+                       float *out, float *probs, const struct ekv_attn_stats *st) {
+    if (R <= 0 || d <= 0) return;
+    const size_t n = n_keys > 0 ? (size_t)n_keys : 0;
+    const size_t dd = (size_t)d;
+    memset(out, 0, (size_t)R * dd * sizeof(float));
+    if (n == 0) return;
+    for (size_t j0 = 0; j0 < n; j0 += EKV_ATT_KB) {
+        const size_t j1 = j0 + EKV_ATT_KB < n ? j0 + EKV_ATT_KB : n;
+        for (int h = 0; h < R; h++) qk_block(q + (size_t)h * dd, dd, k, j0, j1, scale, probs + (size_t)h * n);
+    }
+    for (int h = 0; h < R; h++) softmax_row(probs + (size_t)h * n, n);
+    for (size_t j0 = 0; j0 < n; j0 += EKV_ATT_KB) {
+        const size_t j1 = j0 + EKV_ATT_KB < n ? j0 + EKV_ATT_KB : n;
+        for (int h = 0; h < R; h++) pv_block(out + (size_t)h * dd, probs + (size_t)h * n, v, dd, j0, j1);
+    }
+    if (st) ekv_attn_accumulate_avx2(probs, R, n_keys, st);
+}
+
+/* ------------------------------------------------------------------ */
+/* Statistics: the reference's per-key arithmetic, four keys per vector */
+/* ------------------------------------------------------------------ */
+
+void ekv_attn_accumulate_avx2(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st) {
+    if (!st || !st->flags || n_keys <= 0 || R <= 0) return;
+    const unsigned fl = st->flags;
+    const double inv_r = 1.0 / (double)R;
+    const size_t n = (size_t)n_keys;
+
+    const unsigned want_mean = EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_WINSUM;
+    if (fl & want_mean) {
+        double *colsum = (fl & EKV_STAT_COLSUM) ? st->colsum : NULL;
+        int32_t *count = (fl & EKV_STAT_COLSUM) ? st->count : NULL;
+        double *sumsq = (fl & EKV_STAT_SUMSQ) ? st->sumsq : NULL;
+        float *lastrow = (fl & EKV_STAT_LASTROW) ? st->lastrow : NULL;
+        double *winsum = (fl & EKV_STAT_WINSUM) ? st->winsum : NULL;
+        const __m256d vinv = _mm256_set1_pd(inv_r);
+        size_t j = 0;
+        for (; j + 4 <= n; j += 4) {
+            __m256d s = _mm256_setzero_pd(), s2 = _mm256_setzero_pd();
+            if (sumsq) {
+                for (int h = 0; h < R; h++) {
+                    const __m256d p = _mm256_cvtps_pd(_mm_loadu_ps(probs + (size_t)h * n + j));
+                    s = _mm256_add_pd(s, p);
+                    s2 = _mm256_add_pd(s2, _mm256_mul_pd(p, p));
+                }
+            } else {
+                for (int h = 0; h < R; h++) s = _mm256_add_pd(s, _mm256_cvtps_pd(_mm_loadu_ps(probs + (size_t)h * n + j)));
+            }
+            const __m256d m = _mm256_mul_pd(s, vinv);
+            if (colsum) _mm256_storeu_pd(colsum + j, _mm256_add_pd(_mm256_loadu_pd(colsum + j), m));
+            if (count) {
+                __m128i *c4 = (__m128i *)(void *)(count + j);
+                _mm_storeu_si128(c4, _mm_add_epi32(_mm_loadu_si128(c4), _mm_set1_epi32(1)));
+            }
+            if (sumsq)
+                _mm256_storeu_pd(sumsq + j, _mm256_add_pd(_mm256_loadu_pd(sumsq + j), _mm256_mul_pd(s2, vinv)));
+            if (lastrow) _mm_storeu_ps(lastrow + j, _mm256_cvtpd_ps(m));
+            if (winsum) _mm256_storeu_pd(winsum + j, _mm256_add_pd(_mm256_loadu_pd(winsum + j), m));
+        }
+        for (; j < n; j++) {
+            double s = 0.0, s2 = 0.0;
+            for (int h = 0; h < R; h++) {
+                const double p = (double)probs[(size_t)h * n + j];
+                s += p;
+                s2 += p * p;
+            }
+            const double m = s * inv_r;
+            if (colsum) colsum[j] += m;
+            if (count) count[j] += 1;
+            if (sumsq) sumsq[j] += s2 * inv_r;
+            if (lastrow) lastrow[j] = (float)m;
+            if (winsum) winsum[j] += m;
+        }
+    }
+
+    if ((fl & EKV_STAT_BINCOUNT) && st->bincount) {
+        const float thr = 1.0f / (float)n_keys;
+        const __m256 vthr = _mm256_set1_ps(thr), one = _mm256_set1_ps(1.0f), vr = _mm256_set1_ps((float)R);
+        size_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            __m256 c = _mm256_setzero_ps(); /* small integer counts, exact in float */
+            for (int h = 0; h < R; h++)
+                c = _mm256_add_ps(c, _mm256_and_ps(one, _mm256_cmp_ps(_mm256_loadu_ps(probs + (size_t)h * n + j),
+                                                                      vthr, _CMP_GE_OQ)));
+            /* the reference adds only when c > 0; bincount is never -0, so x + 0 == x */
+            _mm256_storeu_ps(st->bincount + j,
+                             _mm256_add_ps(_mm256_loadu_ps(st->bincount + j), _mm256_div_ps(c, vr)));
+        }
+        for (; j < n; j++) {
+            int c = 0;
+            for (int h = 0; h < R; h++) c += probs[(size_t)h * n + j] >= thr;
+            if (c) st->bincount[j] += (float)c / (float)R;
+        }
+    }
+
+    if ((fl & EKV_STAT_SPARSITY) && st->sparse_zero && st->sparse_total) {
+        double zeros = 0.0;
+        for (int h = 0; h < R; h++) {
+            const float *ph = probs + (size_t)h * n;
+            __m256 vmx = _mm256_set1_ps(ph[0]);
+            size_t j = 0;
+            for (; j + 8 <= n; j += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(ph + j));
+            float mxs[8];
+            _mm256_storeu_ps(mxs, vmx);
+            float mx = mxs[0];
+            for (int l = 1; l < 8; l++) mx = mxs[l] > mx ? mxs[l] : mx;
+            for (; j < n; j++) mx = ph[j] > mx ? ph[j] : mx;
+            const float thr = st->sparsity_p * mx;
+            const __m256 vthr = _mm256_set1_ps(thr);
+            __m256i z8 = _mm256_setzero_si256();
+            j = 0;
+            for (; j + 8 <= n; j += 8) /* lanes of the compare mask are -1 where p < thr */
+                z8 = _mm256_sub_epi32(z8, _mm256_castps_si256(_mm256_cmp_ps(_mm256_loadu_ps(ph + j), vthr, _CMP_LT_OQ)));
+            int32_t zl[8];
+            _mm256_storeu_si256((__m256i *)(void *)zl, z8);
+            size_t z = 0;
+            for (int l = 0; l < 8; l++) z += (size_t)(uint32_t)zl[l];
+            for (; j < n; j++) z += ph[j] < thr;
+            zeros += (double)z;
+        }
+        *st->sparse_zero += zeros;
+        *st->sparse_total += (double)n * (double)R;
+    }
+}
