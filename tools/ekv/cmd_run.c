@@ -330,7 +330,10 @@ static int cmd_run_main(int argc, char **argv) {
     }
     double t2 = cli_now();
     out_text[out_len] = 0;
-    if (!json) printf("\n");
+    if (!json) {
+        printf("\n");
+        fflush(stdout); /* before the report on stderr */
+    }
     if (trace) {
         cJSON_AddItemToArray(cJSON_GetObjectItem(trace, "snapshots"), kv_snapshot(seq, &mi, "end"));
         if (!write_json_file(trace_path, trace)) {
