@@ -14,7 +14,10 @@
  *      from expf), lane sums, one reciprocal;
  *   3. out_h = sum_j p_hj v_j with the head's output held in registers.
  * Steps 1 and 3 walk the keys in blocks of EKV_ATT_KB, all R heads per
- * block, so a block of K or V is read from memory once for the R heads.
+ * block, so a block of K or V is read from memory once for the R heads;
+ * within a block, heads go in pairs (qk_block2, pv_block2) so that each
+ * key or value vector loaded from cache feeds two FMAs, with per-element
+ * operations identical to the one-head kernels.
  *
  * The statistics (ekv_attn_accumulate_avx2) are vectorised across keys
  * and perform, per key, exactly the operations of the reference in the
@@ -67,6 +70,53 @@ static void qk_block(const float *q, size_t d, const float *k, size_t j0, size_t
             float tmp[8];
             _mm256_storeu_ps(tmp, r);
             memcpy(s + j, tmp, m * sizeof(float));
+        }
+    }
+}
+
+/* Lane i of the result = horizontal sum of a_i, in the order of reduce8x8. */
+static inline __m128 reduce4x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+/* qk_block for two query heads at once: four keys per step, each key
+ * vector loaded once for both heads (the loop is bound by loads). A key's
+ * score gets exactly the operations of qk_block. */
+static void qk_block2(const float *q0, const float *q1, size_t d, const float *k, size_t j0, size_t j1,
+                      float scale, float *s0, float *s1) {
+    const __m128 vs = _mm_set1_ps(scale);
+    for (size_t j = j0; j < j1; j += 4) {
+        const size_t m = j1 - j < 4 ? j1 - j : 4;
+        const float *kp[4];
+        for (size_t i = 0; i < 4; i++) kp[i] = k + (j + (i < m ? i : m - 1)) * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (size_t c = 0; c < d; c += 8) {
+            const __m256 x0 = _mm256_loadu_ps(q0 + c), x1 = _mm256_loadu_ps(q1 + c);
+            __m256 kv = _mm256_loadu_ps(kp[0] + c);
+            a0 = _mm256_fmadd_ps(x0, kv, a0);
+            b0 = _mm256_fmadd_ps(x1, kv, b0);
+            kv = _mm256_loadu_ps(kp[1] + c);
+            a1 = _mm256_fmadd_ps(x0, kv, a1);
+            b1 = _mm256_fmadd_ps(x1, kv, b1);
+            kv = _mm256_loadu_ps(kp[2] + c);
+            a2 = _mm256_fmadd_ps(x0, kv, a2);
+            b2 = _mm256_fmadd_ps(x1, kv, b2);
+            kv = _mm256_loadu_ps(kp[3] + c);
+            a3 = _mm256_fmadd_ps(x0, kv, a3);
+            b3 = _mm256_fmadd_ps(x1, kv, b3);
+        }
+        const __m128 r0 = _mm_mul_ps(reduce4x8(a0, a1, a2, a3), vs);
+        const __m128 r1 = _mm_mul_ps(reduce4x8(b0, b1, b2, b3), vs);
+        if (m == 4) {
+            _mm_storeu_ps(s0 + j, r0);
+            _mm_storeu_ps(s1 + j, r1);
+        } else {
+            float t0[4], t1[4];
+            _mm_storeu_ps(t0, r0);
+            _mm_storeu_ps(t1, r1);
+            memcpy(s0 + j, t0, m * sizeof(float));
+            memcpy(s1 + j, t1, m * sizeof(float));
         }
     }
 }
@@ -143,6 +193,54 @@ static void pv_block(float *o, const float *p, const float *v, size_t d, size_t 
     }
 }
 
+/* pv_block for two heads: each value vector loaded once for both; 32
+ * columns of each head in registers. Every output element gets the FMA
+ * chain of pv_block. */
+static void pv_block2(float *o0, float *o1, const float *p0, const float *p1, const float *v, size_t d, size_t j0,
+                      size_t j1) {
+    size_t c0 = 0;
+    for (; c0 + 32 <= d; c0 += 32) {
+        __m256 a0 = _mm256_loadu_ps(o0 + c0), a1 = _mm256_loadu_ps(o0 + c0 + 8);
+        __m256 a2 = _mm256_loadu_ps(o0 + c0 + 16), a3 = _mm256_loadu_ps(o0 + c0 + 24);
+        __m256 b0 = _mm256_loadu_ps(o1 + c0), b1 = _mm256_loadu_ps(o1 + c0 + 8);
+        __m256 b2 = _mm256_loadu_ps(o1 + c0 + 16), b3 = _mm256_loadu_ps(o1 + c0 + 24);
+        for (size_t j = j0; j < j1; j++) {
+            const __m256 x = _mm256_broadcast_ss(p0 + j), y = _mm256_broadcast_ss(p1 + j);
+            const float *vj = v + j * d + c0;
+            __m256 w = _mm256_loadu_ps(vj);
+            a0 = _mm256_fmadd_ps(x, w, a0);
+            b0 = _mm256_fmadd_ps(y, w, b0);
+            w = _mm256_loadu_ps(vj + 8);
+            a1 = _mm256_fmadd_ps(x, w, a1);
+            b1 = _mm256_fmadd_ps(y, w, b1);
+            w = _mm256_loadu_ps(vj + 16);
+            a2 = _mm256_fmadd_ps(x, w, a2);
+            b2 = _mm256_fmadd_ps(y, w, b2);
+            w = _mm256_loadu_ps(vj + 24);
+            a3 = _mm256_fmadd_ps(x, w, a3);
+            b3 = _mm256_fmadd_ps(y, w, b3);
+        }
+        _mm256_storeu_ps(o0 + c0, a0);
+        _mm256_storeu_ps(o0 + c0 + 8, a1);
+        _mm256_storeu_ps(o0 + c0 + 16, a2);
+        _mm256_storeu_ps(o0 + c0 + 24, a3);
+        _mm256_storeu_ps(o1 + c0, b0);
+        _mm256_storeu_ps(o1 + c0 + 8, b1);
+        _mm256_storeu_ps(o1 + c0 + 16, b2);
+        _mm256_storeu_ps(o1 + c0 + 24, b3);
+    }
+    for (; c0 < d; c0 += 8) {
+        __m256 a = _mm256_loadu_ps(o0 + c0), b = _mm256_loadu_ps(o1 + c0);
+        for (size_t j = j0; j < j1; j++) {
+            const __m256 w = _mm256_loadu_ps(v + j * d + c0);
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + j), w, a);
+            b = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + j), w, b);
+        }
+        _mm256_storeu_ps(o0 + c0, a);
+        _mm256_storeu_ps(o1 + c0, b);
+    }
+}
+
 void ekv_attn_row_avx2(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys, float scale,
                        float *out, float *probs, const struct ekv_attn_stats *st) {
     if (R <= 0 || d <= 0) return;
@@ -152,12 +250,20 @@ void ekv_attn_row_avx2(const float *q, int R, int d, const float *k, const float
     if (n == 0) return;
     for (size_t j0 = 0; j0 < n; j0 += EKV_ATT_KB) {
         const size_t j1 = j0 + EKV_ATT_KB < n ? j0 + EKV_ATT_KB : n;
-        for (int h = 0; h < R; h++) qk_block(q + (size_t)h * dd, dd, k, j0, j1, scale, probs + (size_t)h * n);
+        int h = 0;
+        for (; h + 2 <= R; h += 2)
+            qk_block2(q + (size_t)h * dd, q + (size_t)(h + 1) * dd, dd, k, j0, j1, scale, probs + (size_t)h * n,
+                      probs + (size_t)(h + 1) * n);
+        if (h < R) qk_block(q + (size_t)h * dd, dd, k, j0, j1, scale, probs + (size_t)h * n);
     }
     for (int h = 0; h < R; h++) softmax_row(probs + (size_t)h * n, n);
     for (size_t j0 = 0; j0 < n; j0 += EKV_ATT_KB) {
         const size_t j1 = j0 + EKV_ATT_KB < n ? j0 + EKV_ATT_KB : n;
-        for (int h = 0; h < R; h++) pv_block(out + (size_t)h * dd, probs + (size_t)h * n, v, dd, j0, j1);
+        int h = 0;
+        for (; h + 2 <= R; h += 2)
+            pv_block2(out + (size_t)h * dd, out + (size_t)(h + 1) * dd, probs + (size_t)h * n,
+                      probs + (size_t)(h + 1) * n, v, dd, j0, j1);
+        if (h < R) pv_block(out + (size_t)h * dd, probs + (size_t)h * n, v, dd, j0, j1);
     }
     if (st) ekv_attn_accumulate_avx2(probs, R, n_keys, st);
 }

@@ -32,11 +32,13 @@ typedef void (*ekv_task_fn)(void *ctx, int ith, int nth);
 enum ekv_status ekv_pool_new(int n_threads, struct ekv_pool **out);
 void ekv_pool_free(struct ekv_pool *p);
 int ekv_pool_size(const struct ekv_pool *p); /* 1 for NULL */
-/* Runs fn(ctx, ith, nth) for every ith < nth on the pool's threads and
- * returns when all are done. p == NULL runs fn(ctx, 0, 1) inline. Not
- * re-entrant: do not call from inside a task. */
+/* Runs fn(ctx, ith, nth) for every ith < nth (nth = pool size) and returns
+ * when all are done. Each part ith runs exactly once, on whichever pool
+ * thread claims it first (the caller included), so a part must depend on
+ * ith only, never on the OS thread. p == NULL runs fn(ctx, 0, 1) inline.
+ * Not re-entrant: do not call from inside a task. */
 void ekv_pool_run(struct ekv_pool *p, ekv_task_fn fn, void *ctx);
-/* Per-thread scratch of at least `bytes` (64-byte aligned), valid until
+/* Scratch of part ith of at least `bytes` (64-byte aligned), valid until
  * the next call with the same ith; NULL on allocation failure. */
 void *ekv_pool_scratch(struct ekv_pool *p, int ith, size_t bytes);
 /* One more scratch buffer, for the calling thread to fill before a run and
