@@ -7,6 +7,7 @@
 #define EKV_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -29,8 +30,13 @@ int cli_fail(const char *cmd, enum ekv_status s);
 /* Prints "ekv <cmd>: <message>" to stderr; returns 1. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* The bundled model when -m is not given: ./models/stories260K.gguf, then
- * next to the executable (../models), then the source tree. */
+/* A file shipped in the repository (e.g. "data/x.jsonl"): rel itself when
+ * it exists from the current directory, else next to the executable
+ * (<exe>/../rel, <exe>/rel), else in the source tree; buf holds the result
+ * when it is not rel. */
+const char *cli_find_file(const char *rel, char *buf, size_t n);
+/* The bundled model when -m is not given (models/stories260K.gguf, found
+ * with cli_find_file). */
 const char *cli_default_model(void);
 
 /* Option value parsing with range checks; false (and a message) on error. */

@@ -80,32 +80,10 @@ static void help(void) {
     cli_print_kv_help(stdout);
 }
 
-/* data/tinystories_eval.jsonl: ./data, next to the executable (../data), then the source tree. */
+/* the shipped evaluation set, found like the bundled model */
 static const char *default_data(void) {
     static char buf[4096];
-    const char *rel = "data/tinystories_eval.jsonl";
-    if (access(rel, R_OK) == 0) return rel;
-    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 64);
-    if (n > 0) {
-        buf[n] = 0;
-        char *slash = strrchr(buf, '/');
-        if (slash) {
-            strcpy(slash, "/../data/tinystories_eval.jsonl");
-            if (access(buf, R_OK) == 0) return buf;
-            strcpy(slash, "/data/tinystories_eval.jsonl");
-            if (access(buf, R_OK) == 0) return buf;
-        }
-    }
-#ifdef EKV_DEFAULT_MODEL
-    /* EKV_DEFAULT_MODEL is <source>/models/stories260K.gguf */
-    const char *m = EKV_DEFAULT_MODEL;
-    const char *cut = strstr(m, "models/stories260K.gguf");
-    if (cut && (size_t)(cut - m) + 32 < sizeof buf) {
-        snprintf(buf, sizeof buf, "%.*sdata/tinystories_eval.jsonl", (int)(cut - m), m);
-        if (access(buf, R_OK) == 0) return buf;
-    }
-#endif
-    return rel;
+    return cli_find_file("data/tinystories_eval.jsonl", buf, sizeof buf);
 }
 
 /* mkdir -p */

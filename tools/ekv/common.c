@@ -29,25 +29,28 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
     return 1;
 }
 
-const char *cli_default_model(void) {
-    static char buf[4096];
-    const char *rel = "models/stories260K.gguf";
+const char *cli_find_file(const char *rel, char *buf, size_t n) {
     if (access(rel, R_OK) == 0) return rel;
-    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 64);
-    if (n > 0) {
-        buf[n] = 0;
-        char *slash = strrchr(buf, '/');
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        char *slash = strrchr(exe, '/');
         if (slash) {
-            strcpy(slash, "/../models/stories260K.gguf");
-            if (access(buf, R_OK) == 0) return buf;
-            strcpy(slash, "/models/stories260K.gguf");
-            if (access(buf, R_OK) == 0) return buf;
+            *slash = 0;
+            if ((size_t)snprintf(buf, n, "%s/../%s", exe, rel) < n && access(buf, R_OK) == 0) return buf;
+            if ((size_t)snprintf(buf, n, "%s/%s", exe, rel) < n && access(buf, R_OK) == 0) return buf;
         }
     }
-#ifdef EKV_DEFAULT_MODEL
-    if (access(EKV_DEFAULT_MODEL, R_OK) == 0) return EKV_DEFAULT_MODEL;
+#ifdef EKV_SOURCE_DIR
+    if ((size_t)snprintf(buf, n, "%s/%s", EKV_SOURCE_DIR, rel) < n && access(buf, R_OK) == 0) return buf;
 #endif
     return rel;
+}
+
+const char *cli_default_model(void) {
+    static char buf[4096];
+    return cli_find_file("models/stories260K.gguf", buf, sizeof buf);
 }
 
 bool cli_int(const char *cmd, const char *opt, const char *v, long lo, long hi, long *out) {
