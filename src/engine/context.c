@@ -193,14 +193,8 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
         part.step.tags = tags + off;
         float *out = NULL;
         if (logits) out = in->logits_all ? logits + (size_t)off * V : (off + len == n ? logits : NULL);
-        uint8_t *want = NULL;
-        if (out && !in->logits_all) { /* only the last row */
-            want = calloc((size_t)len, 1);
-            if (!want) { s = ekv_err(EKV_ERR_NOMEM, "out of memory"); break; }
-            want[len - 1] = 1;
-        }
-        s = ekv_forward(ctx, &part, 1, len, want, out);
-        free(want);
+        /* logits of every row, or of the last one */
+        s = ekv_forward(ctx, &part, 1, len, in->logits_all ? 0 : len - 1, out);
         if (s == EKV_OK) seq->n_seen += len;
     }
     free(tags);
@@ -251,7 +245,7 @@ enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const 
         parts[i].step.prompt_pos0 = seqs[i]->n_seen;
         parts[i].step.tags = &gen_tag;
     }
-    if (s == EKV_OK) s = ekv_forward(ctx, parts, n, n, NULL, logits);
+    if (s == EKV_OK) s = ekv_forward(ctx, parts, n, n, 0, logits);
     if (s == EKV_OK)
         for (int32_t i = 0; i < n; i++) seqs[i]->n_seen++;
     free(parts);

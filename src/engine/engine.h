@@ -45,10 +45,10 @@ struct ekv_fwd_part {
 };
 
 /* Runs the model over ctx->x (already holding the input embeddings of all
- * rows) for the given parts, writing logits for the rows with want[row] set
- * (want NULL: every row) into logits ([rows wanted][n_vocab], in row order). */
+ * rows) for the given parts, writing logits for rows [out_row0, n_rows) into
+ * logits ([n_rows - out_row0][n_vocab], in row order) when it is not NULL. */
 enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
-                            int32_t n_rows, const uint8_t *want, float *logits);
+                            int32_t n_rows, int32_t out_row0, float *logits);
 
 /* Makes the scratch hold at least `rows` positions. */
 enum ekv_status ekv_context_reserve(struct ekv_context *ctx, int32_t rows);

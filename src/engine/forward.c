@@ -22,7 +22,7 @@ static void add_bias(float *y, const float *b, int32_t rows, int64_t dim) {
 }
 
 enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
-                            int32_t n_rows, const uint8_t *want, float *logits) {
+                            int32_t n_rows, int32_t out_row0, float *logits) {
     const struct ekv_model *m = ctx->model;
     const struct ekv_model_info *in = &m->info;
     const int64_t D = in->n_embd, HD = in->head_dim;
@@ -102,12 +102,10 @@ out:
     }
     if (!logits) return EKV_OK;
 
-    /* final norm of the wanted rows, packed, then the classifier */
-    int32_t n_out = 0;
-    for (int32_t r = 0; r < n_rows; r++) {
-        if (want && !want[r]) continue;
-        ekv_rmsnorm(ctx->xb + (size_t)n_out * D, ctx->x + (size_t)r * D, m->output_norm, D, in->norm_eps);
-        n_out++;
-    }
+    /* final norm of the rows that want logits, packed, then the classifier */
+    if (out_row0 < 0 || out_row0 >= n_rows) return EKV_OK;
+    const int32_t n_out = n_rows - out_row0;
+    for (int32_t r = 0; r < n_out; r++)
+        ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)(out_row0 + r) * D, m->output_norm, D, in->norm_eps);
     return ekv_matmul(pool, &m->output, ctx->xb, n_out, logits);
 }

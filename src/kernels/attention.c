@@ -23,7 +23,6 @@
 void ekv_attn_accumulate_ref(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st) {
     if (!st || !st->flags || n_keys <= 0 || R <= 0) return;
     const unsigned fl = st->flags;
-    const double inv_r = 1.0 / (double)R;
     const size_t n = (size_t)n_keys;
 
     /* Per-key means over the R heads of p and p^2 feed colsum, sumsq,
@@ -35,20 +34,7 @@ void ekv_attn_accumulate_ref(const float *probs, int R, int32_t n_keys, const st
         double *sumsq = (fl & EKV_STAT_SUMSQ) ? st->sumsq : NULL;
         float *lastrow = (fl & EKV_STAT_LASTROW) ? st->lastrow : NULL;
         double *winsum = (fl & EKV_STAT_WINSUM) ? st->winsum : NULL;
-        for (size_t j = 0; j < n; j++) {
-            double s = 0.0, s2 = 0.0;
-            for (int h = 0; h < R; h++) {
-                double p = (double)probs[(size_t)h * n + j];
-                s += p;
-                s2 += p * p;
-            }
-            const double m = s * inv_r;
-            if (colsum) colsum[j] += m;
-            if (count) count[j] += 1;
-            if (sumsq) sumsq[j] += s2 * inv_r;
-            if (lastrow) lastrow[j] = (float)m;
-            if (winsum) winsum[j] += m;
-        }
+        ekv_attn_mean_stats_ref(probs, R, n, 0, colsum, count, sumsq, lastrow, winsum);
     }
 
     /* ScissorHands: a key counts for a head when its attention is at least
@@ -147,6 +133,25 @@ void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, 
         ekv_attn_row_avx2(q, R, d, k, v, n_keys, scale, out, probs, st);
     else
         ekv_attn_row_ref(q, R, d, k, v, n_keys, scale, out, probs, st);
+}
+
+void ekv_attn_mean_stats_ref(const float *probs, int R, size_t n, size_t j0, double *colsum, int32_t *count,
+                             double *sumsq, float *lastrow, double *winsum) {
+    const double inv_r = 1.0 / (double)R;
+    for (size_t j = j0; j < n; j++) {
+        double s = 0.0, s2 = 0.0;
+        for (int h = 0; h < R; h++) {
+            const double p = (double)probs[(size_t)h * n + j];
+            s += p;
+            s2 += p * p;
+        }
+        const double m = s * inv_r;
+        if (colsum) colsum[j] += m;
+        if (count) count[j] += 1;
+        if (sumsq) sumsq[j] += s2 * inv_r;
+        if (lastrow) lastrow[j] = (float)m;
+        if (winsum) winsum[j] += m;
+    }
 }
 
 void ekv_attn_accumulate(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st) {

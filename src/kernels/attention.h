@@ -6,6 +6,7 @@
 #ifndef EKV_ATTENTION_H
 #define EKV_ATTENTION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Statistics a policy can ask for (bit flags). */
@@ -55,5 +56,10 @@ void ekv_attn_row_avx2(const float *q, int R, int d, const float *k, const float
                        float scale, float *out, float *probs, const struct ekv_attn_stats *st);
 void ekv_attn_accumulate_ref(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
 void ekv_attn_accumulate_avx2(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
+
+/* Plain-C per-key means over the R heads, for keys [j0, n): the reference
+ * path and the tail of the AVX2 path share it. probs: [R][n]; arrays may be NULL. */
+void ekv_attn_mean_stats_ref(const float *probs, int R, size_t n, size_t j0, double *colsum, int32_t *count,
+                             double *sumsq, float *lastrow, double *winsum);
 
 #endif

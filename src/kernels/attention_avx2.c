@@ -309,20 +309,7 @@ void ekv_attn_accumulate_avx2(const float *probs, int R, int32_t n_keys, const s
             if (lastrow) _mm_storeu_ps(lastrow + j, _mm256_cvtpd_ps(m));
             if (winsum) _mm256_storeu_pd(winsum + j, _mm256_add_pd(_mm256_loadu_pd(winsum + j), m));
         }
-        for (; j < n; j++) {
-            double s = 0.0, s2 = 0.0;
-            for (int h = 0; h < R; h++) {
-                const double p = (double)probs[(size_t)h * n + j];
-                s += p;
-                s2 += p * p;
-            }
-            const double m = s * inv_r;
-            if (colsum) colsum[j] += m;
-            if (count) count[j] += 1;
-            if (sumsq) sumsq[j] += s2 * inv_r;
-            if (lastrow) lastrow[j] = (float)m;
-            if (winsum) winsum[j] += m;
-        }
+        ekv_attn_mean_stats_ref(probs, R, n, j, colsum, count, sumsq, lastrow, winsum); /* tail */
     }
 
     if ((fl & EKV_STAT_BINCOUNT) && st->bincount) {

@@ -56,8 +56,7 @@ const char *gguf_type_name(enum gguf_type t) {
     return names[t];
 }
 
-/* Bytes of one scalar of type t; 0 for STRING, ARRAY and unknown types. */
-static size_t scalar_size(enum gguf_type t) {
+size_t gguf_scalar_size(enum gguf_type t) {
     switch (t) {
     case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
     case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
@@ -161,7 +160,7 @@ static enum ekv_status parse_array(struct cursor *c, struct gguf_value *v, int d
         return ekv_err(EKV_ERR_FORMAT, "key '%s': unknown array element type %u", key, et);
     v->v.arr.type = (enum gguf_type)et;
     size_t left = cur_left(c);
-    size_t esz = scalar_size((enum gguf_type)et);
+    size_t esz = gguf_scalar_size((enum gguf_type)et);
     /* Every element takes at least min_bytes, which bounds n before allocating. */
     size_t min_bytes = esz ? esz : et == GGUF_TYPE_STRING ? 8 : GGUF_MIN_ARRAY_BYTES;
     if (n > left / min_bytes)
@@ -210,7 +209,7 @@ static enum ekv_status parse_value(struct cursor *c, enum gguf_type type, struct
     enum ekv_status s;
     memset(v, 0, sizeof *v);
     v->type = type;
-    size_t esz = scalar_size(type);
+    size_t esz = gguf_scalar_size(type);
     if (esz) {
         if ((s = need(c, esz, gguf_type_name(type)))) return ekv_err_prefix(s, "key '%s'", key);
         const uint8_t *b = c->p + c->pos;

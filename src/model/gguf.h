@@ -34,6 +34,8 @@ enum gguf_type {
 };
 
 const char *gguf_type_name(enum gguf_type t);
+/* Bytes of one scalar of type t; 0 for STRING, ARRAY and unknown types. */
+size_t gguf_scalar_size(enum gguf_type t);
 
 /* A string inside the mapped file: NOT NUL-terminated. */
 struct gguf_str {

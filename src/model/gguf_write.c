@@ -40,16 +40,6 @@ struct gguf_writer {
     size_t n_t, cap_t;
 };
 
-static size_t scalar_size(enum gguf_type t) {
-    switch (t) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
-    case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
-    case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: return 4;
-    case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64: case GGUF_TYPE_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 /* ---- owned values ---- */
 
 static void owned_free(struct gguf_value *v) {
@@ -88,7 +78,7 @@ static enum ekv_status copy_value(struct gguf_value *dst, const struct gguf_valu
     if ((unsigned)src->type >= GGUF_TYPE_COUNT)
         return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': unknown value type %u", key, (unsigned)src->type);
     dst->type = src->type;
-    if (scalar_size(src->type)) {
+    if (gguf_scalar_size(src->type)) {
         dst->v = src->v;
         return EKV_OK;
     }
@@ -101,7 +91,7 @@ static enum ekv_status copy_value(struct gguf_value *dst, const struct gguf_valu
     if ((unsigned)et >= GGUF_TYPE_COUNT)
         return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': unknown array element type %u", key, (unsigned)et);
     dst->v.arr.type = et;
-    size_t esz = scalar_size(et), bytes;
+    size_t esz = gguf_scalar_size(et), bytes;
     if (esz) {
         if (n > SIZE_MAX || !ekv_mul_ok((size_t)n, esz, &bytes))
             return ekv_err(EKV_ERR_OVERFLOW, "key '%s': array of %llu elements is too large", key,
@@ -237,7 +227,7 @@ enum ekv_status gguf_writer_set_str(struct gguf_writer *w, const char *key, cons
 
 enum ekv_status gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_type elem_type,
                                     const void *data, uint64_t n) {
-    if (!scalar_size(elem_type))
+    if (!gguf_scalar_size(elem_type))
         return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': gguf_writer_set_arr needs a scalar element type, not %s",
                        key ? key : "(null)", gguf_type_name(elem_type));
     struct gguf_value x = {.type = GGUF_TYPE_ARRAY};
@@ -376,7 +366,7 @@ static void put_zeros(struct out *o, size_t n) {
 
 /* Writes the payload of v (its type was written by the caller). */
 static void put_value(struct out *o, const struct gguf_value *v) {
-    size_t esz = scalar_size(v->type);
+    size_t esz = gguf_scalar_size(v->type);
     if (esz) {
         uint64_t bits = v->v.u64;
         if (v->type == GGUF_TYPE_FLOAT32) {
@@ -398,7 +388,7 @@ static void put_value(struct out *o, const struct gguf_value *v) {
     }
     put_le(o, (uint64_t)v->v.arr.type, 4);
     put_le(o, v->v.arr.n, 8);
-    size_t ae = scalar_size(v->v.arr.type);
+    size_t ae = gguf_scalar_size(v->v.arr.type);
     if (ae) {
         put(o, v->v.arr.data, (size_t)v->v.arr.n * ae); /* raw little-endian elements */
     } else if (v->v.arr.type == GGUF_TYPE_STRING) {
