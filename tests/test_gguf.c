@@ -22,71 +22,71 @@ static uint32_t rd32(const void *p) {
 }
 
 static void test_stories(void) {
-    struct gguf_file *f = NULL;
-    CHECK_OK(gguf_open(tu_src("models/stories260K.gguf"), &f));
+    struct ekv_gguf_file *f = NULL;
+    CHECK_OK(ekv_gguf_open(tu_src("models/stories260K.gguf"), &f));
     if (!f) return;
-    CHECK(gguf_version(f) == 3);
-    CHECK(gguf_n_tensors(f) == 48);
-    CHECK(gguf_n_kv(f) == 19);
-    CHECK(gguf_alignment(f) == 32);
-    CHECK(gguf_data_offset(f) % 32 == 0);
-    CHECK(gguf_file_size(f) == 1185376);
+    CHECK(ekv_gguf_version(f) == 3);
+    CHECK(ekv_gguf_n_tensors(f) == 48);
+    CHECK(ekv_gguf_n_kv(f) == 19);
+    CHECK(ekv_gguf_alignment(f) == 32);
+    CHECK(ekv_gguf_data_offset(f) % 32 == 0);
+    CHECK(ekv_gguf_file_size(f) == 1185376);
 
-    struct gguf_str s;
-    CHECK_OK(gguf_get_str(f, "general.architecture", &s));
-    CHECK(gguf_str_eq(s, "llama"));
+    struct ekv_gguf_str s;
+    CHECK_OK(ekv_gguf_get_str(f, "general.architecture", &s));
+    CHECK(ekv_gguf_str_eq(s, "llama"));
     char buf[8];
-    gguf_str_copy(s, buf, sizeof buf);
+    ekv_gguf_str_copy(s, buf, sizeof buf);
     CHECK(strcmp(buf, "llama") == 0);
-    gguf_str_copy(s, buf, 3);
+    ekv_gguf_str_copy(s, buf, 3);
     CHECK(strcmp(buf, "ll") == 0);
 
     uint32_t u = 0;
-    CHECK_OK(gguf_get_u32(f, "llama.embedding_length", &u));
+    CHECK_OK(ekv_gguf_get_u32(f, "llama.embedding_length", &u));
     CHECK(u == 64);
-    CHECK_OK(gguf_get_u32(f, "llama.block_count", &u));
+    CHECK_OK(ekv_gguf_get_u32(f, "llama.block_count", &u));
     CHECK(u == 5);
-    CHECK_OK(gguf_get_u32(f, "llama.attention.head_count_kv", &u));
+    CHECK_OK(ekv_gguf_get_u32(f, "llama.attention.head_count_kv", &u));
     CHECK(u == 4);
-    CHECK_OK(gguf_get_u32(f, "tokenizer.ggml.padding_token_id", &u));
+    CHECK_OK(ekv_gguf_get_u32(f, "tokenizer.ggml.padding_token_id", &u));
     CHECK(u == UINT32_MAX);
     int64_t i64 = 0;
-    CHECK_OK(gguf_get_i64(f, "llama.feed_forward_length", &i64));
+    CHECK_OK(ekv_gguf_get_i64(f, "llama.feed_forward_length", &i64));
     CHECK(i64 == 172);
     float eps = 0;
-    CHECK_OK(gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", &eps));
+    CHECK_OK(ekv_gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", &eps));
     CHECK(eps == 1e-5f);
 
     /* errors from the getters */
-    CHECK(gguf_get_u32(f, "no.such.key", &u) == EKV_ERR_NOT_FOUND);
+    CHECK(ekv_gguf_get_u32(f, "no.such.key", &u) == EKV_ERR_NOT_FOUND);
     CHECK(strstr(ekv_last_error(), "no.such.key") != NULL);
-    CHECK(gguf_get_u32(f, "general.name", &u) == EKV_ERR_FORMAT);
+    CHECK(ekv_gguf_get_u32(f, "general.name", &u) == EKV_ERR_FORMAT);
     CHECK(strstr(ekv_last_error(), "general.name") && strstr(ekv_last_error(), "string"));
-    CHECK(gguf_get_str(f, "llama.block_count", &s) == EKV_ERR_FORMAT);
+    CHECK(ekv_gguf_get_str(f, "llama.block_count", &s) == EKV_ERR_FORMAT);
     CHECK(strstr(ekv_last_error(), "uint32") != NULL);
     bool b;
-    CHECK(gguf_get_bool(f, "llama.block_count", &b) == EKV_ERR_FORMAT);
-    CHECK(gguf_get_f32(f, "llama.block_count", &eps) == EKV_ERR_FORMAT);
+    CHECK(ekv_gguf_get_bool(f, "llama.block_count", &b) == EKV_ERR_FORMAT);
+    CHECK(ekv_gguf_get_f32(f, "llama.block_count", &eps) == EKV_ERR_FORMAT);
 
-    const struct gguf_value *arr = NULL;
-    CHECK_OK(gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &arr));
+    const struct ekv_gguf_value *arr = NULL;
+    CHECK_OK(ekv_gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &arr));
     if (arr) {
         CHECK(arr->v.arr.n == 512);
-        CHECK(gguf_str_eq(arr->v.arr.strs[0], "<unk>"));
-        CHECK(gguf_str_eq(arr->v.arr.strs[1], "<s>"));
-        CHECK(gguf_str_eq(arr->v.arr.strs[2], "</s>"));
+        CHECK(ekv_gguf_str_eq(arr->v.arr.strs[0], "<unk>"));
+        CHECK(ekv_gguf_str_eq(arr->v.arr.strs[1], "<s>"));
+        CHECK(ekv_gguf_str_eq(arr->v.arr.strs[2], "</s>"));
     }
-    CHECK(gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_TYPE_FLOAT32, &arr) == EKV_ERR_FORMAT);
-    CHECK_OK(gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, &arr));
+    CHECK(ekv_gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_TYPE_FLOAT32, &arr) == EKV_ERR_FORMAT);
+    CHECK_OK(ekv_gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, &arr));
     if (arr) {
         CHECK(arr->v.arr.n == 512);
         const uint8_t *d = arr->v.arr.data;
         CHECK(rd32(d) == 2 && rd32(d + 4) == 3 && rd32(d + 8) == 3);
     }
-    CHECK_OK(gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_TYPE_COUNT, &arr));
+    CHECK_OK(ekv_gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_TYPE_COUNT, &arr));
     if (arr) CHECK(arr->v.arr.type == GGUF_TYPE_FLOAT32 && arr->v.arr.n == 512);
 
-    const struct gguf_tensor *t = gguf_find_tensor(f, "token_embd.weight");
+    const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(f, "token_embd.weight");
     CHECK(t != NULL);
     if (t) {
         CHECK(t->type == EKV_F32);
@@ -95,29 +95,29 @@ static void test_stories(void) {
         CHECK(t->nbytes == 64 * 512 * 4);
         CHECK(t->data != NULL);
     }
-    t = gguf_find_tensor(f, "blk.0.ffn_gate.weight");
+    t = ekv_gguf_find_tensor(f, "blk.0.ffn_gate.weight");
     CHECK(t && t->ne[0] == 64 && t->ne[1] == 172);
-    CHECK(gguf_find_tensor(f, "blk.5.attn_q.weight") == NULL);
+    CHECK(ekv_gguf_find_tensor(f, "blk.5.attn_q.weight") == NULL);
     /* every tensor lies inside the file and the byte sizes add up */
     size_t total = 0;
     int inside = 1;
-    const uint8_t *base = gguf_tensor_at(f, 0)->data - gguf_tensor_at(f, 0)->offset;
-    for (size_t i = 0; i < gguf_n_tensors(f); i++) {
-        t = gguf_tensor_at(f, i);
+    const uint8_t *base = ekv_gguf_tensor_at(f, 0)->data - ekv_gguf_tensor_at(f, 0)->offset;
+    for (size_t i = 0; i < ekv_gguf_n_tensors(f); i++) {
+        t = ekv_gguf_tensor_at(f, i);
         total += t->nbytes;
-        if ((size_t)((const uint8_t *)t->data - base) + t->nbytes > gguf_file_size(f) - gguf_data_offset(f))
+        if ((size_t)((const uint8_t *)t->data - base) + t->nbytes > ekv_gguf_file_size(f) - ekv_gguf_data_offset(f))
             inside = 0;
     }
     CHECK(inside);
-    CHECK(total > 0 && total <= gguf_file_size(f) - gguf_data_offset(f));
-    CHECK(gguf_tensor_at(f, 48) == NULL);
-    CHECK(gguf_kv_at(f, 19) == NULL);
-    gguf_close(f);
+    CHECK(total > 0 && total <= ekv_gguf_file_size(f) - ekv_gguf_data_offset(f));
+    CHECK(ekv_gguf_tensor_at(f, 48) == NULL);
+    CHECK(ekv_gguf_kv_at(f, 19) == NULL);
+    ekv_gguf_close(f);
 
     /* the shared copy is the same file */
-    CHECK_OK(gguf_open(tu_shared("models/stories260K.gguf"), &f));
-    if (f) CHECK(gguf_n_tensors(f) == 48);
-    gguf_close(f);
+    CHECK_OK(ekv_gguf_open(tu_shared("models/stories260K.gguf"), &f));
+    if (f) CHECK(ekv_gguf_n_tensors(f) == 48);
+    ekv_gguf_close(f);
 }
 
 static void test_vocab(void) {
@@ -127,44 +127,44 @@ static void test_vocab(void) {
         {"models/vocab/ggml-vocab-phi-3.gguf", 32064, "llama", 0},
     };
     for (size_t i = 0; i < EKV_ARRAY_LEN(vocab); i++) {
-        struct gguf_file *f = NULL;
-        CHECK_OK(gguf_open(tu_shared(vocab[i].file), &f));
+        struct ekv_gguf_file *f = NULL;
+        CHECK_OK(ekv_gguf_open(tu_shared(vocab[i].file), &f));
         if (!f) continue;
-        CHECK(gguf_n_tensors(f) == 0);
-        const struct gguf_value *arr = NULL;
-        CHECK_OK(gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &arr));
+        CHECK(ekv_gguf_n_tensors(f) == 0);
+        const struct ekv_gguf_value *arr = NULL;
+        CHECK_OK(ekv_gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &arr));
         CHECK_MSG(arr && arr->v.arr.n == vocab[i].n_tokens, "%s", vocab[i].file);
-        struct gguf_str s;
-        CHECK_OK(gguf_get_str(f, "tokenizer.ggml.model", &s));
-        CHECK(gguf_str_eq(s, vocab[i].model));
+        struct ekv_gguf_str s;
+        CHECK_OK(ekv_gguf_get_str(f, "tokenizer.ggml.model", &s));
+        CHECK(ekv_gguf_str_eq(s, vocab[i].model));
         if (vocab[i].n_merges) {
-            CHECK_OK(gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_TYPE_STRING, &arr));
+            CHECK_OK(ekv_gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_TYPE_STRING, &arr));
             CHECK(arr && arr->v.arr.n == vocab[i].n_merges);
-            if (arr) CHECK(gguf_str_eq(arr->v.arr.strs[2], "h e"));
+            if (arr) CHECK(ekv_gguf_str_eq(arr->v.arr.strs[2], "h e"));
         }
-        gguf_close(f);
+        ekv_gguf_close(f);
     }
-    struct gguf_file *f = NULL;
-    CHECK_OK(gguf_open(tu_shared("models/vocab/ggml-vocab-llama-spm.gguf"), &f));
+    struct ekv_gguf_file *f = NULL;
+    CHECK_OK(ekv_gguf_open(tu_shared("models/vocab/ggml-vocab-llama-spm.gguf"), &f));
     if (f) {
         bool b = false;
-        CHECK_OK(gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b));
+        CHECK_OK(ekv_gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b));
         CHECK(b == true);
-        CHECK_OK(gguf_get_bool(f, "tokenizer.ggml.add_eos_token", &b));
+        CHECK_OK(ekv_gguf_get_bool(f, "tokenizer.ggml.add_eos_token", &b));
         CHECK(b == false);
-        gguf_close(f);
+        ekv_gguf_close(f);
     }
 }
 
 static void test_open_errors(void) {
-    struct gguf_file *f = (struct gguf_file *)1;
-    CHECK(gguf_open("/nonexistent/dir/model.gguf", &f) == EKV_ERR_IO);
+    struct ekv_gguf_file *f = (struct ekv_gguf_file *)1;
+    CHECK(ekv_gguf_open("/nonexistent/dir/model.gguf", &f) == EKV_ERR_IO);
     CHECK(f == NULL);
     CHECK(strncmp(ekv_last_error(), "/nonexistent/dir/model.gguf", 27) == 0);
-    CHECK(gguf_open(tu_src("models"), &f) == EKV_ERR_IO);
+    CHECK(ekv_gguf_open(tu_src("models"), &f) == EKV_ERR_IO);
     /* a real non-GGUF file: the message starts with the path */
     const char *p = tu_shared("models/stories260K.bin");
-    CHECK(gguf_open(p, &f) == EKV_ERR_FORMAT);
+    CHECK(ekv_gguf_open(p, &f) == EKV_ERR_FORMAT);
     CHECK(strncmp(ekv_last_error(), p, strlen(p)) == 0 && strstr(ekv_last_error(), "magic"));
 }
 
@@ -182,7 +182,7 @@ static const char *tmp_path(const char *name) {
 
 static bool file_exists(const char *p) { return access(p, F_OK) == 0; }
 
-static bool values_equal(const struct gguf_value *a, const struct gguf_value *b) {
+static bool values_equal(const struct ekv_gguf_value *a, const struct ekv_gguf_value *b) {
     if (a->type != b->type) return false;
     switch (a->type) {
     case GGUF_TYPE_INT8: case GGUF_TYPE_INT16: case GGUF_TYPE_INT32: case GGUF_TYPE_INT64:
@@ -196,7 +196,7 @@ static bool values_equal(const struct gguf_value *a, const struct gguf_value *b)
         uint64_t n = a->v.arr.n;
         if (a->v.arr.type == GGUF_TYPE_STRING) {
             for (uint64_t i = 0; i < n; i++) {
-                struct gguf_str x = a->v.arr.strs[i], y = b->v.arr.strs[i];
+                struct ekv_gguf_str x = a->v.arr.strs[i], y = b->v.arr.strs[i];
                 if (x.len != y.len || memcmp(x.ptr, y.ptr, x.len) != 0) return false;
             }
             return true;
@@ -215,7 +215,7 @@ static bool values_equal(const struct gguf_value *a, const struct gguf_value *b)
 }
 
 /* Fill callback: byte i of the tensor is (i * 7 + seed) & 0xff. */
-static enum ekv_status fill_pattern(void *user, const struct gguf_tensor *t, uint64_t offset, void *dst,
+static enum ekv_status fill_pattern(void *user, const struct ekv_gguf_tensor *t, uint64_t offset, void *dst,
                                     size_t n) {
     unsigned seed = *(const unsigned *)user;
     uint8_t *d = dst;
@@ -225,7 +225,7 @@ static enum ekv_status fill_pattern(void *user, const struct gguf_tensor *t, uin
 }
 
 static int g_fill_calls;
-static enum ekv_status fill_fail(void *user, const struct gguf_tensor *t, uint64_t offset, void *dst,
+static enum ekv_status fill_fail(void *user, const struct ekv_gguf_tensor *t, uint64_t offset, void *dst,
                                  size_t n) {
     (void)user; (void)t; (void)offset;
     memset(dst, 0, n);
@@ -234,16 +234,16 @@ static enum ekv_status fill_fail(void *user, const struct gguf_tensor *t, uint64
 
 /* The exact bytes of a tiny file, computed by hand from the format. */
 static void test_writer_exact_bytes(void) {
-    struct gguf_writer *w = NULL;
-    CHECK_OK(gguf_writer_new(&w));
+    struct ekv_gguf_writer *w = NULL;
+    CHECK_OK(ekv_gguf_writer_new(&w));
     if (!w) return;
-    CHECK_OK(gguf_writer_set_u32(w, "a", 7));
+    CHECK_OK(ekv_gguf_writer_set_u32(w, "a", 7));
     float one = 1.0f;
     int64_t ne[1] = {1};
-    CHECK_OK(gguf_writer_add_tensor(w, "t", EKV_F32, 1, ne, &one, NULL, NULL));
+    CHECK_OK(ekv_gguf_writer_add_tensor(w, "t", EKV_F32, 1, ne, &one, NULL, NULL));
     const char *p = tmp_path("tiny.gguf");
-    CHECK_OK(gguf_writer_write(w, p));
-    gguf_writer_free(w);
+    CHECK_OK(ekv_gguf_writer_write(w, p));
+    ekv_gguf_writer_free(w);
     static const uint8_t expect[] = {
         'G', 'G', 'U', 'F', 3, 0, 0, 0, /* magic, version */
         1, 0, 0, 0, 0, 0, 0, 0,         /* n_tensors */
@@ -274,27 +274,27 @@ static void test_writer_exact_bytes(void) {
 }
 
 static void test_round_trip(void) {
-    struct gguf_writer *w = NULL;
-    CHECK_OK(gguf_writer_new(&w));
+    struct ekv_gguf_writer *w = NULL;
+    CHECK_OK(ekv_gguf_writer_new(&w));
     if (!w) return;
-    struct gguf_value v;
+    struct ekv_gguf_value v;
 #define SETV(key, T, field, val) do { memset(&v, 0, sizeof v); v.type = T; v.v.field = val; \
-        CHECK_OK(gguf_writer_set_value(w, key, &v)); } while (0)
+        CHECK_OK(ekv_gguf_writer_set_value(w, key, &v)); } while (0)
     SETV("s.u8", GGUF_TYPE_UINT8, u64, 200);
     SETV("s.i8", GGUF_TYPE_INT8, i64, -100);
     SETV("s.u16", GGUF_TYPE_UINT16, u64, 60000);
     SETV("s.i16", GGUF_TYPE_INT16, i64, -30000);
-    CHECK_OK(gguf_writer_set_u32(w, "s.u32", 4000000000u));
-    CHECK_OK(gguf_writer_set_i32(w, "s.i32", -2000000000));
-    CHECK_OK(gguf_writer_set_f32(w, "s.f32", 3.25f));
-    CHECK_OK(gguf_writer_set_bool(w, "s.bool", true));
-    CHECK_OK(gguf_writer_set_u64(w, "s.u64", (1ull << 63) + 5));
+    CHECK_OK(ekv_gguf_writer_set_u32(w, "s.u32", 4000000000u));
+    CHECK_OK(ekv_gguf_writer_set_i32(w, "s.i32", -2000000000));
+    CHECK_OK(ekv_gguf_writer_set_f32(w, "s.f32", 3.25f));
+    CHECK_OK(ekv_gguf_writer_set_bool(w, "s.bool", true));
+    CHECK_OK(ekv_gguf_writer_set_u64(w, "s.u64", (1ull << 63) + 5));
     SETV("s.i64", GGUF_TYPE_INT64, i64, -(INT64_C(1) << 62));
     SETV("s.f64", GGUF_TYPE_FLOAT64, f64, -1.0 / 3.0);
-    CHECK_OK(gguf_writer_set_str(w, "s.str", "h\xc3\xa9llo w\xc3\xb6rld"));
-    CHECK_OK(gguf_writer_set_str(w, "s.empty", ""));
-    CHECK_OK(gguf_writer_set_u32(w, "s.replaced", 1));
-    CHECK_OK(gguf_writer_set_str(w, "s.replaced", "second"));
+    CHECK_OK(ekv_gguf_writer_set_str(w, "s.str", "h\xc3\xa9llo w\xc3\xb6rld"));
+    CHECK_OK(ekv_gguf_writer_set_str(w, "s.empty", ""));
+    CHECK_OK(ekv_gguf_writer_set_u32(w, "s.replaced", 1));
+    CHECK_OK(ekv_gguf_writer_set_str(w, "s.replaced", "second"));
 #undef SETV
     /* arrays of every scalar type, 3 elements each */
     static const uint8_t a_u8[] = {1, 2, 255};
@@ -308,7 +308,7 @@ static void test_round_trip(void) {
     static const uint64_t a_u64[] = {UINT64_MAX, 1, 2};
     static const int64_t a_i64[] = {INT64_MIN, -1, 5};
     static const double a_f64[] = {3.5, -0.0, 1e300};
-    static const struct { const char *key; enum gguf_type t; const void *d; size_t bytes; } arrs[] = {
+    static const struct { const char *key; enum ekv_gguf_type t; const void *d; size_t bytes; } arrs[] = {
         {"a.u8", GGUF_TYPE_UINT8, a_u8, sizeof a_u8},     {"a.i8", GGUF_TYPE_INT8, a_i8, sizeof a_i8},
         {"a.u16", GGUF_TYPE_UINT16, a_u16, sizeof a_u16}, {"a.i16", GGUF_TYPE_INT16, a_i16, sizeof a_i16},
         {"a.u32", GGUF_TYPE_UINT32, a_u32, sizeof a_u32}, {"a.i32", GGUF_TYPE_INT32, a_i32, sizeof a_i32},
@@ -317,14 +317,14 @@ static void test_round_trip(void) {
         {"a.f64", GGUF_TYPE_FLOAT64, a_f64, sizeof a_f64},
     };
     for (size_t i = 0; i < EKV_ARRAY_LEN(arrs); i++)
-        CHECK_OK(gguf_writer_set_arr(w, arrs[i].key, arrs[i].t, arrs[i].d, 3));
-    CHECK_OK(gguf_writer_set_arr(w, "a.empty", GGUF_TYPE_UINT8, NULL, 0));
-    CHECK(gguf_writer_set_arr(w, "a.bad", GGUF_TYPE_STRING, a_u8, 1) == EKV_ERR_INVALID_ARG);
+        CHECK_OK(ekv_gguf_writer_set_arr(w, arrs[i].key, arrs[i].t, arrs[i].d, 3));
+    CHECK_OK(ekv_gguf_writer_set_arr(w, "a.empty", GGUF_TYPE_UINT8, NULL, 0));
+    CHECK(ekv_gguf_writer_set_arr(w, "a.bad", GGUF_TYPE_STRING, a_u8, 1) == EKV_ERR_INVALID_ARG);
     const char *strs[] = {"a", "", "ccc"};
-    CHECK_OK(gguf_writer_set_arr_str(w, "a.str", strs, 3));
+    CHECK_OK(ekv_gguf_writer_set_arr_str(w, "a.str", strs, 3));
     /* nested: [[1, 2], [3], []] of int32, and [[["x"]]] three levels deep */
     static const int32_t n1[] = {1, 2}, n2[] = {3};
-    struct gguf_value inner[3], outer;
+    struct ekv_gguf_value inner[3], outer;
     memset(inner, 0, sizeof inner);
     for (int i = 0; i < 3; i++) { inner[i].type = GGUF_TYPE_ARRAY; inner[i].v.arr.type = GGUF_TYPE_INT32; }
     inner[0].v.arr.n = 2; inner[0].v.arr.data = n1;
@@ -334,14 +334,14 @@ static void test_round_trip(void) {
     outer.v.arr.type = GGUF_TYPE_ARRAY;
     outer.v.arr.n = 3;
     outer.v.arr.vals = inner;
-    CHECK_OK(gguf_writer_set_value(w, "a.nested", &outer));
-    struct gguf_str xs = {1, "x"};
-    struct gguf_value l3, l2, l1;
+    CHECK_OK(ekv_gguf_writer_set_value(w, "a.nested", &outer));
+    struct ekv_gguf_str xs = {1, "x"};
+    struct ekv_gguf_value l3, l2, l1;
     memset(&l3, 0, sizeof l3); memset(&l2, 0, sizeof l2); memset(&l1, 0, sizeof l1);
     l3.type = GGUF_TYPE_ARRAY; l3.v.arr.type = GGUF_TYPE_STRING; l3.v.arr.n = 1; l3.v.arr.strs = &xs;
     l2.type = GGUF_TYPE_ARRAY; l2.v.arr.type = GGUF_TYPE_ARRAY; l2.v.arr.n = 1; l2.v.arr.vals = &l3;
     l1.type = GGUF_TYPE_ARRAY; l1.v.arr.type = GGUF_TYPE_ARRAY; l1.v.arr.n = 1; l1.v.arr.vals = &l2;
-    CHECK_OK(gguf_writer_set_value(w, "a.deep", &l1));
+    CHECK_OK(ekv_gguf_writer_set_value(w, "a.deep", &l1));
 
     /* tensors: f32 and q4_0 from buffers, f16 and q8_0 and a >1 MiB f32 through fill */
     float f32d[8 * 3];
@@ -349,121 +349,121 @@ static void test_round_trip(void) {
     uint8_t q4[18 * 3];
     for (size_t i = 0; i < sizeof q4; i++) q4[i] = (uint8_t)(i * 13 + 1);
     unsigned seed_f16 = 3, seed_q8 = 11, seed_big = 5;
-    CHECK_OK(gguf_writer_add_tensor(w, "t.f32", EKV_F32, 2, (const int64_t[]){8, 3}, f32d, NULL, NULL));
-    CHECK_OK(gguf_writer_add_tensor(w, "t.f16", EKV_F16, 2, (const int64_t[]){32, 2}, NULL, fill_pattern,
+    CHECK_OK(ekv_gguf_writer_add_tensor(w, "t.f32", EKV_F32, 2, (const int64_t[]){8, 3}, f32d, NULL, NULL));
+    CHECK_OK(ekv_gguf_writer_add_tensor(w, "t.f16", EKV_F16, 2, (const int64_t[]){32, 2}, NULL, fill_pattern,
                                     &seed_f16));
-    CHECK_OK(gguf_writer_add_tensor(w, "t.q8_0", EKV_Q8_0, 3, (const int64_t[]){64, 2, 2}, NULL, fill_pattern,
+    CHECK_OK(ekv_gguf_writer_add_tensor(w, "t.q8_0", EKV_Q8_0, 3, (const int64_t[]){64, 2, 2}, NULL, fill_pattern,
                                     &seed_q8));
-    CHECK_OK(gguf_writer_add_tensor(w, "t.q4_0", EKV_Q4_0, 1, (const int64_t[]){96}, q4, NULL, NULL));
-    CHECK_OK(gguf_writer_add_tensor(w, "t.big", EKV_F32, 4, (const int64_t[]){1024, 100, 3, 1}, NULL,
+    CHECK_OK(ekv_gguf_writer_add_tensor(w, "t.q4_0", EKV_Q4_0, 1, (const int64_t[]){96}, q4, NULL, NULL));
+    CHECK_OK(ekv_gguf_writer_add_tensor(w, "t.big", EKV_F32, 4, (const int64_t[]){1024, 100, 3, 1}, NULL,
                                     fill_pattern, &seed_big));
     /* invalid tensors are refused */
-    CHECK(gguf_writer_add_tensor(w, "t.f32", EKV_F32, 1, (const int64_t[]){1}, f32d, NULL, NULL) ==
+    CHECK(ekv_gguf_writer_add_tensor(w, "t.f32", EKV_F32, 1, (const int64_t[]){1}, f32d, NULL, NULL) ==
           EKV_ERR_INVALID_ARG);
-    CHECK(gguf_writer_add_tensor(w, "t.odd", EKV_Q8_0, 1, (const int64_t[]){33}, q4, NULL, NULL) ==
+    CHECK(ekv_gguf_writer_add_tensor(w, "t.odd", EKV_Q8_0, 1, (const int64_t[]){33}, q4, NULL, NULL) ==
           EKV_ERR_INVALID_ARG);
-    CHECK(gguf_writer_add_tensor(w, "t.five", EKV_F32, 5, (const int64_t[]){1, 1, 1, 1, 1}, f32d, NULL, NULL) ==
+    CHECK(ekv_gguf_writer_add_tensor(w, "t.five", EKV_F32, 5, (const int64_t[]){1, 1, 1, 1, 1}, f32d, NULL, NULL) ==
           EKV_ERR_INVALID_ARG);
-    CHECK(gguf_writer_add_tensor(w, "t.zero", EKV_F32, 1, (const int64_t[]){0}, f32d, NULL, NULL) ==
+    CHECK(ekv_gguf_writer_add_tensor(w, "t.zero", EKV_F32, 1, (const int64_t[]){0}, f32d, NULL, NULL) ==
           EKV_ERR_INVALID_ARG);
-    CHECK(gguf_writer_add_tensor(w, "t.none", EKV_F32, 1, (const int64_t[]){1}, NULL, NULL, NULL) ==
+    CHECK(ekv_gguf_writer_add_tensor(w, "t.none", EKV_F32, 1, (const int64_t[]){1}, NULL, NULL, NULL) ==
           EKV_ERR_INVALID_ARG);
-    CHECK(gguf_writer_add_tensor(w, "t.type", (enum ekv_dtype)4, 1, (const int64_t[]){1}, f32d, NULL, NULL) ==
+    CHECK(ekv_gguf_writer_add_tensor(w, "t.type", (enum ekv_dtype)4, 1, (const int64_t[]){1}, f32d, NULL, NULL) ==
           EKV_ERR_INVALID_ARG);
-    CHECK(gguf_writer_add_tensor(w, "t.huge", EKV_F32, 2, (const int64_t[]){INT64_C(1) << 40, INT64_C(1) << 40},
+    CHECK(ekv_gguf_writer_add_tensor(w, "t.huge", EKV_F32, 2, (const int64_t[]){INT64_C(1) << 40, INT64_C(1) << 40},
                                  f32d, NULL, NULL) == EKV_ERR_OVERFLOW);
 
     const char *p = tmp_path("round.gguf");
-    CHECK_OK(gguf_writer_write(w, p));
-    gguf_writer_free(w);
+    CHECK_OK(ekv_gguf_writer_write(w, p));
+    ekv_gguf_writer_free(w);
 
-    struct gguf_file *f = NULL;
-    CHECK_OK(gguf_open(p, &f));
+    struct ekv_gguf_file *f = NULL;
+    CHECK_OK(ekv_gguf_open(p, &f));
     if (!f) return;
-    CHECK(gguf_version(f) == 3);
-    CHECK(gguf_alignment(f) == 32);
-    CHECK(gguf_n_kv(f) == 14 + 15); /* scalars + strings, arrays */
-    CHECK(gguf_n_tensors(f) == 5);
+    CHECK(ekv_gguf_version(f) == 3);
+    CHECK(ekv_gguf_alignment(f) == 32);
+    CHECK(ekv_gguf_n_kv(f) == 14 + 15); /* scalars + strings, arrays */
+    CHECK(ekv_gguf_n_tensors(f) == 5);
     /* keys keep insertion order; the replaced key kept its place */
-    CHECK(gguf_str_eq(gguf_kv_at(f, 0)->key, "s.u8"));
-    CHECK(gguf_str_eq(gguf_kv_at(f, 13)->key, "s.replaced"));
-    const struct gguf_kv *kv;
-    kv = gguf_find_kv(f, "s.u8");   CHECK(kv && kv->value.type == GGUF_TYPE_UINT8 && kv->value.v.u64 == 200);
-    kv = gguf_find_kv(f, "s.i8");   CHECK(kv && kv->value.type == GGUF_TYPE_INT8 && kv->value.v.i64 == -100);
-    kv = gguf_find_kv(f, "s.u16");  CHECK(kv && kv->value.type == GGUF_TYPE_UINT16 && kv->value.v.u64 == 60000);
-    kv = gguf_find_kv(f, "s.i16");  CHECK(kv && kv->value.type == GGUF_TYPE_INT16 && kv->value.v.i64 == -30000);
-    kv = gguf_find_kv(f, "s.u32");  CHECK(kv && kv->value.type == GGUF_TYPE_UINT32 && kv->value.v.u64 == 4000000000u);
-    kv = gguf_find_kv(f, "s.i32");  CHECK(kv && kv->value.type == GGUF_TYPE_INT32 && kv->value.v.i64 == -2000000000);
-    kv = gguf_find_kv(f, "s.f32");  CHECK(kv && kv->value.type == GGUF_TYPE_FLOAT32 && kv->value.v.f64 == 3.25);
-    kv = gguf_find_kv(f, "s.bool"); CHECK(kv && kv->value.type == GGUF_TYPE_BOOL && kv->value.v.u64 == 1);
-    kv = gguf_find_kv(f, "s.u64");
+    CHECK(ekv_gguf_str_eq(ekv_gguf_kv_at(f, 0)->key, "s.u8"));
+    CHECK(ekv_gguf_str_eq(ekv_gguf_kv_at(f, 13)->key, "s.replaced"));
+    const struct ekv_gguf_kv *kv;
+    kv = ekv_gguf_find_kv(f, "s.u8");   CHECK(kv && kv->value.type == GGUF_TYPE_UINT8 && kv->value.v.u64 == 200);
+    kv = ekv_gguf_find_kv(f, "s.i8");   CHECK(kv && kv->value.type == GGUF_TYPE_INT8 && kv->value.v.i64 == -100);
+    kv = ekv_gguf_find_kv(f, "s.u16");  CHECK(kv && kv->value.type == GGUF_TYPE_UINT16 && kv->value.v.u64 == 60000);
+    kv = ekv_gguf_find_kv(f, "s.i16");  CHECK(kv && kv->value.type == GGUF_TYPE_INT16 && kv->value.v.i64 == -30000);
+    kv = ekv_gguf_find_kv(f, "s.u32");  CHECK(kv && kv->value.type == GGUF_TYPE_UINT32 && kv->value.v.u64 == 4000000000u);
+    kv = ekv_gguf_find_kv(f, "s.i32");  CHECK(kv && kv->value.type == GGUF_TYPE_INT32 && kv->value.v.i64 == -2000000000);
+    kv = ekv_gguf_find_kv(f, "s.f32");  CHECK(kv && kv->value.type == GGUF_TYPE_FLOAT32 && kv->value.v.f64 == 3.25);
+    kv = ekv_gguf_find_kv(f, "s.bool"); CHECK(kv && kv->value.type == GGUF_TYPE_BOOL && kv->value.v.u64 == 1);
+    kv = ekv_gguf_find_kv(f, "s.u64");
     CHECK(kv && kv->value.type == GGUF_TYPE_UINT64 && kv->value.v.u64 == (1ull << 63) + 5);
-    kv = gguf_find_kv(f, "s.i64");
+    kv = ekv_gguf_find_kv(f, "s.i64");
     CHECK(kv && kv->value.type == GGUF_TYPE_INT64 && kv->value.v.i64 == -(INT64_C(1) << 62));
-    kv = gguf_find_kv(f, "s.f64");  CHECK(kv && kv->value.type == GGUF_TYPE_FLOAT64 && kv->value.v.f64 == -1.0 / 3.0);
-    struct gguf_str s;
-    CHECK_OK(gguf_get_str(f, "s.str", &s));
-    CHECK(gguf_str_eq(s, "h\xc3\xa9llo w\xc3\xb6rld"));
-    CHECK_OK(gguf_get_str(f, "s.empty", &s));
+    kv = ekv_gguf_find_kv(f, "s.f64");  CHECK(kv && kv->value.type == GGUF_TYPE_FLOAT64 && kv->value.v.f64 == -1.0 / 3.0);
+    struct ekv_gguf_str s;
+    CHECK_OK(ekv_gguf_get_str(f, "s.str", &s));
+    CHECK(ekv_gguf_str_eq(s, "h\xc3\xa9llo w\xc3\xb6rld"));
+    CHECK_OK(ekv_gguf_get_str(f, "s.empty", &s));
     CHECK(s.len == 0);
-    CHECK_OK(gguf_get_str(f, "s.replaced", &s));
-    CHECK(gguf_str_eq(s, "second"));
+    CHECK_OK(ekv_gguf_get_str(f, "s.replaced", &s));
+    CHECK(ekv_gguf_str_eq(s, "second"));
 
     /* getters convert integers that fit and refuse the rest */
     uint32_t u;
     int64_t i64;
     float fl;
     bool b;
-    CHECK_OK(gguf_get_u32(f, "s.u8", &u)); CHECK(u == 200);
-    CHECK_OK(gguf_get_u32(f, "s.u16", &u)); CHECK(u == 60000);
-    CHECK_OK(gguf_get_u32(f, "s.u32", &u)); CHECK(u == 4000000000u);
-    CHECK(gguf_get_u32(f, "s.i8", &u) == EKV_ERR_FORMAT);
+    CHECK_OK(ekv_gguf_get_u32(f, "s.u8", &u)); CHECK(u == 200);
+    CHECK_OK(ekv_gguf_get_u32(f, "s.u16", &u)); CHECK(u == 60000);
+    CHECK_OK(ekv_gguf_get_u32(f, "s.u32", &u)); CHECK(u == 4000000000u);
+    CHECK(ekv_gguf_get_u32(f, "s.i8", &u) == EKV_ERR_FORMAT);
     CHECK(strstr(ekv_last_error(), "s.i8") && strstr(ekv_last_error(), "-100"));
-    CHECK(gguf_get_u32(f, "s.u64", &u) == EKV_ERR_FORMAT);
-    CHECK(gguf_get_u32(f, "s.bool", &u) == EKV_ERR_FORMAT);
-    CHECK_OK(gguf_get_i64(f, "s.i16", &i64)); CHECK(i64 == -30000);
-    CHECK_OK(gguf_get_i64(f, "s.i64", &i64)); CHECK(i64 == -(INT64_C(1) << 62));
-    CHECK_OK(gguf_get_i64(f, "s.u32", &i64)); CHECK(i64 == 4000000000);
-    CHECK(gguf_get_i64(f, "s.u64", &i64) == EKV_ERR_FORMAT);
-    CHECK(gguf_get_i64(f, "s.f32", &i64) == EKV_ERR_FORMAT);
+    CHECK(ekv_gguf_get_u32(f, "s.u64", &u) == EKV_ERR_FORMAT);
+    CHECK(ekv_gguf_get_u32(f, "s.bool", &u) == EKV_ERR_FORMAT);
+    CHECK_OK(ekv_gguf_get_i64(f, "s.i16", &i64)); CHECK(i64 == -30000);
+    CHECK_OK(ekv_gguf_get_i64(f, "s.i64", &i64)); CHECK(i64 == -(INT64_C(1) << 62));
+    CHECK_OK(ekv_gguf_get_i64(f, "s.u32", &i64)); CHECK(i64 == 4000000000);
+    CHECK(ekv_gguf_get_i64(f, "s.u64", &i64) == EKV_ERR_FORMAT);
+    CHECK(ekv_gguf_get_i64(f, "s.f32", &i64) == EKV_ERR_FORMAT);
     CHECK(strstr(ekv_last_error(), "s.f32") && strstr(ekv_last_error(), "integer") &&
           strstr(ekv_last_error(), "float32"));
-    CHECK_OK(gguf_get_f32(f, "s.f32", &fl)); CHECK(fl == 3.25f);
-    CHECK_OK(gguf_get_f32(f, "s.f64", &fl)); CHECK(fl == (float)(-1.0 / 3.0));
-    CHECK_OK(gguf_get_bool(f, "s.bool", &b)); CHECK(b);
-    CHECK(gguf_get_bool(f, "nope", &b) == EKV_ERR_NOT_FOUND);
+    CHECK_OK(ekv_gguf_get_f32(f, "s.f32", &fl)); CHECK(fl == 3.25f);
+    CHECK_OK(ekv_gguf_get_f32(f, "s.f64", &fl)); CHECK(fl == (float)(-1.0 / 3.0));
+    CHECK_OK(ekv_gguf_get_bool(f, "s.bool", &b)); CHECK(b);
+    CHECK(ekv_gguf_get_bool(f, "nope", &b) == EKV_ERR_NOT_FOUND);
 
-    const struct gguf_value *arr;
+    const struct ekv_gguf_value *arr;
     for (size_t i = 0; i < EKV_ARRAY_LEN(arrs); i++) {
-        CHECK_OK(gguf_get_arr(f, arrs[i].key, arrs[i].t, &arr));
+        CHECK_OK(ekv_gguf_get_arr(f, arrs[i].key, arrs[i].t, &arr));
         CHECK_MSG(arr && arr->v.arr.n == 3 && memcmp(arr->v.arr.data, arrs[i].d, arrs[i].bytes) == 0, "%s",
                   arrs[i].key);
     }
-    CHECK_OK(gguf_get_arr(f, "a.empty", GGUF_TYPE_UINT8, &arr));
+    CHECK_OK(ekv_gguf_get_arr(f, "a.empty", GGUF_TYPE_UINT8, &arr));
     CHECK(arr && arr->v.arr.n == 0);
-    CHECK(gguf_find_kv(f, "a.bad") == NULL);
-    CHECK_OK(gguf_get_arr(f, "a.str", GGUF_TYPE_STRING, &arr));
-    CHECK(arr && arr->v.arr.n == 3 && gguf_str_eq(arr->v.arr.strs[0], "a") && arr->v.arr.strs[1].len == 0 &&
-          gguf_str_eq(arr->v.arr.strs[2], "ccc"));
-    CHECK_OK(gguf_get_arr(f, "a.nested", GGUF_TYPE_ARRAY, &arr));
+    CHECK(ekv_gguf_find_kv(f, "a.bad") == NULL);
+    CHECK_OK(ekv_gguf_get_arr(f, "a.str", GGUF_TYPE_STRING, &arr));
+    CHECK(arr && arr->v.arr.n == 3 && ekv_gguf_str_eq(arr->v.arr.strs[0], "a") && arr->v.arr.strs[1].len == 0 &&
+          ekv_gguf_str_eq(arr->v.arr.strs[2], "ccc"));
+    CHECK_OK(ekv_gguf_get_arr(f, "a.nested", GGUF_TYPE_ARRAY, &arr));
     CHECK(arr && values_equal(arr, &outer));
     if (arr && arr->v.arr.n == 3) {
-        const struct gguf_value *e = arr->v.arr.vals;
+        const struct ekv_gguf_value *e = arr->v.arr.vals;
         CHECK(e[0].v.arr.type == GGUF_TYPE_INT32 && e[0].v.arr.n == 2 && e[1].v.arr.n == 1 && e[2].v.arr.n == 0);
         int32_t x;
         memcpy(&x, (const uint8_t *)e[0].v.arr.data + 4, 4);
         CHECK(x == 2);
     }
-    CHECK_OK(gguf_get_arr(f, "a.deep", GGUF_TYPE_ARRAY, &arr));
+    CHECK_OK(ekv_gguf_get_arr(f, "a.deep", GGUF_TYPE_ARRAY, &arr));
     CHECK(arr && values_equal(arr, &l1));
-    if (arr) CHECK(gguf_str_eq(arr->v.arr.vals[0].v.arr.vals[0].v.arr.strs[0], "x"));
+    if (arr) CHECK(ekv_gguf_str_eq(arr->v.arr.vals[0].v.arr.vals[0].v.arr.strs[0], "x"));
 
     /* tensors: geometry, aligned offsets, and every byte */
-    const struct gguf_tensor *t;
-    t = gguf_find_tensor(f, "t.f32");
+    const struct ekv_gguf_tensor *t;
+    t = ekv_gguf_find_tensor(f, "t.f32");
     CHECK(t && t->type == EKV_F32 && t->n_dims == 2 && t->ne[0] == 8 && t->ne[1] == 3 && t->nbytes == 96 &&
           memcmp(t->data, f32d, 96) == 0);
-    t = gguf_find_tensor(f, "t.q4_0");
+    t = ekv_gguf_find_tensor(f, "t.q4_0");
     CHECK(t && t->type == EKV_Q4_0 && t->n_dims == 1 && t->ne[0] == 96 && t->nbytes == 54 &&
           memcmp(t->data, q4, 54) == 0);
     static const struct { const char *name; enum ekv_dtype type; size_t nbytes; unsigned seed; } filled[] = {
@@ -471,7 +471,7 @@ static void test_round_trip(void) {
         {"t.big", EKV_F32, 1024 * 100 * 3 * 4, 5},
     };
     for (size_t i = 0; i < EKV_ARRAY_LEN(filled); i++) {
-        t = gguf_find_tensor(f, filled[i].name);
+        t = ekv_gguf_find_tensor(f, filled[i].name);
         CHECK(t && t->type == filled[i].type && t->nbytes == filled[i].nbytes);
         if (!t || t->nbytes != filled[i].nbytes) continue;
         size_t bad = 0;
@@ -479,30 +479,30 @@ static void test_round_trip(void) {
             bad += ((const uint8_t *)t->data)[j] != (uint8_t)(j * 7 + filled[i].seed);
         CHECK_MSG(bad == 0, "%s: %zu bytes differ", filled[i].name, bad);
     }
-    t = gguf_find_tensor(f, "t.q8_0");
+    t = ekv_gguf_find_tensor(f, "t.q8_0");
     CHECK(t && t->n_dims == 3 && t->ne[2] == 2 && t->ne[3] == 1);
-    t = gguf_find_tensor(f, "t.big");
+    t = ekv_gguf_find_tensor(f, "t.big");
     CHECK(t && t->n_dims == 4 && t->ne[1] == 100 && t->ne[2] == 3 && t->ne[3] == 1);
     uint64_t expect_off = 0;
-    for (size_t i = 0; i < gguf_n_tensors(f); i++) {
-        t = gguf_tensor_at(f, i);
+    for (size_t i = 0; i < ekv_gguf_n_tensors(f); i++) {
+        t = ekv_gguf_tensor_at(f, i);
         CHECK(t->offset == expect_off);
-        CHECK((gguf_data_offset(f) + t->offset) % 32 == 0);
+        CHECK((ekv_gguf_data_offset(f) + t->offset) % 32 == 0);
         expect_off += (t->nbytes + 31) / 32 * 32;
     }
-    CHECK(gguf_file_size(f) == gguf_data_offset(f) + expect_off);
-    gguf_close(f);
+    CHECK(ekv_gguf_file_size(f) == ekv_gguf_data_offset(f) + expect_off);
+    ekv_gguf_close(f);
 
-    /* the same data through gguf_open_memory */
+    /* the same data through ekv_gguf_open_memory */
     size_t len = 0;
     char *buf = tu_read_file(p, &len);
     CHECK(buf != NULL);
     if (buf) {
-        CHECK_OK(gguf_open_memory(buf, len, &f));
+        CHECK_OK(ekv_gguf_open_memory(buf, len, &f));
         if (f) {
-            t = gguf_find_tensor(f, "t.f32");
+            t = ekv_gguf_find_tensor(f, "t.f32");
             CHECK(t && (const char *)t->data >= buf && (const char *)t->data + t->nbytes <= buf + len);
-            gguf_close(f);
+            ekv_gguf_close(f);
         }
         free(buf);
     }
@@ -510,38 +510,38 @@ static void test_round_trip(void) {
 }
 
 static void test_writer_alignment_and_failure(void) {
-    struct gguf_writer *w = NULL;
-    CHECK_OK(gguf_writer_new(&w));
+    struct ekv_gguf_writer *w = NULL;
+    CHECK_OK(ekv_gguf_writer_new(&w));
     if (!w) return;
-    CHECK_OK(gguf_writer_set_u32(w, "general.alignment", 64));
+    CHECK_OK(ekv_gguf_writer_set_u32(w, "general.alignment", 64));
     uint8_t d[40] = {0};
-    CHECK_OK(gguf_writer_add_tensor(w, "x", EKV_I8, 1, (const int64_t[]){40}, d, NULL, NULL));
-    CHECK_OK(gguf_writer_add_tensor(w, "y", EKV_I8, 1, (const int64_t[]){3}, d, NULL, NULL));
+    CHECK_OK(ekv_gguf_writer_add_tensor(w, "x", EKV_I8, 1, (const int64_t[]){40}, d, NULL, NULL));
+    CHECK_OK(ekv_gguf_writer_add_tensor(w, "y", EKV_I8, 1, (const int64_t[]){3}, d, NULL, NULL));
     const char *p = tmp_path("align.gguf");
-    CHECK_OK(gguf_writer_write(w, p));
-    struct gguf_file *f = NULL;
-    CHECK_OK(gguf_open(p, &f));
+    CHECK_OK(ekv_gguf_writer_write(w, p));
+    struct ekv_gguf_file *f = NULL;
+    CHECK_OK(ekv_gguf_open(p, &f));
     if (f) {
-        CHECK(gguf_alignment(f) == 64);
-        CHECK(gguf_data_offset(f) % 64 == 0);
-        CHECK(gguf_tensor_at(f, 1)->offset == 64);
-        CHECK(gguf_file_size(f) == gguf_data_offset(f) + 128);
-        gguf_close(f);
+        CHECK(ekv_gguf_alignment(f) == 64);
+        CHECK(ekv_gguf_data_offset(f) % 64 == 0);
+        CHECK(ekv_gguf_tensor_at(f, 1)->offset == 64);
+        CHECK(ekv_gguf_file_size(f) == ekv_gguf_data_offset(f) + 128);
+        ekv_gguf_close(f);
     }
     /* a bad alignment is refused at write time and leaves the old file alone */
-    CHECK_OK(gguf_writer_set_u32(w, "general.alignment", 48));
-    CHECK(gguf_writer_write(w, p) == EKV_ERR_INVALID_ARG);
+    CHECK_OK(ekv_gguf_writer_set_u32(w, "general.alignment", 48));
+    CHECK(ekv_gguf_writer_write(w, p) == EKV_ERR_INVALID_ARG);
     CHECK(strstr(ekv_last_error(), "general.alignment") != NULL);
-    gguf_writer_free(w);
+    ekv_gguf_writer_free(w);
 
     /* a failing fill callback: error returned, no file, no tmp left, old file intact */
     size_t old_len = 0;
     char *old = tu_read_file(p, &old_len);
-    CHECK_OK(gguf_writer_new(&w));
+    CHECK_OK(ekv_gguf_writer_new(&w));
     if (!w) { free(old); return; }
-    CHECK_OK(gguf_writer_add_tensor(w, "z", EKV_F32, 2, (const int64_t[]){1024, 1024}, NULL, fill_fail, NULL));
+    CHECK_OK(ekv_gguf_writer_add_tensor(w, "z", EKV_F32, 2, (const int64_t[]){1024, 1024}, NULL, fill_fail, NULL));
     g_fill_calls = 0;
-    CHECK(gguf_writer_write(w, p) == EKV_ERR_IO);
+    CHECK(ekv_gguf_writer_write(w, p) == EKV_ERR_IO);
     CHECK(strstr(ekv_last_error(), "tensor 'z'") && strstr(ekv_last_error(), "synthetic fill failure"));
     CHECK(g_fill_calls == 2); /* 4 MiB in 1 MiB chunks: failed on the second */
     CHECK(!file_exists(tmp_path("align.gguf.tmp")));
@@ -552,37 +552,37 @@ static void test_writer_alignment_and_failure(void) {
     free(now);
     /* a fresh path: nothing is created at all */
     g_fill_calls = 0;
-    CHECK(gguf_writer_write(w, tmp_path("never.gguf")) == EKV_ERR_IO);
+    CHECK(ekv_gguf_writer_write(w, tmp_path("never.gguf")) == EKV_ERR_IO);
     CHECK(!file_exists(tmp_path("never.gguf")) && !file_exists(tmp_path("never.gguf.tmp")));
     /* an unwritable directory */
-    CHECK(gguf_writer_write(w, "/nonexistent/dir/x.gguf") == EKV_ERR_IO);
-    gguf_writer_free(w);
+    CHECK(ekv_gguf_writer_write(w, "/nonexistent/dir/x.gguf") == EKV_ERR_IO);
+    ekv_gguf_writer_free(w);
     remove(p);
 }
 
 /* Copies every key of a real vocabulary into a new file and compares. */
 static void test_copy_vocab(void) {
-    struct gguf_file *src = NULL;
-    CHECK_OK(gguf_open(tu_shared("models/vocab/ggml-vocab-llama-spm.gguf"), &src));
+    struct ekv_gguf_file *src = NULL;
+    CHECK_OK(ekv_gguf_open(tu_shared("models/vocab/ggml-vocab-llama-spm.gguf"), &src));
     if (!src) return;
-    struct gguf_writer *w = NULL;
-    CHECK_OK(gguf_writer_new(&w));
-    if (!w) { gguf_close(src); return; }
-    for (size_t i = 0; i < gguf_n_kv(src); i++) CHECK_OK(gguf_writer_copy_kv(w, gguf_kv_at(src, i)));
+    struct ekv_gguf_writer *w = NULL;
+    CHECK_OK(ekv_gguf_writer_new(&w));
+    if (!w) { ekv_gguf_close(src); return; }
+    for (size_t i = 0; i < ekv_gguf_n_kv(src); i++) CHECK_OK(ekv_gguf_writer_copy_kv(w, ekv_gguf_kv_at(src, i)));
     const char *p = tmp_path("vocab.gguf");
-    CHECK_OK(gguf_writer_write(w, p));
-    gguf_writer_free(w);
-    struct gguf_file *dst = NULL;
-    CHECK_OK(gguf_open(p, &dst));
+    CHECK_OK(ekv_gguf_writer_write(w, p));
+    ekv_gguf_writer_free(w);
+    struct ekv_gguf_file *dst = NULL;
+    CHECK_OK(ekv_gguf_open(p, &dst));
     if (dst) {
-        CHECK(gguf_n_kv(dst) == gguf_n_kv(src) && gguf_n_kv(src) == 22);
+        CHECK(ekv_gguf_n_kv(dst) == ekv_gguf_n_kv(src) && ekv_gguf_n_kv(src) == 22);
         size_t same = 0;
-        for (size_t i = 0; i < gguf_n_kv(src) && i < gguf_n_kv(dst); i++) {
-            const struct gguf_kv *a = gguf_kv_at(src, i), *b = gguf_kv_at(dst, i);
+        for (size_t i = 0; i < ekv_gguf_n_kv(src) && i < ekv_gguf_n_kv(dst); i++) {
+            const struct ekv_gguf_kv *a = ekv_gguf_kv_at(src, i), *b = ekv_gguf_kv_at(dst, i);
             same += a->key.len == b->key.len && memcmp(a->key.ptr, b->key.ptr, a->key.len) == 0 &&
                     values_equal(&a->value, &b->value);
         }
-        CHECK(same == gguf_n_kv(src));
+        CHECK(same == ekv_gguf_n_kv(src));
         /* same bytes; the writer adds padding up to the (empty) data section */
         size_t la = 0, lb = 0;
         char *fa = tu_read_file(tu_shared("models/vocab/ggml-vocab-llama-spm.gguf"), &la);
@@ -590,9 +590,9 @@ static void test_copy_vocab(void) {
         CHECK(fa && fb && lb == (la + 31) / 32 * 32 && memcmp(fa, fb, la) == 0);
         free(fa);
         free(fb);
-        gguf_close(dst);
+        ekv_gguf_close(dst);
     }
-    gguf_close(src);
+    ekv_gguf_close(src);
     remove(p);
 }
 

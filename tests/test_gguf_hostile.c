@@ -108,12 +108,12 @@ static void build_valid(void) {
 }
 
 /* Parses a copy of d[0..n) in an exact-size heap block (ASan sees overreads). */
-static enum ekv_status parse_copy(const uint8_t *d, size_t n, struct gguf_file **out, uint8_t **copy) {
+static enum ekv_status parse_copy(const uint8_t *d, size_t n, struct ekv_gguf_file **out, uint8_t **copy) {
     *copy = malloc(n ? n : 1);
     if (!*copy) abort();
     if (n) memcpy(*copy, d, n);
     ekv_err_clear();
-    return gguf_open_memory(*copy, n, out);
+    return ekv_gguf_open_memory(*copy, n, out);
 }
 
 static const char *g_hostile_dir;
@@ -132,7 +132,7 @@ static void save(const char *name, const uint8_t *d, size_t n) {
 /* Expects parsing d[0..n) to fail with `status` (or any error when
  * status == EKV_OK) and a message containing `needle` (when non-NULL). */
 static void expect_fail(const char *name, const uint8_t *d, size_t n, enum ekv_status status, const char *needle) {
-    struct gguf_file *f = NULL;
+    struct ekv_gguf_file *f = NULL;
     uint8_t *copy;
     enum ekv_status s = parse_copy(d, n, &f, &copy);
     CHECK_MSG(s != EKV_OK && f == NULL, "%s: parsed", name);
@@ -141,7 +141,7 @@ static void expect_fail(const char *name, const uint8_t *d, size_t n, enum ekv_s
     if (needle)
         CHECK_MSG(strstr(ekv_last_error(), needle) != NULL, "%s: message '%s' lacks '%s'", name, ekv_last_error(),
                   needle);
-    gguf_close(f);
+    ekv_gguf_close(f);
     free(copy);
     save(name, d, n);
 }
@@ -156,19 +156,19 @@ static void expect_patched(const char *name, size_t at, uint64_t v, size_t width
 }
 
 static void test_valid(void) {
-    struct gguf_file *f = NULL;
+    struct ekv_gguf_file *f = NULL;
     uint8_t *copy;
     CHECK_OK(parse_copy(g_valid.d, g_valid.n, &f, &copy));
     if (f) {
-        CHECK(gguf_n_kv(f) == 5 && gguf_n_tensors(f) == 2);
-        CHECK(gguf_data_offset(f) == off.data);
-        const struct gguf_tensor *t = gguf_find_tensor(f, "w1");
+        CHECK(ekv_gguf_n_kv(f) == 5 && ekv_gguf_n_tensors(f) == 2);
+        CHECK(ekv_gguf_data_offset(f) == off.data);
+        const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(f, "w1");
         CHECK(t && t->nbytes == 34 && t->data == copy + off.data + 64);
-        const struct gguf_value *arr;
-        CHECK_OK(gguf_get_arr(f, "k.nest", GGUF_TYPE_ARRAY, &arr));
+        const struct ekv_gguf_value *arr;
+        CHECK_OK(ekv_gguf_get_arr(f, "k.nest", GGUF_TYPE_ARRAY, &arr));
         CHECK(arr && arr->v.arr.n == 2 && arr->v.arr.vals[1].v.arr.type == GGUF_TYPE_STRING &&
-              gguf_str_eq(arr->v.arr.vals[1].v.arr.strs[0], "ab"));
-        gguf_close(f);
+              ekv_gguf_str_eq(arr->v.arr.vals[1].v.arr.strs[0], "ab"));
+        ekv_gguf_close(f);
     }
     free(copy);
     /* version 2 has the same layout */
@@ -176,12 +176,12 @@ static void test_valid(void) {
     memcpy(d, g_valid.d, g_valid.n);
     patch(d, off.version, 2, 4);
     CHECK_OK(parse_copy(d, g_valid.n, &f, &copy));
-    if (f) CHECK(gguf_version(f) == 2);
-    gguf_close(f);
+    if (f) CHECK(ekv_gguf_version(f) == 2);
+    ekv_gguf_close(f);
     free(copy);
     /* an empty buffer and a NULL one */
     expect_fail("empty", g_valid.d, 0, EKV_ERR_FORMAT, "truncated");
-    CHECK(gguf_open_memory(NULL, 0, &f) == EKV_ERR_FORMAT);
+    CHECK(ekv_gguf_open_memory(NULL, 0, &f) == EKV_ERR_FORMAT);
 }
 
 static void test_header(void) {
@@ -229,10 +229,10 @@ static void test_values(void) {
         if (depth == 100) {
             expect_fail("nested_100", b->d, b->n, EKV_ERR_FORMAT, "nested deeper");
         } else {
-            struct gguf_file *f = NULL;
+            struct ekv_gguf_file *f = NULL;
             uint8_t *copy;
             CHECK_OK(parse_copy(b->d, b->n, &f, &copy)); /* 8 array levels in all */
-            gguf_close(f);
+            ekv_gguf_close(f);
             free(copy);
             b->n = 0;
             b_u32(b, GGUF_MAGIC); b_u32(b, 3); b_u64(b, 0); b_u64(b, 1);
@@ -250,10 +250,10 @@ static void test_values(void) {
     b_u32(b, GGUF_MAGIC); b_u32(b, 3); b_u64(b, 0); b_u64(b, 1);
     b_str(b, "wide"); b_u32(b, GGUF_TYPE_ARRAY); b_u32(b, GGUF_TYPE_ARRAY); b_u64(b, 200);
     for (int i = 0; i < 200; i++) { b_u32(b, GGUF_TYPE_INT64); b_u64(b, 0); }
-    struct gguf_file *f = NULL;
+    struct ekv_gguf_file *f = NULL;
     uint8_t *copy;
     CHECK_OK(parse_copy(b->d, b->n, &f, &copy));
-    gguf_close(f);
+    ekv_gguf_close(f);
     free(copy);
     expect_fail("wide_truncated", b->d, b->n - 1, EKV_ERR_FORMAT, "cannot fit");
     free(b);
@@ -292,8 +292,8 @@ static void test_tensors(void) {
         patch(d, off.t1_offset, 1u << 20, 8);
         CHECK(write(fd, d, g_valid.n) == (ssize_t)g_valid.n);
         close(fd);
-        struct gguf_file *f = NULL;
-        CHECK(gguf_open(path, &f) == EKV_ERR_FORMAT);
+        struct ekv_gguf_file *f = NULL;
+        CHECK(ekv_gguf_open(path, &f) == EKV_ERR_FORMAT);
         char want[256];
         snprintf(want, sizeof want, "%s: tensor 'w1': data [offset %zu, 34 bytes] extends past end of file (size %zu)",
                  path, off.data + (1u << 20), g_valid.n);
@@ -307,7 +307,7 @@ static void test_tensors(void) {
 static void test_truncation(void) {
     size_t failed = 0, parsed = 0, wrong = 0;
     for (size_t cut = 0; cut < g_valid.n; cut++) {
-        struct gguf_file *f = NULL;
+        struct ekv_gguf_file *f = NULL;
         uint8_t *copy;
         enum ekv_status s = parse_copy(g_valid.d, cut, &f, &copy);
         bool should_parse = cut >= off.end_of_data;
@@ -316,7 +316,7 @@ static void test_truncation(void) {
             wrong++;
             fprintf(stderr, "cut at %zu: %s (%s)\n", cut, ekv_status_str(s), ekv_last_error());
         }
-        gguf_close(f);
+        ekv_gguf_close(f);
         free(copy);
         if (cut == off.t0_ne0 + 3) save("truncated_in_tensor_info", g_valid.d, cut);
         if (cut == off.end_of_data - 1) save("truncated_in_data", g_valid.d, cut);
@@ -336,7 +336,7 @@ static uint64_t rnd(void) {
 }
 
 /* Touches every byte a parsed file exposes, so ASan flags any bad pointer. */
-static unsigned touch_value(const struct gguf_value *v) {
+static unsigned touch_value(const struct ekv_gguf_value *v) {
     unsigned h = 0;
     if (v->type == GGUF_TYPE_STRING) {
         for (uint64_t i = 0; i < v->v.str.len; i++) h += (unsigned char)v->v.str.ptr[i];
@@ -385,15 +385,15 @@ static void test_mutations(void) {
             }
         }
         if (rnd() % 8 == 0) n = (size_t)(rnd() % (n + 1));
-        struct gguf_file *f = NULL;
+        struct ekv_gguf_file *f = NULL;
         uint8_t *copy;
         enum ekv_status s = parse_copy(d, n, &f, &copy);
         if (s != EKV_OK) {
             n_no_msg += ekv_last_error()[0] == '\0';
         } else {
             n_ok++;
-            for (size_t i = 0; i < gguf_n_tensors(f); i++) {
-                const struct gguf_tensor *t = gguf_tensor_at(f, i);
+            for (size_t i = 0; i < ekv_gguf_n_tensors(f); i++) {
+                const struct ekv_gguf_tensor *t = ekv_gguf_tensor_at(f, i);
                 const uint8_t *p = t->data;
                 if (p < copy || p > copy + n || t->nbytes > (size_t)(copy + n - p) || t->nbytes == 0) {
                     n_bad_ptr++;
@@ -402,19 +402,19 @@ static void test_mutations(void) {
                 }
                 sink += (unsigned)strlen(t->name);
             }
-            for (size_t i = 0; i < gguf_n_kv(f); i++) {
-                const struct gguf_kv *kv = gguf_kv_at(f, i);
+            for (size_t i = 0; i < ekv_gguf_n_kv(f); i++) {
+                const struct ekv_gguf_kv *kv = ekv_gguf_kv_at(f, i);
                 for (uint64_t j = 0; j < kv->key.len; j++) sink += (unsigned char)kv->key.ptr[j];
                 sink += touch_value(&kv->value);
             }
             uint32_t u;
-            struct gguf_str str;
-            const struct gguf_value *arr;
-            (void)gguf_get_u32(f, "general.alignment", &u);
-            (void)gguf_get_str(f, "k.str", &str);
-            (void)gguf_get_arr(f, "k.nest", GGUF_TYPE_COUNT, &arr);
+            struct ekv_gguf_str str;
+            const struct ekv_gguf_value *arr;
+            (void)ekv_gguf_get_u32(f, "general.alignment", &u);
+            (void)ekv_gguf_get_str(f, "k.str", &str);
+            (void)ekv_gguf_get_arr(f, "k.nest", GGUF_TYPE_COUNT, &arr);
         }
-        gguf_close(f);
+        ekv_gguf_close(f);
         free(copy);
     }
     printf("mutations: %d runs, %zu parsed, sink %u\n", iterations, n_ok, sink);

@@ -52,12 +52,12 @@ static struct named_vocab g_vocabs[] = {
 #define N_VOCABS (sizeof g_vocabs / sizeof g_vocabs[0])
 
 static struct ekv_vocab *load_gguf_vocab(const char *path) {
-    struct gguf_file *f = NULL;
+    struct ekv_gguf_file *f = NULL;
     struct ekv_vocab *v = NULL;
-    CHECK_OK(gguf_open(path, &f));
+    CHECK_OK(ekv_gguf_open(path, &f));
     if (!f) return NULL;
     CHECK_OK(ekv_vocab_from_gguf(f, path, &v));
-    gguf_close(f); /* the vocabulary must not depend on the file */
+    ekv_gguf_close(f); /* the vocabulary must not depend on the file */
     return v;
 }
 
@@ -249,7 +249,7 @@ static void test_special_rules(void) {
     CHECK(n == 3 && ids[0] == 1 && ids[1] == 29871 && ids[2] == 263);
 }
 
-static void test_pretokenizer_case(enum vocab_pre pre, const char *text, const char *const *words, size_t n_words);
+static void test_pretokenizer_case(enum ekv_vocab_pre pre, const char *text, const char *const *words, size_t n_words);
 
 struct split_log {
     char words[64][64];
@@ -266,9 +266,9 @@ static enum ekv_status log_word(void *user, const char *w, size_t len) {
     return EKV_OK;
 }
 
-static void test_pretokenizer_case(enum vocab_pre pre, const char *text, const char *const *words, size_t n_words) {
+static void test_pretokenizer_case(enum ekv_vocab_pre pre, const char *text, const char *const *words, size_t n_words) {
     struct split_log l = {.n = 0};
-    CHECK_OK(bpe_pretokenize(pre, text, strlen(text), log_word, &l));
+    CHECK_OK(ekv_bpe_pretokenize(pre, text, strlen(text), log_word, &l));
     bool same = l.n == n_words;
     for (size_t i = 0; same && i < n_words; i++) same = strcmp(l.words[i], words[i]) == 0;
     CHECK_MSG(same, "pre-tokenizer %d split '%s' differently", (int)pre, text);
@@ -565,27 +565,27 @@ static void test_llama2c_hostile(void) {
 
 static const char *const k_mini_tokens[] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a", "a", "b"};
 
-static struct gguf_writer *mini_writer(void) {
-    struct gguf_writer *w = NULL;
-    CHECK_OK(gguf_writer_new(&w));
+static struct ekv_gguf_writer *mini_writer(void) {
+    struct ekv_gguf_writer *w = NULL;
+    CHECK_OK(ekv_gguf_writer_new(&w));
     if (!w) return NULL;
     float scores[6] = {0, 0, 0, -1, -2, -3};
     int32_t types[6] = {2, 3, 3, 1, 1, 1};
-    CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
-    CHECK_OK(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", k_mini_tokens, 6));
-    CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, 6));
-    CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 6));
+    CHECK_OK(ekv_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
+    CHECK_OK(ekv_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", k_mini_tokens, 6));
+    CHECK_OK(ekv_gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, 6));
+    CHECK_OK(ekv_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 6));
     return w;
 }
 
 /* Writes w, loads a vocabulary from it; returns the status (vocabulary freed). */
-static enum ekv_status load_written(struct gguf_writer *w) {
+static enum ekv_status load_written(struct ekv_gguf_writer *w) {
     char path[512];
     snprintf(path, sizeof path, "%s/mini.gguf", g_tmpdir);
-    CHECK_OK(gguf_writer_write(w, path));
-    gguf_writer_free(w);
-    struct gguf_file *f = NULL;
-    CHECK_OK(gguf_open(path, &f));
+    CHECK_OK(ekv_gguf_writer_write(w, path));
+    ekv_gguf_writer_free(w);
+    struct ekv_gguf_file *f = NULL;
+    CHECK_OK(ekv_gguf_open(path, &f));
     struct ekv_vocab *v = NULL;
     enum ekv_status st = f ? ekv_vocab_from_gguf(f, path, &v) : EKV_ERR_IO;
     if (st == EKV_OK) {
@@ -598,12 +598,12 @@ static enum ekv_status load_written(struct gguf_writer *w) {
         CHECK(v == NULL);
     }
     ekv_vocab_free(v);
-    gguf_close(f);
+    ekv_gguf_close(f);
     unlink(path);
     return st;
 }
 
-static void expect_gguf(struct gguf_writer *w, enum ekv_status want, const char *needle, const char *what) {
+static void expect_gguf(struct ekv_gguf_writer *w, enum ekv_status want, const char *needle, const char *what) {
     if (!w) return;
     enum ekv_status st = load_written(w);
     CHECK_MSG(st == want, "%s: got %s (%s)", what, ekv_status_str(st), ekv_last_error());
@@ -611,109 +611,109 @@ static void expect_gguf(struct gguf_writer *w, enum ekv_status want, const char 
 }
 
 static void test_gguf_hostile(void) {
-    struct gguf_writer *w = mini_writer();
+    struct ekv_gguf_writer *w = mini_writer();
     expect_gguf(w, EKV_OK, NULL, "valid mini vocabulary");
 
     w = mini_writer();
-    if (w) CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.model", "bert"));
+    if (w) CHECK_OK(ekv_gguf_writer_set_str(w, "tokenizer.ggml.model", "bert"));
     expect_gguf(w, EKV_ERR_UNSUPPORTED, "bert", "model bert");
 
     w = mini_writer();
     if (w) {
-        CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
-        CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.pre", "no-such-pre"));
+        CHECK_OK(ekv_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
+        CHECK_OK(ekv_gguf_writer_set_str(w, "tokenizer.ggml.pre", "no-such-pre"));
         const char *merges[] = {"a b"};
-        CHECK_OK(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1));
+        CHECK_OK(ekv_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1));
     }
     expect_gguf(w, EKV_ERR_UNSUPPORTED, "no-such-pre", "unknown pre-tokenizer");
 
     w = mini_writer();
-    if (w) CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
+    if (w) CHECK_OK(ekv_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
     expect_gguf(w, EKV_ERR_FORMAT, "merges", "BPE without merges");
 
     w = mini_writer();
     float scores5[5] = {0};
-    if (w) CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores5, 5));
+    if (w) CHECK_OK(ekv_gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores5, 5));
     expect_gguf(w, EKV_ERR_FORMAT, "tokenizer.ggml.scores", "short scores");
 
     w = mini_writer();
     int32_t types7[7] = {2, 3, 3, 1, 1, 1, 1};
-    if (w) CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types7, 7));
+    if (w) CHECK_OK(ekv_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types7, 7));
     expect_gguf(w, EKV_ERR_FORMAT, "tokenizer.ggml.token_type", "long token types");
 
     w = mini_writer();
     int32_t types_bad[6] = {2, 3, 3, 1, 9, 1};
-    if (w) CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types_bad, 6));
+    if (w) CHECK_OK(ekv_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types_bad, 6));
     expect_gguf(w, EKV_ERR_FORMAT, "token_type[4]", "token type 9");
 
     w = mini_writer();
     int32_t types_byte[6] = {2, 3, 3, 1, 6, 1}; /* "a" typed as a byte token */
-    if (w) CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types_byte, 6));
+    if (w) CHECK_OK(ekv_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types_byte, 6));
     expect_gguf(w, EKV_ERR_FORMAT, "<0xNN>", "malformed byte token");
 
     w = mini_writer();
-    if (w) CHECK_OK(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 6));
+    if (w) CHECK_OK(ekv_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 6));
     expect_gguf(w, EKV_ERR_FORMAT, "bos_token_id", "BOS out of range");
 
     w = mini_writer();
-    if (w) CHECK_OK(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 1000000));
+    if (w) CHECK_OK(ekv_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 1000000));
     expect_gguf(w, EKV_ERR_FORMAT, "eos_token_id", "EOS out of range");
 
     w = mini_writer();
     if (w) {
-        CHECK_OK(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0xFFFFFFFFu)); /* "none" */
-        CHECK_OK(gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true));
+        CHECK_OK(ekv_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0xFFFFFFFFu)); /* "none" */
+        CHECK_OK(ekv_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true));
     }
     expect_gguf(w, EKV_ERR_FORMAT, "add_bos_token", "add_bos without BOS");
 
     w = mini_writer();
-    if (w) CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.bos_token_id", "one"));
+    if (w) CHECK_OK(ekv_gguf_writer_set_str(w, "tokenizer.ggml.bos_token_id", "one"));
     expect_gguf(w, EKV_ERR_FORMAT, "bos_token_id", "BOS id of string type");
 
     w = mini_writer();
     const char *dup[] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a", "a", "a"};
-    if (w) CHECK_OK(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", dup, 6));
+    if (w) CHECK_OK(ekv_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", dup, 6));
     expect_gguf(w, EKV_ERR_FORMAT, "duplicate", "duplicate token");
 
     w = mini_writer();
     float fs[6] = {0};
-    if (w) CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.tokens", GGUF_TYPE_FLOAT32, fs, 6));
+    if (w) CHECK_OK(ekv_gguf_writer_set_arr(w, "tokenizer.ggml.tokens", GGUF_TYPE_FLOAT32, fs, 6));
     expect_gguf(w, EKV_ERR_FORMAT, "tokenizer.ggml.tokens", "tokens of float type");
 
     w = NULL;
-    CHECK_OK(gguf_writer_new(&w));
-    if (w) CHECK_OK(gguf_writer_set_str(w, "general.name", "no tokenizer"));
+    CHECK_OK(ekv_gguf_writer_new(&w));
+    if (w) CHECK_OK(ekv_gguf_writer_set_str(w, "general.name", "no tokenizer"));
     expect_gguf(w, EKV_ERR_FORMAT, "tokenizer.ggml.model", "no tokenizer");
 }
 
 /* An eleven-token byte-level BPE vocabulary: merges ranked by position, ignore_merges
  * (Llama-3), BOS defaults and the clean-up of spaces by pre-tokenizer. */
 static struct ekv_vocab *mini_bpe(const char *pre, int add_bos) {
-    struct gguf_writer *w = NULL;
-    CHECK_OK(gguf_writer_new(&w));
+    struct ekv_gguf_writer *w = NULL;
+    CHECK_OK(ekv_gguf_writer_new(&w));
     if (!w) return NULL;
     /* 0 a, 1 b, 2 c, 3 Ġ (space), 4 ab, 5 abc, 6 Ġa, 7 Ġab, 8 ".", 9 <|endoftext|>, 10 ca */
     static const char *const toks[] = {"a", "b", "c", "\xC4\xA0", "ab", "abc", "\xC4\xA0" "a",
                                        "\xC4\xA0" "ab", ".", "<|endoftext|>", "ca"};
     static const char *const merges[] = {"\xC4\xA0" " a", "a b", "ab c", "\xC4\xA0" "a b"};
     int32_t types[11] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 1};
-    CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
-    CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.pre", pre));
-    CHECK_OK(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 11));
-    CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 11));
-    CHECK_OK(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 4));
-    CHECK_OK(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 9));
-    CHECK_OK(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 9));
-    if (add_bos >= 0) CHECK_OK(gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos != 0));
+    CHECK_OK(ekv_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
+    CHECK_OK(ekv_gguf_writer_set_str(w, "tokenizer.ggml.pre", pre));
+    CHECK_OK(ekv_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 11));
+    CHECK_OK(ekv_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 11));
+    CHECK_OK(ekv_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 4));
+    CHECK_OK(ekv_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 9));
+    CHECK_OK(ekv_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 9));
+    if (add_bos >= 0) CHECK_OK(ekv_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos != 0));
     char path[512];
     snprintf(path, sizeof path, "%s/bpe.gguf", g_tmpdir);
-    CHECK_OK(gguf_writer_write(w, path));
-    gguf_writer_free(w);
-    struct gguf_file *f = NULL;
+    CHECK_OK(ekv_gguf_writer_write(w, path));
+    ekv_gguf_writer_free(w);
+    struct ekv_gguf_file *f = NULL;
     struct ekv_vocab *v = NULL;
-    CHECK_OK(gguf_open(path, &f));
+    CHECK_OK(ekv_gguf_open(path, &f));
     if (f) CHECK_OK(ekv_vocab_from_gguf(f, path, &v));
-    gguf_close(f);
+    ekv_gguf_close(f);
     unlink(path);
     return v;
 }

@@ -235,13 +235,13 @@ static void test_image_errors(void) {
 /* ViT reference (double) on a tiny-vlm mmproj written by ekv mkmodel   */
 /* ------------------------------------------------------------------ */
 
-static const float *T(struct gguf_file *f, const char *name) {
-    const struct gguf_tensor *t = gguf_find_tensor(f, name);
+static const float *T(struct ekv_gguf_file *f, const char *name) {
+    const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(f, name);
     CHECK_MSG(t && t->type == EKV_F32, "tensor %s missing or not f32", name);
     return t && t->type == EKV_F32 ? (const float *)t->data : NULL;
 }
 
-static const float *Tn(struct gguf_file *f, const char *fmt, int il) {
+static const float *Tn(struct ekv_gguf_file *f, const char *fmt, int il) {
     char name[96];
     snprintf(name, sizeof name, fmt, il);
     return T(f, name);
@@ -266,15 +266,15 @@ static void ref_linear(double *y, const float *W, const float *b, const double *
 }
 
 /* Patch embedding + class + positions + pre-LN. x: [n_pos][E]. */
-static void ref_embed(struct gguf_file *f, const struct ekv_clip_hparams *hp, const float *pix,
+static void ref_embed(struct ekv_gguf_file *f, const struct ekv_clip_hparams *hp, const float *pix,
                       double *x) {
     const int E = hp->n_embd, P = hp->patch_size, S = hp->image_size, G = S / P;
     const int first = hp->has_class ? 1 : 0; /* SigLIP: no class token */
     const float *w = T(f, "v.patch_embd.weight");
     const float *cls = hp->has_class ? T(f, "v.class_embd") : NULL;
-    const float *pb = gguf_find_tensor(f, "v.patch_embd.bias") ? T(f, "v.patch_embd.bias") : NULL;
+    const float *pb = ekv_gguf_find_tensor(f, "v.patch_embd.bias") ? T(f, "v.patch_embd.bias") : NULL;
     const float *pos = T(f, "v.position_embd.weight");
-    bool pre = gguf_find_tensor(f, "v.pre_ln.weight") != NULL;
+    bool pre = ekv_gguf_find_tensor(f, "v.pre_ln.weight") != NULL;
     const float *lw = pre ? T(f, "v.pre_ln.weight") : NULL, *lb = pre ? T(f, "v.pre_ln.bias") : NULL;
     if (!w || !pos || (hp->has_class && !cls) || (pre && (!lw || !lb))) return;
     for (int e = 0; e < E && cls; e++) x[e] = cls[e];
@@ -301,7 +301,7 @@ static void ref_embed(struct gguf_file *f, const struct ekv_clip_hparams *hp, co
 }
 
 /* One pre-LN block: x += attn(LN1 x); x += fc2(quick_gelu(fc1(LN2 x))). */
-static void ref_block(struct gguf_file *f, const struct ekv_clip_hparams *hp, int il, double *x) {
+static void ref_block(struct ekv_gguf_file *f, const struct ekv_clip_hparams *hp, int il, double *x) {
     const int E = hp->n_embd, F = hp->n_ff, N = hp->n_pos, H = hp->n_head, D = E / H;
     const float *l1w = Tn(f, "v.blk.%d.ln1.weight", il), *l1b = Tn(f, "v.blk.%d.ln1.bias", il);
     const float *l2w = Tn(f, "v.blk.%d.ln2.weight", il), *l2b = Tn(f, "v.blk.%d.ln2.bias", il);
@@ -360,7 +360,7 @@ static void ref_block(struct gguf_file *f, const struct ekv_clip_hparams *hp, in
 }
 
 /* LLaVA-1.5 projector with tanh-GELU, on the patch rows. */
-static void ref_project(struct gguf_file *f, const struct ekv_clip_hparams *hp, const double *feat,
+static void ref_project(struct ekv_gguf_file *f, const struct ekv_clip_hparams *hp, const double *feat,
                         double *out) {
     const float *w0 = T(f, "mm.0.weight"), *b0 = T(f, "mm.0.bias");
     const float *w2 = T(f, "mm.2.weight"), *b2 = T(f, "mm.2.bias");
@@ -418,8 +418,8 @@ static void test_vit(void) {
         CHECK(hp->image_std[i] == k_std[i]);
     }
 
-    struct gguf_file *f = NULL;
-    CHECK_OK(gguf_open(mm, &f));
+    struct ekv_gguf_file *f = NULL;
+    CHECK_OK(ekv_gguf_open(mm, &f));
     if (!f) {
         ekv_clip_free(c);
         return;
@@ -503,23 +503,23 @@ static void test_vit(void) {
     free(xr);
     free(pix);
     ekv_image_free(&img);
-    gguf_close(f);
+    ekv_gguf_close(f);
     ekv_clip_free(c);
 
     /* The language model file is a loadable llama GGUF with stories-sized shapes. */
-    struct gguf_file *lf = NULL;
-    CHECK_OK(gguf_open(lm, &lf));
+    struct ekv_gguf_file *lf = NULL;
+    CHECK_OK(ekv_gguf_open(lm, &lf));
     if (lf) {
-        struct gguf_str arch;
-        CHECK_OK(gguf_get_str(lf, "general.architecture", &arch));
-        CHECK(gguf_str_eq(arch, "llama"));
+        struct ekv_gguf_str arch;
+        CHECK_OK(ekv_gguf_get_str(lf, "general.architecture", &arch));
+        CHECK(ekv_gguf_str_eq(arch, "llama"));
         uint32_t v = 0;
-        CHECK_OK(gguf_get_u32(lf, "llama.embedding_length", &v));
+        CHECK_OK(ekv_gguf_get_u32(lf, "llama.embedding_length", &v));
         CHECK(v == 64);
-        CHECK(gguf_n_tensors(lf) == 1 + 5 * 9 + 2);
-        const struct gguf_tensor *t = gguf_find_tensor(lf, "blk.4.ffn_down.weight");
+        CHECK(ekv_gguf_n_tensors(lf) == 1 + 5 * 9 + 2);
+        const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(lf, "blk.4.ffn_down.weight");
         CHECK(t && t->ne[0] == 172 && t->ne[1] == 64);
-        gguf_close(lf);
+        ekv_gguf_close(lf);
     }
 }
 
@@ -574,38 +574,38 @@ static void test_siglip_layout(void) {
     char src[256], dst[256];
     snprintf(src, sizeof src, "%s/tiny-mmproj.gguf", g_dir);
     snprintf(dst, sizeof dst, "%s/siglip-mmproj.gguf", g_dir);
-    struct gguf_file *f = NULL;
-    CHECK_OK(gguf_open(src, &f));
+    struct ekv_gguf_file *f = NULL;
+    CHECK_OK(ekv_gguf_open(src, &f));
     if (!f) return;
-    struct gguf_writer *w = NULL;
-    CHECK_OK(gguf_writer_new(&w));
-    for (size_t i = 0; i < gguf_n_kv(f); i++) CHECK_OK(gguf_writer_copy_kv(w, gguf_kv_at(f, i)));
-    CHECK_OK(gguf_writer_set_bool(w, "clip.use_gelu", true));
+    struct ekv_gguf_writer *w = NULL;
+    CHECK_OK(ekv_gguf_writer_new(&w));
+    for (size_t i = 0; i < ekv_gguf_n_kv(f); i++) CHECK_OK(ekv_gguf_writer_copy_kv(w, ekv_gguf_kv_at(f, i)));
+    CHECK_OK(ekv_gguf_writer_set_bool(w, "clip.use_gelu", true));
     float bias[64];
     for (int i = 0; i < 64; i++) bias[i] = 0.05f * (float)((i * 37) % 11 - 5);
-    for (size_t i = 0; i < gguf_n_tensors(f); i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+    for (size_t i = 0; i < ekv_gguf_n_tensors(f); i++) {
+        const struct ekv_gguf_tensor *t = ekv_gguf_tensor_at(f, i);
         if (!strcmp(t->name, "v.class_embd") || !strncmp(t->name, "v.pre_ln.", 9)) continue;
         if (!strcmp(t->name, "v.position_embd.weight")) {
             int64_t ne[2] = {t->ne[0], t->ne[1] - 1};
-            CHECK_OK(gguf_writer_add_tensor(w, t->name, t->type, 2, ne,
+            CHECK_OK(ekv_gguf_writer_add_tensor(w, t->name, t->type, 2, ne,
                                             (const float *)t->data + t->ne[0], NULL, NULL));
             continue;
         }
-        CHECK_OK(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL));
+        CHECK_OK(ekv_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL));
     }
     int64_t ne1 = 64;
-    CHECK_OK(gguf_writer_add_tensor(w, "v.patch_embd.bias", EKV_F32, 1, &ne1, bias, NULL, NULL));
-    CHECK_OK(gguf_writer_write(w, dst));
-    gguf_writer_free(w);
-    gguf_close(f);
+    CHECK_OK(ekv_gguf_writer_add_tensor(w, "v.patch_embd.bias", EKV_F32, 1, &ne1, bias, NULL, NULL));
+    CHECK_OK(ekv_gguf_writer_write(w, dst));
+    ekv_gguf_writer_free(w);
+    ekv_gguf_close(f);
 
     struct ekv_clip *c = NULL;
     CHECK_OK(ekv_clip_load(dst, &c));
-    CHECK_OK(gguf_open(dst, &f));
+    CHECK_OK(ekv_gguf_open(dst, &f));
     if (!c || !f) {
         ekv_clip_free(c);
-        gguf_close(f);
+        ekv_gguf_close(f);
         return;
     }
     const struct ekv_clip_hparams *hp = ekv_clip_hparams(c);
@@ -631,7 +631,7 @@ static void test_siglip_layout(void) {
     CHECK_MSG(d <= 1e-6 + 1e-5 * mref, "siglip image embeddings differ by %g", d);
     free(pix); free(out); free(x); free(xr); free(outr);
     ekv_image_free(&img);
-    gguf_close(f);
+    ekv_gguf_close(f);
     ekv_clip_free(c);
 }
 
@@ -700,19 +700,19 @@ static enum ekv_status load_with_feature_layer(const int32_t *vals, int n, struc
     char src[256], dst[256];
     snprintf(src, sizeof src, "%s/tiny-mmproj.gguf", g_dir);
     snprintf(dst, sizeof dst, "%s/feature-mmproj.gguf", g_dir);
-    struct gguf_file *f = NULL;
-    struct gguf_writer *w = NULL;
-    enum ekv_status s = gguf_open(src, &f);
-    if (s == EKV_OK) s = gguf_writer_new(&w);
-    for (size_t i = 0; s == EKV_OK && i < gguf_n_kv(f); i++) s = gguf_writer_copy_kv(w, gguf_kv_at(f, i));
-    if (s == EKV_OK) s = gguf_writer_set_arr(w, "clip.vision.feature_layer", GGUF_TYPE_INT32, vals, (uint64_t)n);
-    for (size_t i = 0; s == EKV_OK && i < gguf_n_tensors(f); i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(f, i);
-        s = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL);
+    struct ekv_gguf_file *f = NULL;
+    struct ekv_gguf_writer *w = NULL;
+    enum ekv_status s = ekv_gguf_open(src, &f);
+    if (s == EKV_OK) s = ekv_gguf_writer_new(&w);
+    for (size_t i = 0; s == EKV_OK && i < ekv_gguf_n_kv(f); i++) s = ekv_gguf_writer_copy_kv(w, ekv_gguf_kv_at(f, i));
+    if (s == EKV_OK) s = ekv_gguf_writer_set_arr(w, "clip.vision.feature_layer", GGUF_TYPE_INT32, vals, (uint64_t)n);
+    for (size_t i = 0; s == EKV_OK && i < ekv_gguf_n_tensors(f); i++) {
+        const struct ekv_gguf_tensor *t = ekv_gguf_tensor_at(f, i);
+        s = ekv_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL);
     }
-    if (s == EKV_OK) s = gguf_writer_write(w, dst);
-    gguf_writer_free(w);
-    gguf_close(f);
+    if (s == EKV_OK) s = ekv_gguf_writer_write(w, dst);
+    ekv_gguf_writer_free(w);
+    ekv_gguf_close(f);
     CHECK_OK(s);
     return s == EKV_OK ? ekv_clip_load(dst, out) : s;
 }
@@ -746,11 +746,11 @@ static void test_clip_mutations(void) {
     size_t n = 0;
     char *orig = tu_read_file(src, &n);
     if (!orig) return;
-    struct gguf_file *f = NULL;
+    struct ekv_gguf_file *f = NULL;
     size_t meta_end = 4096;
-    if (gguf_open(src, &f) == EKV_OK) {
-        meta_end = gguf_data_offset(f);
-        gguf_close(f);
+    if (ekv_gguf_open(src, &f) == EKV_OK) {
+        meta_end = ekv_gguf_data_offset(f);
+        ekv_gguf_close(f);
     }
     char *buf = malloc(n);
     uint64_t st = 12345;

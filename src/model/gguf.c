@@ -32,7 +32,7 @@
 #define GGUF_MIN_TENSOR_BYTES 32 /* u64 name len + u32 n_dims + u64 ne + u32 type + u64 offset */
 #define GGUF_MIN_ARRAY_BYTES 12  /* u32 element type + u64 count */
 
-struct gguf_file {
+struct ekv_gguf_file {
     const uint8_t *base;      /* [size] the file bytes (mapped or borrowed) */
     size_t size;
     void *map;                /* mmap address, NULL for borrowed buffers */
@@ -41,14 +41,14 @@ struct gguf_file {
     uint32_t alignment;
     size_t data_offset;       /* start of the data section (may equal size) */
     size_t n_kv;
-    struct gguf_kv *kvs;      /* [n_kv] */
+    struct ekv_gguf_kv *kvs;      /* [n_kv] */
     size_t n_tensors;
-    struct gguf_tensor *tensors; /* [n_tensors] */
+    struct ekv_gguf_tensor *tensors; /* [n_tensors] */
 };
 
 /* ---- type names and sizes ---- */
 
-const char *gguf_type_name(enum gguf_type t) {
+const char *ekv_gguf_type_name(enum ekv_gguf_type t) {
     static const char *const names[GGUF_TYPE_COUNT] = {
         "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool",
         "string", "array", "uint64", "int64", "float64"};
@@ -56,7 +56,7 @@ const char *gguf_type_name(enum gguf_type t) {
     return names[t];
 }
 
-size_t gguf_scalar_size(enum gguf_type t) {
+size_t ekv_gguf_scalar_size(enum ekv_gguf_type t) {
     switch (t) {
     case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
     case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
@@ -78,7 +78,7 @@ static size_t cur_left(const struct cursor *c) { return c->size - c->pos; }
 
 /* Formats up to 64 bytes of a file string for a message, replacing bytes
  * that are not printable ASCII (the string may be hostile). */
-static const char *printable(struct gguf_str s, char *buf, size_t n) {
+static const char *printable(struct ekv_gguf_str s, char *buf, size_t n) {
     size_t len = s.len < n - 4 ? (size_t)s.len : n - 4;
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)s.ptr[i];
@@ -119,7 +119,7 @@ static enum ekv_status rd_u64(struct cursor *c, uint64_t *v, const char *what) {
     return EKV_OK;
 }
 
-static enum ekv_status rd_str(struct cursor *c, struct gguf_str *out, const char *what) {
+static enum ekv_status rd_str(struct cursor *c, struct ekv_gguf_str *out, const char *what) {
     uint64_t len;
     enum ekv_status s = rd_u64(c, &len, what);
     if (s) return s;
@@ -134,7 +134,7 @@ static enum ekv_status rd_str(struct cursor *c, struct gguf_str *out, const char
 
 /* ---- values ---- */
 
-static void value_free(struct gguf_value *v) {
+static void value_free(struct ekv_gguf_value *v) {
     if (v->type != GGUF_TYPE_ARRAY) return;
     if (v->v.arr.vals)
         for (uint64_t i = 0; i < v->v.arr.n; i++) value_free(&v->v.arr.vals[i]);
@@ -144,10 +144,10 @@ static void value_free(struct gguf_value *v) {
     v->v.arr.strs = NULL;
 }
 
-static enum ekv_status parse_value(struct cursor *c, enum gguf_type type, struct gguf_value *v,
+static enum ekv_status parse_value(struct cursor *c, enum ekv_gguf_type type, struct ekv_gguf_value *v,
                                    int depth, const char *key);
 
-static enum ekv_status parse_array(struct cursor *c, struct gguf_value *v, int depth, const char *key) {
+static enum ekv_status parse_array(struct cursor *c, struct ekv_gguf_value *v, int depth, const char *key) {
     uint32_t et;
     uint64_t n;
     enum ekv_status s;
@@ -158,15 +158,15 @@ static enum ekv_status parse_array(struct cursor *c, struct gguf_value *v, int d
         return ekv_err_prefix(s, "key '%s'", key);
     if (et >= GGUF_TYPE_COUNT)
         return ekv_err(EKV_ERR_FORMAT, "key '%s': unknown array element type %u", key, et);
-    v->v.arr.type = (enum gguf_type)et;
+    v->v.arr.type = (enum ekv_gguf_type)et;
     size_t left = cur_left(c);
-    size_t esz = gguf_scalar_size((enum gguf_type)et);
+    size_t esz = ekv_gguf_scalar_size((enum ekv_gguf_type)et);
     /* Every element takes at least min_bytes, which bounds n before allocating. */
     size_t min_bytes = esz ? esz : et == GGUF_TYPE_STRING ? 8 : GGUF_MIN_ARRAY_BYTES;
     if (n > left / min_bytes)
         return ekv_err(EKV_ERR_FORMAT,
                        "key '%s': array of %llu %s elements at offset %zu cannot fit in the %zu bytes left",
-                       key, (unsigned long long)n, gguf_type_name((enum gguf_type)et), c->pos - 12, left);
+                       key, (unsigned long long)n, ekv_gguf_type_name((enum ekv_gguf_type)et), c->pos - 12, left);
     if (esz) {
         v->v.arr.data = c->p + c->pos;
         v->v.arr.n = n;
@@ -178,7 +178,7 @@ static enum ekv_status parse_array(struct cursor *c, struct gguf_value *v, int d
         return EKV_OK;
     }
     if (et == GGUF_TYPE_STRING) {
-        struct gguf_str *strs = calloc((size_t)n, sizeof *strs);
+        struct ekv_gguf_str *strs = calloc((size_t)n, sizeof *strs);
         if (!strs) return ekv_err(EKV_ERR_NOMEM, "key '%s': no memory for %llu strings", key,
                                   (unsigned long long)n);
         v->v.arr.strs = strs;
@@ -190,7 +190,7 @@ static enum ekv_status parse_array(struct cursor *c, struct gguf_value *v, int d
         return EKV_OK;
     }
     /* Arrays of arrays. */
-    struct gguf_value *vals = calloc((size_t)n, sizeof *vals);
+    struct ekv_gguf_value *vals = calloc((size_t)n, sizeof *vals);
     if (!vals) return ekv_err(EKV_ERR_NOMEM, "key '%s': no memory for %llu nested arrays", key,
                               (unsigned long long)n);
     v->v.arr.vals = vals;
@@ -204,14 +204,14 @@ static enum ekv_status parse_array(struct cursor *c, struct gguf_value *v, int d
 
 /* Parses one value of `type` (already read) into *v; `depth` counts the
  * arrays that enclose it. On error *v may hold allocations (value_free). */
-static enum ekv_status parse_value(struct cursor *c, enum gguf_type type, struct gguf_value *v,
+static enum ekv_status parse_value(struct cursor *c, enum ekv_gguf_type type, struct ekv_gguf_value *v,
                                    int depth, const char *key) {
     enum ekv_status s;
     memset(v, 0, sizeof *v);
     v->type = type;
-    size_t esz = gguf_scalar_size(type);
+    size_t esz = ekv_gguf_scalar_size(type);
     if (esz) {
-        if ((s = need(c, esz, gguf_type_name(type)))) return ekv_err_prefix(s, "key '%s'", key);
+        if ((s = need(c, esz, ekv_gguf_type_name(type)))) return ekv_err_prefix(s, "key '%s'", key);
         const uint8_t *b = c->p + c->pos;
         uint64_t u = 0;
         for (size_t i = esz; i-- > 0;) u = u << 8 | b[i];
@@ -244,7 +244,7 @@ static enum ekv_status parse_value(struct cursor *c, enum gguf_type type, struct
 
 /* ---- duplicate detection (sort indices by name, compare neighbours) ---- */
 
-static int cmp_str(struct gguf_str a, struct gguf_str b) {
+static int cmp_str(struct ekv_gguf_str a, struct ekv_gguf_str b) {
     size_t n = a.len < b.len ? (size_t)a.len : (size_t)b.len;
     int r = n ? memcmp(a.ptr, b.ptr, n) : 0;
     if (r) return r;
@@ -252,7 +252,7 @@ static int cmp_str(struct gguf_str a, struct gguf_str b) {
 }
 
 /* Merge sort of name indices (qsort has no context argument in C11). */
-static void sort_idx(size_t *idx, size_t *tmp, size_t n, const struct gguf_file *f, bool tensors) {
+static void sort_idx(size_t *idx, size_t *tmp, size_t n, const struct ekv_gguf_file *f, bool tensors) {
     if (n < 2) return;
     size_t h = n / 2;
     sort_idx(idx, tmp, h, f, tensors);
@@ -268,7 +268,7 @@ static void sort_idx(size_t *idx, size_t *tmp, size_t n, const struct gguf_file 
     memcpy(idx, tmp, n * sizeof *idx);
 }
 
-static enum ekv_status check_duplicates(const struct gguf_file *f, bool tensors) {
+static enum ekv_status check_duplicates(const struct ekv_gguf_file *f, bool tensors) {
     size_t n = tensors ? f->n_tensors : f->n_kv;
     if (n < 2) return EKV_OK;
     size_t *idx = malloc(n * sizeof *idx), *tmp = malloc(n * sizeof *tmp);
@@ -283,7 +283,7 @@ static enum ekv_status check_duplicates(const struct gguf_file *f, bool tensors)
     for (size_t i = 1; i < n && !s; i++) {
         if (tensors) {
             if (strcmp(f->tensors[idx[i - 1]].name, f->tensors[idx[i]].name) == 0) {
-                struct gguf_str nm = {strlen(f->tensors[idx[i]].name), f->tensors[idx[i]].name};
+                struct ekv_gguf_str nm = {strlen(f->tensors[idx[i]].name), f->tensors[idx[i]].name};
                 char buf[80];
                 s = ekv_err(EKV_ERR_FORMAT, "duplicate tensor name '%s'", printable(nm, buf, sizeof buf));
             }
@@ -299,8 +299,8 @@ static enum ekv_status check_duplicates(const struct gguf_file *f, bool tensors)
 
 /* ---- the header ---- */
 
-static enum ekv_status parse_alignment(struct gguf_file *f) {
-    const struct gguf_kv *kv = gguf_find_kv(f, "general.alignment");
+static enum ekv_status parse_alignment(struct ekv_gguf_file *f) {
+    const struct ekv_gguf_kv *kv = ekv_gguf_find_kv(f, "general.alignment");
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
     if (!kv) return EKV_OK;
     uint64_t a;
@@ -316,7 +316,7 @@ static enum ekv_status parse_alignment(struct gguf_file *f) {
         break;
     default:
         return ekv_err(EKV_ERR_FORMAT, "general.alignment has type %s (expected an integer)",
-                       gguf_type_name(kv->value.type));
+                       ekv_gguf_type_name(kv->value.type));
     }
     if (a == 0 || (a & (a - 1)) || a > (1u << 30))
         return ekv_err(EKV_ERR_FORMAT, "general.alignment is %llu (must be a power of two, 1 to 2^30)",
@@ -325,8 +325,8 @@ static enum ekv_status parse_alignment(struct gguf_file *f) {
     return EKV_OK;
 }
 
-static enum ekv_status parse_tensor_info(struct cursor *c, struct gguf_tensor *t, size_t i) {
-    struct gguf_str name;
+static enum ekv_status parse_tensor_info(struct cursor *c, struct ekv_gguf_tensor *t, size_t i) {
+    struct ekv_gguf_str name;
     enum ekv_status s;
     char nb[80];
     if ((s = rd_str(c, &name, "tensor name"))) return ekv_err_prefix(s, "tensor %zu", i);
@@ -381,7 +381,7 @@ static enum ekv_status parse_tensor_info(struct cursor *c, struct gguf_tensor *t
     return EKV_OK;
 }
 
-static enum ekv_status parse(struct gguf_file *f) {
+static enum ekv_status parse(struct ekv_gguf_file *f) {
     struct cursor c = {f->base, f->size, 0};
     enum ekv_status s;
     uint32_t magic, version;
@@ -420,17 +420,17 @@ static enum ekv_status parse(struct gguf_file *f) {
         if (!f->kvs) return ekv_err(EKV_ERR_NOMEM, "no memory for %llu key/values", (unsigned long long)n_kv);
     }
     for (size_t i = 0; i < n_kv; i++) {
-        struct gguf_kv *kv = &f->kvs[i];
+        struct ekv_gguf_kv *kv = &f->kvs[i];
         uint32_t type;
         char kb[80];
         if ((s = rd_str(&c, &kv->key, "key"))) return ekv_err_prefix(s, "key/value %zu", i);
-        f->n_kv = i + 1; /* from here on kvs[i] is freed by gguf_close */
+        f->n_kv = i + 1; /* from here on kvs[i] is freed by ekv_gguf_close */
         kv->value.type = GGUF_TYPE_UINT8;
         const char *pk = printable(kv->key, kb, sizeof kb);
         if ((s = rd_u32(&c, &type, "value type"))) return ekv_err_prefix(s, "key '%s'", pk);
         if (type >= GGUF_TYPE_COUNT)
             return ekv_err(EKV_ERR_FORMAT, "key '%s': unknown value type %u", pk, type);
-        if ((s = parse_value(&c, (enum gguf_type)type, &kv->value, 0, pk))) return s;
+        if ((s = parse_value(&c, (enum ekv_gguf_type)type, &kv->value, 0, pk))) return s;
     }
     if ((s = check_duplicates(f, false))) return s;
     if ((s = parse_alignment(f))) return s;
@@ -458,9 +458,9 @@ static enum ekv_status parse(struct gguf_file *f) {
     f->data_offset = c.pos + pad;
     size_t data_size = f->size - f->data_offset;
     for (size_t i = 0; i < f->n_tensors; i++) {
-        struct gguf_tensor *t = &f->tensors[i];
+        struct ekv_gguf_tensor *t = &f->tensors[i];
         char nb[80];
-        struct gguf_str nm = {strlen(t->name), t->name};
+        struct ekv_gguf_str nm = {strlen(t->name), t->name};
         const char *pn = printable(nm, nb, sizeof nb);
         if (t->offset % f->alignment)
             return ekv_err(EKV_ERR_FORMAT, "tensor '%s': data offset %llu is not a multiple of the alignment %u",
@@ -478,7 +478,7 @@ static enum ekv_status parse(struct gguf_file *f) {
 
 /* ---- open / close ---- */
 
-void gguf_close(struct gguf_file *f) {
+void ekv_gguf_close(struct ekv_gguf_file *f) {
     if (!f) return;
     for (size_t i = 0; i < f->n_kv; i++) value_free(&f->kvs[i].value);
     free(f->kvs);
@@ -488,26 +488,26 @@ void gguf_close(struct gguf_file *f) {
     free(f);
 }
 
-enum ekv_status gguf_open_memory(const void *data, size_t size, struct gguf_file **out) {
+enum ekv_status ekv_gguf_open_memory(const void *data, size_t size, struct ekv_gguf_file **out) {
     if (!out || (!data && size))
-        return ekv_err(EKV_ERR_INVALID_ARG, "gguf_open_memory: NULL argument");
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_gguf_open_memory: NULL argument");
     *out = NULL;
-    struct gguf_file *f = calloc(1, sizeof *f);
+    struct ekv_gguf_file *f = calloc(1, sizeof *f);
     if (!f) return ekv_err(EKV_ERR_NOMEM, "no memory for a GGUF handle");
     static const uint8_t empty[4];
     f->base = data ? data : empty;
     f->size = size;
     enum ekv_status s = parse(f);
     if (s) {
-        gguf_close(f);
+        ekv_gguf_close(f);
         return s;
     }
     *out = f;
     return EKV_OK;
 }
 
-enum ekv_status gguf_open(const char *path, struct gguf_file **out) {
-    if (!path || !out) return ekv_err(EKV_ERR_INVALID_ARG, "gguf_open: NULL argument");
+enum ekv_status ekv_gguf_open(const char *path, struct ekv_gguf_file **out) {
+    if (!path || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_gguf_open: NULL argument");
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return ekv_err(EKV_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -534,7 +534,7 @@ enum ekv_status gguf_open(const char *path, struct gguf_file **out) {
     int e = errno;
     close(fd);
     if (map == MAP_FAILED) return ekv_err(EKV_ERR_IO, "%s: cannot map %zu bytes: %s", path, size, strerror(e));
-    struct gguf_file *f = calloc(1, sizeof *f);
+    struct ekv_gguf_file *f = calloc(1, sizeof *f);
     if (!f) {
         munmap(map, size);
         return ekv_err(EKV_ERR_NOMEM, "%s: no memory for a GGUF handle", path);
@@ -545,7 +545,7 @@ enum ekv_status gguf_open(const char *path, struct gguf_file **out) {
     f->map_len = size;
     enum ekv_status s = parse(f);
     if (s) {
-        gguf_close(f);
+        ekv_gguf_close(f);
         return ekv_err_prefix(s, "%s", path);
     }
     *out = f;
@@ -554,40 +554,40 @@ enum ekv_status gguf_open(const char *path, struct gguf_file **out) {
 
 /* ---- accessors ---- */
 
-uint32_t gguf_version(const struct gguf_file *f) { return f->version; }
-uint32_t gguf_alignment(const struct gguf_file *f) { return f->alignment; }
-size_t gguf_file_size(const struct gguf_file *f) { return f->size; }
-size_t gguf_data_offset(const struct gguf_file *f) { return f->data_offset; }
-size_t gguf_n_kv(const struct gguf_file *f) { return f->n_kv; }
-size_t gguf_n_tensors(const struct gguf_file *f) { return f->n_tensors; }
+uint32_t ekv_gguf_version(const struct ekv_gguf_file *f) { return f->version; }
+uint32_t ekv_gguf_alignment(const struct ekv_gguf_file *f) { return f->alignment; }
+size_t ekv_gguf_file_size(const struct ekv_gguf_file *f) { return f->size; }
+size_t ekv_gguf_data_offset(const struct ekv_gguf_file *f) { return f->data_offset; }
+size_t ekv_gguf_n_kv(const struct ekv_gguf_file *f) { return f->n_kv; }
+size_t ekv_gguf_n_tensors(const struct ekv_gguf_file *f) { return f->n_tensors; }
 
-const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, size_t i) {
+const struct ekv_gguf_kv *ekv_gguf_kv_at(const struct ekv_gguf_file *f, size_t i) {
     return i < f->n_kv ? &f->kvs[i] : NULL;
 }
 
-const struct gguf_tensor *gguf_tensor_at(const struct gguf_file *f, size_t i) {
+const struct ekv_gguf_tensor *ekv_gguf_tensor_at(const struct ekv_gguf_file *f, size_t i) {
     return i < f->n_tensors ? &f->tensors[i] : NULL;
 }
 
-bool gguf_str_eq(struct gguf_str s, const char *cstr) {
+bool ekv_gguf_str_eq(struct ekv_gguf_str s, const char *cstr) {
     size_t n = strlen(cstr);
     return s.len == n && (n == 0 || memcmp(s.ptr, cstr, n) == 0);
 }
 
-void gguf_str_copy(struct gguf_str s, char *buf, size_t n) {
+void ekv_gguf_str_copy(struct ekv_gguf_str s, char *buf, size_t n) {
     if (!n) return;
     size_t len = s.len < n - 1 ? (size_t)s.len : n - 1;
     if (len) memcpy(buf, s.ptr, len);
     buf[len] = '\0';
 }
 
-const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key) {
+const struct ekv_gguf_kv *ekv_gguf_find_kv(const struct ekv_gguf_file *f, const char *key) {
     for (size_t i = 0; i < f->n_kv; i++)
-        if (gguf_str_eq(f->kvs[i].key, key)) return &f->kvs[i];
+        if (ekv_gguf_str_eq(f->kvs[i].key, key)) return &f->kvs[i];
     return NULL;
 }
 
-const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name) {
+const struct ekv_gguf_tensor *ekv_gguf_find_tensor(const struct ekv_gguf_file *f, const char *name) {
     for (size_t i = 0; i < f->n_tensors; i++)
         if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
     return NULL;
@@ -595,28 +595,28 @@ const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char
 
 /* ---- typed getters ---- */
 
-static enum ekv_status lookup(const struct gguf_file *f, const char *key, const struct gguf_kv **kv) {
-    *kv = gguf_find_kv(f, key);
+static enum ekv_status lookup(const struct ekv_gguf_file *f, const char *key, const struct ekv_gguf_kv **kv) {
+    *kv = ekv_gguf_find_kv(f, key);
     if (!*kv) return ekv_err(EKV_ERR_NOT_FOUND, "key '%s' not found", key);
     return EKV_OK;
 }
 
-static enum ekv_status wrong_type(const char *key, const char *expected, enum gguf_type actual) {
-    return ekv_err(EKV_ERR_FORMAT, "key '%s': expected %s, found %s", key, expected, gguf_type_name(actual));
+static enum ekv_status wrong_type(const char *key, const char *expected, enum ekv_gguf_type actual) {
+    return ekv_err(EKV_ERR_FORMAT, "key '%s': expected %s, found %s", key, expected, ekv_gguf_type_name(actual));
 }
 
-static bool is_unsigned(enum gguf_type t) {
+static bool is_unsigned(enum ekv_gguf_type t) {
     return t == GGUF_TYPE_UINT8 || t == GGUF_TYPE_UINT16 || t == GGUF_TYPE_UINT32 || t == GGUF_TYPE_UINT64;
 }
-static bool is_signed(enum gguf_type t) {
+static bool is_signed(enum ekv_gguf_type t) {
     return t == GGUF_TYPE_INT8 || t == GGUF_TYPE_INT16 || t == GGUF_TYPE_INT32 || t == GGUF_TYPE_INT64;
 }
 
-enum ekv_status gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out) {
-    const struct gguf_kv *kv;
+enum ekv_status ekv_gguf_get_u32(const struct ekv_gguf_file *f, const char *key, uint32_t *out) {
+    const struct ekv_gguf_kv *kv;
     enum ekv_status s = lookup(f, key, &kv);
     if (s) return s;
-    const struct gguf_value *v = &kv->value;
+    const struct ekv_gguf_value *v = &kv->value;
     if (is_unsigned(v->type) && v->v.u64 <= UINT32_MAX) {
         *out = (uint32_t)v->v.u64;
         return EKV_OK;
@@ -633,11 +633,11 @@ enum ekv_status gguf_get_u32(const struct gguf_file *f, const char *key, uint32_
     return wrong_type(key, "an integer", v->type);
 }
 
-enum ekv_status gguf_get_i64(const struct gguf_file *f, const char *key, int64_t *out) {
-    const struct gguf_kv *kv;
+enum ekv_status ekv_gguf_get_i64(const struct ekv_gguf_file *f, const char *key, int64_t *out) {
+    const struct ekv_gguf_kv *kv;
     enum ekv_status s = lookup(f, key, &kv);
     if (s) return s;
-    const struct gguf_value *v = &kv->value;
+    const struct ekv_gguf_value *v = &kv->value;
     if (is_signed(v->type)) {
         *out = v->v.i64;
         return EKV_OK;
@@ -652,8 +652,8 @@ enum ekv_status gguf_get_i64(const struct gguf_file *f, const char *key, int64_t
     return wrong_type(key, "an integer", v->type);
 }
 
-enum ekv_status gguf_get_f32(const struct gguf_file *f, const char *key, float *out) {
-    const struct gguf_kv *kv;
+enum ekv_status ekv_gguf_get_f32(const struct ekv_gguf_file *f, const char *key, float *out) {
+    const struct ekv_gguf_kv *kv;
     enum ekv_status s = lookup(f, key, &kv);
     if (s) return s;
     if (kv->value.type != GGUF_TYPE_FLOAT32 && kv->value.type != GGUF_TYPE_FLOAT64)
@@ -662,8 +662,8 @@ enum ekv_status gguf_get_f32(const struct gguf_file *f, const char *key, float *
     return EKV_OK;
 }
 
-enum ekv_status gguf_get_bool(const struct gguf_file *f, const char *key, bool *out) {
-    const struct gguf_kv *kv;
+enum ekv_status ekv_gguf_get_bool(const struct ekv_gguf_file *f, const char *key, bool *out) {
+    const struct ekv_gguf_kv *kv;
     enum ekv_status s = lookup(f, key, &kv);
     if (s) return s;
     if (kv->value.type != GGUF_TYPE_BOOL) return wrong_type(key, "bool", kv->value.type);
@@ -671,8 +671,8 @@ enum ekv_status gguf_get_bool(const struct gguf_file *f, const char *key, bool *
     return EKV_OK;
 }
 
-enum ekv_status gguf_get_str(const struct gguf_file *f, const char *key, struct gguf_str *out) {
-    const struct gguf_kv *kv;
+enum ekv_status ekv_gguf_get_str(const struct ekv_gguf_file *f, const char *key, struct ekv_gguf_str *out) {
+    const struct ekv_gguf_kv *kv;
     enum ekv_status s = lookup(f, key, &kv);
     if (s) return s;
     if (kv->value.type != GGUF_TYPE_STRING) return wrong_type(key, "string", kv->value.type);
@@ -680,15 +680,15 @@ enum ekv_status gguf_get_str(const struct gguf_file *f, const char *key, struct 
     return EKV_OK;
 }
 
-enum ekv_status gguf_get_arr(const struct gguf_file *f, const char *key, enum gguf_type elem_type,
-                             const struct gguf_value **out) {
-    const struct gguf_kv *kv;
+enum ekv_status ekv_gguf_get_arr(const struct ekv_gguf_file *f, const char *key, enum ekv_gguf_type elem_type,
+                             const struct ekv_gguf_value **out) {
+    const struct ekv_gguf_kv *kv;
     enum ekv_status s = lookup(f, key, &kv);
     if (s) return s;
     if (kv->value.type != GGUF_TYPE_ARRAY) return wrong_type(key, "array", kv->value.type);
     if (elem_type != GGUF_TYPE_COUNT && kv->value.v.arr.type != elem_type)
         return ekv_err(EKV_ERR_FORMAT, "key '%s': expected an array of %s, found an array of %s", key,
-                       gguf_type_name(elem_type), gguf_type_name(kv->value.v.arr.type));
+                       ekv_gguf_type_name(elem_type), ekv_gguf_type_name(kv->value.v.arr.type));
     *out = &kv->value;
     return EKV_OK;
 }

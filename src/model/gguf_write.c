@@ -23,17 +23,17 @@
 
 struct wkv {
     char *key;              /* NUL-terminated, owned */
-    struct gguf_value val;  /* every pointer inside is owned by the writer */
+    struct ekv_gguf_value val;  /* every pointer inside is owned by the writer */
 };
 
 struct wtensor {
-    struct gguf_tensor t;   /* t.name owned; t.offset set at write time */
+    struct ekv_gguf_tensor t;   /* t.name owned; t.offset set at write time */
     const void *data;       /* [t.nbytes] borrowed, or NULL when fill is used */
-    gguf_fill_fn fill;
+    ekv_gguf_fill_fn fill;
     void *user;
 };
 
-struct gguf_writer {
+struct ekv_gguf_writer {
     struct wkv *kvs;        /* [n_kv] in insertion order */
     size_t n_kv, cap_kv;
     struct wtensor *ts;     /* [n_t] in insertion order */
@@ -42,7 +42,7 @@ struct gguf_writer {
 
 /* ---- owned values ---- */
 
-static void owned_free(struct gguf_value *v) {
+static void owned_free(struct ekv_gguf_value *v) {
     if (v->type == GGUF_TYPE_STRING) {
         free((void *)v->v.str.ptr);
     } else if (v->type == GGUF_TYPE_ARRAY) {
@@ -57,7 +57,7 @@ static void owned_free(struct gguf_value *v) {
     memset(v, 0, sizeof *v);
 }
 
-static enum ekv_status dup_str(struct gguf_str src, struct gguf_str *dst, const char *key) {
+static enum ekv_status dup_str(struct ekv_gguf_str src, struct ekv_gguf_str *dst, const char *key) {
     if (src.len > SIZE_MAX - 1 || (src.len && !src.ptr))
         return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': invalid string", key);
     char *p = malloc((size_t)src.len + 1);
@@ -71,14 +71,14 @@ static enum ekv_status dup_str(struct gguf_str src, struct gguf_str *dst, const 
 }
 
 /* Deep copy of src into *dst (zeroed first); on error *dst is freed. */
-static enum ekv_status copy_value(struct gguf_value *dst, const struct gguf_value *src, int depth,
+static enum ekv_status copy_value(struct ekv_gguf_value *dst, const struct ekv_gguf_value *src, int depth,
                                   const char *key) {
     enum ekv_status s = EKV_OK;
     memset(dst, 0, sizeof *dst);
     if ((unsigned)src->type >= GGUF_TYPE_COUNT)
         return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': unknown value type %u", key, (unsigned)src->type);
     dst->type = src->type;
-    if (gguf_scalar_size(src->type)) {
+    if (ekv_gguf_scalar_size(src->type)) {
         dst->v = src->v;
         return EKV_OK;
     }
@@ -86,12 +86,12 @@ static enum ekv_status copy_value(struct gguf_value *dst, const struct gguf_valu
     /* arrays */
     if (depth >= MAX_NESTING)
         return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': arrays nested deeper than %d levels", key, MAX_NESTING);
-    enum gguf_type et = src->v.arr.type;
+    enum ekv_gguf_type et = src->v.arr.type;
     uint64_t n = src->v.arr.n;
     if ((unsigned)et >= GGUF_TYPE_COUNT)
         return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': unknown array element type %u", key, (unsigned)et);
     dst->v.arr.type = et;
-    size_t esz = gguf_scalar_size(et), bytes;
+    size_t esz = ekv_gguf_scalar_size(et), bytes;
     if (esz) {
         if (n > SIZE_MAX || !ekv_mul_ok((size_t)n, esz, &bytes))
             return ekv_err(EKV_ERR_OVERFLOW, "key '%s': array of %llu elements is too large", key,
@@ -105,27 +105,27 @@ static enum ekv_status copy_value(struct gguf_value *dst, const struct gguf_valu
         return EKV_OK;
     }
     if (n == 0) return EKV_OK;
-    size_t elem = et == GGUF_TYPE_STRING ? sizeof(struct gguf_str) : sizeof(struct gguf_value);
+    size_t elem = et == GGUF_TYPE_STRING ? sizeof(struct ekv_gguf_str) : sizeof(struct ekv_gguf_value);
     if (n > SIZE_MAX / elem)
         return ekv_err(EKV_ERR_OVERFLOW, "key '%s': array of %llu elements is too large", key,
                        (unsigned long long)n);
     if (et == GGUF_TYPE_STRING) {
         if (!src->v.arr.strs) return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': string array is NULL", key);
-        dst->v.arr.strs = calloc((size_t)n, sizeof(struct gguf_str));
+        dst->v.arr.strs = calloc((size_t)n, sizeof(struct ekv_gguf_str));
         if (!dst->v.arr.strs) return ekv_err(EKV_ERR_NOMEM, "key '%s': no memory for %llu strings", key,
                                              (unsigned long long)n);
         dst->v.arr.n = n;
         for (uint64_t i = 0; i < n && !s; i++) s = dup_str(src->v.arr.strs[i], &dst->v.arr.strs[i], key);
     } else {
         if (!src->v.arr.vals) return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': nested array is NULL", key);
-        dst->v.arr.vals = calloc((size_t)n, sizeof(struct gguf_value));
+        dst->v.arr.vals = calloc((size_t)n, sizeof(struct ekv_gguf_value));
         if (!dst->v.arr.vals) return ekv_err(EKV_ERR_NOMEM, "key '%s': no memory for %llu arrays", key,
                                              (unsigned long long)n);
         dst->v.arr.n = n;
         for (uint64_t i = 0; i < n && !s; i++) {
             if (src->v.arr.vals[i].type != GGUF_TYPE_ARRAY)
                 s = ekv_err(EKV_ERR_INVALID_ARG, "key '%s': element %llu of an array of arrays has type %s", key,
-                            (unsigned long long)i, gguf_type_name(src->v.arr.vals[i].type));
+                            (unsigned long long)i, ekv_gguf_type_name(src->v.arr.vals[i].type));
             else
                 s = copy_value(&dst->v.arr.vals[i], &src->v.arr.vals[i], depth + 1, key);
         }
@@ -136,14 +136,14 @@ static enum ekv_status copy_value(struct gguf_value *dst, const struct gguf_valu
 
 /* ---- building ---- */
 
-enum ekv_status gguf_writer_new(struct gguf_writer **out) {
-    if (!out) return ekv_err(EKV_ERR_INVALID_ARG, "gguf_writer_new: NULL argument");
+enum ekv_status ekv_gguf_writer_new(struct ekv_gguf_writer **out) {
+    if (!out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_gguf_writer_new: NULL argument");
     *out = calloc(1, sizeof **out);
     if (!*out) return ekv_err(EKV_ERR_NOMEM, "no memory for a GGUF writer");
     return EKV_OK;
 }
 
-void gguf_writer_free(struct gguf_writer *w) {
+void ekv_gguf_writer_free(struct ekv_gguf_writer *w) {
     if (!w) return;
     for (size_t i = 0; i < w->n_kv; i++) {
         free(w->kvs[i].key);
@@ -156,10 +156,10 @@ void gguf_writer_free(struct gguf_writer *w) {
 }
 
 /* Stores a copy of v under key, replacing an earlier value of that key. */
-static enum ekv_status set_value(struct gguf_writer *w, const char *key, const struct gguf_value *v) {
+static enum ekv_status set_value(struct ekv_gguf_writer *w, const char *key, const struct ekv_gguf_value *v) {
     if (!w || !key || !v) return ekv_err(EKV_ERR_INVALID_ARG, "gguf writer: NULL argument");
     if (!key[0]) return ekv_err(EKV_ERR_INVALID_ARG, "gguf writer: empty key");
-    struct gguf_value copy;
+    struct ekv_gguf_value copy;
     enum ekv_status s = copy_value(&copy, v, 0, key);
     if (s) return s;
     for (size_t i = 0; i < w->n_kv; i++) {
@@ -190,59 +190,59 @@ static enum ekv_status set_value(struct gguf_writer *w, const char *key, const s
     return EKV_OK;
 }
 
-enum ekv_status gguf_writer_set_value(struct gguf_writer *w, const char *key, const struct gguf_value *v) {
+enum ekv_status ekv_gguf_writer_set_value(struct ekv_gguf_writer *w, const char *key, const struct ekv_gguf_value *v) {
     return set_value(w, key, v);
 }
 
-enum ekv_status gguf_writer_set_u32(struct gguf_writer *w, const char *key, uint32_t v) {
-    struct gguf_value x = {.type = GGUF_TYPE_UINT32, .v.u64 = v};
+enum ekv_status ekv_gguf_writer_set_u32(struct ekv_gguf_writer *w, const char *key, uint32_t v) {
+    struct ekv_gguf_value x = {.type = GGUF_TYPE_UINT32, .v.u64 = v};
     return set_value(w, key, &x);
 }
 
-enum ekv_status gguf_writer_set_i32(struct gguf_writer *w, const char *key, int32_t v) {
-    struct gguf_value x = {.type = GGUF_TYPE_INT32, .v.i64 = v};
+enum ekv_status ekv_gguf_writer_set_i32(struct ekv_gguf_writer *w, const char *key, int32_t v) {
+    struct ekv_gguf_value x = {.type = GGUF_TYPE_INT32, .v.i64 = v};
     return set_value(w, key, &x);
 }
 
-enum ekv_status gguf_writer_set_u64(struct gguf_writer *w, const char *key, uint64_t v) {
-    struct gguf_value x = {.type = GGUF_TYPE_UINT64, .v.u64 = v};
+enum ekv_status ekv_gguf_writer_set_u64(struct ekv_gguf_writer *w, const char *key, uint64_t v) {
+    struct ekv_gguf_value x = {.type = GGUF_TYPE_UINT64, .v.u64 = v};
     return set_value(w, key, &x);
 }
 
-enum ekv_status gguf_writer_set_f32(struct gguf_writer *w, const char *key, float v) {
-    struct gguf_value x = {.type = GGUF_TYPE_FLOAT32, .v.f64 = v};
+enum ekv_status ekv_gguf_writer_set_f32(struct ekv_gguf_writer *w, const char *key, float v) {
+    struct ekv_gguf_value x = {.type = GGUF_TYPE_FLOAT32, .v.f64 = v};
     return set_value(w, key, &x);
 }
 
-enum ekv_status gguf_writer_set_bool(struct gguf_writer *w, const char *key, bool v) {
-    struct gguf_value x = {.type = GGUF_TYPE_BOOL, .v.u64 = v ? 1 : 0};
+enum ekv_status ekv_gguf_writer_set_bool(struct ekv_gguf_writer *w, const char *key, bool v) {
+    struct ekv_gguf_value x = {.type = GGUF_TYPE_BOOL, .v.u64 = v ? 1 : 0};
     return set_value(w, key, &x);
 }
 
-enum ekv_status gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *v) {
+enum ekv_status ekv_gguf_writer_set_str(struct ekv_gguf_writer *w, const char *key, const char *v) {
     if (!v) return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': NULL string", key ? key : "(null)");
-    struct gguf_value x = {.type = GGUF_TYPE_STRING, .v.str = {strlen(v), v}};
+    struct ekv_gguf_value x = {.type = GGUF_TYPE_STRING, .v.str = {strlen(v), v}};
     return set_value(w, key, &x);
 }
 
-enum ekv_status gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_type elem_type,
+enum ekv_status ekv_gguf_writer_set_arr(struct ekv_gguf_writer *w, const char *key, enum ekv_gguf_type elem_type,
                                     const void *data, uint64_t n) {
-    if (!gguf_scalar_size(elem_type))
-        return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': gguf_writer_set_arr needs a scalar element type, not %s",
-                       key ? key : "(null)", gguf_type_name(elem_type));
-    struct gguf_value x = {.type = GGUF_TYPE_ARRAY};
+    if (!ekv_gguf_scalar_size(elem_type))
+        return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': ekv_gguf_writer_set_arr needs a scalar element type, not %s",
+                       key ? key : "(null)", ekv_gguf_type_name(elem_type));
+    struct ekv_gguf_value x = {.type = GGUF_TYPE_ARRAY};
     x.v.arr.type = elem_type;
     x.v.arr.n = n;
     x.v.arr.data = data;
     return set_value(w, key, &x);
 }
 
-enum ekv_status gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, const char *const *strs,
+enum ekv_status ekv_gguf_writer_set_arr_str(struct ekv_gguf_writer *w, const char *key, const char *const *strs,
                                         uint64_t n) {
     if (n && !strs) return ekv_err(EKV_ERR_INVALID_ARG, "key '%s': NULL string array", key ? key : "(null)");
-    if (n > SIZE_MAX / sizeof(struct gguf_str))
+    if (n > SIZE_MAX / sizeof(struct ekv_gguf_str))
         return ekv_err(EKV_ERR_OVERFLOW, "key '%s': too many strings", key ? key : "(null)");
-    struct gguf_str *tmp = n ? malloc((size_t)n * sizeof *tmp) : NULL;
+    struct ekv_gguf_str *tmp = n ? malloc((size_t)n * sizeof *tmp) : NULL;
     if (n && !tmp) return ekv_err(EKV_ERR_NOMEM, "key '%s': no memory", key ? key : "(null)");
     for (uint64_t i = 0; i < n; i++) {
         if (!strs[i]) {
@@ -253,7 +253,7 @@ enum ekv_status gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, 
         tmp[i].len = strlen(strs[i]);
         tmp[i].ptr = strs[i];
     }
-    struct gguf_value x = {.type = GGUF_TYPE_ARRAY};
+    struct ekv_gguf_value x = {.type = GGUF_TYPE_ARRAY};
     x.v.arr.type = GGUF_TYPE_STRING;
     x.v.arr.n = n;
     x.v.arr.strs = tmp;
@@ -262,22 +262,22 @@ enum ekv_status gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, 
     return s;
 }
 
-enum ekv_status gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_kv *kv) {
-    if (!w || !kv) return ekv_err(EKV_ERR_INVALID_ARG, "gguf_writer_copy_kv: NULL argument");
+enum ekv_status ekv_gguf_writer_copy_kv(struct ekv_gguf_writer *w, const struct ekv_gguf_kv *kv) {
+    if (!w || !kv) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_gguf_writer_copy_kv: NULL argument");
     if (kv->key.len == 0 || kv->key.len > 65535 || memchr(kv->key.ptr, '\0', (size_t)kv->key.len))
-        return ekv_err(EKV_ERR_INVALID_ARG, "gguf_writer_copy_kv: key is empty, too long or contains NUL");
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_gguf_writer_copy_kv: key is empty, too long or contains NUL");
     char *key = malloc((size_t)kv->key.len + 1);
-    if (!key) return ekv_err(EKV_ERR_NOMEM, "gguf_writer_copy_kv: no memory");
-    gguf_str_copy(kv->key, key, (size_t)kv->key.len + 1);
+    if (!key) return ekv_err(EKV_ERR_NOMEM, "ekv_gguf_writer_copy_kv: no memory");
+    ekv_gguf_str_copy(kv->key, key, (size_t)kv->key.len + 1);
     enum ekv_status s = set_value(w, key, &kv->value);
     free(key);
     return s;
 }
 
-enum ekv_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, enum ekv_dtype type,
+enum ekv_status ekv_gguf_writer_add_tensor(struct ekv_gguf_writer *w, const char *name, enum ekv_dtype type,
                                        uint32_t n_dims, const int64_t *ne, const void *data,
-                                       gguf_fill_fn fill, void *user) {
-    if (!w || !name || !ne) return ekv_err(EKV_ERR_INVALID_ARG, "gguf_writer_add_tensor: NULL argument");
+                                       ekv_gguf_fill_fn fill, void *user) {
+    if (!w || !name || !ne) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_gguf_writer_add_tensor: NULL argument");
     if (!name[0]) return ekv_err(EKV_ERR_INVALID_ARG, "gguf writer: empty tensor name");
     if (!data == !fill)
         return ekv_err(EKV_ERR_INVALID_ARG, "tensor '%s': give exactly one of data and fill", name);
@@ -350,7 +350,7 @@ static void put_le(struct out *o, uint64_t v, size_t n) {
     put(o, b, n);
 }
 
-static void put_str(struct out *o, struct gguf_str s) {
+static void put_str(struct out *o, struct ekv_gguf_str s) {
     put_le(o, s.len, 8);
     put(o, s.ptr, (size_t)s.len);
 }
@@ -365,8 +365,8 @@ static void put_zeros(struct out *o, size_t n) {
 }
 
 /* Writes the payload of v (its type was written by the caller). */
-static void put_value(struct out *o, const struct gguf_value *v) {
-    size_t esz = gguf_scalar_size(v->type);
+static void put_value(struct out *o, const struct ekv_gguf_value *v) {
+    size_t esz = ekv_gguf_scalar_size(v->type);
     if (esz) {
         uint64_t bits = v->v.u64;
         if (v->type == GGUF_TYPE_FLOAT32) {
@@ -388,7 +388,7 @@ static void put_value(struct out *o, const struct gguf_value *v) {
     }
     put_le(o, (uint64_t)v->v.arr.type, 4);
     put_le(o, v->v.arr.n, 8);
-    size_t ae = gguf_scalar_size(v->v.arr.type);
+    size_t ae = ekv_gguf_scalar_size(v->v.arr.type);
     if (ae) {
         put(o, v->v.arr.data, (size_t)v->v.arr.n * ae); /* raw little-endian elements */
     } else if (v->v.arr.type == GGUF_TYPE_STRING) {
@@ -398,11 +398,11 @@ static void put_value(struct out *o, const struct gguf_value *v) {
     }
 }
 
-static enum ekv_status writer_alignment(const struct gguf_writer *w, size_t *align) {
+static enum ekv_status writer_alignment(const struct ekv_gguf_writer *w, size_t *align) {
     *align = GGUF_DEFAULT_ALIGNMENT;
     for (size_t i = 0; i < w->n_kv; i++) {
         if (strcmp(w->kvs[i].key, "general.alignment") != 0) continue;
-        const struct gguf_value *v = &w->kvs[i].val;
+        const struct ekv_gguf_value *v = &w->kvs[i].val;
         uint64_t a;
         switch (v->type) {
         case GGUF_TYPE_UINT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_UINT32: case GGUF_TYPE_UINT64:
@@ -413,7 +413,7 @@ static enum ekv_status writer_alignment(const struct gguf_writer *w, size_t *ali
             break;
         default:
             return ekv_err(EKV_ERR_INVALID_ARG, "general.alignment must be an integer, not %s",
-                           gguf_type_name(v->type));
+                           ekv_gguf_type_name(v->type));
         }
         if (a == 0 || (a & (a - 1)) || a > (1u << 30))
             return ekv_err(EKV_ERR_INVALID_ARG, "general.alignment must be a power of two from 1 to 2^30");
@@ -422,11 +422,11 @@ static enum ekv_status writer_alignment(const struct gguf_writer *w, size_t *ali
     return EKV_OK;
 }
 
-static enum ekv_status write_body(struct gguf_writer *w, struct out *o, size_t align) {
+static enum ekv_status write_body(struct ekv_gguf_writer *w, struct out *o, size_t align) {
     /* Lay out the data section first so overflow is caught before writing. */
     size_t off = 0;
     for (size_t i = 0; i < w->n_t; i++) {
-        struct gguf_tensor *t = &w->ts[i].t;
+        struct ekv_gguf_tensor *t = &w->ts[i].t;
         size_t padded;
         t->offset = off;
         if (!ekv_add_ok(t->nbytes, align - 1, &padded) || !ekv_add_ok(off, padded / align * align, &off))
@@ -437,14 +437,14 @@ static enum ekv_status write_body(struct gguf_writer *w, struct out *o, size_t a
     put_le(o, w->n_t, 8);
     put_le(o, w->n_kv, 8);
     for (size_t i = 0; i < w->n_kv; i++) {
-        struct gguf_str k = {strlen(w->kvs[i].key), w->kvs[i].key};
+        struct ekv_gguf_str k = {strlen(w->kvs[i].key), w->kvs[i].key};
         put_str(o, k);
         put_le(o, (uint64_t)w->kvs[i].val.type, 4);
         put_value(o, &w->kvs[i].val);
     }
     for (size_t i = 0; i < w->n_t; i++) {
-        const struct gguf_tensor *t = &w->ts[i].t;
-        struct gguf_str nm = {strlen(t->name), t->name};
+        const struct ekv_gguf_tensor *t = &w->ts[i].t;
+        struct ekv_gguf_str nm = {strlen(t->name), t->name};
         put_str(o, nm);
         put_le(o, t->n_dims, 4);
         for (uint32_t d = 0; d < t->n_dims; d++) put_le(o, (uint64_t)t->ne[d], 8);
@@ -484,8 +484,8 @@ static enum ekv_status write_body(struct gguf_writer *w, struct out *o, size_t a
     return o->s;
 }
 
-enum ekv_status gguf_writer_write(struct gguf_writer *w, const char *path) {
-    if (!w || !path) return ekv_err(EKV_ERR_INVALID_ARG, "gguf_writer_write: NULL argument");
+enum ekv_status ekv_gguf_writer_write(struct ekv_gguf_writer *w, const char *path) {
+    if (!w || !path) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_gguf_writer_write: NULL argument");
     size_t align;
     enum ekv_status s = writer_alignment(w, &align);
     if (s) return ekv_err_prefix(s, "%s", path);

@@ -28,11 +28,11 @@ float *ekv_model_take_vec(struct ekv_model *m, size_t n) {
 
 /* ---- GGUF helpers ---- */
 
-static enum ekv_status get_u32_key(const struct gguf_file *f, const char *arch, const char *suffix,
+static enum ekv_status get_u32_key(const struct ekv_gguf_file *f, const char *arch, const char *suffix,
                                    bool required, uint32_t dflt, uint32_t *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    enum ekv_status s = gguf_get_u32(f, key, out);
+    enum ekv_status s = ekv_gguf_get_u32(f, key, out);
     if (s == EKV_ERR_NOT_FOUND && !required) {
         *out = dflt;
         return EKV_OK;
@@ -40,11 +40,11 @@ static enum ekv_status get_u32_key(const struct gguf_file *f, const char *arch, 
     return s;
 }
 
-static enum ekv_status get_f32_key(const struct gguf_file *f, const char *arch, const char *suffix,
+static enum ekv_status get_f32_key(const struct ekv_gguf_file *f, const char *arch, const char *suffix,
                                    bool required, float dflt, float *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    enum ekv_status s = gguf_get_f32(f, key, out);
+    enum ekv_status s = ekv_gguf_get_f32(f, key, out);
     if (s == EKV_ERR_NOT_FOUND && !required) {
         *out = dflt;
         return EKV_OK;
@@ -54,7 +54,7 @@ static enum ekv_status get_f32_key(const struct gguf_file *f, const char *arch, 
 
 static enum ekv_status bind_matrix(struct ekv_model *m, const char *name, int64_t ne0, int64_t ne1,
                                    bool optional, struct ekv_weight *w) {
-    const struct gguf_tensor *t = gguf_find_tensor(m->gguf, name);
+    const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(m->gguf, name);
     memset(w, 0, sizeof *w);
     if (!t) {
         if (optional) return EKV_OK;
@@ -82,7 +82,7 @@ static enum ekv_status bind_matrix(struct ekv_model *m, const char *name, int64_
 /* 1-D tensor of n elements, copied to f32. *out stays NULL if optional and absent. */
 static enum ekv_status bind_vec(struct ekv_model *m, const char *name, int64_t n, bool optional,
                                 const float **out) {
-    const struct gguf_tensor *t = gguf_find_tensor(m->gguf, name);
+    const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(m->gguf, name);
     *out = NULL;
     if (!t) {
         if (optional) return EKV_OK;
@@ -130,22 +130,22 @@ enum ekv_status ekv_model_finish(struct ekv_model *m) {
 }
 
 enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
-    enum ekv_status s = gguf_open(path, &m->gguf);
+    enum ekv_status s = ekv_gguf_open(path, &m->gguf);
     if (s != EKV_OK) return s;
-    const struct gguf_file *f = m->gguf;
+    const struct ekv_gguf_file *f = m->gguf;
     struct ekv_model_info *in = &m->info;
     in->format = "gguf";
 
-    struct gguf_str arch;
-    s = gguf_get_str(f, "general.architecture", &arch);
+    struct ekv_gguf_str arch;
+    s = ekv_gguf_get_str(f, "general.architecture", &arch);
     if (s != EKV_OK) return ekv_err_prefix(s, "%s", path);
-    gguf_str_copy(arch, m->arch, sizeof m->arch);
+    ekv_gguf_str_copy(arch, m->arch, sizeof m->arch);
     bool qwen2 = !strcmp(m->arch, "qwen2");
     if (strcmp(m->arch, "llama") && !qwen2)
         return ekv_err(EKV_ERR_UNSUPPORTED,
                        "%s: architecture '%s' is not supported (supported: llama, qwen2)", path, m->arch);
-    struct gguf_str name;
-    if (gguf_get_str(f, "general.name", &name) == EKV_OK) gguf_str_copy(name, m->name, sizeof m->name);
+    struct ekv_gguf_str name;
+    if (ekv_gguf_get_str(f, "general.name", &name) == EKV_OK) ekv_gguf_str_copy(name, m->name, sizeof m->name);
 
     uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx, rope_dim, key_len;
     if ((s = get_u32_key(f, m->arch, "embedding_length", true, 0, &n_embd)) ||
@@ -176,7 +176,7 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
     in->rope_dim = (int32_t)rope_dim;
     in->rope_neox = qwen2;
 
-    const struct gguf_tensor *te = gguf_find_tensor(f, "token_embd.weight");
+    const struct ekv_gguf_tensor *te = ekv_gguf_find_tensor(f, "token_embd.weight");
     if (!te) return ekv_err(EKV_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", path);
     if (te->ne[1] <= 0 || te->ne[1] > (1 << 24))
         return ekv_err(EKV_ERR_FORMAT, "%s: token_embd.weight has %lld rows", path, (long long)te->ne[1]);
@@ -221,8 +221,8 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
 #undef BINDM
 #undef BINDV
     }
-    for (size_t i = 0; i < gguf_n_tensors(f); i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+    for (size_t i = 0; i < ekv_gguf_n_tensors(f); i++) {
+        const struct ekv_gguf_tensor *t = ekv_gguf_tensor_at(f, i);
         uint64_t ne = 1;
         for (int d = 0; d < GGUF_MAX_DIMS; d++) ne *= (uint64_t)t->ne[d];
         in->n_params += ne;
@@ -268,7 +268,7 @@ enum ekv_status ekv_model_load(const char *path, const struct ekv_model_params *
 
 void ekv_model_free(struct ekv_model *m) {
     if (!m) return;
-    gguf_close(m->gguf);
+    ekv_gguf_close(m->gguf);
     if (m->map) ekv_llama2c_unmap(m->map, m->map_size);
     ekv_vocab_free(m->vocab);
     free(m->layers);

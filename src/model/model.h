@@ -12,7 +12,7 @@
 #include "ekv.h"
 #include "kernels/kernels.h"
 
-struct gguf_file;
+struct ekv_gguf_file;
 struct ekv_vocab;
 
 struct ekv_layer_weights {
@@ -36,7 +36,7 @@ struct ekv_model {
     char name[128];
     char path[512];
 
-    struct gguf_file *gguf;      /* GGUF source, or NULL */
+    struct ekv_gguf_file *gguf;      /* GGUF source, or NULL */
     void *map;                   /* llama2.c source mapping, or NULL */
     size_t map_size;
 

@@ -189,7 +189,7 @@ static enum ekv_status run_stage(const struct pipeline *p, size_t k, size_t b, s
     return EKV_OK;
 }
 
-enum ekv_status bpe_pretokenize(enum vocab_pre pre, const char *text, size_t len, bpe_word_fn fn, void *user) {
+enum ekv_status ekv_bpe_pretokenize(enum ekv_vocab_pre pre, const char *text, size_t len, bpe_word_fn fn, void *user) {
     static const enum stage gpt2[] = {ST_GPT2}, llama3[] = {ST_LLAMA3}, qwen2[] = {ST_QWEN2};
     static const enum stage starcoder[] = {ST_DIGIT, ST_GPT2};
     static const enum stage deflt[] = {ST_PUNCT, ST_GPT2, ST_DIGITS, ST_DIGIT3};
@@ -228,23 +228,23 @@ enum ekv_status bpe_pretokenize(enum vocab_pre pre, const char *text, size_t len
 
 /* ---- merges within one word ---- */
 
-struct bpe_state {
+struct ekv_bpe_state {
     const struct ekv_vocab *v;
-    struct tokbuf *out;
+    struct ekv_tokbuf *out;
     char *enc;               /* the word, byte-mapped */
     size_t enc_cap;
     struct merge_sym *sym;
     size_t sym_cap;
-    struct merge_heap heap;
+    struct ekv_merge_heap heap;
 };
 
-static enum ekv_status bpe_try_pair(struct bpe_state *st, int32_t left, int32_t right) {
+static enum ekv_status bpe_try_pair(struct ekv_bpe_state *st, int32_t left, int32_t right) {
     if (left < 0 || right < 0) return EKV_OK;
     const struct merge_sym *a = &st->sym[left], *b = &st->sym[right];
-    int32_t rank = vocab_merge_rank(st->v, st->enc + a->off, a->n, st->enc + b->off, b->n);
+    int32_t rank = ekv_vocab_merge_rank(st->v, st->enc + a->off, a->n, st->enc + b->off, b->n);
     if (rank < 0) return EKV_OK;
     struct merge_cand c = {-(double)rank, left, right, a->n + b->n};
-    return merge_heap_push(&st->heap, c);
+    return ekv_merge_heap_push(&st->heap, c);
 }
 
 static enum ekv_status grow(void **p, size_t *cap, size_t need, size_t elem) {
@@ -259,7 +259,7 @@ static enum ekv_status grow(void **p, size_t *cap, size_t need, size_t elem) {
 }
 
 static enum ekv_status bpe_word(void *user, const char *word, size_t len) {
-    struct bpe_state *st = user;
+    struct ekv_bpe_state *st = user;
     const struct ekv_vocab *v = st->v;
     /* byte-map: each byte becomes a 1- or 2-byte UTF-8 character */
     size_t need;
@@ -281,14 +281,14 @@ static enum ekv_status bpe_word(void *user, const char *word, size_t len) {
         elen += ul;
     }
     if (v->ignore_merges) {
-        int32_t id = vocab_lookup(v, st->enc, elen);
-        if (id >= 0) return tokbuf_push(st->out, id);
+        int32_t id = ekv_vocab_lookup(v, st->enc, elen);
+        if (id >= 0) return ekv_tokbuf_push(st->out, id);
     }
 
     st->heap.n = 0;
     for (int32_t i = 1; i < n_sym && s == EKV_OK; i++) s = bpe_try_pair(st, i - 1, i);
     while (s == EKV_OK && st->heap.n > 0) {
-        struct merge_cand c = merge_heap_pop(&st->heap);
+        struct merge_cand c = ekv_merge_heap_pop(&st->heap);
         struct merge_sym *l = &st->sym[c.left], *r = &st->sym[c.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != c.size) continue; /* stale */
         l->n += r->n;
@@ -301,23 +301,23 @@ static enum ekv_status bpe_word(void *user, const char *word, size_t len) {
 
     for (int32_t i = 0; s == EKV_OK && i != -1 && n_sym > 0; i = st->sym[i].next) {
         const char *t = st->enc + st->sym[i].off;
-        int32_t id = vocab_lookup(v, t, st->sym[i].n);
+        int32_t id = ekv_vocab_lookup(v, t, st->sym[i].n);
         if (id >= 0) {
-            s = tokbuf_push(st->out, id);
+            s = ekv_tokbuf_push(st->out, id);
             continue;
         }
         /* not a token: one token per byte of the mapped text, where such exist (as llama.cpp) */
         for (uint32_t k = 0; k < st->sym[i].n && s == EKV_OK; k++) {
-            int32_t b = vocab_lookup(v, t + k, 1);
-            if (b >= 0) s = tokbuf_push(st->out, b);
+            int32_t b = ekv_vocab_lookup(v, t + k, 1);
+            if (b >= 0) s = ekv_tokbuf_push(st->out, b);
         }
     }
     return s;
 }
 
-enum ekv_status bpe_tokenize(const struct ekv_vocab *v, const char *text, size_t len, struct tokbuf *out) {
-    struct bpe_state st = {v, out, NULL, 0, NULL, 0, {NULL, 0, 0}};
-    enum ekv_status s = bpe_pretokenize(v->pre, text, len, bpe_word, &st);
+enum ekv_status ekv_bpe_tokenize(const struct ekv_vocab *v, const char *text, size_t len, struct ekv_tokbuf *out) {
+    struct ekv_bpe_state st = {v, out, NULL, 0, NULL, 0, {NULL, 0, 0}};
+    enum ekv_status s = ekv_bpe_pretokenize(v->pre, text, len, bpe_word, &st);
     free(st.enc);
     free(st.sym);
     free(st.heap.a);

@@ -18,7 +18,7 @@
 
 /* ---- shared helpers ---- */
 
-enum ekv_status tokbuf_push(struct tokbuf *b, int32_t id) {
+enum ekv_status ekv_tokbuf_push(struct ekv_tokbuf *b, int32_t id) {
     if (b->n == b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 64;
         size_t bytes;
@@ -38,7 +38,7 @@ static bool cand_before(const struct merge_cand *a, const struct merge_cand *b) 
     return a->key > b->key || (a->key == b->key && a->left < b->left);
 }
 
-enum ekv_status merge_heap_push(struct merge_heap *h, struct merge_cand c) {
+enum ekv_status ekv_merge_heap_push(struct ekv_merge_heap *h, struct merge_cand c) {
     if (h->n == h->cap) {
         size_t cap = h->cap ? h->cap * 2 : 64;
         size_t bytes;
@@ -60,7 +60,7 @@ enum ekv_status merge_heap_push(struct merge_heap *h, struct merge_cand c) {
     return EKV_OK;
 }
 
-struct merge_cand merge_heap_pop(struct merge_heap *h) {
+struct merge_cand ekv_merge_heap_pop(struct ekv_merge_heap *h) {
     struct merge_cand top = h->a[0];
     struct merge_cand last = h->a[--h->n];
     size_t i = 0, n = h->n;
@@ -81,36 +81,36 @@ struct merge_cand merge_heap_pop(struct merge_heap *h) {
 
 static const char k_space_mark[3] = {'\xE2', '\x96', '\x81'}; /* U+2581 */
 
-struct spm_state {
+struct ekv_spm_state {
     const struct ekv_vocab *v;
     const char *s;            /* escaped text */
     struct merge_sym *sym;    /* [n_sym] */
-    struct merge_heap heap;
+    struct ekv_merge_heap heap;
 };
 
-static enum ekv_status spm_try_pair(struct spm_state *st, int32_t left, int32_t right) {
+static enum ekv_status spm_try_pair(struct ekv_spm_state *st, int32_t left, int32_t right) {
     if (left < 0 || right < 0) return EKV_OK;
     const struct merge_sym *a = &st->sym[left], *b = &st->sym[right];
     /* adjacent symbols are contiguous in the text */
-    int32_t id = vocab_lookup(st->v, st->s + a->off, (size_t)a->n + b->n);
+    int32_t id = ekv_vocab_lookup(st->v, st->s + a->off, (size_t)a->n + b->n);
     if (id < 0) return EKV_OK;
     struct merge_cand c = {st->v->tok[id].score, left, right, a->n + b->n};
-    return merge_heap_push(&st->heap, c);
+    return ekv_merge_heap_push(&st->heap, c);
 }
 
-static enum ekv_status spm_emit_bytes(const struct ekv_vocab *v, const char *s, size_t n, struct tokbuf *out) {
+static enum ekv_status spm_emit_bytes(const struct ekv_vocab *v, const char *s, size_t n, struct ekv_tokbuf *out) {
     for (size_t i = 0; i < n; i++) {
         int32_t id = v->byte_tok[(unsigned char)s[i]];
         if (id < 0) id = v->unk; /* no byte token: the best we can say */
         if (id < 0) continue;
-        enum ekv_status st = tokbuf_push(out, id);
+        enum ekv_status st = ekv_tokbuf_push(out, id);
         if (st != EKV_OK) return st;
     }
     return EKV_OK;
 }
 
-enum ekv_status spm_tokenize(const struct ekv_vocab *v, const char *text, size_t len, bool add_prefix,
-                             struct tokbuf *out) {
+enum ekv_status ekv_spm_tokenize(const struct ekv_vocab *v, const char *text, size_t len, bool add_prefix,
+                             struct ekv_tokbuf *out) {
     /* 1. escape: every ' ' becomes 3 bytes; the dummy prefix adds 3 */
     size_t n_spaces = 0;
     for (size_t i = 0; i < len; i++) n_spaces += text[i] == ' ';
@@ -151,10 +151,10 @@ enum ekv_status spm_tokenize(const struct ekv_vocab *v, const char *text, size_t
     }
 
     /* 3. merge best-scoring pairs */
-    struct spm_state ss = {v, s, sym, {NULL, 0, 0}};
+    struct ekv_spm_state ss = {v, s, sym, {NULL, 0, 0}};
     for (int32_t i = 1; i < n_sym && st == EKV_OK; i++) st = spm_try_pair(&ss, i - 1, i);
     while (st == EKV_OK && ss.heap.n > 0) {
-        struct merge_cand c = merge_heap_pop(&ss.heap);
+        struct merge_cand c = ekv_merge_heap_pop(&ss.heap);
         struct merge_sym *l = &sym[c.left], *r = &sym[c.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != c.size) continue; /* stale */
         l->n += r->n;
@@ -167,8 +167,8 @@ enum ekv_status spm_tokenize(const struct ekv_vocab *v, const char *text, size_t
 
     /* 4. emit */
     for (int32_t i = 0; st == EKV_OK && i != -1 && n_sym > 0; i = sym[i].next) {
-        int32_t id = vocab_lookup(v, s + sym[i].off, sym[i].n);
-        if (id >= 0) st = tokbuf_push(out, id);
+        int32_t id = ekv_vocab_lookup(v, s + sym[i].off, sym[i].n);
+        if (id >= 0) st = ekv_tokbuf_push(out, id);
         else st = spm_emit_bytes(v, s + sym[i].off, sym[i].n, out);
     }
 

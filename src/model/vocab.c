@@ -53,11 +53,11 @@ static enum ekv_status table_new(size_t n_items, int32_t **out, size_t *mask, co
 }
 
 static bool tok_text_eq(const struct ekv_vocab *v, int32_t id, const char *s, size_t n) {
-    const struct vocab_token *t = &v->tok[id];
+    const struct ekv_vocab_token *t = &v->tok[id];
     return t->text_len == n && memcmp(v->text + t->text_off, s, n) == 0;
 }
 
-int32_t vocab_lookup(const struct ekv_vocab *v, const char *s, size_t n) {
+int32_t ekv_vocab_lookup(const struct ekv_vocab *v, const char *s, size_t n) {
     for (size_t i = hash_str(s, n) & v->ht_mask;; i = (i + 1) & v->ht_mask) {
         int32_t id = v->ht[i];
         if (id < 0) return -1;
@@ -65,12 +65,12 @@ int32_t vocab_lookup(const struct ekv_vocab *v, const char *s, size_t n) {
     }
 }
 
-int32_t vocab_merge_rank(const struct ekv_vocab *v, const char *a, size_t an, const char *b, size_t bn) {
+int32_t ekv_vocab_merge_rank(const struct ekv_vocab *v, const char *a, size_t an, const char *b, size_t bn) {
     if (!v->mt) return -1;
     for (size_t i = hash_pair(a, an, b, bn) & v->mt_mask;; i = (i + 1) & v->mt_mask) {
         int32_t r = v->mt[i];
         if (r < 0) return -1;
-        const struct vocab_merge *m = &v->merges[r];
+        const struct ekv_vocab_merge *m = &v->merges[r];
         if (m->a_len == an && m->b_len == bn && memcmp(v->merge_text + m->a_off, a, an) == 0 &&
             memcmp(v->merge_text + m->b_off, b, bn) == 0)
             return r;
@@ -80,7 +80,7 @@ int32_t vocab_merge_rank(const struct ekv_vocab *v, const char *a, size_t an, co
 /* ---- construction ---- */
 
 /* Options the two loaders pass to the common part. */
-struct vocab_opts {
+struct ekv_vocab_opts {
     const char *src;       /* file name for messages */
     bool phi3_strip;       /* llama.cpp's Phi-3 special-token whitespace rules */
 };
@@ -138,7 +138,7 @@ static size_t stored_len(const char *s, size_t n, bool escape_spaces) {
 /* Stores token id's text at *used (the pool was sized with stored_len). */
 static void vocab_put_token(struct ekv_vocab *v, size_t *used, int32_t id, const char *s, size_t n,
                             bool escape_spaces, float score, uint16_t attr) {
-    struct vocab_token *t = &v->tok[id];
+    struct ekv_vocab_token *t = &v->tok[id];
     char *dst = v->text + *used;
     size_t len = 0;
     if (n == 0) { /* llama.cpp names empty tokens so that the text -> id map stays one-to-one */
@@ -195,7 +195,7 @@ static int cmp_len_desc(const void *pa, const void *pb) {
 
 /* Decoded bytes of token id when rendered with special = true, into dst. */
 static size_t make_piece(const struct ekv_vocab *v, int32_t id, char *dst) {
-    const struct vocab_token *t = &v->tok[id];
+    const struct ekv_vocab_token *t = &v->tok[id];
     const char *s = v->text + t->text_off;
     size_t n = t->text_len;
     if (t->attr & (TOK_CONTROL | TOK_UNKNOWN | TOK_USER_DEFINED)) {
@@ -238,11 +238,11 @@ static size_t make_piece(const struct ekv_vocab *v, int32_t id, char *dst) {
 
 /* Everything after the tokens are stored: lookup table, attributes, special
  * tokens, byte tokens, pieces, checks. */
-static enum ekv_status vocab_finish(struct ekv_vocab *v, const struct vocab_opts *o) {
+static enum ekv_status vocab_finish(struct ekv_vocab *v, const struct ekv_vocab_opts *o) {
     enum ekv_status st = table_new((size_t)v->n_tokens, &v->ht, &v->ht_mask, "vocabulary");
     if (st != EKV_OK) return ekv_err_prefix(st, "%s", o->src);
     for (int32_t id = 0; id < v->n_tokens; id++) {
-        const struct vocab_token *t = &v->tok[id];
+        const struct ekv_vocab_token *t = &v->tok[id];
         const char *s = v->text + t->text_off;
         size_t i = hash_str(s, t->text_len) & v->ht_mask;
         for (; v->ht[i] >= 0; i = (i + 1) & v->ht_mask) {
@@ -258,7 +258,7 @@ static enum ekv_status vocab_finish(struct ekv_vocab *v, const struct vocab_opts
 
     /* end of generation: EOS and the usual end-of-turn texts (made control tokens, as llama.cpp does) */
     for (size_t k = 0; k < EKV_ARRAY_LEN(k_eog_texts); k++) {
-        int32_t id = vocab_lookup(v, k_eog_texts[k], strlen(k_eog_texts[k]));
+        int32_t id = ekv_vocab_lookup(v, k_eog_texts[k], strlen(k_eog_texts[k]));
         if (id >= 0) v->tok[id].attr |= TOK_EOG | TOK_CONTROL;
     }
     if (v->eos >= 0) v->tok[v->eos].attr |= TOK_EOG;
@@ -283,11 +283,11 @@ static enum ekv_status vocab_finish(struct ekv_vocab *v, const struct vocab_opts
     }
     if (o->phi3_strip) { /* Phi-3: special tokens swallow the whitespace after them, except these */
         for (size_t k = 0; k < v->n_special; k++) v->tok[v->special[k]].attr |= TOK_RSTRIP;
-        int32_t id = vocab_lookup(v, "</s>", 4);
+        int32_t id = ekv_vocab_lookup(v, "</s>", 4);
         if (id >= 0) v->tok[id].attr |= TOK_RSTRIP;
         static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
         for (size_t k = 0; k < EKV_ARRAY_LEN(keep); k++) {
-            id = vocab_lookup(v, keep[k], strlen(keep[k]));
+            id = ekv_vocab_lookup(v, keep[k], strlen(keep[k]));
             if (id >= 0) v->tok[id].attr &= (uint16_t)~TOK_RSTRIP;
         }
     }
@@ -298,12 +298,12 @@ static enum ekv_status vocab_finish(struct ekv_vocab *v, const struct vocab_opts
             char hex[7];
             snprintf(hex, sizeof hex, "<0x%02X>", b);
             char one = (char)b;
-            int32_t id = vocab_lookup(v, hex, 6);
-            v->byte_tok[b] = id >= 0 ? id : vocab_lookup(v, &one, 1);
+            int32_t id = ekv_vocab_lookup(v, hex, 6);
+            v->byte_tok[b] = id >= 0 ? id : ekv_vocab_lookup(v, &one, 1);
         } else {
             char u[4];
             v->byte_cp[b] = ekv_gpt2_byte_to_cp((uint8_t)b);
-            v->byte_tok[b] = vocab_lookup(v, u, ekv_utf8_encode(v->byte_cp[b], u));
+            v->byte_tok[b] = ekv_vocab_lookup(v, u, ekv_utf8_encode(v->byte_cp[b], u));
         }
     }
 
@@ -325,14 +325,14 @@ static enum ekv_status vocab_finish(struct ekv_vocab *v, const struct vocab_opts
 
 /* ---- GGUF ---- */
 
-static bool kv_present(const struct gguf_file *f, const char *key) { return gguf_find_kv(f, key) != NULL; }
+static bool kv_present(const struct ekv_gguf_file *f, const char *key) { return ekv_gguf_find_kv(f, key) != NULL; }
 
 /* Optional special-token id: -1 / 0xFFFFFFFF or absent mean none (keeps *id). */
-static enum ekv_status read_token_id(const struct gguf_file *f, const char *src, const char *key, int32_t n_tokens,
+static enum ekv_status read_token_id(const struct ekv_gguf_file *f, const char *src, const char *key, int32_t n_tokens,
                                      bool required_in_range, int32_t *id) {
     if (!kv_present(f, key)) return EKV_OK;
     int64_t x;
-    enum ekv_status st = gguf_get_i64(f, key, &x);
+    enum ekv_status st = ekv_gguf_get_i64(f, key, &x);
     if (st != EKV_OK) return ekv_err_prefix(st, "%s", src);
     if (x < 0 || x == (int64_t)UINT32_MAX) {
         *id = -1;
@@ -349,16 +349,16 @@ static enum ekv_status read_token_id(const struct gguf_file *f, const char *src,
     return EKV_OK;
 }
 
-static enum ekv_status read_bool(const struct gguf_file *f, const char *src, const char *key, bool *b) {
+static enum ekv_status read_bool(const struct ekv_gguf_file *f, const char *src, const char *key, bool *b) {
     if (!kv_present(f, key)) return EKV_OK;
-    enum ekv_status st = gguf_get_bool(f, key, b);
+    enum ekv_status st = ekv_gguf_get_bool(f, key, b);
     return st == EKV_OK ? st : ekv_err_prefix(st, "%s", src);
 }
 
 /* tokenizer.ggml.pre -> split and flags (llama.cpp's table, for the splits we implement). */
 struct pre_entry {
     const char *name;
-    enum vocab_pre pre;
+    enum ekv_vocab_pre pre;
     bool clean_spaces, ignore_merges, add_bos;
 };
 
@@ -407,15 +407,15 @@ static const struct pre_entry k_pre_table[] = {
     {"stablelm2", PRE_QWEN2, true, false, false},
 };
 
-static enum ekv_status set_pre(struct ekv_vocab *v, const char *src, const struct gguf_file *f) {
-    struct gguf_str pre = {7, "default"}; /* llama.cpp's fallback when the key is missing */
+static enum ekv_status set_pre(struct ekv_vocab *v, const char *src, const struct ekv_gguf_file *f) {
+    struct ekv_gguf_str pre = {7, "default"}; /* llama.cpp's fallback when the key is missing */
     if (kv_present(f, "tokenizer.ggml.pre")) {
-        enum ekv_status st = gguf_get_str(f, "tokenizer.ggml.pre", &pre);
+        enum ekv_status st = ekv_gguf_get_str(f, "tokenizer.ggml.pre", &pre);
         if (st != EKV_OK) return ekv_err_prefix(st, "%s", src);
     }
     for (size_t i = 0; i < EKV_ARRAY_LEN(k_pre_table); i++) {
         const struct pre_entry *e = &k_pre_table[i];
-        if (!gguf_str_eq(pre, e->name)) continue;
+        if (!ekv_gguf_str_eq(pre, e->name)) continue;
         v->pre = e->pre;
         v->clean_spaces = e->clean_spaces;
         v->ignore_merges = e->ignore_merges;
@@ -428,10 +428,10 @@ static enum ekv_status set_pre(struct ekv_vocab *v, const char *src, const struc
                    src, (int)EKV_MIN(pre.len, (uint64_t)64), pre.ptr);
 }
 
-static enum ekv_status load_merges(struct ekv_vocab *v, const char *src, const struct gguf_file *f) {
+static enum ekv_status load_merges(struct ekv_vocab *v, const char *src, const struct ekv_gguf_file *f) {
     const char *key = "tokenizer.ggml.merges";
-    const struct gguf_value *arr;
-    enum ekv_status st = gguf_get_arr(f, key, GGUF_TYPE_STRING, &arr);
+    const struct ekv_gguf_value *arr;
+    enum ekv_status st = ekv_gguf_get_arr(f, key, GGUF_TYPE_STRING, &arr);
     if (st == EKV_ERR_NOT_FOUND)
         return ekv_err(EKV_ERR_FORMAT, "%s: BPE vocabulary without %s", src, key);
     if (st != EKV_OK) return ekv_err_prefix(st, "%s", src);
@@ -449,20 +449,20 @@ static enum ekv_status load_merges(struct ekv_vocab *v, const char *src, const s
     if (st != EKV_OK) return ekv_err_prefix(st, "%s", src);
     size_t used = 0;
     for (uint64_t i = 0; i < n; i++) {
-        struct gguf_str s = arr->v.arr.strs[i];
+        struct ekv_gguf_str s = arr->v.arr.strs[i];
         /* "left right", split at the first space after the first byte */
         const char *sp = s.len > 1 ? memchr(s.ptr + 1, ' ', (size_t)s.len - 1) : NULL;
         if (!sp) continue; /* llama.cpp keeps it as an empty pair that never matches */
         size_t an = (size_t)(sp - s.ptr), bn = (size_t)s.len - an - 1;
         memcpy(v->merge_text + used, s.ptr, (size_t)s.len);
-        struct vocab_merge m = {(uint32_t)used, (uint32_t)an, (uint32_t)(used + an + 1), (uint32_t)bn};
+        struct ekv_vocab_merge m = {(uint32_t)used, (uint32_t)an, (uint32_t)(used + an + 1), (uint32_t)bn};
         used += (size_t)s.len;
         /* the rank is the position in the list; a repeated pair keeps its first rank */
         const char *a = v->merge_text + m.a_off, *b = v->merge_text + m.b_off;
         size_t h = hash_pair(a, an, b, bn) & v->mt_mask;
         bool dup = false;
         for (; v->mt[h] >= 0; h = (h + 1) & v->mt_mask) {
-            const struct vocab_merge *o = &v->merges[v->mt[h]];
+            const struct ekv_vocab_merge *o = &v->merges[v->mt[h]];
             if (o->a_len == an && o->b_len == bn && memcmp(v->merge_text + o->a_off, a, an) == 0 &&
                 memcmp(v->merge_text + o->b_off, b, bn) == 0) {
                 dup = true;
@@ -477,45 +477,45 @@ static enum ekv_status load_merges(struct ekv_vocab *v, const char *src, const s
     return EKV_OK;
 }
 
-enum ekv_status ekv_vocab_from_gguf(const struct gguf_file *f, const char *path_for_messages, struct ekv_vocab **out) {
+enum ekv_status ekv_vocab_from_gguf(const struct ekv_gguf_file *f, const char *path_for_messages, struct ekv_vocab **out) {
     const char *src = path_for_messages ? path_for_messages : "GGUF";
     if (!f || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_vocab_from_gguf: NULL argument");
     *out = NULL;
 
-    struct gguf_str model;
-    enum ekv_status st = gguf_get_str(f, "tokenizer.ggml.model", &model);
+    struct ekv_gguf_str model;
+    enum ekv_status st = ekv_gguf_get_str(f, "tokenizer.ggml.model", &model);
     if (st == EKV_ERR_NOT_FOUND) return ekv_err(EKV_ERR_FORMAT, "%s: no tokenizer (tokenizer.ggml.model is missing)", src);
     if (st != EKV_OK) return ekv_err_prefix(st, "%s", src);
-    enum vocab_type type;
-    if (gguf_str_eq(model, "llama")) type = VOCAB_SPM;
-    else if (gguf_str_eq(model, "gpt2")) type = VOCAB_BPE;
+    enum ekv_vocab_type type;
+    if (ekv_gguf_str_eq(model, "llama")) type = VOCAB_SPM;
+    else if (ekv_gguf_str_eq(model, "gpt2")) type = VOCAB_BPE;
     else
         return ekv_err(EKV_ERR_UNSUPPORTED, "%s: tokenizer model '%.*s' (tokenizer.ggml.model) is not supported "
                        "(supported: llama, gpt2)", src, (int)EKV_MIN(model.len, (uint64_t)64), model.ptr);
 
-    const struct gguf_value *toks, *scores = NULL, *types = NULL;
-    st = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks);
+    const struct ekv_gguf_value *toks, *scores = NULL, *types = NULL;
+    st = ekv_gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks);
     if (st == EKV_ERR_NOT_FOUND) return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer.ggml.tokens is missing", src);
     if (st != EKV_OK) return ekv_err_prefix(st, "%s", src);
     uint64_t n = toks->v.arr.n;
     if (n == 0 || n > (uint64_t)INT32_MAX / 4)
         return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries", src, (unsigned long long)n);
     if (kv_present(f, "tokenizer.ggml.scores")) {
-        st = gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_TYPE_COUNT, &scores);
+        st = ekv_gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_TYPE_COUNT, &scores);
         if (st != EKV_OK) return ekv_err_prefix(st, "%s", src);
         if (scores->v.arr.type != GGUF_TYPE_FLOAT32 && scores->v.arr.type != GGUF_TYPE_INT32)
             return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer.ggml.scores holds %s, not float32", src,
-                           gguf_type_name(scores->v.arr.type));
+                           ekv_gguf_type_name(scores->v.arr.type));
         if (scores->v.arr.n != n)
             return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer.ggml.scores has %llu entries for %llu tokens", src,
                            (unsigned long long)scores->v.arr.n, (unsigned long long)n);
     }
     if (kv_present(f, "tokenizer.ggml.token_type")) {
-        st = gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_TYPE_COUNT, &types);
+        st = ekv_gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_TYPE_COUNT, &types);
         if (st != EKV_OK) return ekv_err_prefix(st, "%s", src);
         if (types->v.arr.type != GGUF_TYPE_INT32)
             return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer.ggml.token_type holds %s, not int32", src,
-                           gguf_type_name(types->v.arr.type));
+                           ekv_gguf_type_name(types->v.arr.type));
         if (types->v.arr.n != n)
             return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer.ggml.token_type has %llu entries for %llu tokens", src,
                            (unsigned long long)types->v.arr.n, (unsigned long long)n);
@@ -528,14 +528,14 @@ enum ekv_status ekv_vocab_from_gguf(const struct gguf_file *f, const char *path_
 
     size_t text_bytes = 0;
     for (uint64_t i = 0; i < n && st == EKV_OK; i++) {
-        struct gguf_str s = toks->v.arr.strs[i];
+        struct ekv_gguf_str s = toks->v.arr.strs[i];
         if (!ekv_add_ok(text_bytes, stored_len(s.ptr, (size_t)s.len, false), &text_bytes))
             st = ekv_err(EKV_ERR_OVERFLOW, "%s: tokenizer.ggml.tokens too large", src);
     }
     if (st == EKV_OK) st = vocab_alloc_tokens(v, src, (size_t)n, text_bytes);
     size_t used = 0;
     for (uint64_t i = 0; i < n && st == EKV_OK; i++) {
-        struct gguf_str s = toks->v.arr.strs[i];
+        struct ekv_gguf_str s = toks->v.arr.strs[i];
         float score = 0.0f;
         if (scores && scores->v.arr.type == GGUF_TYPE_FLOAT32) {
             memcpy(&score, (const char *)scores->v.arr.data + 4 * i, 4);
@@ -590,10 +590,10 @@ enum ekv_status ekv_vocab_from_gguf(const struct gguf_file *f, const char *path_
     if (st == EKV_OK && eom >= 0) v->tok[eom].attr |= TOK_EOG;
     if (st == EKV_OK && v->type == VOCAB_BPE) v->add_space_prefix = false; /* SentencePiece only */
 
-    struct vocab_opts o = {src, false};
+    struct ekv_vocab_opts o = {src, false};
     if (st == EKV_OK && kv_present(f, "general.name")) {
-        struct gguf_str name;
-        if (gguf_get_str(f, "general.name", &name) == EKV_OK) {
+        struct ekv_gguf_str name;
+        if (ekv_gguf_get_str(f, "general.name", &name) == EKV_OK) {
             char low[256];
             size_t k = (size_t)EKV_MIN(name.len, (uint64_t)sizeof low - 1);
             for (size_t i = 0; i < k; i++) {
@@ -727,7 +727,7 @@ enum ekv_status ekv_vocab_from_llama2c(const char *tok_path, int32_t n_vocab, st
             else if (byte_token_value(s, len) >= 0) attr = TOK_BYTE;
             vocab_put_token(v, &used, i, s, len, true, score, attr);
         }
-        struct vocab_opts o = {tok_path, false};
+        struct ekv_vocab_opts o = {tok_path, false};
         st = vocab_finish(v, &o);
     }
     free(d);
@@ -803,7 +803,7 @@ static size_t find_bytes(const char *hay, size_t hn, const char *needle, size_t 
 /* Splits the text fragments of *cur around every occurrence of special token id. */
 static enum ekv_status split_on(const struct ekv_vocab *v, const char *text, int32_t id, struct fraglist *cur,
                                 struct fraglist *next) {
-    const struct vocab_token *t = &v->tok[id];
+    const struct ekv_vocab_token *t = &v->tok[id];
     const char *tt = v->text + t->text_off;
     next->n = 0;
     enum ekv_status st = EKV_OK;
@@ -843,7 +843,7 @@ enum ekv_status ekv_vocab_tokenize(const struct ekv_vocab *v, const char *text, 
         return ekv_err(EKV_ERR_INVALID_ARG, "tokenize: NULL argument");
     *n_out = 0;
     struct fraglist cur = {NULL, 0, 0}, next = {NULL, 0, 0};
-    struct tokbuf out = {NULL, 0, 0};
+    struct ekv_tokbuf out = {NULL, 0, 0};
     enum ekv_status st = EKV_OK;
     if (len > 0) st = frag_push(&cur, (struct frag){-1, 0, len});
     for (size_t k = 0; k < v->n_special && st == EKV_OK; k++) {
@@ -852,21 +852,21 @@ enum ekv_status ekv_vocab_tokenize(const struct ekv_vocab *v, const char *text, 
         st = split_on(v, text, id, &cur, &next);
     }
 
-    if (st == EKV_OK && add_special && v->add_bos) st = tokbuf_push(&out, v->bos);
+    if (st == EKV_OK && add_special && v->add_bos) st = ekv_tokbuf_push(&out, v->bos);
     bool prev_special = true; /* SPM: the text after a special token (or at the start) gets the dummy prefix */
     for (size_t k = 0; k < cur.n && st == EKV_OK; k++) {
         const struct frag *f = &cur.a[k];
         if (f->tok >= 0) {
-            st = tokbuf_push(&out, f->tok);
+            st = ekv_tokbuf_push(&out, f->tok);
             prev_special = true;
         } else if (v->type == VOCAB_SPM) {
-            st = spm_tokenize(v, text + f->off, f->len, v->add_space_prefix && prev_special, &out);
+            st = ekv_spm_tokenize(v, text + f->off, f->len, v->add_space_prefix && prev_special, &out);
             prev_special = false;
         } else {
-            st = bpe_tokenize(v, text + f->off, f->len, &out);
+            st = ekv_bpe_tokenize(v, text + f->off, f->len, &out);
         }
     }
-    if (st == EKV_OK && add_special && v->add_eos) st = tokbuf_push(&out, v->eos);
+    if (st == EKV_OK && add_special && v->add_eos) st = ekv_tokbuf_push(&out, v->eos);
 
     if (st == EKV_OK) {
         *n_out = out.n;
@@ -891,7 +891,7 @@ static enum ekv_status check_token(const struct ekv_vocab *v, int32_t tok) {
 
 /* The piece of tok as rendered (empty for control/unknown unless special). */
 static const char *piece_of(const struct ekv_vocab *v, int32_t tok, bool special, size_t *len) {
-    const struct vocab_token *t = &v->tok[tok];
+    const struct ekv_vocab_token *t = &v->tok[tok];
     if (!special && (t->attr & (TOK_CONTROL | TOK_UNKNOWN))) {
         *len = 0;
         return "";

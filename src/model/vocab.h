@@ -24,7 +24,7 @@
 
 #include "ekv.h"
 
-struct gguf_file;
+struct ekv_gguf_file;
 struct ekv_vocab;
 
 /* Builds the vocabulary described by f's tokenizer.ggml.* keys. The result
@@ -32,7 +32,7 @@ struct ekv_vocab;
  * the file in error messages (may be NULL). Unknown tokenizer models or
  * pre-tokenizers give EKV_ERR_UNSUPPORTED naming them; inconsistent arrays,
  * duplicate tokens or out-of-range ids give EKV_ERR_FORMAT naming the key. */
-enum ekv_status ekv_vocab_from_gguf(const struct gguf_file *f, const char *path_for_messages,
+enum ekv_status ekv_vocab_from_gguf(const struct ekv_gguf_file *f, const char *path_for_messages,
                                     struct ekv_vocab **out);
 
 /* Reads a llama2.c tokenizer file: int32 max_token_length, then n_vocab

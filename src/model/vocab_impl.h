@@ -13,10 +13,10 @@
 #include "ekv.h"
 #include "model/vocab.h"
 
-enum vocab_type { VOCAB_SPM = 0, VOCAB_BPE = 1 };
+enum ekv_vocab_type { VOCAB_SPM = 0, VOCAB_BPE = 1 };
 
 /* BPE pre-tokenizer split (the regexes each one implements are in tokenizer_bpe.c). */
-enum vocab_pre {
+enum ekv_vocab_pre {
     PRE_NONE = 0,
     PRE_GPT2,      /* GPT-2's regex */
     PRE_LLAMA3,    /* Llama-3's regex (digits in threes) */
@@ -42,28 +42,28 @@ enum {
 /* Tokens found in text by the special-token pass (parse_special or not). */
 #define TOK_SPECIAL_MASK (TOK_CONTROL | TOK_USER_DEFINED | TOK_UNKNOWN)
 
-struct vocab_token {
+struct ekv_vocab_token {
     uint32_t text_off, text_len;   /* into ekv_vocab.text */
     uint32_t piece_off, piece_len; /* into ekv_vocab.pieces: the bytes it decodes to (special = true) */
     float score;                   /* SentencePiece merge priority (higher first) */
     uint16_t attr;                 /* TOK_* */
 };
 
-struct vocab_merge {
+struct ekv_vocab_merge {
     uint32_t a_off, a_len, b_off, b_len; /* the pair, into ekv_vocab.merge_text */
 };
 
 struct ekv_vocab {
-    enum vocab_type type;
-    enum vocab_pre pre;
+    enum ekv_vocab_type type;
+    enum ekv_vocab_pre pre;
     int32_t n_tokens;
-    struct vocab_token *tok;  /* [n_tokens] */
+    struct ekv_vocab_token *tok;  /* [n_tokens] */
     char *text;               /* token texts, concatenated */
     char *pieces;             /* decoded pieces, concatenated */
     int32_t *ht;              /* [ht_mask + 1] open addressing: text -> id, -1 empty */
     size_t ht_mask;
 
-    struct vocab_merge *merges; /* [n_merges], index = rank */
+    struct ekv_vocab_merge *merges; /* [n_merges], index = rank */
     int32_t n_merges;
     char *merge_text;
     int32_t *mt;                /* [mt_mask + 1] open addressing: pair -> rank, -1 empty */
@@ -83,16 +83,16 @@ struct ekv_vocab {
 };
 
 /* Id of the token whose text is s[0..n), or -1. */
-int32_t vocab_lookup(const struct ekv_vocab *v, const char *s, size_t n);
+int32_t ekv_vocab_lookup(const struct ekv_vocab *v, const char *s, size_t n);
 /* Rank of the merge (a, b), or -1. */
-int32_t vocab_merge_rank(const struct ekv_vocab *v, const char *a, size_t an, const char *b, size_t bn);
+int32_t ekv_vocab_merge_rank(const struct ekv_vocab *v, const char *a, size_t an, const char *b, size_t bn);
 
 /* Growable list of ids. */
-struct tokbuf {
+struct ekv_tokbuf {
     int32_t *ids;
     size_t n, cap;
 };
-enum ekv_status tokbuf_push(struct tokbuf *b, int32_t id);
+enum ekv_status ekv_tokbuf_push(struct ekv_tokbuf *b, int32_t id);
 
 /* Max-heap of candidate merges: larger key first, then smaller left index. */
 struct merge_cand {
@@ -100,12 +100,12 @@ struct merge_cand {
     int32_t left, right;
     uint32_t size;   /* bytes of the merged text, to detect stale entries */
 };
-struct merge_heap {
+struct ekv_merge_heap {
     struct merge_cand *a;
     size_t n, cap;
 };
-enum ekv_status merge_heap_push(struct merge_heap *h, struct merge_cand c);
-struct merge_cand merge_heap_pop(struct merge_heap *h); /* h->n > 0 */
+enum ekv_status ekv_merge_heap_push(struct ekv_merge_heap *h, struct merge_cand c);
+struct merge_cand ekv_merge_heap_pop(struct ekv_merge_heap *h); /* h->n > 0 */
 
 /* Symbols under merging: a doubly linked list over a byte string. */
 struct merge_sym {
@@ -115,13 +115,13 @@ struct merge_sym {
 
 /* Tokenizes one fragment of plain text (no special tokens inside).
  * SPM: add_prefix prepends the dummy space. */
-enum ekv_status spm_tokenize(const struct ekv_vocab *v, const char *text, size_t len, bool add_prefix,
-                             struct tokbuf *out);
-enum ekv_status bpe_tokenize(const struct ekv_vocab *v, const char *text, size_t len, struct tokbuf *out);
+enum ekv_status ekv_spm_tokenize(const struct ekv_vocab *v, const char *text, size_t len, bool add_prefix,
+                             struct ekv_tokbuf *out);
+enum ekv_status ekv_bpe_tokenize(const struct ekv_vocab *v, const char *text, size_t len, struct ekv_tokbuf *out);
 
 /* The pre-tokenizer split on its own (for tests): calls fn for each word,
  * as a byte range of text, in order. */
 typedef enum ekv_status (*bpe_word_fn)(void *user, const char *word, size_t len);
-enum ekv_status bpe_pretokenize(enum vocab_pre pre, const char *text, size_t len, bpe_word_fn fn, void *user);
+enum ekv_status ekv_bpe_pretokenize(enum ekv_vocab_pre pre, const char *text, size_t len, bpe_word_fn fn, void *user);
 
 #endif

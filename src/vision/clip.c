@@ -43,7 +43,7 @@ struct clip_layer {
 };
 
 struct ekv_clip {
-    struct gguf_file *f;
+    struct ekv_gguf_file *f;
     struct ekv_clip_hparams hp;
     struct ekv_weight patch;     /* E rows of 3*P*P, columns in (channel, y, x) order */
     float *patch_b;              /* [E] or NULL */
@@ -79,9 +79,9 @@ static enum ekv_status own(struct ekv_clip *c, float *p) {
 /* Finds tensor `name` and checks its shape is exactly ne[0..n-1] (other
  * dims 1). Missing: EKV_ERR_NOT_FOUND if required, else *out = NULL. */
 static enum ekv_status find(struct ekv_clip *c, const char *name, bool required, int n,
-                            const int64_t *ne, const struct gguf_tensor **out) {
+                            const int64_t *ne, const struct ekv_gguf_tensor **out) {
     *out = NULL;
-    const struct gguf_tensor *t = gguf_find_tensor(c->f, name);
+    const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(c->f, name);
     if (!t) {
         if (!required) return EKV_OK;
         return ekv_err(EKV_ERR_NOT_FOUND, "%s: tensor %s is missing", c->path, name);
@@ -109,7 +109,7 @@ static enum ekv_status find(struct ekv_clip *c, const char *name, bool required,
 static enum ekv_status load_floats(struct ekv_clip *c, const char *name, bool required, int64_t n0,
                                    int64_t n1, float **out) {
     *out = NULL;
-    const struct gguf_tensor *t;
+    const struct ekv_gguf_tensor *t;
     int64_t ne[2] = {n0, n1};
     enum ekv_status s = find(c, name, required, n1 == 1 ? 1 : 2, ne, &t);
     if (s != EKV_OK || !t) return s;
@@ -155,7 +155,7 @@ static enum ekv_status load_floats(struct ekv_clip *c, const char *name, bool re
 /* A weight matrix of `rows` rows of `cols` elements, given its GGUF shape. */
 static enum ekv_status load_matrix(struct ekv_clip *c, const char *name, int n, const int64_t *ne,
                                    int64_t cols, int64_t rows, struct ekv_weight *w) {
-    const struct gguf_tensor *t;
+    const struct ekv_gguf_tensor *t;
     enum ekv_status s = find(c, name, true, n, ne, &t);
     if (s != EKV_OK) return s;
     if (!ekv_dtype_can_compute(t->type))
@@ -182,7 +182,7 @@ static enum ekv_status load_linear(struct ekv_clip *c, const char *wname, const 
 static enum ekv_status get_u32_range(struct ekv_clip *c, const char *key, uint32_t lo, uint32_t hi,
                                      int *out) {
     uint32_t v;
-    enum ekv_status s = gguf_get_u32(c->f, key, &v);
+    enum ekv_status s = ekv_gguf_get_u32(c->f, key, &v);
     if (s != EKV_OK) return ekv_err_prefix(s, "%s", c->path);
     if (v < lo || v > hi)
         return ekv_err(EKV_ERR_FORMAT, "%s: %s = %u is outside [%u, %u]", c->path, key, v, lo, hi);
@@ -192,14 +192,14 @@ static enum ekv_status get_u32_range(struct ekv_clip *c, const char *key, uint32
 
 static enum ekv_status get_bool_opt(struct ekv_clip *c, const char *key, bool def, bool *out) {
     *out = def;
-    if (!gguf_find_kv(c->f, key)) return EKV_OK;
-    enum ekv_status s = gguf_get_bool(c->f, key, out);
+    if (!ekv_gguf_find_kv(c->f, key)) return EKV_OK;
+    enum ekv_status s = ekv_gguf_get_bool(c->f, key, out);
     return s == EKV_OK ? s : ekv_err_prefix(s, "%s", c->path);
 }
 
 static enum ekv_status get_f32x3(struct ekv_clip *c, const char *key, float v[3]) {
-    const struct gguf_value *a;
-    enum ekv_status s = gguf_get_arr(c->f, key, GGUF_TYPE_FLOAT32, &a);
+    const struct ekv_gguf_value *a;
+    enum ekv_status s = ekv_gguf_get_arr(c->f, key, GGUF_TYPE_FLOAT32, &a);
     if (s != EKV_OK) return ekv_err_prefix(s, "%s", c->path);
     if (a->v.arr.n != 3)
         return ekv_err(EKV_ERR_FORMAT, "%s: %s has %llu values, expected 3 (R, G, B)", c->path, key,
@@ -214,10 +214,10 @@ static enum ekv_status get_f32x3(struct ekv_clip *c, const char *key, float v[3]
 static enum ekv_status load_hparams(struct ekv_clip *c) {
     struct ekv_clip_hparams *hp = &c->hp;
     enum ekv_status s;
-    struct gguf_str arch;
-    if (gguf_get_str(c->f, "general.architecture", &arch) == EKV_OK && !gguf_str_eq(arch, "clip")) {
+    struct ekv_gguf_str arch;
+    if (ekv_gguf_get_str(c->f, "general.architecture", &arch) == EKV_OK && !ekv_gguf_str_eq(arch, "clip")) {
         char a[64];
-        gguf_str_copy(arch, a, sizeof a);
+        ekv_gguf_str_copy(arch, a, sizeof a);
         return ekv_err(EKV_ERR_FORMAT,
                        "%s: general.architecture is '%s', not 'clip': is this an mmproj file?",
                        c->path, a);
@@ -230,10 +230,10 @@ static enum ekv_status load_hparams(struct ekv_clip *c) {
     if (!has_llava)
         return ekv_err(EKV_ERR_UNSUPPORTED,
                        "%s: clip.has_llava_projector is false: ekv needs a LLaVA projector", c->path);
-    struct gguf_str pt;
-    if (gguf_get_str(c->f, "clip.projector_type", &pt) == EKV_OK && !gguf_str_eq(pt, "mlp")) {
+    struct ekv_gguf_str pt;
+    if (ekv_gguf_get_str(c->f, "clip.projector_type", &pt) == EKV_OK && !ekv_gguf_str_eq(pt, "mlp")) {
         char p[64];
-        gguf_str_copy(pt, p, sizeof p);
+        ekv_gguf_str_copy(pt, p, sizeof p);
         return ekv_err(EKV_ERR_UNSUPPORTED,
                        "%s: clip.projector_type '%s' is not supported (only 'mlp', LLaVA-1.5)",
                        c->path, p);
@@ -255,7 +255,7 @@ static enum ekv_status load_hparams(struct ekv_clip *c) {
     if (hp->n_embd % hp->n_head)
         return ekv_err(EKV_ERR_FORMAT, "%s: embedding_length %d is not a multiple of head_count %d",
                        c->path, hp->n_embd, hp->n_head);
-    if ((s = gguf_get_f32(c->f, "clip.vision.attention.layer_norm_epsilon", &hp->eps)) != EKV_OK)
+    if ((s = ekv_gguf_get_f32(c->f, "clip.vision.attention.layer_norm_epsilon", &hp->eps)) != EKV_OK)
         return ekv_err_prefix(s, "%s", c->path);
     if (!(hp->eps >= 0.0f && hp->eps < 1.0f))
         return ekv_err(EKV_ERR_FORMAT, "%s: clip.vision.attention.layer_norm_epsilon = %g", c->path,
@@ -271,9 +271,9 @@ static enum ekv_status load_hparams(struct ekv_clip *c) {
     /* Feature layer: hidden state k is the output of k blocks (0 = embeddings).
      * LLaVA-1.5 reads the second to last, which is the default. */
     hp->n_layer_run = hp->n_layer - 1;
-    if (gguf_find_kv(c->f, "clip.vision.feature_layer")) {
-        const struct gguf_value *a;
-        if ((s = gguf_get_arr(c->f, "clip.vision.feature_layer", GGUF_TYPE_COUNT, &a)) != EKV_OK)
+    if (ekv_gguf_find_kv(c->f, "clip.vision.feature_layer")) {
+        const struct ekv_gguf_value *a;
+        if ((s = ekv_gguf_get_arr(c->f, "clip.vision.feature_layer", GGUF_TYPE_COUNT, &a)) != EKV_OK)
             return ekv_err_prefix(s, "%s", c->path);
         if (a->v.arr.n != 1 ||
             (a->v.arr.type != GGUF_TYPE_INT32 && a->v.arr.type != GGUF_TYPE_UINT32))
@@ -300,7 +300,7 @@ static enum ekv_status load_tensors(struct ekv_clip *c) {
     char name[96];
 
     /* Class token decides CLIP vs SigLIP layout; positions must agree. */
-    const struct gguf_tensor *t;
+    const struct ekv_gguf_tensor *t;
     int64_t ne1[1] = {E};
     if ((s = find(c, "v.class_embd", false, 1, ne1, &t)) != EKV_OK) return s;
     hp->has_class = t != NULL;
@@ -353,7 +353,7 @@ static enum ekv_status load_tensors(struct ekv_clip *c) {
         char dn[96], up[96];
         snprintf(dn, sizeof dn, "v.blk.%d.ffn_down.weight", il);
         snprintf(up, sizeof up, "v.blk.%d.ffn_up.weight", il);
-        const struct gguf_tensor *td = gguf_find_tensor(c->f, dn);
+        const struct ekv_gguf_tensor *td = ekv_gguf_find_tensor(c->f, dn);
         bool swapped = E != F && td && td->ne[0] == F && td->ne[1] == E;
         const char *first = swapped ? "ffn_up" : "ffn_down", *second = swapped ? "ffn_down" : "ffn_up";
         char wn[96], bn[96];
@@ -366,11 +366,11 @@ static enum ekv_status load_tensors(struct ekv_clip *c) {
     }
 
     /* Projector: widths come from the tensors, checked against each other. */
-    if (gguf_find_tensor(c->f, "mm.3.weight"))
+    if (ekv_gguf_find_tensor(c->f, "mm.3.weight"))
         return ekv_err(EKV_ERR_UNSUPPORTED,
                        "%s: tensor mm.3.weight found: the mlp_norm projector is not supported", c->path);
-    const struct gguf_tensor *m0 = gguf_find_tensor(c->f, "mm.0.weight");
-    const struct gguf_tensor *m2 = gguf_find_tensor(c->f, "mm.2.weight");
+    const struct ekv_gguf_tensor *m0 = ekv_gguf_find_tensor(c->f, "mm.0.weight");
+    const struct ekv_gguf_tensor *m2 = ekv_gguf_find_tensor(c->f, "mm.2.weight");
     if (!m0) return ekv_err(EKV_ERR_NOT_FOUND, "%s: tensor mm.0.weight is missing", c->path);
     if (!m2) return ekv_err(EKV_ERR_NOT_FOUND, "%s: tensor mm.2.weight is missing", c->path);
     if (m0->ne[1] < 1 || m0->ne[1] > CLIP_MAX_OUT || m2->ne[1] < 1 || m2->ne[1] > CLIP_MAX_OUT)
@@ -391,7 +391,7 @@ enum ekv_status ekv_clip_load(const char *path, struct ekv_clip **out) {
     struct ekv_clip *c = calloc(1, sizeof *c);
     if (!c) return ekv_err(EKV_ERR_NOMEM, "%s: clip context", path);
     c->path = path;
-    enum ekv_status s = gguf_open(path, &c->f);
+    enum ekv_status s = ekv_gguf_open(path, &c->f);
     if (s == EKV_OK) s = load_hparams(c);
     if (s == EKV_OK) s = load_tensors(c);
     c->path = "mmproj";
@@ -408,7 +408,7 @@ void ekv_clip_free(struct ekv_clip *c) {
     for (size_t i = 0; i < c->n_owned; i++) free(c->owned[i]);
     free(c->owned);
     free(c->layers);
-    gguf_close(c->f);
+    ekv_gguf_close(c->f);
     free(c);
 }
 

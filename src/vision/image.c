@@ -23,6 +23,7 @@
 #define STBI_NO_LINEAR
 #define STBI_NO_HDR
 #define STB_IMAGE_IMPLEMENTATION
+#define STB_IMAGE_STATIC
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
 #pragma GCC diagnostic ignored "-Wsign-compare"
@@ -33,6 +34,10 @@
 #pragma GCC diagnostic ignored "-Wtype-limits"
 #include "stb_image.h"
 #pragma GCC diagnostic pop
+/* STB_IMAGE_STATIC keeps stbi_* out of the library's global names (so libekv links
+ * beside ggml's copy); GCC reports the static prototypes it never defines at the end
+ * of the file, after the pop above. */
+#pragma GCC diagnostic ignored "-Wunused-function"
 
 void ekv_image_free(struct ekv_image *img) {
     if (!img) return;

@@ -1,6 +1,6 @@
 /*
  * fuzz_gguf.c — libFuzzer target for the GGUF reader. Each input is parsed
- * with gguf_open_memory; when it parses, every byte the reader exposes
+ * with ekv_gguf_open_memory; when it parses, every byte the reader exposes
  * (keys, strings, array payloads, tensor data) is touched and the typed
  * getters are called, so ASan/UBSan report any pointer or size the
  * validation let through. Built only with clang and -DEKV_FUZZ=ON; see
@@ -14,7 +14,7 @@
 
 static const size_t k_elem_size[GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 
-static unsigned touch(const struct gguf_value *v) {
+static unsigned touch(const struct ekv_gguf_value *v) {
     unsigned h = 0;
     if (v->type == GGUF_TYPE_STRING) {
         for (uint64_t i = 0; i < v->v.str.len; i++) h += (unsigned char)v->v.str.ptr[i];
@@ -37,36 +37,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t *copy = malloc(size ? size : 1);
     if (!copy) return 0;
     if (size) memcpy(copy, data, size);
-    struct gguf_file *f = NULL;
+    struct ekv_gguf_file *f = NULL;
     volatile unsigned sink = 0;
-    if (gguf_open_memory(copy, size, &f) == EKV_OK) {
-        for (size_t i = 0; i < gguf_n_kv(f); i++) {
-            const struct gguf_kv *kv = gguf_kv_at(f, i);
+    if (ekv_gguf_open_memory(copy, size, &f) == EKV_OK) {
+        for (size_t i = 0; i < ekv_gguf_n_kv(f); i++) {
+            const struct ekv_gguf_kv *kv = ekv_gguf_kv_at(f, i);
             for (uint64_t j = 0; j < kv->key.len; j++) sink += (unsigned char)kv->key.ptr[j];
             sink += touch(&kv->value);
             char key[256];
-            gguf_str_copy(kv->key, key, sizeof key);
+            ekv_gguf_str_copy(kv->key, key, sizeof key);
             uint32_t u;
             int64_t i64;
             float fl;
             bool b;
-            struct gguf_str s;
-            const struct gguf_value *arr;
-            (void)gguf_get_u32(f, key, &u);
-            (void)gguf_get_i64(f, key, &i64);
-            (void)gguf_get_f32(f, key, &fl);
-            (void)gguf_get_bool(f, key, &b);
-            (void)gguf_get_str(f, key, &s);
-            (void)gguf_get_arr(f, key, GGUF_TYPE_COUNT, &arr);
+            struct ekv_gguf_str s;
+            const struct ekv_gguf_value *arr;
+            (void)ekv_gguf_get_u32(f, key, &u);
+            (void)ekv_gguf_get_i64(f, key, &i64);
+            (void)ekv_gguf_get_f32(f, key, &fl);
+            (void)ekv_gguf_get_bool(f, key, &b);
+            (void)ekv_gguf_get_str(f, key, &s);
+            (void)ekv_gguf_get_arr(f, key, GGUF_TYPE_COUNT, &arr);
         }
-        for (size_t i = 0; i < gguf_n_tensors(f); i++) {
-            const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        for (size_t i = 0; i < ekv_gguf_n_tensors(f); i++) {
+            const struct ekv_gguf_tensor *t = ekv_gguf_tensor_at(f, i);
             const uint8_t *p = t->data;
             if (p < copy || t->nbytes > size || (size_t)(p - copy) > size - t->nbytes) abort();
             if (t->nbytes) sink += p[0] + p[t->nbytes - 1];
-            if (gguf_find_tensor(f, t->name) == NULL) abort();
+            if (ekv_gguf_find_tensor(f, t->name) == NULL) abort();
         }
-        gguf_close(f);
+        ekv_gguf_close(f);
     }
     (void)sink;
     free(copy);

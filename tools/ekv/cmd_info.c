@@ -23,7 +23,7 @@ static void help(void) {
            "  -h, --help         this help\n");
 }
 
-static void print_scalar(const struct gguf_value *v) {
+static void print_scalar(const struct ekv_gguf_value *v) {
     switch (v->type) {
     case GGUF_TYPE_UINT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_UINT32: case GGUF_TYPE_UINT64:
         printf("%" PRIu64, v->v.u64);
@@ -50,23 +50,23 @@ static void print_scalar(const struct gguf_value *v) {
 }
 
 static int info_gguf(const char *path, bool tensors, bool metadata) {
-    struct gguf_file *f = NULL;
-    enum ekv_status s = gguf_open(path, &f);
+    struct ekv_gguf_file *f = NULL;
+    enum ekv_status s = ekv_gguf_open(path, &f);
     if (s != EKV_OK) return cli_fail(CMD, s);
     printf("gguf: version %u, %zu metadata keys, %zu tensors, alignment %u, data at byte %zu of %zu\n",
-           gguf_version(f), gguf_n_kv(f), gguf_n_tensors(f), gguf_alignment(f), gguf_data_offset(f),
-           gguf_file_size(f));
+           ekv_gguf_version(f), ekv_gguf_n_kv(f), ekv_gguf_n_tensors(f), ekv_gguf_alignment(f), ekv_gguf_data_offset(f),
+           ekv_gguf_file_size(f));
     if (metadata) {
         printf("metadata:\n");
-        for (size_t i = 0; i < gguf_n_kv(f); i++) {
-            const struct gguf_kv *kv = gguf_kv_at(f, i);
+        for (size_t i = 0; i < ekv_gguf_n_kv(f); i++) {
+            const struct ekv_gguf_kv *kv = ekv_gguf_kv_at(f, i);
             printf("  %-45.*s ", (int)(kv->key.len > 200 ? 200 : kv->key.len), kv->key.ptr);
             if (kv->value.type == GGUF_TYPE_ARRAY) {
-                printf("[%s x %" PRIu64 "]", gguf_type_name(kv->value.v.arr.type), kv->value.v.arr.n);
+                printf("[%s x %" PRIu64 "]", ekv_gguf_type_name(kv->value.v.arr.type), kv->value.v.arr.n);
                 if (kv->value.v.arr.type == GGUF_TYPE_STRING && kv->value.v.arr.strs) {
                     uint64_t n = kv->value.v.arr.n < 4 ? kv->value.v.arr.n : 4;
                     for (uint64_t j = 0; j < n; j++) {
-                        struct gguf_value sv = {.type = GGUF_TYPE_STRING};
+                        struct ekv_gguf_value sv = {.type = GGUF_TYPE_STRING};
                         sv.v.str = kv->value.v.arr.strs[j];
                         putchar(' ');
                         print_scalar(&sv);
@@ -81,14 +81,14 @@ static int info_gguf(const char *path, bool tensors, bool metadata) {
     }
     if (tensors) {
         printf("tensors:\n");
-        for (size_t i = 0; i < gguf_n_tensors(f); i++) {
-            const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        for (size_t i = 0; i < ekv_gguf_n_tensors(f); i++) {
+            const struct ekv_gguf_tensor *t = ekv_gguf_tensor_at(f, i);
             printf("  %-32s %-7s [", t->name, ekv_dtype_name(t->type));
             for (uint32_t d = 0; d < t->n_dims; d++) printf("%s%" PRId64, d ? ", " : "", t->ne[d]);
             printf("] %zu bytes\n", t->nbytes);
         }
     }
-    gguf_close(f);
+    ekv_gguf_close(f);
     return 0;
 }
 

@@ -159,7 +159,7 @@ static enum ekv_status gen_row(struct gen *g, const struct tspec *ts, int64_t ro
     return EKV_OK;
 }
 
-static enum ekv_status fill_tensor(void *user, const struct gguf_tensor *t, uint64_t offset,
+static enum ekv_status fill_tensor(void *user, const struct ekv_gguf_tensor *t, uint64_t offset,
                                    void *dst, size_t n) {
     (void)t;
     const struct tspec *ts = user;
@@ -186,7 +186,7 @@ static enum ekv_status fill_tensor(void *user, const struct gguf_tensor *t, uint
 /* ------------------------------------------------------------------ */
 
 struct builder {
-    struct gguf_writer *w;
+    struct ekv_gguf_writer *w;
     struct tspec *specs; /* fixed capacity, addresses stay valid for the writer */
     size_t n, cap;
     struct gen *g;
@@ -215,7 +215,7 @@ static enum ekv_status add(struct builder *b, const char *name, uint32_t n_dims,
     if (!ekv_dtype_row_bytes(type, ne[0], &ts->row_bytes))
         return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: tensor %s: bad row of %lld for %s", name,
                        (long long)ne[0], ekv_dtype_name(type));
-    enum ekv_status s = gguf_writer_add_tensor(b->w, ts->name, type, n_dims, ts->ne, NULL,
+    enum ekv_status s = ekv_gguf_writer_add_tensor(b->w, ts->name, type, n_dims, ts->ne, NULL,
                                                fill_tensor, ts);
     if (s == EKV_OK) b->n++;
     return s;
@@ -246,7 +246,7 @@ static uint32_t file_type_of(enum ekv_dtype t) {
 
 /* A minimal SentencePiece vocabulary: <unk>, <s>, </s>, 256 byte tokens,
  * then "<tok_N>" pieces up to n_vocab. */
-static enum ekv_status gen_vocab(struct gguf_writer *w, int n_vocab) {
+static enum ekv_status gen_vocab(struct ekv_gguf_writer *w, int n_vocab) {
     if (n_vocab < 3 + 256) return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: vocabulary of %d is too small", n_vocab);
     char **strs = calloc((size_t)n_vocab, sizeof *strs);
     char *pool = malloc((size_t)n_vocab * 24);
@@ -266,15 +266,15 @@ static enum ekv_status gen_vocab(struct gguf_writer *w, int n_vocab) {
         else if (i < 3 + 256) { snprintf(p, 24, "<0x%02X>", i - 3); types[i] = 6; scores[i] = 0.0f; }
         else { snprintf(p, 24, "<tok_%d>", i); types[i] = 1; scores[i] = -(float)(i - 259); }
     }
-    if ((s = gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
-        (s = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, (uint64_t)n_vocab)) ||
-        (s = gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, (uint64_t)n_vocab)) ||
-        (s = gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, (uint64_t)n_vocab)) ||
-        (s = gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0)) ||
-        (s = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1)) ||
-        (s = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2)) ||
-        (s = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true)) ||
-        (s = gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false)))
+    if ((s = ekv_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
+        (s = ekv_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, (uint64_t)n_vocab)) ||
+        (s = ekv_gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, (uint64_t)n_vocab)) ||
+        (s = ekv_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, (uint64_t)n_vocab)) ||
+        (s = ekv_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0)) ||
+        (s = ekv_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1)) ||
+        (s = ekv_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2)) ||
+        (s = ekv_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true)) ||
+        (s = ekv_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false)))
         goto out;
 out:
     free(strs);
@@ -286,36 +286,36 @@ out:
 
 /* Copies every tokenizer.* key from a vocabulary GGUF; *n_vocab gets the
  * token count. */
-static enum ekv_status copy_vocab(struct gguf_writer *w, const struct gguf_file *vf,
+static enum ekv_status copy_vocab(struct ekv_gguf_writer *w, const struct ekv_gguf_file *vf,
                                   const char *path, int *n_vocab) {
-    const struct gguf_value *toks;
-    enum ekv_status s = gguf_get_arr(vf, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks);
+    const struct ekv_gguf_value *toks;
+    enum ekv_status s = ekv_gguf_get_arr(vf, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks);
     if (s != EKV_OK) return ekv_err_prefix(s, "%s", path);
     if (toks->v.arr.n < 1 || toks->v.arr.n > (1u << 24))
         return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries", path,
                        (unsigned long long)toks->v.arr.n);
     *n_vocab = (int)toks->v.arr.n;
-    for (size_t i = 0; i < gguf_n_kv(vf); i++) {
-        const struct gguf_kv *kv = gguf_kv_at(vf, i);
+    for (size_t i = 0; i < ekv_gguf_n_kv(vf); i++) {
+        const struct ekv_gguf_kv *kv = ekv_gguf_kv_at(vf, i);
         if (kv->key.len >= 10 && memcmp(kv->key.ptr, "tokenizer.", 10) == 0)
-            TRY(gguf_writer_copy_kv(w, kv));
+            TRY(ekv_gguf_writer_copy_kv(w, kv));
     }
     return EKV_OK;
 }
 
 static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, int n_vocab) {
-    struct gguf_writer *w = b->w;
+    struct ekv_gguf_writer *w = b->w;
     char key[128], name[160];
     const char *a = p->arch;
     const int hd = p->n_embd / p->n_head;
-    TRY(gguf_writer_set_str(w, "general.architecture", a));
+    TRY(ekv_gguf_writer_set_str(w, "general.architecture", a));
     snprintf(name, sizeof name, "ekv-mkmodel %s (random weights)", p->name);
-    TRY(gguf_writer_set_str(w, "general.name", name));
-    TRY(gguf_writer_set_u32(w, "general.file_type", file_type_of(b->mat_type)));
+    TRY(ekv_gguf_writer_set_str(w, "general.name", name));
+    TRY(ekv_gguf_writer_set_u32(w, "general.file_type", file_type_of(b->mat_type)));
     if (b->mat_type == EKV_Q4_0 || b->mat_type == EKV_Q8_0)
-        TRY(gguf_writer_set_u32(w, "general.quantization_version", 2));
-#define SETU(suffix, v) do { snprintf(key, sizeof key, "%s." suffix, a); TRY(gguf_writer_set_u32(w, key, (uint32_t)(v))); } while (0)
-#define SETF(suffix, v) do { snprintf(key, sizeof key, "%s." suffix, a); TRY(gguf_writer_set_f32(w, key, (v))); } while (0)
+        TRY(ekv_gguf_writer_set_u32(w, "general.quantization_version", 2));
+#define SETU(suffix, v) do { snprintf(key, sizeof key, "%s." suffix, a); TRY(ekv_gguf_writer_set_u32(w, key, (uint32_t)(v))); } while (0)
+#define SETF(suffix, v) do { snprintf(key, sizeof key, "%s." suffix, a); TRY(ekv_gguf_writer_set_f32(w, key, (v))); } while (0)
     SETU("context_length", p->n_ctx);
     SETU("embedding_length", p->n_embd);
     SETU("block_count", p->n_layer);
@@ -354,32 +354,32 @@ static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, in
 }
 
 static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p) {
-    struct gguf_writer *w = b->w;
+    struct ekv_gguf_writer *w = b->w;
     const struct vit_preset *v = p->vit;
     char name[160];
     /* Small tensors (patch and position embeddings) stay f16 as the
      * converter writes them; f32 when everything is f32. */
     const enum ekv_dtype small = b->mat_type == EKV_F32 ? EKV_F32 : EKV_F16;
-    TRY(gguf_writer_set_str(w, "general.architecture", "clip"));
+    TRY(ekv_gguf_writer_set_str(w, "general.architecture", "clip"));
     snprintf(name, sizeof name, "ekv-mkmodel %s mmproj (random weights)", p->name);
-    TRY(gguf_writer_set_str(w, "general.name", name));
-    TRY(gguf_writer_set_str(w, "general.description", "image encoder for LLaVA"));
-    TRY(gguf_writer_set_u32(w, "general.file_type", file_type_of(b->mat_type)));
-    TRY(gguf_writer_set_bool(w, "clip.has_text_encoder", false));
-    TRY(gguf_writer_set_bool(w, "clip.has_vision_encoder", true));
-    TRY(gguf_writer_set_bool(w, "clip.has_llava_projector", true));
-    TRY(gguf_writer_set_str(w, "clip.projector_type", "mlp"));
-    TRY(gguf_writer_set_u32(w, "clip.vision.image_size", (uint32_t)v->image_size));
-    TRY(gguf_writer_set_u32(w, "clip.vision.patch_size", (uint32_t)v->patch_size));
-    TRY(gguf_writer_set_u32(w, "clip.vision.embedding_length", (uint32_t)v->n_embd));
-    TRY(gguf_writer_set_u32(w, "clip.vision.feed_forward_length", (uint32_t)v->n_ff));
-    TRY(gguf_writer_set_u32(w, "clip.vision.projection_dim", (uint32_t)v->proj_dim));
-    TRY(gguf_writer_set_u32(w, "clip.vision.attention.head_count", (uint32_t)v->n_head));
-    TRY(gguf_writer_set_f32(w, "clip.vision.attention.layer_norm_epsilon", v->eps));
-    TRY(gguf_writer_set_u32(w, "clip.vision.block_count", (uint32_t)v->n_layer));
-    TRY(gguf_writer_set_arr(w, "clip.vision.image_mean", GGUF_TYPE_FLOAT32, k_clip_mean, 3));
-    TRY(gguf_writer_set_arr(w, "clip.vision.image_std", GGUF_TYPE_FLOAT32, k_clip_std, 3));
-    TRY(gguf_writer_set_bool(w, "clip.use_gelu", v->use_gelu));
+    TRY(ekv_gguf_writer_set_str(w, "general.name", name));
+    TRY(ekv_gguf_writer_set_str(w, "general.description", "image encoder for LLaVA"));
+    TRY(ekv_gguf_writer_set_u32(w, "general.file_type", file_type_of(b->mat_type)));
+    TRY(ekv_gguf_writer_set_bool(w, "clip.has_text_encoder", false));
+    TRY(ekv_gguf_writer_set_bool(w, "clip.has_vision_encoder", true));
+    TRY(ekv_gguf_writer_set_bool(w, "clip.has_llava_projector", true));
+    TRY(ekv_gguf_writer_set_str(w, "clip.projector_type", "mlp"));
+    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.image_size", (uint32_t)v->image_size));
+    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.patch_size", (uint32_t)v->patch_size));
+    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.embedding_length", (uint32_t)v->n_embd));
+    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.feed_forward_length", (uint32_t)v->n_ff));
+    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.projection_dim", (uint32_t)v->proj_dim));
+    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.attention.head_count", (uint32_t)v->n_head));
+    TRY(ekv_gguf_writer_set_f32(w, "clip.vision.attention.layer_norm_epsilon", v->eps));
+    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.block_count", (uint32_t)v->n_layer));
+    TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_mean", GGUF_TYPE_FLOAT32, k_clip_mean, 3));
+    TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_std", GGUF_TYPE_FLOAT32, k_clip_std, 3));
+    TRY(ekv_gguf_writer_set_bool(w, "clip.use_gelu", v->use_gelu));
 
     const int64_t E = v->n_embd, grid = v->image_size / v->patch_size;
     TRY(add_mat(b, "mm.0.weight", E, v->n_mm, b->mat_type));
@@ -423,8 +423,8 @@ static enum ekv_status write_file(const struct lm_preset *p, bool mmproj, enum e
                                   size_t *n_tensors) {
     struct gen g = {0};
     struct builder b = {0};
-    struct gguf_file *vf = NULL;
-    enum ekv_status s = gguf_writer_new(&b.w);
+    struct ekv_gguf_file *vf = NULL;
+    enum ekv_status s = ekv_gguf_writer_new(&b.w);
     if (s != EKV_OK) return s;
     b.cap = 64 + (size_t)(mmproj ? p->vit->n_layer : p->n_layer) * 20;
     b.specs = calloc(b.cap, sizeof *b.specs);
@@ -440,18 +440,18 @@ static enum ekv_status write_file(const struct lm_preset *p, bool mmproj, enum e
     } else {
         int n_vocab = p->n_vocab;
         if (vocab_path) {
-            if ((s = gguf_open(vocab_path, &vf)) != EKV_OK) goto done;
+            if ((s = ekv_gguf_open(vocab_path, &vf)) != EKV_OK) goto done;
             if ((s = copy_vocab(b.w, vf, vocab_path, &n_vocab)) != EKV_OK) goto done;
         } else if ((s = gen_vocab(b.w, n_vocab)) != EKV_OK) {
             goto done;
         }
         s = build_lm(&b, p, n_vocab);
     }
-    if (s == EKV_OK) s = gguf_writer_write(b.w, out);
+    if (s == EKV_OK) s = ekv_gguf_writer_write(b.w, out);
     if (s == EKV_OK) *n_tensors = b.n;
 done:
-    gguf_writer_free(b.w);
-    gguf_close(vf);
+    ekv_gguf_writer_free(b.w);
+    ekv_gguf_close(vf);
     free(b.specs);
     free(g.f);
     free(g.q);
