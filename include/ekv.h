@@ -284,6 +284,30 @@ const char *ekv_chat_template_name(int i);
 enum ekv_status ekv_chat_format(const char *tmpl, const char *system, const char *user, bool with_image,
                                 char *buf, size_t n, size_t *n_out);
 
+/* One message of a conversation. role: "system", "user" or "assistant";
+ * content: UTF-8 text (may hold EKV_IMAGE_MARKER). Both borrowed. */
+struct ekv_chat_msg {
+    const char *role;
+    const char *content;
+};
+
+/* Renders a whole conversation with template tmpl (a name from
+ * ekv_chat_template_name; NULL = "none"). add_assistant ends the text with
+ * the template's assistant prefix so that generation continues as the
+ * assistant. A template that has a default system prompt uses it when the
+ * first message is not "system". Buffer rules as in ekv_chat_format. */
+enum ekv_status ekv_chat_apply(const char *tmpl, const struct ekv_chat_msg *msgs, size_t n_msgs,
+                               bool add_assistant, char *buf, size_t n, size_t *n_out);
+
+/* The template family of a model, detected from its GGUF
+ * `tokenizer.chat_template` by distinctive substrings (no Jinja engine),
+ * as a name from ekv_chat_template_name; NULL when the file has no template
+ * or none is recognised. Static string. */
+const char *ekv_model_chat_template(const struct ekv_model *model);
+
+/* The same detection on a template text; NULL when not recognised. */
+const char *ekv_chat_template_detect(const char *jinja);
+
 /* Tokenizes a prompt that may hold one EKV_IMAGE_MARKER: the text before it
  * gets BOS, the text after it continues; *image_at is the token index where
  * the image embeddings go (-1 without a marker). Buffer rules as in

@@ -8,8 +8,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <stdlib.h>
+
 #include "core/util.h"
 #include "ekv.h"
+#include "model/gguf.h"
+#include "model/model.h"
 
 #define LLAVA_SYSTEM                                                                                    \
     "A chat between a curious human and an artificial intelligence assistant. The assistant gives " \
@@ -67,6 +71,93 @@ enum ekv_status ekv_chat_format(const char *tmpl, const char *system, const char
     if (len >= n) return ekv_err(EKV_ERR_INVALID_ARG, "chat prompt needs %zu bytes, buffer has %zu", len + 1, n);
     buf[len] = 0;
     return EKV_OK;
+}
+
+static bool role_ok(const char *r) {
+    return r && (!strcmp(r, "system") || !strcmp(r, "user") || !strcmp(r, "assistant"));
+}
+
+/* One conversation in the given template; roles are already checked. */
+static enum ekv_status chat_render(const char *tmpl, const struct ekv_chat_msg *msgs, size_t n_msgs,
+                                   bool add_assistant, char *buf, size_t n, size_t *len) {
+    const bool has_sys = n_msgs > 0 && !strcmp(msgs[0].role, "system");
+    if (!strcmp(tmpl, "none")) {
+        /* contents one per line; a single system + user pair reads exactly
+         * as ekv_chat_format's "system\nuser" */
+        for (size_t i = 0; i < n_msgs; i++) {
+            if (i) put(buf, n, len, "\n");
+            put(buf, n, len, msgs[i].content);
+        }
+    } else if (!strcmp(tmpl, "llava-1.5")) {
+        /* LLaVA's conv_vicuna_v1: "SYSTEM USER: q ASSISTANT: a</s>USER: ..." */
+        put(buf, n, len, has_sys ? msgs[0].content : LLAVA_SYSTEM);
+        for (size_t i = has_sys ? 1 : 0; i < n_msgs; i++) {
+            if (!strcmp(msgs[i].role, "user")) {
+                put(buf, n, len, " USER: ");
+                put(buf, n, len, msgs[i].content);
+            } else if (!strcmp(msgs[i].role, "assistant")) {
+                put(buf, n, len, " ASSISTANT: ");
+                put(buf, n, len, msgs[i].content);
+                put(buf, n, len, "</s>");
+            } else {
+                put(buf, n, len, " ");
+                put(buf, n, len, msgs[i].content);
+            }
+        }
+        if (add_assistant) put(buf, n, len, " ASSISTANT:");
+    } else if (!strcmp(tmpl, "chatml")) {
+        if (!has_sys) put(buf, n, len, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
+        for (size_t i = 0; i < n_msgs; i++) {
+            put(buf, n, len, "<|im_start|>");
+            put(buf, n, len, msgs[i].role);
+            put(buf, n, len, "\n");
+            put(buf, n, len, msgs[i].content);
+            put(buf, n, len, "<|im_end|>\n");
+        }
+        if (add_assistant) put(buf, n, len, "<|im_start|>assistant\n");
+    } else {
+        return ekv_err(EKV_ERR_NOT_FOUND, "unknown chat template '%s' (known: none, llava-1.5, chatml)", tmpl);
+    }
+    return EKV_OK;
+}
+
+enum ekv_status ekv_chat_apply(const char *tmpl, const struct ekv_chat_msg *msgs, size_t n_msgs, bool add_assistant,
+                               char *buf, size_t n, size_t *n_out) {
+    if (!n_out || (n_msgs > 0 && !msgs))
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_chat_apply: messages and n_out are required");
+    for (size_t i = 0; i < n_msgs; i++) {
+        if (!role_ok(msgs[i].role))
+            return ekv_err(EKV_ERR_INVALID_ARG, "chat message %zu: role '%s' is not system, user or assistant", i,
+                           msgs[i].role ? msgs[i].role : "(null)");
+        if (!msgs[i].content) return ekv_err(EKV_ERR_INVALID_ARG, "chat message %zu: content is NULL", i);
+    }
+    size_t len = 0;
+    enum ekv_status s = chat_render(tmpl ? tmpl : "none", msgs, n_msgs, add_assistant, buf, n, &len);
+    if (s != EKV_OK) return s;
+    *n_out = len;
+    if (!buf) return EKV_OK;
+    if (len >= n) return ekv_err(EKV_ERR_INVALID_ARG, "chat prompt needs %zu bytes, buffer has %zu", len + 1, n);
+    buf[len] = 0;
+    return EKV_OK;
+}
+
+const char *ekv_chat_template_detect(const char *jinja) {
+    if (!jinja) return NULL;
+    if (strstr(jinja, "<|im_start|>")) return "chatml";
+    return NULL;
+}
+
+const char *ekv_model_chat_template(const struct ekv_model *model) {
+    if (!model || !model->gguf) return NULL;
+    struct ekv_gguf_str js;
+    if (ekv_gguf_get_str(model->gguf, "tokenizer.chat_template", &js) != EKV_OK) return NULL;
+    char *text = malloc((size_t)js.len + 1);
+    if (!text) return NULL;
+    memcpy(text, js.ptr, (size_t)js.len);
+    text[js.len] = 0;
+    const char *name = ekv_chat_template_detect(text);
+    free(text);
+    return name;
 }
 
 static const char *find_marker(const char *p, size_t n) {
