@@ -67,7 +67,10 @@ bool ekv_dtype_can_compute(enum ekv_dtype t);
 enum ekv_status ekv_matvec(struct ekv_pool *p, const struct ekv_weight *w, const float *x, float *y);
 
 /* Y[t][r] = sum_c W[r][c] * X[t][c] for t < n.  X: [n][ne0], Y: [n][ne1],
- * both row-major. Results equal n calls of ekv_matvec up to rounding. */
+ * both row-major. Batch invariance (a contract, tests/test_batch_invariance.c):
+ * row t of the result equals ekv_matvec of row t bit for bit, whatever n,
+ * the row's place in X and the pool's thread count. Every kernel keeps one
+ * per-output reduction order and quantises each activation row alone. */
 enum ekv_status ekv_matmul(struct ekv_pool *p, const struct ekv_weight *w, const float *x, int64_t n,
                            float *y);
 

@@ -95,14 +95,20 @@ void ekv_softmax_avx2(float *x, int64_t n) {
     for (; i < n; i++) x[i] *= inv;
 }
 
+static inline __m256 swiglu8(__m256 g, __m256 u) {
+    const __m256 e = ekv_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+/* The tail goes through the same vector formula (masked loads and stores),
+ * so an element's result does not depend on where it sits in the array:
+ * the SwiGLU of several rows at once equals that of each row alone. */
 void ekv_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n) {
-    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i);
-        __m256 e = ekv_exp8(_mm256_sub_ps(zero, g));
-        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+    if (i < n) {
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(out + i, m, swiglu8(_mm256_maskload_ps(gate + i, m), _mm256_maskload_ps(up + i, m)));
     }
-    for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
