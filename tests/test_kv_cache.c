@@ -87,6 +87,18 @@ enum { D = 4 };
 /* bytes per entry without statistics: K + V + pos + tag + weight */
 static const uint64_t BASE = 2 * D * 4 + 4 + 1 + 4;
 
+/* Element c of entry j's key / value, read through the access API. */
+static float key_at(const struct ekv_kv *kv, const struct ekv_kv_head *h, int j, int c) {
+    float row[1024];
+    if (kv->head_dim > 1024 || ekv_kv_head_get(kv, h, j, row, NULL) != EKV_OK) return NAN;
+    return row[c];
+}
+static float val_at(const struct ekv_kv *kv, const struct ekv_kv_head *h, int j, int c) {
+    float row[1024];
+    if (kv->head_dim > 1024 || ekv_kv_head_get(kv, h, j, NULL, row) != EKV_OK) return NAN;
+    return row[c];
+}
+
 static void fill(struct ekv_kv *kv, struct ekv_kv_head *h, int n, int pos_step) {
     for (int j = 0; j < n; j++) {
         float k[D], v[D];
@@ -109,8 +121,8 @@ static void test_storage(void) {
     CHECK(kv->bytes_alloc == 16 * BASE && kv->peak_bytes_alloc == 16 * BASE);
     fill(kv, h, 10, 2);
     CHECK(h->len == 10);
-    CHECK(h->pos[9] == 18 && h->tag[4] == 1 && h->weight[3] == 1.0f && h->k[7 * D + 2] == 72.0f &&
-          h->v[7 * D + 3] == -73.0f);
+    CHECK(h->pos[9] == 18 && h->tag[4] == 1 && h->weight[3] == 1.0f && key_at(kv, h, 7, 2) == 72.0f &&
+          val_at(kv, h, 7, 3) == -73.0f);
     /* appending past the reservation writes nothing */
     CHECK_OK(ekv_kv_reserve(kv, 0, 6));
     CHECK(h->cap == 16);
@@ -129,8 +141,8 @@ static void test_storage(void) {
     CHECK(h->len == 8 && h->n_evicted == 8 && h->n_merged == 0);
     bool ok = true;
     for (int j = 0; j < 8; j++) {
-        ok = ok && h->pos[j] == 4 * j && h->tag[j] == (2 * j) % 3 && h->k[j * D + 1] == (float)(2 * j * 10 + 1) &&
-             h->v[j * D] == -(float)(2 * j * 10);
+        ok = ok && h->pos[j] == 4 * j && h->tag[j] == (2 * j) % 3 && key_at(kv, h, j, 1) == (float)(2 * j * 10 + 1) &&
+             val_at(kv, h, j, 0) == -(float)(2 * j * 10);
     }
     CHECK(ok);
     CHECK(h->cap == 24); /* 24 <= 2 * 8 + 64: no shrink */
@@ -144,7 +156,7 @@ static void test_storage(void) {
     const int32_t idx[3] = {1, 5, 7};
     CHECK_OK(ekv_kv_head_keep_idx(kv, h, idx, 3));
     CHECK(h->len == 3 && h->n_evicted == 13);
-    CHECK(h->pos[0] == 4 && h->pos[1] == 20 && h->pos[2] == 28 && h->k[2 * D] == 140.0f);
+    CHECK(h->pos[0] == 4 && h->pos[1] == 20 && h->pos[2] == 28 && key_at(kv, h, 2, 0) == 140.0f);
 
     /* large growth, then shrink after compaction; accounting follows */
     CHECK_OK(ekv_kv_reserve(kv, 0, 997));
@@ -156,7 +168,7 @@ static void test_storage(void) {
     CHECK_OK(ekv_kv_head_keep_idx(kv, h, idx10, 10));
     CHECK(h->len == 10 && h->cap == 10 + 10 / 4 + 16);
     CHECK(kv->bytes_alloc == (uint64_t)h->cap * BASE && kv->peak_bytes_alloc == 1000 * BASE);
-    CHECK(h->pos[1] == 103 && h->k[1 * D] == 1030.0f);
+    CHECK(h->pos[1] == 103 && key_at(kv, h, 1, 0) == 1030.0f);
 
     /* statistics arrays follow kv->stats; accounting includes them */
     const uint64_t before = kv->bytes_alloc;
@@ -216,14 +228,14 @@ static void test_merge(void) {
     CHECK(h->len == 2 && h->n_merged == 3 && h->n_evicted == 1);
     CHECK(h->pos[0] == 10 && h->pos[1] == 13 && h->tag[1] == 3);
     CHECK(h->weight[0] == 2.0f && h->weight[1] == 3.0f);
-    CHECK_NEAR(h->k[0], 0.5, 1e-7);
-    CHECK_NEAR(h->k[1], 1.0, 1e-7);
-    CHECK_NEAR(h->v[0], -0.5, 1e-7);
-    CHECK_NEAR(h->v[1], 0.5, 1e-7);
-    CHECK_NEAR(h->k[2], 3.0, 1e-7);
-    CHECK_NEAR(h->k[3], 6.0, 1e-7);
-    CHECK_NEAR(h->v[2], -3.0, 1e-7);
-    CHECK_NEAR(h->v[3], (4.0 + 9.0 + 16.0) / 3.0, 1e-6);
+    CHECK_NEAR(key_at(kv, h, 0, 0), 0.5, 1e-7);
+    CHECK_NEAR(key_at(kv, h, 0, 1), 1.0, 1e-7);
+    CHECK_NEAR(val_at(kv, h, 0, 0), -0.5, 1e-7);
+    CHECK_NEAR(val_at(kv, h, 0, 1), 0.5, 1e-7);
+    CHECK_NEAR(key_at(kv, h, 1, 0), 3.0, 1e-7);
+    CHECK_NEAR(key_at(kv, h, 1, 1), 6.0, 1e-7);
+    CHECK_NEAR(val_at(kv, h, 1, 0), -3.0, 1e-7);
+    CHECK_NEAR(val_at(kv, h, 1, 1), (4.0 + 9.0 + 16.0) / 3.0, 1e-6);
     CHECK_NEAR(h->colsum[0], 0.5, 1e-12);
     CHECK_NEAR(h->colsum[1], 0.5 * 9, 1e-12);
     CHECK(h->count[0] == 3 && h->count[1] == 3 + 4 + 5);
@@ -237,10 +249,10 @@ static void test_merge(void) {
     CHECK_OK(ekv_kv_head_merge(kv, h, into2));
     CHECK(h->len == 1 && h->weight[0] == 5.0f && h->pos[0] == 13);
     CHECK(h->n_merged == 5 && h->n_evicted == 1);
-    CHECK_NEAR(h->k[0], 2.0, 1e-6);
-    CHECK_NEAR(h->k[1], 4.0, 1e-6);
-    CHECK_NEAR(h->v[0], -2.0, 1e-6);
-    CHECK_NEAR(h->v[1], (2 * 0.5 + 3 * (29.0 / 3.0)) / 5.0, 1e-6);
+    CHECK_NEAR(key_at(kv, h, 0, 0), 2.0, 1e-6);
+    CHECK_NEAR(key_at(kv, h, 0, 1), 4.0, 1e-6);
+    CHECK_NEAR(val_at(kv, h, 0, 0), -2.0, 1e-6);
+    CHECK_NEAR(val_at(kv, h, 0, 1), (2 * 0.5 + 3 * (29.0 / 3.0)) / 5.0, 1e-6);
     CHECK(fabs(h->weight[0] + (double)h->n_evicted - 6.0) < 1e-9);
 
     /* dropping a merged entry counts all its tokens as evicted */
@@ -261,6 +273,61 @@ static void test_merge(void) {
     ekv_kv_reset_stats(kv, EKV_STAT_COLSUM | EKV_STAT_SPARSITY);
     CHECK(h->colsum[0] == 0 && h->count[0] == 0 && h->lastrow[0] == 1.0f);
     CHECK(kv->layers[0].sparse_zero == 0 && kv->layers[0].sparse_total == 0);
+    ekv_kv_free(kv);
+}
+
+/* The entry access calls: reads, writes, bulk forms, their validation, and
+ * merge_set's caller-given rows. */
+static void test_access(void) {
+    struct ekv_kv *kv = NULL;
+    CHECK_OK(ekv_kv_new(1, 2, 1, D, NULL, &kv));
+    if (!kv) return;
+    struct ekv_kv_head *h = &kv->layers[0].heads[0];
+    CHECK_OK(ekv_kv_reserve(kv, 0, 6));
+    fill(kv, h, 6, 1); /* key c of entry j = 10 j + c, value = -(10 j + c) */
+    float k[3 * D], v[3 * D];
+    CHECK(ekv_kv_head_get(kv, h, 6, k, v) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_kv_head_get(kv, h, -1, k, NULL) == EKV_ERR_INVALID_ARG);
+    CHECK_OK(ekv_kv_head_get(kv, h, 5, NULL, NULL));
+    const int32_t idx[3] = {4, 1, 4};
+    CHECK_OK(ekv_kv_head_gather(kv, h, idx, 3, k, v));
+    CHECK(k[0] == 40.0f && k[D + 3] == 13.0f && k[2 * D + 1] == 41.0f && v[D] == -10.0f && v[2 * D + 2] == -42.0f);
+    CHECK_OK(ekv_kv_head_gather(kv, h, NULL, 2, k, NULL));
+    CHECK(k[D + 2] == 12.0f);
+    const int32_t badi[2] = {0, 6};
+    CHECK(ekv_kv_head_gather(kv, h, badi, 2, k, v) == EKV_ERR_INVALID_ARG);
+
+    /* writes: one side, both sides, and validation before anything is written */
+    float row[D];
+    for (int c = 0; c < D; c++) row[c] = 0.5f + (float)c;
+    CHECK_OK(ekv_kv_head_set(kv, h, 2, row, NULL));
+    CHECK(key_at(kv, h, 2, 3) == 3.5f && val_at(kv, h, 2, 3) == -23.0f);
+    const int32_t dup[2] = {3, 3}, wi[2] = {5, 0};
+    CHECK(ekv_kv_head_scatter(kv, h, dup, 2, k, v) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_kv_head_scatter(kv, h, badi, 2, k, v) == EKV_ERR_INVALID_ARG);
+    CHECK(key_at(kv, h, 0, 1) == 1.0f && key_at(kv, h, 3, 0) == 30.0f);
+    for (int c = 0; c < 2 * D; c++) {
+        k[c] = 100.0f + (float)c;
+        v[c] = -100.0f - (float)c;
+    }
+    CHECK_OK(ekv_kv_head_scatter(kv, h, wi, 2, k, v));
+    CHECK(key_at(kv, h, 5, 0) == 100.0f && val_at(kv, h, 0, D - 1) == -100.0f - (float)(2 * D - 1));
+    CHECK(key_at(kv, h, 4, 0) == 40.0f && h->len == 6 && h->pos[5] == 5);
+
+    /* merge_set: survivor 1 takes {1, 2, 3} with a caller-given key, the mean value */
+    float kset[6 * D];
+    for (int j = 0; j < 6 * D; j++) kset[j] = NAN; /* only the row of the survivor is read */
+    for (int c = 0; c < D; c++) kset[1 * D + c] = 7.0f;
+    const int32_t into[6] = {0, 1, 1, 1, 4, -1};
+    float v1[D], v2[D], v3[D];
+    CHECK_OK(ekv_kv_head_get(kv, h, 1, NULL, v1));
+    CHECK_OK(ekv_kv_head_get(kv, h, 2, NULL, v2));
+    CHECK_OK(ekv_kv_head_get(kv, h, 3, NULL, v3));
+    CHECK_OK(ekv_kv_head_merge_set(kv, h, into, kset, NULL));
+    CHECK(h->len == 3 && h->weight[1] == 3.0f && h->n_merged == 2 && h->n_evicted == 1);
+    CHECK(key_at(kv, h, 1, 0) == 7.0f && key_at(kv, h, 1, D - 1) == 7.0f);
+    CHECK_NEAR(val_at(kv, h, 1, 2), (v1[2] + v2[2] + v3[2]) / 3.0, 1e-5);
+    CHECK(key_at(kv, h, 2, 0) == 40.0f); /* entry 4, untouched */
     ekv_kv_free(kv);
 }
 
@@ -487,8 +554,13 @@ static void test_forward(void) {
     const struct ekv_kv_head *h1 = &kv->layers[1].heads[1];
     CHECK(h1->len == T);
     CHECK(h1->pos[7] == 7 && h1->tag[2] == EKV_TAG_IMAGE && h1->tag[6] == EKV_TAG_GENERATED);
-    CHECK(memcmp(h1->k, &k[1][0][1][0], DD * sizeof(float)) == 0);
-    CHECK(memcmp(h1->v + 5 * DD, &v[1][5][1][0], DD * sizeof(float)) == 0);
+    {
+        float row[DD];
+        CHECK_OK(ekv_kv_head_get(kv, h1, 0, row, NULL));
+        CHECK(memcmp(row, &k[1][0][1][0], DD * sizeof(float)) == 0);
+        CHECK_OK(ekv_kv_head_get(kv, h1, 5, NULL, row));
+        CHECK(memcmp(row, &v[1][5][1][0], DD * sizeof(float)) == 0);
+    }
     /* direct causal GQA attention and statistics */
     double maxerr = 0;
     for (int il = 0; il < L; il++) {
@@ -628,6 +700,7 @@ int main(void) {
     test_new_validation();
     test_storage();
     test_merge();
+    test_access();
     test_target();
     test_attn_row();
     test_stats_direct();

@@ -534,12 +534,20 @@ static void test_vlcache_policy(void) {
 /* Elastic Cache §10                                                    */
 /* ------------------------------------------------------------------ */
 
-static bool kv_is(const struct ekv_kv_head *h, const double *val, int n) {
+/* Entry j of a head_dim-2 head as {k0, k1, v0, v1}, read through the access API. */
+static void kv_row2(const struct ekv_kv *kv, const struct ekv_kv_head *h, int j, float out[4]) {
+    out[0] = out[1] = out[2] = out[3] = NAN;
+    if (kv->head_dim == 2) (void)ekv_kv_head_get(kv, h, j, out, out + 2);
+}
+
+static bool kv_is(const struct ekv_kv *kv, const struct ekv_kv_head *h, const double *val, int n) {
     if (h->len != n) return false;
     bool ok = true;
     for (int j = 0; j < n; j++) {
-        ok &= fabs(h->k[2 * j] - val[j]) < 1e-5 && fabs(h->k[2 * j + 1] - 2 * val[j]) < 1e-5;
-        ok &= fabs(h->v[2 * j] + val[j]) < 1e-5 && fabs(h->v[2 * j + 1] - (100 + val[j])) < 1e-4;
+        float r[4];
+        kv_row2(kv, h, j, r);
+        ok &= fabs(r[0] - val[j]) < 1e-5 && fabs(r[1] - 2 * val[j]) < 1e-5;
+        ok &= fabs(r[2] + val[j]) < 1e-5 && fabs(r[3] - (100 + val[j])) < 1e-4;
     }
     return ok;
 }
@@ -554,7 +562,7 @@ static void test_elastic_vectors(void) {
         static const int32_t pos[] = {0, 2, 4, 7};
         static const double val[] = {0, 2, 5, 7};
         CHECK(positions_are(h, pos, 4));
-        CHECK(kv_is(h, val, 4));
+        CHECK(kv_is(kv, h, val, 4));
         CHECK(h->weight[0] == 1 && h->weight[1] == 3 && h->weight[2] == 3 && h->weight[3] == 1);
         CHECK(h->n_merged == 4 && h->n_evicted == 0);
         CHECK(weight_sum(h) + (double)h->n_evicted == (double)kv->n_seen);
@@ -569,8 +577,10 @@ static void test_elastic_vectors(void) {
         static const int32_t pos[] = {0, 1, 7};
         static const double val[] = {0, 16.0 / 6.0, 7};
         CHECK(positions_are(h, pos, 3));
-        CHECK(kv_is(h, val, 3));
-        CHECK_NEAR(h->k[2], 2.667, 5e-4);
+        CHECK(kv_is(kv, h, val, 3));
+        float r1[4];
+        kv_row2(kv, h, 1, r1);
+        CHECK_NEAR(r1[0], 2.667, 5e-4);
         /* honest accounting: kv2..kv5 merged, kv6 dropped */
         CHECK(h->n_merged == 4 && h->n_evicted == 1);
         CHECK(weight_sum(h) + (double)h->n_evicted == 8.0);
@@ -602,7 +612,7 @@ static void test_elastic_vectors(void) {
         static const int32_t pos[] = {0, 2, 4, 7};
         static const double val[] = {0, 2, 5, 7};
         CHECK(positions_are(&kv->layers[0].heads[0], pos, 4));
-        CHECK(kv_is(&kv->layers[0].heads[0], val, 4));
+        CHECK(kv_is(kv, &kv->layers[0].heads[0], val, 4));
         ekv_kv_free(kv);
     }
     /* f <= 0 (budget 1): nothing */
@@ -635,7 +645,7 @@ static void test_elastic_shared_anchors(void) {
     static const double val[] = {0, 1.5, 4.5, 7}; /* 2 ties between 1 and 3 -> left */
     for (int hk = 0; hk < 2; hk++) {
         CHECK(positions_are(&kv->layers[0].heads[hk], pos, 4));
-        CHECK(kv_is(&kv->layers[0].heads[hk], val, 4));
+        CHECK(kv_is(kv, &kv->layers[0].heads[hk], val, 4));
     }
     /* decode: statistics off, frozen scores */
     struct ekv_kv_step d = {.is_prompt = false, .pos0 = 8, .n_new = 1};

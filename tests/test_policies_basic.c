@@ -54,8 +54,11 @@ static struct ekv_kv *run_matrix(struct ekv_kv_params p) {
 static bool keeps(const struct ekv_kv *kv, const int32_t *want, int n) {
     const struct ekv_kv_head *h = &kv->layers[0].heads[0];
     if (h->len != n) return false;
-    for (int j = 0; j < n; j++)
-        if (h->pos[j] != want[j] || h->k[j] != (float)want[j] || h->v[j] != (float)want[j]) return false;
+    for (int j = 0; j < n; j++) {
+        float k = NAN, v = NAN;
+        if (kv->head_dim != 1 || ekv_kv_head_get(kv, h, j, &k, &v) != EKV_OK) return false;
+        if (h->pos[j] != want[j] || k != (float)want[j] || v != (float)want[j]) return false;
+    }
     return true;
 }
 

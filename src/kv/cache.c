@@ -370,98 +370,222 @@ enum ekv_status ekv_kv_head_keep_idx(struct ekv_kv *kv, struct ekv_kv_head *h, c
     return EKV_OK;
 }
 
-enum ekv_status ekv_kv_head_merge(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into) {
-    if (!kv || !h || (!into && h->len > 0)) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_merge: NULL argument");
-    const int32_t len = h->len;
+/* ---- entry access ---- */
+
+static enum ekv_status check_entry(const struct ekv_kv *kv, const struct ekv_kv_head *h, int32_t j, const char *fn) {
+    if (!kv || !h) return ekv_err(EKV_ERR_INVALID_ARG, "%s: NULL cache or head", fn);
+    if (j < 0 || j >= h->len)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: entry %d out of range [0, %d)", fn, (int)j, (int)h->len);
+    return EKV_OK;
+}
+
+/* Row j of one side (K when is_v is false) as floats; j is valid. */
+static void row_read(const struct ekv_kv *kv, const struct ekv_kv_head *h, bool is_v, int32_t j, float *dst) {
     const size_t d = (size_t)kv->head_dim;
-    int32_t n_targets = 0;
+    memcpy(dst, (is_v ? h->v : h->k) + (size_t)j * d, d * sizeof(float));
+}
+
+/* Writes rows idx[t] (distinct, valid) of one side from src [n][head_dim]. */
+static void rows_write(const struct ekv_kv *kv, struct ekv_kv_head *h, bool is_v, const int32_t *idx, int32_t n,
+                       const float *src) {
+    const size_t d = (size_t)kv->head_dim;
+    float *base = is_v ? h->v : h->k;
+    for (int32_t t = 0; t < n; t++) {
+        const int32_t j = idx ? idx[t] : t;
+        memcpy(base + (size_t)j * d, src + (size_t)t * d, d * sizeof(float));
+    }
+}
+
+enum ekv_status ekv_kv_head_get(const struct ekv_kv *kv, const struct ekv_kv_head *h, int32_t j, float *k,
+                                float *v) {
+    enum ekv_status s = check_entry(kv, h, j, "ekv_kv_head_get");
+    if (s != EKV_OK) return s;
+    if (k) row_read(kv, h, false, j, k);
+    if (v) row_read(kv, h, true, j, v);
+    return EKV_OK;
+}
+
+enum ekv_status ekv_kv_head_gather(const struct ekv_kv *kv, const struct ekv_kv_head *h, const int32_t *idx,
+                                   int32_t n, float *k, float *v) {
+    if (!kv || !h || n < 0) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_gather: bad arguments (n = %d)", (int)n);
+    for (int32_t t = 0; t < n; t++) {
+        enum ekv_status s = check_entry(kv, h, idx ? idx[t] : t, "ekv_kv_head_gather");
+        if (s != EKV_OK) return s;
+    }
+    const size_t d = (size_t)kv->head_dim;
+    for (int32_t t = 0; t < n; t++) {
+        const int32_t j = idx ? idx[t] : t;
+        if (k) row_read(kv, h, false, j, k + (size_t)t * d);
+        if (v) row_read(kv, h, true, j, v + (size_t)t * d);
+    }
+    return EKV_OK;
+}
+
+enum ekv_status ekv_kv_head_scatter(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *idx, int32_t n,
+                                    const float *k, const float *v) {
+    if (!kv || !h || n < 0) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_scatter: bad arguments (n = %d)", (int)n);
+    if (n == 0 || (!k && !v)) return EKV_OK;
+    uint8_t *seen = calloc((size_t)h->len ? (size_t)h->len : 1, 1);
+    if (!seen) return ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_scatter: out of memory for %d entries", (int)h->len);
+    enum ekv_status s = EKV_OK;
+    for (int32_t t = 0; t < n && s == EKV_OK; t++) {
+        const int32_t j = idx ? idx[t] : t;
+        s = check_entry(kv, h, j, "ekv_kv_head_scatter");
+        if (s == EKV_OK && seen[j]++)
+            s = ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_scatter: entry %d is written twice", (int)j);
+    }
+    free(seen);
+    if (s != EKV_OK) return s;
+    if (k) rows_write(kv, h, false, idx, n, k);
+    if (v) rows_write(kv, h, true, idx, n, v);
+    return EKV_OK;
+}
+
+enum ekv_status ekv_kv_head_set(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t j, const float *k,
+                                const float *v) {
+    enum ekv_status s = check_entry(kv, h, j, "ekv_kv_head_set");
+    if (s != EKV_OK) return s;
+    if (k) rows_write(kv, h, false, &j, 1, k);
+    if (v) rows_write(kv, h, true, &j, 1, v);
+    return EKV_OK;
+}
+
+/* ---- merging ---- */
+
+/* Validates into[] and numbers the survivors that receive members:
+ * slot[t] = 0.. for those, -1 otherwise. Returns the count, or -1 when an
+ * entry joins an entry that does not survive. */
+static int32_t merge_slots(const int32_t *into, int32_t len, int32_t *slot, int32_t *bad) {
     for (int32_t j = 0; j < len; j++) {
         const int32_t t = into[j];
         if (t == -1 || t == j) continue;
-        if (t < 0 || t >= len || into[t] != t)
-            return ekv_err(EKV_ERR_INVALID_ARG,
-                           "ekv_kv_head_merge: entry %d joins %d, which is not a surviving entry", (int)j,
-                           (int)t);
+        if (t < 0 || t >= len || into[t] != t) {
+            *bad = j;
+            return -1;
+        }
     }
-    /* slot[t]: accumulator of survivor t that receives members (-1: none) */
-    int32_t *slot = malloc((size_t)(len ? len : 1) * sizeof *slot);
-    uint8_t *keep = malloc((size_t)(len ? len : 1));
+    int32_t n = 0;
+    for (int32_t j = 0; j < len; j++) slot[j] = -1;
+    for (int32_t j = 0; j < len; j++) {
+        const int32_t t = into[j];
+        if (t >= 0 && t != j && slot[t] < 0) slot[t] = n++;
+    }
+    return n;
+}
+
+/* Weighted sums of one side (K or V) of every receiving survivor and its
+ * members into acc [n_targets][d] (zeroed by the caller), survivors first
+ * then members in index order. row: scratch [d]. */
+static void merge_accumulate(const struct ekv_kv *kv, const struct ekv_kv_head *h, bool is_v, const int32_t *into,
+                             const int32_t *slot, double *acc, float *row) {
+    const size_t d = (size_t)kv->head_dim;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t j = 0; j < h->len; j++) {
+            const int32_t t = into[j];
+            if (t < 0 || (pass == 0) != (t == j) || slot[t] < 0) continue;
+            double *a = acc + (size_t)slot[t] * d;
+            const double w = h->weight[j];
+            row_read(kv, h, is_v, j, row);
+            for (size_t c = 0; c < d; c++) a[c] += w * row[c];
+        }
+    }
+}
+
+enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into,
+                                      const float *k_set, const float *v_set) {
+    if (!kv || !h || (!into && h->len > 0)) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_merge: NULL argument");
+    const int32_t len = h->len;
+    const size_t d = (size_t)kv->head_dim;
+    const size_t nl = (size_t)(len ? len : 1);
+    int32_t *slot = malloc(nl * sizeof *slot);
+    uint8_t *keep = malloc(nl);
     if (!slot || !keep) {
         free(slot);
         free(keep);
         return ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_merge: out of memory for %d entries", (int)len);
     }
-    for (int32_t j = 0; j < len; j++) slot[j] = -1;
-    for (int32_t j = 0; j < len; j++) {
-        const int32_t t = into[j];
-        if (t >= 0 && t != j && slot[t] < 0) slot[t] = n_targets++;
+    int32_t bad = -1;
+    const int32_t n_targets = merge_slots(into, len, slot, &bad);
+    if (n_targets < 0) {
+        free(slot);
+        free(keep);
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_merge: entry %d joins %d, which is not a surviving entry",
+                       (int)bad, (int)into[bad]);
     }
-    double *acc = NULL; /* [n_targets][2 * d]: weighted sums of K then V */
-    double *wsum = NULL; /* [n_targets] */
+    double *acc = NULL;   /* [n_targets][d]: weighted sums of one side */
+    double *wsum = NULL;  /* [n_targets] */
+    float *rows = NULL;   /* [n_targets][d] new rows of one side, then scratch row [d] */
+    int32_t *tidx = NULL; /* [n_targets] survivor index of each slot */
+    enum ekv_status s = EKV_OK;
     if (n_targets > 0) {
-        acc = calloc((size_t)n_targets * 2 * d, sizeof *acc);
+        acc = malloc((size_t)n_targets * d * sizeof *acc);
         wsum = calloc((size_t)n_targets, sizeof *wsum);
-        if (!acc || !wsum) {
-            free(slot);
-            free(keep);
-            free(acc);
-            free(wsum);
-            return ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_merge: out of memory for %d merge targets",
-                           (int)n_targets);
+        rows = malloc(((size_t)n_targets + 1) * d * sizeof *rows);
+        tidx = malloc((size_t)n_targets * sizeof *tidx);
+        if (!acc || !wsum || !rows || !tidx) {
+            s = ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_merge: out of memory for %d merge targets", (int)n_targets);
+            goto out;
         }
     }
     double merged = 0.0, dropped = 0.0;
-    /* survivors' own contribution, then the members' */
-    for (int pass = 0; pass < 2; pass++) {
-        for (int32_t j = 0; j < len; j++) {
-            const int32_t t = into[j];
-            if (t < 0) continue;
-            const bool self = (t == j);
-            if ((pass == 0) != self || slot[t] < 0) continue;
-            double *a = acc + (size_t)slot[t] * 2 * d;
-            const double w = h->weight[j];
-            const float *kj = h->k + (size_t)j * d;
-            const float *vj = h->v + (size_t)j * d;
-            for (size_t c = 0; c < d; c++) {
-                a[c] += w * kj[c];
-                a[d + c] += w * vj[c];
-            }
-            wsum[slot[t]] += w;
-            if (!self) {
-                merged += w;
-                if (h->colsum) h->colsum[t] += h->colsum[j];
-                if (h->count) h->count[t] += h->count[j];
-                if (h->sumsq) h->sumsq[t] += h->sumsq[j];
-                if (h->lastrow) h->lastrow[t] += h->lastrow[j];
-                if (h->winsum) h->winsum[t] += h->winsum[j];
-                if (h->bincount) h->bincount[t] += h->bincount[j];
-            }
+    for (int32_t j = 0; j < len; j++) { /* survivors' own weights first, as in merge_accumulate */
+        if (into[j] == j && slot[j] >= 0) {
+            wsum[slot[j]] += h->weight[j];
+            tidx[slot[j]] = j;
         }
     }
     for (int32_t j = 0; j < len; j++) {
-        keep[j] = (into[j] == j);
-        if (into[j] < 0) dropped += h->weight[j];
-        if (into[j] == j && slot[j] >= 0) {
-            const double *a = acc + (size_t)slot[j] * 2 * d;
-            const double W = wsum[slot[j]];
-            float *kj = h->k + (size_t)j * d;
-            float *vj = h->v + (size_t)j * d;
-            for (size_t c = 0; c < d; c++) {
-                kj[c] = (float)(a[c] / W);
-                vj[c] = (float)(a[d + c] / W);
-            }
-            h->weight[j] = (float)W;
+        const int32_t t = into[j];
+        if (t < 0) {
+            dropped += h->weight[j];
+            continue;
         }
+        if (t == j || slot[t] < 0) continue;
+        wsum[slot[t]] += h->weight[j];
+        merged += h->weight[j];
+        if (h->colsum) h->colsum[t] += h->colsum[j];
+        if (h->count) h->count[t] += h->count[j];
+        if (h->sumsq) h->sumsq[t] += h->sumsq[j];
+        if (h->lastrow) h->lastrow[t] += h->lastrow[j];
+        if (h->winsum) h->winsum[t] += h->winsum[j];
+        if (h->bincount) h->bincount[t] += h->bincount[j];
+    }
+    /* new K rows, then new V rows, of every receiving survivor (all members
+     * are read before anything of that side is written) */
+    for (int side = 0; side < 2 && n_targets > 0; side++) {
+        const bool is_v = side == 1;
+        const float *given = is_v ? v_set : k_set;
+        if (given) {
+            for (int32_t a = 0; a < n_targets; a++)
+                memcpy(rows + (size_t)a * d, given + (size_t)tidx[a] * d, d * sizeof(float));
+        } else {
+            memset(acc, 0, (size_t)n_targets * d * sizeof *acc);
+            merge_accumulate(kv, h, is_v, into, slot, acc, rows + (size_t)n_targets * d);
+            for (int32_t a = 0; a < n_targets; a++)
+                for (size_t c = 0; c < d; c++) rows[(size_t)a * d + c] = (float)(acc[(size_t)a * d + c] / wsum[a]);
+        }
+        rows_write(kv, h, is_v, tidx, n_targets, rows);
+    }
+    for (int32_t j = 0; j < len; j++) {
+        keep[j] = (into[j] == j);
+        if (keep[j] && slot[j] >= 0) h->weight[j] = (float)wsum[slot[j]];
     }
     head_compact(kv, h, keep);
     h->n_merged += (int64_t)llround(merged);
     h->n_evicted += (int64_t)llround(dropped);
+    head_maybe_shrink(kv, h);
+out:
     free(slot);
     free(keep);
     free(acc);
     free(wsum);
-    head_maybe_shrink(kv, h);
-    return EKV_OK;
+    free(rows);
+    free(tidx);
+    return s;
+}
+
+enum ekv_status ekv_kv_head_merge(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into) {
+    return ekv_kv_head_merge_set(kv, h, into, NULL, NULL);
 }
 
 void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which) {

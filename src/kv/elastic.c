@@ -263,8 +263,11 @@ static enum ekv_status compat_merge(struct ekv_kv *kv, int il, int32_t T, int32_
     uint8_t *keep = malloc((size_t)T);
     int32_t *tos = malloc((size_t)(mlen > 0 ? mlen : 1) * sizeof *tos);
     double *acc = malloc((size_t)(mlen > 0 ? mlen : 1) * 2 * (size_t)d * sizeof *acc); /* [nsel][2][d] */
+    float *rk = malloc((size_t)(mlen > 0 ? mlen : 1) * (size_t)d * sizeof *rk); /* [nsel][d] rows read / written */
+    float *rv = malloc((size_t)(mlen > 0 ? mlen : 1) * (size_t)d * sizeof *rv);
+    int32_t *widx = malloc((size_t)(mlen > 0 ? mlen : 1) * sizeof *widx);
     enum ekv_status st = EKV_OK;
-    if (!score || !pi || !ord || !sel || !thr || !to || !cnt || !keep || !tos || !acc) {
+    if (!score || !pi || !ord || !sel || !thr || !to || !cnt || !keep || !tos || !acc || !rk || !rv || !widx) {
         st = ekv_err(EKV_ERR_NOMEM, "elastic: merge scratch for %d entries", (int)T);
         goto out;
     }
@@ -313,34 +316,37 @@ static enum ekv_status compat_merge(struct ekv_kv *kv, int il, int32_t T, int32_
         struct ekv_kv_head *h = &ly->heads[hh];
         /* anchors: plain mean of the old value and the thrown values, all
          * read before any is written (scatter_reduce reads the originals) */
-        memset(acc, 0, (size_t)nsel * 2 * (size_t)d * sizeof *acc);
-        for (int32_t a = 0; a < nsel; a++) {
-            const float *kj = h->k + (size_t)sel[a] * d, *vj = h->v + (size_t)sel[a] * d;
+        st = ekv_kv_head_gather(kv, h, sel, nsel, rk, rv);
+        for (int32_t a = 0; a < nsel && st == EKV_OK; a++) {
             double *ac = acc + (size_t)a * 2 * d;
             for (int32_t c = 0; c < d; c++) {
-                ac[c] = kj[c];
-                ac[d + c] = vj[c];
+                ac[c] = rk[(size_t)a * d + c];
+                ac[d + c] = rv[(size_t)a * d + c];
             }
         }
-        for (int32_t i = 0; i < nthr; i++) {
+        for (int32_t i = 0; i < nthr && st == EKV_OK; i++) {
             if (tos[i] < 0) continue;
-            const float *kt = h->k + (size_t)thr[i] * d, *vt = h->v + (size_t)thr[i] * d;
+            st = ekv_kv_head_get(kv, h, thr[i], rk, rv);
             double *ac = acc + (size_t)tos[i] * 2 * d;
             for (int32_t c = 0; c < d; c++) {
-                ac[c] += kt[c];
-                ac[d + c] += vt[c];
+                ac[c] += rk[c];
+                ac[d + c] += rv[c];
             }
         }
-        for (int32_t a = 0; a < nsel; a++) {
+        int32_t nw = 0; /* anchors that received members, written in one scatter */
+        for (int32_t a = 0; a < nsel && st == EKV_OK; a++) {
             const int32_t j = sel[a];
             if (!cnt[j]) continue;
             const double *ac = acc + (size_t)a * 2 * d;
             const double den = (double)(cnt[j] + 1);
             for (int32_t c = 0; c < d; c++) {
-                h->k[(size_t)j * d + c] = (float)(ac[c] / den);
-                h->v[(size_t)j * d + c] = (float)(ac[d + c] / den);
+                rk[(size_t)nw * d + c] = (float)(ac[c] / den);
+                rv[(size_t)nw * d + c] = (float)(ac[d + c] / den);
             }
+            widx[nw++] = j;
         }
+        if (st == EKV_OK) st = ekv_kv_head_scatter(kv, h, widx, nw, rk, rv);
+        if (st != EKV_OK) break;
         /* honest token accounting: a dropped entry that was merged somewhere
          * moves its weight to its anchor and counts as merged */
         double wmerged = 0.0;
@@ -360,6 +366,7 @@ static enum ekv_status compat_merge(struct ekv_kv *kv, int il, int32_t T, int32_
     }
 out:
     free(score); free(pi); free(ord); free(sel); free(thr); free(to); free(cnt); free(keep); free(tos); free(acc);
+    free(rk); free(rv); free(widx);
     return st;
 }
 

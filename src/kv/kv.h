@@ -28,8 +28,10 @@
 struct ekv_kv_head {
     int32_t len;      /* entries in use */
     int32_t cap;      /* entries allocated */
-    float *k;         /* [cap][head_dim] keys, RoPE applied */
-    float *v;         /* [cap][head_dim] values */
+    /* storage of keys (RoPE applied) and values: private to cache.c and
+     * attend.c; everyone else goes through ekv_kv_head_get/gather/set/scatter */
+    float *k;         /* [cap][head_dim] */
+    float *v;         /* [cap][head_dim] */
     int32_t *pos;     /* [cap] original positions, strictly increasing */
     uint8_t *tag;     /* [cap] enum ekv_tag */
     float *weight;    /* [cap] tokens this entry stands for (1 unless merged) */
@@ -134,8 +136,49 @@ enum ekv_status ekv_kv_head_keep_idx(struct ekv_kv *kv, struct ekv_kv_head *h, c
 /* Merges entries: into[j] is the index of the entry that j joins (into[j]
  * == j for an entry that survives, -1 to drop j). Survivors get the
  * weight-weighted mean of K and V over themselves and their members, the sum
- * of weights, and the sum of additive statistics; members count as merged. */
+ * of weights, and the sum of additive statistics; members count as merged.
+ * K and V are read dequantised and the survivors' means re-quantised as the
+ * storage type needs (ekv_kv_head_scatter). */
 enum ekv_status ekv_kv_head_merge(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into);
+/* ekv_kv_head_merge with the survivors' new K and/or V given by the caller
+ * instead of the weighted mean (a merging policy's own rule, e.g. keys
+ * averaged after undoing RoPE): a survivor t that receives members gets row
+ * t of k_set / v_set ([h->len][head_dim], indexed BEFORE compaction; rows of
+ * other entries are not read). NULL k_set or v_set = the weighted mean for
+ * that side. Weights, statistics and counters as ekv_kv_head_merge. */
+enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into,
+                                      const float *k_set, const float *v_set);
+
+/* ---- entry access (src/kv/cache.c) ----
+ * The ONLY way for code outside cache.c / attend.c (policies, tests, eval)
+ * to read or write cached keys and values: the storage behind a head is
+ * private and becomes typed (f16, q8_0, q4_0, KIVI groups; issue 11), so
+ * never touch h->k / h->v. Reads give floats (dequantised); writes take
+ * floats and quantise as the storage type needs. Positions, tags, weights
+ * and statistics stay plain arrays of the head.
+ *
+ * Writes into a grouped layout (KIVI keys: one scale and zero point per
+ * channel over a group of G entries) re-quantise each touched group once,
+ * from its dequantised rows with the new rows in place, so the group's
+ * other rows may move by up to one quantisation step; write all the rows
+ * of a merge in one ekv_kv_head_scatter call rather than row by row. */
+
+/* Entry j's key and/or value (either pointer may be NULL) as head_dim
+ * floats. EKV_ERR_INVALID_ARG if j is not in [0, h->len). */
+enum ekv_status ekv_kv_head_get(const struct ekv_kv *kv, const struct ekv_kv_head *h, int32_t j, float *k,
+                                float *v);
+/* Entries idx[0..n) (any order, repeats allowed; idx NULL = entries
+ * 0..n-1) into k / v [n][head_dim]; either may be NULL. */
+enum ekv_status ekv_kv_head_gather(const struct ekv_kv *kv, const struct ekv_kv_head *h, const int32_t *idx,
+                                   int32_t n, float *k, float *v);
+/* Overwrites entry j's key and/or value (NULL: that side unchanged). */
+enum ekv_status ekv_kv_head_set(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t j, const float *k,
+                                const float *v);
+/* Overwrites entries idx[0..n) (distinct; idx NULL = entries 0..n-1) with
+ * rows of k / v [n][head_dim] (NULL: that side unchanged). Validates every
+ * index before writing anything. */
+enum ekv_status ekv_kv_head_scatter(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *idx, int32_t n,
+                                    const float *k, const float *v);
 /* Zeroes the statistics arrays of every head. */
 void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
 
