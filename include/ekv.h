@@ -331,6 +331,77 @@ int32_t ekv_vision_n_embd(const struct ekv_vision *v);
 enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_context *ctx, const char *path,
                                        float *out);
 
+/* An image for a prompt: a file, or encoded bytes (JPEG or PNG) in memory,
+ * e.g. the decoded payload of a data: URI. All fields borrowed. */
+struct ekv_image_input {
+    const char *path;     /* file to read; NULL when the bytes are given */
+    const void *data;     /* encoded image bytes, used when path is NULL */
+    size_t size;          /* bytes at data */
+};
+
+/* Image embeddings (positions) the image will become with this tower:
+ * ekv_vision_n_tokens for a fixed-size tower, more for a LLaVA-1.6
+ * "anyres" tower (it depends on the image's size). Reads only the image's
+ * header. */
+enum ekv_status ekv_vision_image_tokens(const struct ekv_vision *v, const struct ekv_image_input *img,
+                                        int32_t *n_tokens);
+
+/* A prompt with images: the text split at each EKV_IMAGE_MARKER and
+ * tokenized, and one image slot per marker that the vision tower fills
+ * with embeddings. It is fed to a sequence as text and image segments in
+ * order (images tagged EKV_TAG_IMAGE). Shared by the CLI, the evaluation
+ * runner and the server. A prompt is read-only while it is evaluated, so
+ * one prompt may be fed to several sequences (one thread at a time). */
+struct ekv_prompt;
+
+/* Tokenizes `len` bytes of text, splitting at every EKV_IMAGE_MARKER; text
+ * of special tokens ("<|im_start|>") becomes those tokens. The first piece
+ * gets BOS when add_bos is set and the vocabulary asks for it (set it for
+ * the start of a sequence, clear it for a later turn of a conversation);
+ * the other pieces continue without one. *out is owned by the caller
+ * (ekv_prompt_free). */
+enum ekv_status ekv_prompt_new(const struct ekv_model *model, const char *text, size_t len, bool add_bos,
+                               struct ekv_prompt **out);
+void ekv_prompt_free(struct ekv_prompt *p);
+
+/* Image markers in the text (= image slots). */
+int32_t ekv_prompt_n_images(const struct ekv_prompt *p);
+/* Text tokens (all pieces together). */
+int32_t ekv_prompt_n_tokens(const struct ekv_prompt *p);
+/* Copies the text tokens, in order, into tokens (at least n_tokens ids). */
+void ekv_prompt_tokens(const struct ekv_prompt *p, int32_t *tokens);
+
+/* Decodes, preprocesses and encodes images[0..n) with the vision tower
+ * into the slots in order (n must equal ekv_prompt_n_images; images set
+ * before are replaced). ctx (may be NULL) lends its threads and must
+ * belong to a model whose width is the tower's output width. An error
+ * names the image (its path, or "image i (N bytes in memory)") and the
+ * reason; the slots are then all unset. */
+enum ekv_status ekv_prompt_set_images(struct ekv_prompt *p, const struct ekv_vision *v, struct ekv_context *ctx,
+                                      const struct ekv_image_input *images, int32_t n);
+
+/* Sets slot i from embeddings computed elsewhere: n_rows x n_embd floats
+ * (n_embd of the prompt's model), copied. */
+enum ekv_status ekv_prompt_set_image_embd(struct ekv_prompt *p, int32_t i, const float *embd, int32_t n_rows);
+
+/* Positions the prompt takes: its text tokens plus the rows of the images
+ * set so far. */
+int64_t ekv_prompt_n_positions(const struct ekv_prompt *p);
+
+/* Where image i sits: its first position within the prompt and its rows
+ * (0 while unset). */
+enum ekv_status ekv_prompt_image_span(const struct ekv_prompt *p, int32_t i, int64_t *pos0, int32_t *n_rows);
+
+/* The prompt as segments in order (empty text pieces left out), pointing
+ * into the prompt: valid until the prompt is changed or freed. Fails with
+ * EKV_ERR_INVALID_ARG, naming the slot, while an image is unset. */
+enum ekv_status ekv_prompt_segments(const struct ekv_prompt *p, const struct ekv_segment **segs, int32_t *n_segs);
+
+/* Feeds the whole prompt to seq as one prompt (the policy compresses it
+ * when read; block-wise when the policy's chunk is set); logits of its
+ * last position to `logits` when not NULL. Every image must be set. */
+enum ekv_status ekv_seq_eval_prompt(struct ekv_seq *seq, const struct ekv_prompt *p, float *logits);
+
 /* First position whose queries feed the policy's observation-window
  * statistics (VL-Cache's post-vision window, SnapKV's window); -1 if the
  * policy uses none. */

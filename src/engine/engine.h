@@ -50,6 +50,13 @@ struct ekv_fwd_part {
 enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
                             int32_t n_rows, int32_t out_row0, float *logits);
 
+/* Decodes and encodes one image with the tower (vision_api.c): *out is a
+ * malloc'd [*n_rows][n_embd_out] array owned by the caller. `index` names
+ * an in-memory image in messages. ctx may be NULL. */
+enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_context *ctx,
+                                        const struct ekv_image_input *in, int32_t index, float **out,
+                                        int32_t *n_rows);
+
 /* Makes the scratch hold at least `rows` positions. */
 enum ekv_status ekv_context_reserve(struct ekv_context *ctx, int32_t rows);
 

@@ -1,8 +1,11 @@
 /*
  * vision_api.c — the public vision API (ekv_vision_*): a thin owner of the
- * CLIP/SigLIP tower in src/vision/clip.c that encodes image files with a
- * context's worker threads, so front ends never touch internal headers.
+ * CLIP/SigLIP tower in src/vision/clip.c that decodes images from files or
+ * from bytes in memory and encodes them with a context's worker threads,
+ * so front ends never touch internal headers. The prompt object
+ * (prompt.c) calls ekv_vision_encode_input for each of its image slots.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/util.h"
@@ -37,13 +40,87 @@ void ekv_vision_free(struct ekv_vision *v) {
 int32_t ekv_vision_n_tokens(const struct ekv_vision *v) { return v ? ekv_clip_n_patches(v->clip) : 0; }
 int32_t ekv_vision_n_embd(const struct ekv_vision *v) { return v ? ekv_clip_n_embd_out(v->clip) : 0; }
 
-enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_context *ctx, const char *path,
-                                       float *out) {
-    ekv_err_clear();
-    if (!v || !path || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_vision_encode_file: vision, path and out are required");
+static enum ekv_status check_width(const struct ekv_vision *v, const struct ekv_context *ctx) {
     if (ctx && ekv_clip_n_embd_out(v->clip) != ctx->model->info.n_embd)
         return ekv_err(EKV_ERR_INVALID_ARG,
                        "the mmproj projects images to width %d but the language model's width is %d",
                        ekv_clip_n_embd_out(v->clip), ctx->model->info.n_embd);
-    return ekv_clip_encode_file(v->clip, ctx ? ctx->pool : NULL, path, out);
+    return EKV_OK;
+}
+
+enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_context *ctx, const char *path,
+                                       float *out) {
+    ekv_err_clear();
+    if (!v || !path || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_vision_encode_file: vision, path and out are required");
+    enum ekv_status s = check_width(v, ctx);
+    if (s != EKV_OK) return s;
+    struct ekv_image img = {0};
+    s = ekv_image_load_file(path, &img);
+    if (s == EKV_OK && ekv_clip_image_rows(v->clip, img.nx, img.ny) != ekv_clip_n_patches(v->clip))
+        s = ekv_err(EKV_ERR_UNSUPPORTED, "%s: this tower tiles images (anyres): its embeddings do not fit a buffer "
+                    "of ekv_vision_n_tokens rows; use ekv_prompt_set_images", path);
+    if (s == EKV_OK) s = ekv_clip_encode_image(v->clip, ctx ? ctx->pool : NULL, &img, out);
+    ekv_image_free(&img);
+    return s;
+}
+
+/* "path" or "image i (N bytes in memory)" for messages. */
+static const char *image_name(const struct ekv_image_input *img, int32_t index, char *buf, size_t n) {
+    if (img->path) return img->path;
+    snprintf(buf, n, "image %d (%zu bytes in memory)", (int)index, img->size);
+    return buf;
+}
+
+enum ekv_status ekv_vision_image_tokens(const struct ekv_vision *v, const struct ekv_image_input *img,
+                                        int32_t *n_tokens) {
+    ekv_err_clear();
+    if (!v || !img || !n_tokens)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_vision_image_tokens: vision, image and n_tokens are required");
+    *n_tokens = 0;
+    char nb[64];
+    int nx = 0, ny = 0;
+    enum ekv_status s = img->path ? ekv_image_probe_file(img->path, &nx, &ny)
+                                  : ekv_image_probe_memory(img->data, img->size, image_name(img, 0, nb, sizeof nb),
+                                                           &nx, &ny);
+    if (s != EKV_OK) return s;
+    int64_t rows = ekv_clip_image_rows(v->clip, nx, ny);
+    if (rows <= 0 || rows > INT32_MAX)
+        return ekv_err(EKV_ERR_INVALID_ARG, "image of %dx%d gives %lld embeddings", nx, ny, (long long)rows);
+    *n_tokens = (int32_t)rows;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_context *ctx,
+                                        const struct ekv_image_input *in, int32_t index, float **out,
+                                        int32_t *n_rows) {
+    *out = NULL;
+    *n_rows = 0;
+    char nb[64];
+    const char *name = image_name(in, index, nb, sizeof nb);
+    if (!in->path && (!in->data || in->size == 0))
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: neither a path nor image bytes given", name);
+    enum ekv_status s = check_width(v, ctx);
+    if (s != EKV_OK) return s;
+    struct ekv_image img = {0};
+    s = in->path ? ekv_image_load_file(in->path, &img) : ekv_image_load_memory(in->data, in->size, name, &img);
+    if (s != EKV_OK) return s;
+    const int64_t rows = ekv_clip_image_rows(v->clip, img.nx, img.ny);
+    size_t cells = 0;
+    float *e = NULL;
+    if (rows <= 0 || rows > INT32_MAX ||
+        !ekv_mul_ok((size_t)rows, (size_t)ekv_clip_n_embd_out(v->clip), &cells) ||
+        !ekv_mul_ok(cells, sizeof(float), &cells))
+        s = ekv_err(EKV_ERR_OVERFLOW, "%s: %lld embeddings of width %d", name, (long long)rows,
+                    ekv_clip_n_embd_out(v->clip));
+    else if (!(e = malloc(cells)))
+        s = ekv_err(EKV_ERR_NOMEM, "%s: out of memory for %lld image embeddings", name, (long long)rows);
+    if (s == EKV_OK) s = ekv_clip_encode_image(v->clip, ctx ? ctx->pool : NULL, &img, e);
+    ekv_image_free(&img);
+    if (s != EKV_OK) {
+        free(e);
+        return in->path ? s : ekv_err_prefix(s, "%s", name);
+    }
+    *out = e;
+    *n_rows = (int32_t)rows;
+    return EKV_OK;
 }

@@ -386,7 +386,7 @@ struct ekv_eval_unit {
     int32_t n_prompt;    /* JSONL: prompt tokens; text: the first chunk (stride) */
     bool stream;         /* text window: streamed in stride chunks */
     char *image;         /* JSONL: resolved image path, or NULL */
-    int32_t image_at;    /* token index where the image embeddings go */
+    char *prompt_text;   /* JSONL with an image: the templated prompt holding its <image> marker */
     int32_t n_image;     /* image embeddings; the prompt spans n_prompt + n_image positions */
 };
 
@@ -406,7 +406,7 @@ struct ekv_eval_runner {
     int32_t n_scored;
     char *ref_text;                /* rouge: the full cache's greedy answer, or NULL
                                       when it is empty (item then has no ROUGE) */
-    float *img_embd;               /* [n_image][n_embd] the prepared unit's image, encoded once */
+    struct ekv_prompt *prompt;     /* the prepared unit's prompt with its image encoded once, or NULL */
     float *ref_attn;               /* hitrate: [n_layer][n_head_kv][n_prompt + n_image] attention of the
                                       first answer token's query over the prompt, full cache */
     /* scratch */

@@ -64,27 +64,30 @@ static enum ekv_status tokenize_alloc(const struct ekv_model *m, const char *tex
     return ekv_err(EKV_ERR_INTERNAL, "tokenizer asked for more room twice");
 }
 
-/* ekv_tokenize_prompt into a malloc'd array: BOS, the text around one
- * <image> marker; *image_at as there. */
-static enum ekv_status tokenize_prompt_alloc(const struct ekv_model *m, const char *text, int32_t **toks, size_t *n,
-                                             int32_t *image_at) {
-    size_t len = strlen(text), cap = len + 16, got = 0;
+/* A templated prompt as text tokens (copied out of an ekv_prompt: BOS
+ * first, special-token text parsed) and the positions its image, if any,
+ * takes; the template put one marker per image in the text. */
+static enum ekv_status templated_prompt_tokens(const struct ekv_eval_runner *r, const char *text, const char *image,
+                                           int32_t **toks, size_t *n, int32_t *n_image) {
+    struct ekv_prompt *p = NULL;
     *toks = NULL;
     *n = 0;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        int32_t *t = malloc(cap * sizeof *t);
-        if (!t) return ekv_err(EKV_ERR_NOMEM, "no memory for %zu tokens", cap);
-        enum ekv_status s = ekv_tokenize_prompt(m, text, len, t, cap, &got, image_at);
-        if (s == EKV_OK) {
-            *toks = t;
-            *n = got;
-            return EKV_OK;
-        }
-        free(t);
-        if (s != EKV_ERR_INVALID_ARG || got <= cap) return s;
-        cap = got;
+    enum ekv_status s = ekv_prompt_new(r->model, text, strlen(text), true, &p);
+    if (s != EKV_OK) return s;
+    *n_image = 0;
+    if (ekv_prompt_n_images(p) != (image ? 1 : 0))
+        s = ekv_err(EKV_ERR_INVALID_ARG, "the prompt has %d %s markers for %d image(s)", ekv_prompt_n_images(p),
+                    EKV_IMAGE_MARKER, image ? 1 : 0);
+    struct ekv_image_input img = {.path = image};
+    if (s == EKV_OK && image) s = ekv_vision_image_tokens(r->cfg.vision, &img, n_image);
+    if (s == EKV_OK && !(*toks = malloc(((size_t)ekv_prompt_n_tokens(p) + 1) * sizeof **toks)))
+        s = ekv_err(EKV_ERR_NOMEM, "out of memory");
+    if (s == EKV_OK) {
+        ekv_prompt_tokens(p, *toks);
+        *n = (size_t)ekv_prompt_n_tokens(p);
     }
-    return ekv_err(EKV_ERR_INTERNAL, "tokenizer asked for more room twice");
+    ekv_prompt_free(p);
+    return s;
 }
 
 static enum ekv_status add_skip(struct ekv_eval_runner *r, const char *fmt, ...)
@@ -112,7 +115,7 @@ static enum ekv_status add_unit(struct ekv_eval_runner *r, size_t item, int32_t 
     }
     r->units = nu;
     nu[r->n_units++] = (struct ekv_eval_unit){
-        .item = item, .tokens = tokens, .n_tokens = n, .n_prompt = n_prompt, .stream = stream, .image_at = -1};
+        .item = item, .tokens = tokens, .n_tokens = n, .n_prompt = n_prompt, .stream = stream};
     return EKV_OK;
 }
 
@@ -134,10 +137,9 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     if ((m & (EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_HITRATE)) && !it->answer)
         return ekv_err(EKV_ERR_INVALID_ARG, "%s has no answer, which ppl, kl and hitrate need", name);
     char *prompt = NULL, *image = NULL;
-    int32_t image_at = -1, n_image = 0;
+    int32_t n_image = 0;
     const char *tmpl = r->cfg.chat_template ? r->cfg.chat_template : it->image ? "llava-1.5" : NULL;
     if (it->image) {
-        n_image = ekv_vision_n_tokens(r->cfg.vision);
         const char *dir = r->cfg.image_dir;
         size_t need = strlen(it->image) + (dir ? strlen(dir) : 0) + 2;
         if (!(image = malloc(need))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
@@ -167,15 +169,18 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     }
     int32_t *pt = NULL, *at = NULL;
     size_t np = 0, na = 0;
-    enum ekv_status s = tmpl ? tokenize_prompt_alloc(r->model, prompt, &pt, &np, &image_at)
-                             : tokenize_alloc(r->model, prompt ? prompt : it->instruction, true, &pt, &np);
-    free(prompt);
-    if (it->image && image_at < 0) image_at = 0; /* no marker: the image goes first (as ekv run) */
+    enum ekv_status s = tmpl ? templated_prompt_tokens(r, prompt, image, &pt, &np, &n_image)
+                              : tokenize_alloc(r->model, prompt ? prompt : it->instruction, true, &pt, &np);
+    if (!image) {
+        free(prompt);
+        prompt = NULL;
+    }
     if (s == EKV_OK && it->answer) s = tokenize_alloc(r->model, it->answer, false, &at, &na);
     if (s != EKV_OK) {
         free(pt);
         free(at);
         free(image);
+        free(prompt);
         return ekv_err_prefix(s, "%s", name);
     }
     const char *why = NULL;
@@ -198,6 +203,7 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
         free(pt);
         free(at);
         free(image);
+        free(prompt);
         return add_skip(r, "%s: %s", name, why);
     }
     int32_t *all = realloc(pt, (np + na + 1) * sizeof *all);
@@ -205,6 +211,7 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
         free(pt);
         free(at);
         free(image);
+        free(prompt);
         return ekv_err(EKV_ERR_NOMEM, "out of memory");
     }
     if (na) memcpy(all + np, at, na * sizeof *at);
@@ -212,11 +219,12 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     s = add_unit(r, i, all, (int32_t)(np + na), (int32_t)np, false);
     if (s != EKV_OK) {
         free(image);
+        free(prompt);
         return s;
     }
     struct ekv_eval_unit *u = &r->units[r->n_units - 1];
     u->image = image;
-    u->image_at = image_at;
+    u->prompt_text = prompt;
     u->n_image = n_image;
     return EKV_OK;
 }
@@ -274,15 +282,9 @@ enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_conte
                        "eval: metrics rouge and hitrate need a JSONL set with instructions (text supports ppl, kl)");
     if (ds->format == EKV_DATA_TEXT && cfg->stride >= r->n_ctx)
         return ekv_err(EKV_ERR_INVALID_ARG, "eval: stride %d must be below the context %d", cfg->stride, r->n_ctx);
-    if (cfg->vision) {
-        if (ekv_vision_n_embd(cfg->vision) != mi.n_embd)
-            return ekv_err(EKV_ERR_INVALID_ARG, "eval: the vision tower gives %d-wide embeddings, the model takes %d",
-                           ekv_vision_n_embd(cfg->vision), mi.n_embd);
-        size_t cells;
-        if (!ekv_mul_ok((size_t)ekv_vision_n_tokens(cfg->vision), (size_t)mi.n_embd, &cells) ||
-            !(r->img_embd = malloc((cells ? cells : 1) * sizeof(float))))
-            return ekv_err(EKV_ERR_NOMEM, "eval: no memory for image embeddings");
-    }
+    if (cfg->vision && ekv_vision_n_embd(cfg->vision) != mi.n_embd)
+        return ekv_err(EKV_ERR_INVALID_ARG, "eval: the vision tower gives %d-wide embeddings, the model takes %d",
+                       ekv_vision_n_embd(cfg->vision), mi.n_embd);
     enum ekv_status s = EKV_OK;
     for (size_t i = 0; i < ds->n_items && s == EKV_OK; i++)
         s = ds->format == EKV_DATA_TEXT ? init_text_item(r, i) : init_jsonl_item(r, i);
@@ -313,8 +315,9 @@ void ekv_eval_runner_free(struct ekv_eval_runner *r) {
     for (size_t i = 0; i < r->n_units; i++) {
         free(r->units[i].tokens);
         free(r->units[i].image);
+        free(r->units[i].prompt_text);
     }
-    free(r->img_embd);
+    ekv_prompt_free(r->prompt);
     free(r->units);
     for (size_t i = 0; i < r->n_skipped; i++) free(r->skipped[i]);
     free(r->skipped);
@@ -342,15 +345,7 @@ static int32_t unit_positions(const struct ekv_eval_unit *u) { return u->n_promp
 static enum ekv_status prefill_unit(struct ekv_eval_runner *r, struct ekv_seq *seq, const struct ekv_eval_unit *u,
                                     float *logits) {
     if (u->n_image == 0) return ekv_seq_prefill(seq, u->tokens, u->n_prompt, logits);
-    struct ekv_segment sg[3];
-    int32_t ns = 0;
-    if (u->image_at > 0) sg[ns++] = (struct ekv_segment){.tokens = u->tokens, .n = u->image_at, .tag = EKV_TAG_TEXT};
-    sg[ns++] = (struct ekv_segment){.embd = r->img_embd, .n = u->n_image, .tag = EKV_TAG_IMAGE};
-    if (u->n_prompt > u->image_at)
-        sg[ns++] = (struct ekv_segment){.tokens = u->tokens + u->image_at, .n = u->n_prompt - u->image_at,
-                                        .tag = EKV_TAG_TEXT};
-    struct ekv_input in = {.segs = sg, .n_segs = ns, .is_prompt = true, .logits_all = false};
-    return ekv_seq_eval(seq, &in, logits);
+    return ekv_seq_eval_prompt(seq, r->prompt, logits);
 }
 
 /* Teacher-forced scoring (JSONL, §13.1) or chunked streaming (text, §13.3). */
@@ -466,8 +461,17 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
     const unsigned m = r->cfg.metrics;
     struct ekv_seq *seq = NULL;
     enum ekv_status s = EKV_OK;
-    if (u->n_image > 0 && (s = ekv_vision_encode_file(r->cfg.vision, r->ctx, u->image, r->img_embd)) != EKV_OK)
-        return ekv_err_prefix(s, "image '%s'", u->image);
+    ekv_prompt_free(r->prompt);
+    r->prompt = NULL;
+    if (u->n_image > 0) {
+        struct ekv_image_input img = {.path = u->image};
+        s = ekv_prompt_new(r->model, u->prompt_text, strlen(u->prompt_text), true, &r->prompt);
+        if (s == EKV_OK) s = ekv_prompt_set_images(r->prompt, r->cfg.vision, r->ctx, &img, 1);
+        if (s == EKV_OK && (ekv_prompt_n_tokens(r->prompt) != u->n_prompt ||
+                            ekv_prompt_n_positions(r->prompt) != unit_positions(u)))
+            s = ekv_err(EKV_ERR_INTERNAL, "eval: unit %zu: the prompt changed between tokenization and encoding", ui);
+        if (s != EKV_OK) return ekv_err_prefix(s, "image '%s'", u->image);
+    }
     if (m & EKV_METRIC_KL) {
         r->n_scored = unit_n_scored(u);
         size_t cells;

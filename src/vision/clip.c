@@ -416,6 +416,11 @@ const struct ekv_clip_hparams *ekv_clip_hparams(const struct ekv_clip *c) { retu
 int ekv_clip_n_patches(const struct ekv_clip *c) { return c->hp.n_patches; }
 int ekv_clip_n_embd_out(const struct ekv_clip *c) { return c->hp.n_embd_out; }
 
+int64_t ekv_clip_image_rows(const struct ekv_clip *c, int nx, int ny) {
+    if (!c || nx <= 0 || ny <= 0) return 0;
+    return c->hp.n_patches;
+}
+
 /* ------------------------------------------------------------------ */
 /* compute                                                              */
 /* ------------------------------------------------------------------ */

@@ -53,6 +53,11 @@ const struct ekv_clip_hparams *ekv_clip_hparams(const struct ekv_clip *c);
 int ekv_clip_n_patches(const struct ekv_clip *c);
 int ekv_clip_n_embd_out(const struct ekv_clip *c);
 
+/* Embedding rows an image of nx x ny pixels becomes: n_patches for a
+ * fixed-size tower; with anyres grid pinpoints, the overview image plus
+ * one tile per grid cell, n_patches each. 0 for a non-positive size. */
+int64_t ekv_clip_image_rows(const struct ekv_clip *c, int nx, int ny);
+
 /* LLaVA-1.5 preprocessing with this tower's size, mean and std.
  * pixels: [3][image_size][image_size]. */
 enum ekv_status ekv_clip_preprocess(const struct ekv_clip *c, const struct ekv_image *img,
@@ -62,6 +67,7 @@ enum ekv_status ekv_clip_preprocess(const struct ekv_clip *c, const struct ekv_i
  * pool may be NULL (single-threaded). */
 enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool *pool,
                                        const float *pixels, float *out);
+/* A whole image: out [ekv_clip_image_rows(img)][n_embd_out]. */
 enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool *pool,
                                       const struct ekv_image *img, float *out);
 enum ekv_status ekv_clip_encode_file(const struct ekv_clip *c, struct ekv_pool *pool,

@@ -161,10 +161,31 @@ enum ekv_status ekv_image_load_memory(const void *data, size_t n, const char *na
     return EKV_OK;
 }
 
-enum ekv_status ekv_image_load_file(const char *path, struct ekv_image *out) {
-    if (!out || !path) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_load_file: NULL argument");
-    out->nx = out->ny = 0;
-    out->rgb = NULL;
+enum ekv_status ekv_image_probe_memory(const void *data, size_t n, const char *name, int *nx, int *ny) {
+    if (!nx || !ny) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_probe_memory: NULL output");
+    *nx = *ny = 0;
+    if (!name) name = "(image in memory)";
+    if (!data || n == 0) return ekv_err(EKV_ERR_FORMAT, "%s: empty image data", name);
+    if (n > (size_t)INT_MAX || n > EKV_IMAGE_MAX_FILE_BYTES)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: image file of %zu bytes is too large", name, n);
+    long long hw, hh;
+    size_t bytes;
+    enum ekv_status s;
+    if (sniff_size(data, n, &hw, &hh) && (s = image_bytes(name, hw, hh, &bytes)) != EKV_OK) return s;
+    int w = 0, h = 0, comp = 0;
+    if (!stbi_info_from_memory(data, (int)n, &w, &h, &comp))
+        return ekv_err(EKV_ERR_FORMAT, "%s: not a readable JPEG or PNG image (%s)", name,
+                       stbi_failure_reason() ? stbi_failure_reason() : "unknown");
+    if ((s = image_bytes(name, w, h, &bytes)) != EKV_OK) return s;
+    *nx = w;
+    *ny = h;
+    return EKV_OK;
+}
+
+/* The whole file into a malloc'd buffer, with the size limits checked. */
+static enum ekv_status read_image_file(const char *path, unsigned char **out, size_t *n) {
+    *out = NULL;
+    *n = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return ekv_err(EKV_ERR_IO, "%s: cannot open image: %s", path, strerror(errno));
     struct stat st;
@@ -199,7 +220,32 @@ enum ekv_status ekv_image_load_file(const char *path, struct ekv_image *out) {
         free(buf);
         return ekv_err(EKV_ERR_IO, "%s: read %zu of %ld bytes", path, got, size);
     }
-    enum ekv_status s = ekv_image_load_memory(buf, (size_t)size, path, out);
+    *out = buf;
+    *n = (size_t)size;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_image_load_file(const char *path, struct ekv_image *out) {
+    if (!out || !path) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_load_file: NULL argument");
+    out->nx = out->ny = 0;
+    out->rgb = NULL;
+    unsigned char *buf;
+    size_t n;
+    enum ekv_status s = read_image_file(path, &buf, &n);
+    if (s != EKV_OK) return s;
+    s = ekv_image_load_memory(buf, n, path, out);
+    free(buf);
+    return s;
+}
+
+enum ekv_status ekv_image_probe_file(const char *path, int *nx, int *ny) {
+    if (!path || !nx || !ny) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_probe_file: NULL argument");
+    *nx = *ny = 0;
+    unsigned char *buf;
+    size_t n;
+    enum ekv_status s = read_image_file(path, &buf, &n);
+    if (s != EKV_OK) return s;
+    s = ekv_image_probe_memory(buf, n, path, nx, ny);
     free(buf);
     return s;
 }

@@ -35,6 +35,10 @@ enum ekv_status ekv_image_load_file(const char *path, struct ekv_image *out);
 /* Same from bytes in memory; `name` is used in error messages. */
 enum ekv_status ekv_image_load_memory(const void *data, size_t n, const char *name,
                                       struct ekv_image *out);
+/* The size an image's header claims, with the same checks as the loaders,
+ * without decoding the pixels. */
+enum ekv_status ekv_image_probe_memory(const void *data, size_t n, const char *name, int *nx, int *ny);
+enum ekv_status ekv_image_probe_file(const char *path, int *nx, int *ny);
 /* A blank image of nx x ny filled with `color` (nx, ny >= 1). */
 enum ekv_status ekv_image_new(int nx, int ny, const uint8_t color[3], struct ekv_image *out);
 void ekv_image_free(struct ekv_image *img);

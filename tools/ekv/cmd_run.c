@@ -15,6 +15,8 @@
 
 static const char *const CMD = "run";
 
+#define EKV_RUN_MAX_IMAGES 64
+
 static void help(void) {
     printf("usage: ekv run [options]\n\n"
            "Generates text from a prompt.\n\n"
@@ -33,7 +35,8 @@ static void help(void) {
            "      --ignore-eos      keep generating after end of text\n"
            "      --no-display-prompt  do not echo the prompt\n"
            "      --mmproj FILE     vision tower (llama.cpp-style mmproj GGUF) for --image\n"
-           "      --image FILE      image (JPEG/PNG) spliced where the prompt says <image>, or before the text\n"
+           "      --image FILE      image (JPEG/PNG) spliced where the prompt says <image>, or before the text;\n"
+           "                        repeat for several images (markers filled in order)\n"
            "      --chat-template T none, llava-1.5 or chatml (default: llava-1.5 with --image, else none)\n"
            "      --system TEXT     system prompt for the chat template (default: the template's own)\n"
            "      --json            print one JSON object (text, tokens, timings, cache) instead of text\n"
@@ -125,7 +128,9 @@ static void print_kv_report(FILE *out, const struct ekv_seq *seq, const struct e
 
 static int cmd_run_main(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *trace_path = NULL;
-    const char *mmproj_path = NULL, *image_path = NULL, *chat_tmpl = NULL, *system_prompt = NULL;
+    const char *mmproj_path = NULL, *chat_tmpl = NULL, *system_prompt = NULL;
+    const char *image_paths[EKV_RUN_MAX_IMAGES];
+    int n_images = 0;
     long n_predict = 128, threads = -1, n_ctx = 0;
     bool json = false, ignore_eos = false, display_prompt = true;
     struct ekv_sampler_params sp = ekv_sampler_default_params();
@@ -148,7 +153,12 @@ static int cmd_run_main(int argc, char **argv) {
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { prompt_file = v; i++; }
         else if (!strcmp(a, "--kv-trace")) { trace_path = v; i++; }
         else if (!strcmp(a, "--mmproj")) { mmproj_path = v; i++; }
-        else if (!strcmp(a, "--image")) { image_path = v; i++; }
+        else if (!strcmp(a, "--image")) {
+            if (n_images == EKV_RUN_MAX_IMAGES)
+                return cli_usage_error(CMD, "at most %d --image flags", EKV_RUN_MAX_IMAGES);
+            image_paths[n_images++] = v;
+            i++;
+        }
         else if (!strcmp(a, "--chat-template")) { chat_tmpl = v; i++; }
         else if (!strcmp(a, "--system")) { system_prompt = v; i++; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
@@ -183,7 +193,7 @@ static int cmd_run_main(int argc, char **argv) {
         } else return cli_usage_error(CMD, "unknown option: %s", a);
     }
     if (prompt && prompt_file) return cli_usage_error(CMD, "give either -p or -f, not both");
-    if (image_path && !mmproj_path) return cli_usage_error(CMD, "--image needs --mmproj (the vision tower)");
+    if (n_images && !mmproj_path) return cli_usage_error(CMD, "--image needs --mmproj (the vision tower)");
 
     int rc = 1;
     char *file_text = NULL;
@@ -191,10 +201,11 @@ static int cmd_run_main(int argc, char **argv) {
     struct ekv_context *ctx = NULL;
     struct ekv_seq *seq = NULL;
     struct ekv_sampler *smp = NULL;
-    int32_t *toks = NULL, *gen = NULL;
+    int32_t *gen = NULL;
     float *logits = NULL;
-    char *out_text = NULL, *chat = NULL;
-    float *img_embd = NULL;
+    char *out_text = NULL, *chat = NULL, *user_text = NULL;
+    struct ekv_prompt *pr = NULL;
+    int32_t n_img = 0;
     struct ekv_vision *vision = NULL;
     cJSON *trace = NULL;
     enum ekv_status s;
@@ -220,44 +231,51 @@ static int cmd_run_main(int argc, char **argv) {
     if ((s = ekv_sampler_new(&sp, &smp)) != EKV_OK) { cli_fail(CMD, s); goto done; }
     int32_t ctx_size = n_ctx > 0 ? (int32_t)n_ctx : mi.n_ctx_train;
 
-    /* chat template, then tokens around the image marker */
-    if (!chat_tmpl) chat_tmpl = image_path ? "llava-1.5" : "none";
+    /* chat template (images without markers go first, one marker each),
+     * then the prompt object: text tokens around the image slots */
+    if (!chat_tmpl) chat_tmpl = n_images ? "llava-1.5" : "none";
+    if (n_images && !strstr(prompt, EKV_IMAGE_MARKER)) {
+        size_t ml = strlen(EKV_IMAGE_MARKER "\n"), pl = strlen(prompt);
+        user_text = malloc((size_t)n_images * ml + pl + 1);
+        if (!user_text) { fprintf(stderr, "ekv run: out of memory\n"); goto done; }
+        for (int i = 0; i < n_images; i++) memcpy(user_text + (size_t)i * ml, EKV_IMAGE_MARKER "\n", ml);
+        memcpy(user_text + (size_t)n_images * ml, prompt, pl + 1);
+    }
+    const char *user = user_text ? user_text : prompt;
     size_t chat_len = 0;
-    if ((s = ekv_chat_format(chat_tmpl, system_prompt, prompt, image_path != NULL, NULL, 0, &chat_len)) != EKV_OK) {
+    if ((s = ekv_chat_format(chat_tmpl, system_prompt, user, false, NULL, 0, &chat_len)) != EKV_OK) {
         cli_fail(CMD, s);
         goto done;
     }
     chat = malloc(chat_len + 1);
-    if (!chat || (s = ekv_chat_format(chat_tmpl, system_prompt, prompt, image_path != NULL, chat, chat_len + 1,
-                                      &chat_len)) != EKV_OK) {
+    if (!chat || (s = ekv_chat_format(chat_tmpl, system_prompt, user, false, chat, chat_len + 1, &chat_len)) != EKV_OK) {
         cli_fail(CMD, chat ? s : EKV_ERR_NOMEM);
         goto done;
     }
-    size_t plen = chat_len, n_tok = 0;
-    /* SentencePiece byte fallback can need 3 tokens per byte (U+2581 for a space) */
-    size_t cap = 3 * plen + 16;
-    int32_t image_at = -1;
-    toks = malloc(cap * sizeof *toks);
-    if (!toks) { fprintf(stderr, "ekv run: out of memory\n"); goto done; }
-    if ((s = ekv_tokenize_prompt(model, chat, plen, toks, cap, &n_tok, &image_at)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    if (image_at >= 0 && !image_path) {
-        cli_usage_error(CMD, "the prompt has an %s marker but no --image was given", EKV_IMAGE_MARKER);
+    if ((s = ekv_prompt_new(model, chat, chat_len, true, &pr)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    if (ekv_prompt_n_images(pr) != n_images) {
+        cli_usage_error(CMD, "the prompt has %d %s marker(s) but %d --image flag(s) were given", ekv_prompt_n_images(pr),
+                        EKV_IMAGE_MARKER, n_images);
         goto done;
     }
-    int32_t n_img = 0;
     double t_img = 0, t_start = cli_now(); /* time to first token counts image encoding */
-    if (image_path) {
+    if (n_images) {
         double ti = cli_now();
+        struct ekv_image_input imgs[EKV_RUN_MAX_IMAGES];
+        for (int i = 0; i < n_images; i++) imgs[i] = (struct ekv_image_input){.path = image_paths[i]};
         if ((s = ekv_vision_load(mmproj_path, &vision)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-        n_img = ekv_vision_n_tokens(vision);
-        img_embd = malloc((size_t)n_img * (size_t)ekv_vision_n_embd(vision) * sizeof(float));
-        if (!img_embd) { fprintf(stderr, "ekv run: out of memory for image embeddings\n"); goto done; }
-        if ((s = ekv_vision_encode_file(vision, ctx, image_path, img_embd)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+        if ((s = ekv_prompt_set_images(pr, vision, ctx, imgs, n_images)) != EKV_OK) { cli_fail(CMD, s); goto done; }
         t_img = cli_now() - ti;
-        fprintf(stderr, "ekv run: image %s: %d image tokens encoded in %.3f s\n", image_path, n_img, t_img);
+        for (int i = 0; i < n_images; i++) {
+            int32_t rows = 0;
+            ekv_prompt_image_span(pr, i, NULL, &rows);
+            n_img += rows;
+            fprintf(stderr, "ekv run: image %s: %d image tokens\n", image_paths[i], rows);
+        }
+        fprintf(stderr, "ekv run: %d image(s) encoded in %.3f s\n", n_images, t_img);
     }
-    if (n_tok == 0) { cli_usage_error(CMD, "the prompt is empty"); goto done; }
-    const int64_t n_prompt = (int64_t)n_tok + n_img;
+    if (ekv_prompt_n_tokens(pr) == 0 && n_img == 0) { cli_usage_error(CMD, "the prompt is empty"); goto done; }
+    const int64_t n_prompt = ekv_prompt_n_positions(pr);
     if (n_prompt >= ctx_size) {
         fprintf(stderr, "ekv run: error: prompt of %lld positions does not fit the context of %d\n",
                 (long long)n_prompt, ctx_size);
@@ -274,7 +292,19 @@ static int cmd_run_main(int argc, char **argv) {
         cJSON_AddNumberToObject(trace, "budget", kvp.budget);
         cJSON_AddNumberToObject(trace, "prompt_tokens", (double)n_prompt);
         cJSON_AddNumberToObject(trace, "image_tokens", n_img);
-        cJSON_AddNumberToObject(trace, "image_start", image_path ? image_at : -1);
+        int64_t img0 = -1;
+        if (n_images) ekv_prompt_image_span(pr, 0, &img0, NULL);
+        cJSON_AddNumberToObject(trace, "image_start", (double)img0);
+        cJSON *spans = cJSON_AddArrayToObject(trace, "images");
+        for (int i = 0; i < n_images; i++) {
+            int64_t p0 = 0;
+            int32_t rows = 0;
+            ekv_prompt_image_span(pr, i, &p0, &rows);
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "start", (double)p0);
+            cJSON_AddNumberToObject(o, "tokens", rows);
+            cJSON_AddItemToArray(spans, o);
+        }
         cJSON_AddArrayToObject(trace, "snapshots");
     }
 
@@ -283,17 +313,7 @@ static int cmd_run_main(int argc, char **argv) {
         fflush(stdout);
     }
     double t0 = cli_now();
-    {
-        struct ekv_segment segs[3];
-        int32_t ns = 0;
-        int32_t split = image_at >= 0 ? image_at : (image_path ? 0 : (int32_t)n_tok);
-        if (split > 0) segs[ns++] = (struct ekv_segment){.tokens = toks, .n = split, .tag = EKV_TAG_TEXT};
-        if (image_path) segs[ns++] = (struct ekv_segment){.embd = img_embd, .n = n_img, .tag = EKV_TAG_IMAGE};
-        if ((int32_t)n_tok > split)
-            segs[ns++] = (struct ekv_segment){.tokens = toks + split, .n = (int32_t)n_tok - split, .tag = EKV_TAG_TEXT};
-        struct ekv_input in = {.segs = segs, .n_segs = ns, .is_prompt = true};
-        if ((s = ekv_seq_eval(seq, &in, logits)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    }
+    if ((s = ekv_seq_eval_prompt(seq, pr, logits)) != EKV_OK) { cli_fail(CMD, s); goto done; }
     double t1 = cli_now();
     if (trace) {
         cJSON_AddNumberToObject(trace, "window_start", (double)ekv_seq_kv_window_start(seq));
@@ -394,12 +414,12 @@ static int cmd_run_main(int argc, char **argv) {
 done:
     cJSON_Delete(trace);
     ekv_vision_free(vision);
-    free(img_embd);
+    ekv_prompt_free(pr);
+    free(user_text);
     free(chat);
     free(out_text);
     free(logits);
     free(gen);
-    free(toks);
     ekv_sampler_free(smp);
     ekv_seq_free(seq);
     ekv_context_free(ctx);
