@@ -22,57 +22,21 @@
 
 static const char *const CMD = "bench";
 
-#define MAX_LIST 32
-
-static void help(void) {
-    printf("usage: ekv bench [options]\n\n"
-           "Measures prompt processing and decode speed over a grid of settings.\n"
-           "List options take comma-separated values; every combination is run.\n\n"
-           "  -m, --model FILE      GGUF or llama2.c model (default: bundled models/stories260K.gguf)\n"
-           "  -p, --n-prompt LIST   prompt tokens timed per sequence (default 512)\n"
-           "  -n, --n-gen LIST      decode steps timed (default 128)\n"
-           "  -d, --depth LIST      tokens put in the cache before the timed prompt, untimed (default 0)\n"
-           "  -b, --batch LIST      sequences decoded together in one forward (default 1)\n"
-           "  -t, --threads LIST    worker threads (default: online cores, at most 8)\n"
-           "  -r, --repetitions N   repetitions of every grid point (default 3)\n"
-           "  -c, --ctx-size N      context size (default: the model's trained context)\n"
-           "      --kv-policy LIST  KV policies (default full)\n"
-           "      --kv-budget LIST  KV budgets (default 1)\n"
-           "      --kv-*            any other KV flag (below) applies to every grid point\n"
-           "      --json FILE       also write all results as JSON ('-' = stdout, no table)\n"
-           "      --no-warmup       skip the warm-up step that pages the weights in\n"
-           "  -h, --help            this help\n\n"
-           "Per grid point and repetition: for each of the b sequences, depth tokens are\n"
-           "evaluated as a prompt (untimed), then p tokens as a prompt (timed: prompt tok/s =\n"
-           "b*p / time; time to first token = time of one sequence's prompt and its first\n"
-           "sampled token), then n decode steps of all b sequences together (timed: decode\n"
-           "tok/s = b*n / time). 'stats ovh' is the prompt-time overhead against the full\n"
-           "policy of the same p/depth/b/threads when the grid has it. Peak RSS is the\n"
-           "process's high-water mark after the grid point. 'CPU share' is the process's\n"
-           "CPU time over the timed phases / (wall time x threads): well below 100%%\n"
-           "means other programs took the cores (rates are then not the machine's).\n\n");
-    cli_print_kv_help(stdout);
-}
-
-struct list {
-    long v[MAX_LIST];
-    int n;
+static const struct cli_help k_help = {
+    "usage: ekv bench [options]",
+    "Measures prompt processing and decode speed over a grid of settings.\n"
+    "List options take comma-separated values; every combination is run.",
+    "Per grid point and repetition: for each of the b sequences, depth tokens are\n"
+    "evaluated as a prompt (untimed), then p tokens as a prompt (timed: prompt tok/s =\n"
+    "b*p / time; time to first token = time of one sequence's prompt and its first\n"
+    "sampled token), then n decode steps of all b sequences together (timed: decode\n"
+    "tok/s = b*n / time). 'stats ovh' is the prompt-time overhead against the full\n"
+    "policy of the same p/depth/b/threads when the grid has it. Peak RSS is the\n"
+    "process's high-water mark after the grid point. 'CPU share' is the process's\n"
+    "CPU time over the timed phases / (wall time x threads): well below 100%\n"
+    "means other programs took the cores (rates are then not the machine's).\n"
+    "Output: a Markdown table on stdout, and JSON with --json.",
 };
-
-static bool parse_int_list(const char *opt, const char *s, long lo, long hi, struct list *out) {
-    if (!s || !*s) return cli_usage_error(CMD, "%s needs a value", opt), false;
-    out->n = 0;
-    char buf[1024];
-    if (strlen(s) >= sizeof buf) return cli_usage_error(CMD, "%s: list too long", opt), false;
-    strcpy(buf, s);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (out->n == MAX_LIST) return cli_usage_error(CMD, "%s: more than %d values", opt, MAX_LIST), false;
-        if (!cli_int(CMD, opt, tok, lo, hi, &out->v[out->n])) return false;
-        out->n++;
-    }
-    if (out->n == 0) return cli_usage_error(CMD, "%s needs a value", opt), false;
-    return true;
-}
 
 struct row {
     int threads;
@@ -309,184 +273,136 @@ static bool write_json(const char *path, const struct row *rows, int nrows, cons
     return ok;
 }
 
-static int bench_main(int argc, char **argv) {
-    const char *model_path = NULL, *json_path = NULL;
-    struct list P = {{512}, 1}, N = {{128}, 1}, Dp = {{0}, 1}, B = {{1}, 1}, T = {{0}, 1};
-    long reps = 3, n_ctx = 0;
-    bool warmup = true;
-    const char *policies[MAX_LIST] = {"full"};
-    int n_pol = 1;
-    double budgets[MAX_LIST] = {1.0};
-    int n_bud = 1;
-    char pol_buf[1024];
-    struct ekv_context_params cp = ekv_context_default_params();
-    T.v[0] = cp.n_threads;
-    struct ekv_kv_params kvp = ekv_kv_default_params();
+/* Everything one bench holds. */
+struct bench {
+    struct cli_params p;
+    const char *model_path;
+    struct ekv_model *model;
+    long n_ctx;
+    struct row *rows;
+    int nrows;
+    size_t max_rows;
+    double *times; /* [max_rows][4][reps] */
+    uint64_t seed;
+};
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!v) return cli_usage_error(CMD, "%s needs a file", a);
-            model_path = v;
-            i++;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
-            if (!parse_int_list(a, v, 0, 1L << 24, &P)) return 1;
-            i++;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) {
-            if (!parse_int_list(a, v, 0, 1L << 24, &N)) return 1;
-            i++;
-        } else if (!strcmp(a, "-d") || !strcmp(a, "--depth")) {
-            if (!parse_int_list(a, v, 0, 1L << 24, &Dp)) return 1;
-            i++;
-        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch")) {
-            if (!parse_int_list(a, v, 1, 1024, &B)) return 1;
-            i++;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!parse_int_list(a, v, 1, 256, &T)) return 1;
-            i++;
-        } else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) {
-            if (!cli_int(CMD, a, v, 1, 256, &reps)) return 1;
-            i++;
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            if (!cli_int(CMD, a, v, 1, 1L << 24, &n_ctx)) return 1;
-            i++;
-        } else if (!strcmp(a, "--json")) {
-            if (!v) return cli_usage_error(CMD, "--json needs a file");
-            json_path = v;
-            i++;
-        } else if (!strcmp(a, "--no-warmup")) {
-            warmup = false;
-        } else if (!strcmp(a, "--kv-policy")) {
-            if (!v || !*v || strlen(v) >= sizeof pol_buf) return cli_usage_error(CMD, "--kv-policy needs names");
-            strcpy(pol_buf, v);
-            n_pol = 0;
-            for (char *save = NULL, *tok = strtok_r(pol_buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-                if (n_pol == MAX_LIST) return cli_usage_error(CMD, "--kv-policy: more than %d values", MAX_LIST);
-                policies[n_pol++] = tok;
-            }
-            if (n_pol == 0) return cli_usage_error(CMD, "--kv-policy needs names");
-            i++;
-        } else if (!strcmp(a, "--kv-budget")) {
-            if (!v || !*v || strlen(v) >= 1024) return cli_usage_error(CMD, "--kv-budget needs values");
-            char buf[1024];
-            strcpy(buf, v);
-            n_bud = 0;
-            for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-                if (n_bud == MAX_LIST) return cli_usage_error(CMD, "--kv-budget: more than %d values", MAX_LIST);
-                if (!cli_double(CMD, a, tok, 1e-6, 1.0, &budgets[n_bud])) return 1;
-                n_bud++;
-            }
-            if (n_bud == 0) return cli_usage_error(CMD, "--kv-budget needs values");
-            i++;
-        } else {
-            int k = cli_parse_kv_opt(CMD, argc, argv, &i, &kvp);
-            if (k < 0) return 1;
-            if (k == 0) return cli_usage_error(CMD, "unknown option '%s' (see --help)", a);
-        }
-    }
-    if (!model_path) model_path = cli_default_model();
-    for (int i = 0; i < n_pol; i++) {
-        bool known = false;
-        for (int j = 0; j < ekv_kv_policy_count(); j++) known |= !strcmp(policies[i], ekv_kv_policy_name(j));
-        if (!known) return cli_usage_error(CMD, "unknown KV policy '%s'", policies[i]);
-    }
+static int bench_parse(struct bench *b, int argc, char **argv) {
+    cli_params_init(&b->p, CLI_BENCH);
+    int rc = cli_parse(CMD, argc, argv, &b->p, &k_help);
+    if (rc) return rc;
+    b->model_path = b->p.model ? b->p.model : cli_default_model();
+    return 0;
+}
 
-    struct ekv_model *model = NULL;
-    struct ekv_model_params mp = ekv_model_default_params();
-    enum ekv_status s = ekv_model_load(model_path, &mp, &model);
-    if (s != EKV_OK) return cli_fail(CMD, s);
+/* Model, context size (the grid's longest point or the trained context), rows. */
+static bool bench_setup(struct bench *b) {
+    const struct cli_params *p = &b->p;
+    if (!cli_load_model(CMD, p, &b->model, NULL)) return false;
     struct ekv_model_info mi;
-    ekv_model_get_info(model, &mi);
-
+    ekv_model_get_info(b->model, &mi);
     long need = 0;
-    for (int a = 0; a < P.n; a++)
-        for (int c = 0; c < N.n; c++)
-            for (int d = 0; d < Dp.n; d++)
-                if (P.v[a] + N.v[c] + Dp.v[d] > need) need = P.v[a] + N.v[c] + Dp.v[d];
-    if (n_ctx == 0) n_ctx = need > mi.n_ctx_train ? need : mi.n_ctx_train;
+    for (int a = 0; a < p->n_prompt.n; a++)
+        for (int c = 0; c < p->n_gen.n; c++)
+            for (int d = 0; d < p->depth.n; d++)
+                if (p->n_prompt.i[a] + p->n_gen.i[c] + p->depth.i[d] > need)
+                    need = p->n_prompt.i[a] + p->n_gen.i[c] + p->depth.i[d];
+    b->n_ctx = p->n_ctx;
+    if (b->n_ctx == 0) b->n_ctx = need > mi.n_ctx_train ? need : mi.n_ctx_train;
+    b->max_rows = (size_t)p->threads_list.n * p->kv_policies.n * p->kv_budgets.n * p->n_prompt.n * p->n_gen.n *
+                  p->depth.n * p->batch.n;
+    b->rows = calloc(b->max_rows, sizeof *b->rows);
+    b->times = calloc(b->max_rows * 4 * (size_t)p->reps, sizeof *b->times);
+    if (!b->rows || !b->times) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    b->seed = 0x5EED;
+    return true;
+}
 
-    size_t max_rows = (size_t)T.n * n_pol * n_bud * P.n * N.n * Dp.n * B.n;
-    struct row *rows = calloc(max_rows, sizeof *rows);
-    double *times = calloc(max_rows * 4 * (size_t)reps, sizeof *times);
-    if (!rows || !times) {
-        free(rows);
-        free(times);
-        ekv_model_free(model);
-        return cli_fail(CMD, EKV_ERR_NOMEM);
+/* Touches every weight once (mmap page-in), untimed. */
+static void bench_warmup(struct ekv_context *ctx, int32_t n_vocab) {
+    struct ekv_seq *w = NULL;
+    float *lg = malloc((size_t)n_vocab * sizeof *lg);
+    if (lg && ekv_seq_new(ctx, NULL, &w) == EKV_OK) (void)ekv_seq_decode(w, 0, lg);
+    ekv_seq_free(w);
+    free(lg);
+}
+
+/* All repetitions of one grid point (row r already describes it). */
+static bool bench_point(struct bench *b, struct ekv_context *ctx, struct row *r) {
+    const size_t reps = (size_t)b->p.reps;
+    r->reps = (int)reps;
+    r->t_prompt = b->times + (size_t)(r - b->rows) * 4 * reps;
+    r->t_ttft = r->t_prompt + reps;
+    r->t_decode = r->t_ttft + reps;
+    r->cpu = r->t_decode + reps;
+    r->ovh = 0.0 / 0.0;
+    struct ekv_kv_params k = b->p.kv;
+    k.policy = r->policy;
+    k.budget = r->budget;
+    fprintf(stderr, "ekv bench: t=%d %s budget=%g p=%ld n=%ld depth=%ld b=%ld ...", r->threads, r->policy, r->budget,
+            r->p, r->n, r->depth, r->b);
+    for (int rep = 0; rep < r->reps && !r->failed; rep++) {
+        enum ekv_status s = run_once(b->model, ctx, &k, r, rep, &b->seed);
+        if (s != EKV_OK) {
+            fprintf(stderr, " failed: %s: %s", ekv_status_str(s), ekv_last_error());
+            r->failed = true;
+        }
     }
-    int nrows = 0, rc = 0;
-    uint64_t seed = 0x5EED;
-    for (int ti = 0; ti < T.n && rc == 0; ti++) {
-        struct ekv_context_params ctxp = {.n_threads = (int32_t)T.v[ti], .n_ctx = (int32_t)n_ctx};
+    r->peak_rss = cli_peak_rss();
+    if (!r->failed)
+        fprintf(stderr, " prompt %.2f tok/s, decode %.2f tok/s\n",
+                r->p ? tps((double)(r->p * r->b), med(r->t_prompt, r->reps)) : 0.0,
+                r->n ? tps((double)(r->n * r->b), med(r->t_decode, r->reps)) : 0.0);
+    else
+        fprintf(stderr, "\n");
+    return !r->failed;
+}
+
+/* Threads outer (one context each), then policy, budget, p, n, depth, batch. */
+static int bench_grid(struct bench *b) {
+    const struct cli_params *p = &b->p;
+    struct ekv_model_info mi;
+    ekv_model_get_info(b->model, &mi);
+    const struct cli_list *ax[6] = {&p->kv_policies, &p->kv_budgets, &p->n_prompt, &p->n_gen, &p->depth, &p->batch};
+    size_t per_ctx = 1;
+    for (int a = 0; a < 6; a++) per_ctx *= (size_t)ax[a]->n;
+    int rc = 0;
+    for (int ti = 0; ti < p->threads_list.n && rc == 0; ti++) {
+        struct ekv_context_params cp = {.n_threads = (int32_t)p->threads_list.i[ti], .n_ctx = (int32_t)b->n_ctx};
         struct ekv_context *ctx = NULL;
-        if ((s = ekv_context_new(model, &ctxp, &ctx)) != EKV_OK) {
-            rc = cli_fail(CMD, s);
-            break;
+        enum ekv_status s = ekv_context_new(b->model, &cp, &ctx);
+        if (s != EKV_OK) return cli_fail(CMD, s);
+        if (p->warmup) bench_warmup(ctx, mi.n_vocab);
+        for (size_t g = 0; g < per_ctx; g++) {
+            int idx[6];
+            size_t rest = g;
+            for (int a = 5; a >= 0; a--) {
+                idx[a] = (int)(rest % (size_t)ax[a]->n);
+                rest /= (size_t)ax[a]->n;
+            }
+            const bool full = !strcmp(p->kv_policies.s[idx[0]], "full");
+            if (full && idx[1] > 0) continue; /* the full cache has no budget */
+            struct row *r = &b->rows[b->nrows++];
+            r->threads = (int)p->threads_list.i[ti];
+            r->policy = p->kv_policies.s[idx[0]];
+            r->budget = full ? 1.0 : p->kv_budgets.d[idx[1]];
+            r->p = p->n_prompt.i[idx[2]];
+            r->n = p->n_gen.i[idx[3]];
+            r->depth = p->depth.i[idx[4]];
+            r->b = p->batch.i[idx[5]];
+            if (!bench_point(b, ctx, r)) rc = 1;
         }
-        if (warmup) { /* touch every weight once (mmap page-in), untimed */
-            struct ekv_seq *w = NULL;
-            float *lg = malloc((size_t)mi.n_vocab * sizeof *lg);
-            if (lg && ekv_seq_new(ctx, NULL, &w) == EKV_OK) (void)ekv_seq_decode(w, 0, lg);
-            ekv_seq_free(w);
-            free(lg);
-        }
-        for (int pi = 0; pi < n_pol; pi++)
-            for (int bi = 0; bi < n_bud; bi++)
-                for (int a = 0; a < P.n; a++)
-                    for (int c = 0; c < N.n; c++)
-                        for (int d = 0; d < Dp.n; d++)
-                            for (int e = 0; e < B.n; e++) {
-                                const bool full = !strcmp(policies[pi], "full");
-                                if (full && bi > 0) continue; /* the full cache has no budget */
-                                struct row *r = &rows[nrows];
-                                r->threads = (int)T.v[ti];
-                                r->policy = policies[pi];
-                                r->budget = full ? 1.0 : budgets[bi];
-                                r->p = P.v[a];
-                                r->n = N.v[c];
-                                r->depth = Dp.v[d];
-                                r->b = B.v[e];
-                                r->reps = (int)reps;
-                                r->t_prompt = times + (size_t)nrows * 4 * (size_t)reps;
-                                r->t_ttft = r->t_prompt + reps;
-                                r->t_decode = r->t_ttft + reps;
-                                r->cpu = r->t_decode + reps;
-                                r->ovh = 0.0 / 0.0;
-                                struct ekv_kv_params k = kvp;
-                                k.policy = r->policy;
-                                k.budget = r->budget;
-                                fprintf(stderr, "ekv bench: t=%d %s budget=%g p=%ld n=%ld depth=%ld b=%ld ...",
-                                        r->threads, r->policy, r->budget, r->p, r->n, r->depth, r->b);
-                                for (int rep = 0; rep < reps && !r->failed; rep++) {
-                                    s = run_once(model, ctx, &k, r, rep, &seed);
-                                    if (s != EKV_OK) {
-                                        fprintf(stderr, " failed: %s: %s", ekv_status_str(s), ekv_last_error());
-                                        r->failed = true;
-                                        rc = 1;
-                                    }
-                                }
-                                r->peak_rss = cli_peak_rss();
-                                if (!r->failed)
-                                    fprintf(stderr, " prompt %.2f tok/s, decode %.2f tok/s\n",
-                                            r->p ? tps((double)(r->p * r->b), med(r->t_prompt, r->reps)) : 0.0,
-                                            r->n ? tps((double)(r->n * r->b), med(r->t_decode, r->reps)) : 0.0);
-                                else
-                                    fprintf(stderr, "\n");
-                                nrows++;
-                            }
         ekv_context_free(ctx);
     }
+    return rc;
+}
 
-    /* statistics overhead: prompt time against the full cache of the same shape */
-    for (int i = 0; i < nrows; i++) {
-        struct row *r = &rows[i];
+/* Statistics overhead: prompt time against the full cache of the same shape. */
+static void bench_overhead(struct bench *b) {
+    for (int i = 0; i < b->nrows; i++) {
+        struct row *r = &b->rows[i];
         if (r->failed || r->p == 0 || !strcmp(r->policy, "full")) continue;
-        for (int j = 0; j < nrows; j++) {
-            const struct row *f = &rows[j];
+        for (int j = 0; j < b->nrows; j++) {
+            const struct row *f = &b->rows[j];
             if (f->failed || strcmp(f->policy, "full") || f->threads != r->threads || f->p != r->p ||
                 f->depth != r->depth || f->b != r->b)
                 continue;
@@ -494,12 +410,30 @@ static int bench_main(int argc, char **argv) {
             break;
         }
     }
+}
 
-    if (!json_path || strcmp(json_path, "-")) print_table(stdout, rows, nrows, model_path);
-    if (json_path && !write_json(json_path, rows, nrows, model_path)) rc = 1;
-    free(rows);
-    free(times);
-    ekv_model_free(model);
+static int bench_report(struct bench *b) {
+    const char *json_path = b->p.json_path;
+    bench_overhead(b);
+    if (!json_path || strcmp(json_path, "-")) print_table(stdout, b->rows, b->nrows, b->model_path);
+    if (json_path && !write_json(json_path, b->rows, b->nrows, b->model_path)) return 1;
+    return 0;
+}
+
+static int bench_main(int argc, char **argv) {
+    struct bench b;
+    memset(&b, 0, sizeof b);
+    int rc = bench_parse(&b, argc, argv);
+    if (rc == 2) rc = 0; /* --help */
+    else if (rc == 0 && !bench_setup(&b)) rc = 1;
+    else if (rc == 0) {
+        rc = bench_grid(&b);
+        if (bench_report(&b)) rc = 1;
+    }
+    free(b.rows);
+    free(b.times);
+    ekv_model_free(b.model);
+    cli_params_free(&b.p);
     return rc;
 }
 

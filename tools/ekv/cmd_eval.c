@@ -20,65 +20,35 @@
 
 static const char *const CMD = "eval";
 
-static void help(void) {
-    printf("usage: ekv eval [options]\n\n"
-           "Measures the quality of KV-cache policies against their budget on an evaluation set,\n"
-           "over a grid of policies x budgets, with the protocols of POLICIES.md section 13.\n\n"
-           "  -m, --model FILE      GGUF or llama2.c model (default: bundled models/stories260K.gguf)\n"
-           "      --tokenizer FILE  tokenizer .bin for llama2.c checkpoints\n"
-           "  -f, --data FILE       evaluation set (default: the bundled data/tinystories_eval.jsonl)\n"
-           "      --format F        jsonl | text | auto (default auto: .jsonl/.json => jsonl, else text)\n"
-           "      --doc-sep S       text: split the file into documents at S (default: one document)\n"
-           "      --metric LIST     comma list of ppl,rouge,kl,hitrate (default ppl,rouge,kl)\n"
-           "                          ppl     jsonl: prompt (system + instruction, BOS, no template) prefilled\n"
-           "                                  and compressed; answer (no BOS, no EOS) teacher-forced token by\n"
-           "                                  token with the decode-time policy active; a-1 tokens scored per\n"
-           "                                  item (the first from the prefill logits, before compression);\n"
-           "                                  PPL = exp(mean NLL) pooled over all tokens of all items.\n"
-           "                                  text: each window streamed in prompt chunks of --stride tokens,\n"
-           "                                  the policy compressing after each; every token after the first\n"
-           "                                  chunk is scored (EasyKV style).\n"
-           "                          rouge   greedy answer (-n tokens at most, stop at end of text) under the\n"
-           "                                  policy vs the full cache's greedy answer: ROUGE-L F1, P and R,\n"
-           "                                  macro mean over items. The policy acts after every forward, so\n"
-           "                                  the first token comes from the uncompressed prefill logits.\n"
-           "                          kl      mean KL(full || policy) of next-token distributions over the\n"
-           "                                  teacher-forced positions of ppl, and top-1 agreement.\n"
-           "                          hitrate after the prompt, per layer and KV head: kept positions vs the\n"
-           "                                  top-k (k = kept) of the full cache's attention of the first\n"
-           "                                  answer token's query (VL-Cache hit rate, RoCo Jaccard).\n"
-           "                        every run also reports kv_frac, the cache entries kept / full cache.\n"
-           "      --rouge KIND      pltrdy (rouge 1.0.1, the ElasticCache protocol; default) | sentence\n"
-           "      --kv-policy LIST  comma list of policies (default full,local,h2o,elastic)\n"
-           "      --kv-budget LIST  comma list of kept fractions in (0,1] (default 0.2,0.5,1);\n"
-           "                        policies x budgets run as a grid, 'full' once at budget 1\n"
-           "      --limit N         evaluate at most N items (0 = all; default 0)\n"
-           "      --offset N        skip the first N items\n"
-           "  -n, --n-predict N     rouge: max new tokens per answer (default 128)\n"
-           "      --stride N        text ppl: tokens per streamed chunk (default 96)\n"
-           "  -c, --ctx N           positions per sequence (default: the context the model file declares).\n"
-           "                        stories260K was trained on 512 positions (its llama2.c checkpoint says\n"
-           "                        so) but its GGUF declares 2048: pass -c 512 with it. Positions beyond\n"
-           "                        the trained context were never seen in training, so scores there are\n"
-           "                        meaningless. JSONL items that do\n"
-           "                        not fit are skipped (listed); text documents are cut into windows of\n"
-           "                        N tokens, each a fresh sequence (only the first starts with BOS).\n"
-           "  -o, --out DIR         output directory (default eval-out): results.csv (deterministic),\n"
-           "                        results.json (with timings), results.md, <metric>.png\n"
-           "      --no-plot         do not run gnuplot\n"
-           "      --json            print the JSON results on stdout instead of the Markdown table\n"
-           "  -t, --threads N       worker threads (results do not depend on it)\n"
-           "  -s, --seed N          seed of the random policy (same as --kv-seed)\n"
-           "      --mmproj FILE     vision tower (llama.cpp-style mmproj GGUF) for items with an \"image\"\n"
-           "      --image-dir DIR   relative image paths resolve against DIR (default: the data file's folder)\n"
-           "      --chat-template T none, llava-1.5 or chatml (default: plain system + \"\\n\" + instruction;\n"
-           "                        llava-1.5 for items with an image)\n"
-           "  -h, --help            this help\n\n"
-           "Progress with ETA goes to stderr. Exit status: 0 success, 1 bad usage or failure,\n"
-           "2 results written but plotting failed.\n\n"
-           "Other --kv-* flags apply to every policy of the grid:\n");
-    cli_print_kv_help(stdout);
-}
+static const struct cli_help k_help = {
+    "usage: ekv eval [options]",
+    "Measures the quality of KV-cache policies against their budget on an evaluation set,\n"
+    "over a grid of policies x budgets, with the protocols of POLICIES.md section 13.",
+    "metrics (--metric):\n"
+    "  ppl     jsonl: prompt (system + instruction, BOS, no template) prefilled and compressed;\n"
+    "          answer (no BOS, no EOS) teacher-forced token by token with the decode-time policy\n"
+    "          active; a-1 tokens scored per item (the first from the prefill logits, before\n"
+    "          compression); PPL = exp(mean NLL) pooled over all tokens of all items.\n"
+    "          text: each window streamed in prompt chunks of --stride tokens, the policy\n"
+    "          compressing after each; every token after the first chunk is scored (EasyKV style).\n"
+    "  rouge   greedy answer (-n tokens at most, stop at end of text) under the policy vs the\n"
+    "          full cache's greedy answer: ROUGE-L F1, P and R, macro mean over items. The policy\n"
+    "          acts after every forward, so the first token comes from the uncompressed prefill\n"
+    "          logits.\n"
+    "  kl      mean KL(full || policy) of next-token distributions over the teacher-forced\n"
+    "          positions of ppl, and top-1 agreement.\n"
+    "  hitrate after the prompt, per layer and KV head: kept positions vs the top-k (k = kept) of\n"
+    "          the full cache's attention of the first answer token's query (VL-Cache hit rate,\n"
+    "          RoCo Jaccard).\n"
+    "Every run also reports kv_frac, the cache entries kept / full cache.\n\n"
+    "Context (-c): the default is the context the model file declares. stories260K was trained\n"
+    "on 512 positions (its llama2.c checkpoint says so) but its GGUF declares 2048: pass -c 512\n"
+    "with it. Positions beyond the trained context were never seen in training, so scores there\n"
+    "are meaningless. JSONL items that do not fit are skipped (listed); text documents are cut\n"
+    "into windows of N tokens, each a fresh sequence (only the first starts with BOS).\n\n"
+    "The other --kv-* flags apply to every policy of the grid. Progress with ETA goes to stderr.\n"
+    "Exit status: 0 success, 1 bad usage or failure, 2 results written but plotting failed.",
+};
 
 /* the shipped evaluation set, found like the bundled model */
 static const char *default_data(void) {
@@ -133,269 +103,246 @@ static const char *basename_of(const char *p) {
     return s ? s + 1 : p;
 }
 
-static int cmd_eval_main(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *data_path = NULL, *doc_sep = NULL;
-    const char *metric_list = "ppl,rouge,kl", *rouge_kind = "pltrdy", *format = "auto";
-    const char *policy_list = "full,local,h2o,elastic", *budget_list = "0.2,0.5,1", *out_dir = "eval-out";
-    long limit = 0, offset = 0, n_predict = 128, stride = 96, n_ctx = 0, threads = -1, seed = -1;
-    const char *mmproj = NULL, *image_dir = NULL, *chat_tmpl = NULL;
-    bool json = false, plot = true;
-    struct ekv_kv_params kvp = ekv_kv_default_params();
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--kv-policy") || !strcmp(a, "--kv-budget")) {
-            if (!v) return cli_usage_error(CMD, "%s needs a comma-separated list", a);
-            if (!strcmp(a, "--kv-policy")) policy_list = v;
-            else budget_list = v;
-            i++;
-            continue;
-        }
-        int kv = cli_parse_kv_opt(CMD, argc, argv, &i, &kvp);
-        if (kv < 0) return 1;
-        if (kv > 0) continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { help(); return 0; }
-        else if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "--no-plot")) plot = false;
-        else if (!v) return cli_usage_error(CMD, "unknown option or missing value: %s", a);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { model_path = v; i++; }
-        else if (!strcmp(a, "--tokenizer")) { tok_path = v; i++; }
-        else if (!strcmp(a, "-f") || !strcmp(a, "--data")) { data_path = v; i++; }
-        else if (!strcmp(a, "--format")) { format = v; i++; }
-        else if (!strcmp(a, "--doc-sep")) { doc_sep = v; i++; }
-        else if (!strcmp(a, "--metric")) { metric_list = v; i++; }
-        else if (!strcmp(a, "--rouge")) { rouge_kind = v; i++; }
-        else if (!strcmp(a, "-o") || !strcmp(a, "--out")) { out_dir = v; i++; }
-        else if (!strcmp(a, "--mmproj")) { mmproj = v; i++; }
-        else if (!strcmp(a, "--image-dir")) { image_dir = v; i++; }
-        else if (!strcmp(a, "--chat-template")) { chat_tmpl = v; i++; }
-        else if (!strcmp(a, "--limit")) { if (!cli_int(CMD, a, v, 0, LONG_MAX, &limit)) return 1; i++; }
-        else if (!strcmp(a, "--offset")) { if (!cli_int(CMD, a, v, 0, LONG_MAX, &offset)) return 1; i++; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { if (!cli_int(CMD, a, v, 1, 1L << 20, &n_predict)) return 1; i++; }
-        else if (!strcmp(a, "--stride")) { if (!cli_int(CMD, a, v, 1, 1L << 24, &stride)) return 1; i++; }
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { if (!cli_int(CMD, a, v, 0, 1L << 24, &n_ctx)) return 1; i++; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!cli_int(CMD, a, v, 1, 256, &threads)) return 1; i++; }
-        else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) { if (!cli_int(CMD, a, v, 0, LONG_MAX, &seed)) return 1; i++; }
-        else return cli_usage_error(CMD, "unknown option: %s", a);
-    }
-    if (seed >= 0) kvp.seed = (uint64_t)seed;
 
-    /* grid, metrics, formats: check everything before loading anything */
-    struct ekv_eval_cfg cfg = ekv_eval_default_cfg();
-    cfg.n_predict = (int32_t)n_predict;
-    cfg.stride = (int32_t)stride;
-    struct ekv_data_opts dopts = ekv_data_default_opts();
-    dopts.offset = (size_t)offset;
-    dopts.limit = (size_t)limit;
-    dopts.doc_sep = doc_sep;
-    enum ekv_status s;
-    if (ekv_metrics_parse(metric_list, &cfg.metrics) != EKV_OK)
-        return cli_usage_error(CMD, "--metric: %s", ekv_last_error());
-    if (ekv_rouge_kind_parse(rouge_kind, &cfg.rouge) != EKV_OK)
-        return cli_usage_error(CMD, "--rouge: %s", ekv_last_error());
-    if (ekv_data_format_parse(format, &dopts.format) != EKV_OK)
-        return cli_usage_error(CMD, "--format: %s", ekv_last_error());
-    if (chat_tmpl) {
-        bool known = false;
-        for (int k = 0; k < ekv_chat_template_count(); k++) known |= !strcmp(chat_tmpl, ekv_chat_template_name(k));
-        if (!known) return cli_usage_error(CMD, "--chat-template: unknown template '%s'", chat_tmpl);
-    }
-    cfg.chat_template = chat_tmpl;
-    char **policies = NULL;
-    size_t n_pol = 0, n_bud = 0, n_cells = 0;
-    double *budgets = NULL;
-    struct ekv_eval_grid_cell *cells = NULL;
-    if (ekv_split_list(policy_list, &policies, &n_pol) != EKV_OK)
-        return cli_usage_error(CMD, "--kv-policy: %s", ekv_last_error());
-    if (ekv_budgets_parse(budget_list, &budgets, &n_bud) != EKV_OK) {
-        free(policies);
-        return cli_usage_error(CMD, "--kv-budget: %s", ekv_last_error());
-    }
-    if (ekv_eval_grid(policies, n_pol, budgets, n_bud, &cells, &n_cells) != EKV_OK) {
-        free(policies);
-        free(budgets);
-        return cli_usage_error(CMD, "--kv-policy: %s", ekv_last_error());
-    }
-
-    int rc = 1;
-    struct ekv_model *model = NULL;
-    struct ekv_context *ctx = NULL;
-    struct ekv_dataset ds = {0};
+/* Everything one evaluation holds. */
+struct eval {
+    struct cli_params p;
+    struct ekv_eval_cfg cfg;
+    struct ekv_data_opts dopts;
+    struct ekv_eval_grid_cell *cells;
+    size_t n_cells;
+    const char *model_path, *data_path;
+    struct ekv_model *model;
+    struct ekv_context *ctx;
+    int32_t n_threads;
+    struct ekv_dataset ds;
     struct ekv_eval_runner run;
-    memset(&run, 0, sizeof run);
-    struct ekv_vision *vision = NULL;
-    char *data_dir = NULL;
-    struct ekv_eval_cell *acc = NULL;
-    double *cell_s = NULL;
+    struct ekv_vision *vision;
+    char *data_dir;
+    struct ekv_eval_cell *acc; /* [n_cells] */
+    double *cell_s;            /* [n_cells] seconds per cell */
+    double total_s, ref_s;
     struct ekv_report rep;
-    ekv_report_init(&rep);
-    char *md = NULL, *p_csv = NULL, *p_json = NULL, *p_md = NULL;
-    cJSON *meta = NULL;
+    char *md, *p_csv, *p_json, *p_md;
+    cJSON *meta;
+};
 
-    if (!model_path) model_path = cli_default_model();
-    if (!data_path) data_path = default_data();
-    if (!make_dirs(out_dir)) {
-        fprintf(stderr, "ekv eval: error: cannot create output directory '%s': %s\n", out_dir, strerror(errno));
-        goto done;
+/* Flags, then metrics, formats and the grid: everything checked before loading anything. */
+static int eval_parse(struct eval *e, int argc, char **argv) {
+    struct cli_params *p = &e->p;
+    cli_params_init(p, CLI_EVAL);
+    int rc = cli_parse(CMD, argc, argv, p, &k_help);
+    if (rc) return rc;
+    e->cfg = ekv_eval_default_cfg();
+    e->cfg.n_predict = (int32_t)p->n_predict;
+    e->cfg.stride = (int32_t)p->stride;
+    e->cfg.chat_template = p->chat_template;
+    e->dopts = ekv_data_default_opts();
+    e->dopts.offset = (size_t)p->offset;
+    e->dopts.limit = (size_t)p->limit;
+    e->dopts.doc_sep = p->doc_sep;
+    if (ekv_metrics_parse(p->metrics, &e->cfg.metrics) != EKV_OK)
+        return cli_usage_error(CMD, "--metric: %s", ekv_last_error());
+    if (ekv_rouge_kind_parse(p->rouge, &e->cfg.rouge) != EKV_OK)
+        return cli_usage_error(CMD, "--rouge: %s", ekv_last_error());
+    if (ekv_data_format_parse(p->format, &e->dopts.format) != EKV_OK)
+        return cli_usage_error(CMD, "--format: %s", ekv_last_error());
+    if (ekv_eval_grid((char *const *)p->kv_policies.s, (size_t)p->kv_policies.n, p->kv_budgets.d,
+                      (size_t)p->kv_budgets.n, &e->cells, &e->n_cells) != EKV_OK)
+        return cli_usage_error(CMD, "--kv-policy: %s", ekv_last_error());
+    e->model_path = p->model ? p->model : cli_default_model();
+    e->data_path = p->data ? p->data : default_data();
+    return 0;
+}
+
+/* Output directory, model, context, data set, vision tower, runner. */
+static bool eval_setup(struct eval *e) {
+    struct cli_params *p = &e->p;
+    enum ekv_status s;
+    if (!make_dirs(p->out_dir)) {
+        fprintf(stderr, "ekv eval: error: cannot create output directory '%s': %s\n", p->out_dir, strerror(errno));
+        return false;
     }
-    struct ekv_model_params mp = ekv_model_default_params();
-    mp.tokenizer_path = tok_path;
-    if ((s = ekv_model_load(model_path, &mp, &model)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+    p->model = e->model_path;
+    if (!cli_load_model(CMD, p, &e->model, &e->ctx)) return false;
     struct ekv_model_info mi;
-    ekv_model_get_info(model, &mi);
-    if (n_ctx > mi.n_ctx_train)
-        fprintf(stderr, "ekv eval: warning: --ctx %ld exceeds the trained context %d; scores there are meaningless\n",
-                n_ctx, mi.n_ctx_train);
-    struct ekv_context_params cp = ekv_context_default_params();
-    if (threads > 0) cp.n_threads = (int32_t)threads;
-    cp.n_ctx = (int32_t)n_ctx;
-    if ((s = ekv_context_new(model, &cp, &ctx)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    if ((s = ekv_dataset_load(data_path, &dopts, &ds)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    if (ds.n_items == 0) {
-        fprintf(stderr, "ekv eval: error: '%s' has no item in the selection (offset %ld, limit %ld)\n", data_path,
-                offset, limit);
-        goto done;
+    ekv_model_get_info(e->model, &mi);
+    if (p->n_ctx > mi.n_ctx_train)
+        fprintf(stderr, "ekv eval: warning: -c %ld exceeds the trained context %d; scores there are meaningless\n",
+                p->n_ctx, mi.n_ctx_train);
+    e->n_threads = p->threads > 0 ? (int32_t)p->threads : ekv_context_default_params().n_threads;
+    if ((s = ekv_dataset_load(e->data_path, &e->dopts, &e->ds)) != EKV_OK) return cli_fail(CMD, s), false;
+    if (e->ds.n_items == 0) {
+        fprintf(stderr, "ekv eval: error: '%s' has no item in the selection (offset %ld, limit %ld)\n", e->data_path,
+                p->offset, p->limit);
+        return false;
     }
-    if (mmproj) {
-        if ((s = ekv_vision_load(mmproj, &vision)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-        cfg.vision = vision;
+    if (p->mmproj) {
+        if ((s = ekv_vision_load(p->mmproj, &e->vision)) != EKV_OK) return cli_fail(CMD, s), false;
+        e->cfg.vision = e->vision;
+        const char *image_dir = p->image_dir;
         if (!image_dir) { /* the data file's folder */
-            data_dir = strdup(data_path);
-            if (!data_dir) goto done;
-            char *slash = strrchr(data_dir, '/');
+            e->data_dir = strdup(e->data_path);
+            if (!e->data_dir) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+            char *slash = strrchr(e->data_dir, '/');
             if (slash) *slash = 0;
-            else strcpy(data_dir, ".");
-            image_dir = data_dir;
+            else strcpy(e->data_dir, ".");
+            image_dir = e->data_dir;
         }
-        cfg.image_dir = image_dir;
+        e->cfg.image_dir = image_dir;
     }
-    if ((s = ekv_eval_runner_init(&run, ctx, &ds, &cfg)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    for (size_t i = 0; i < run.n_skipped; i++) fprintf(stderr, "ekv eval: skipped: %s\n", run.skipped[i]);
-    if (run.n_units == 0) {
-        fprintf(stderr, "ekv eval: error: no item of '%s' can be evaluated\n", data_path);
-        goto done;
+    if ((s = ekv_eval_runner_init(&e->run, e->ctx, &e->ds, &e->cfg)) != EKV_OK) return cli_fail(CMD, s), false;
+    for (size_t i = 0; i < e->run.n_skipped; i++) fprintf(stderr, "ekv eval: skipped: %s\n", e->run.skipped[i]);
+    if (e->run.n_units == 0) {
+        fprintf(stderr, "ekv eval: error: no item of '%s' can be evaluated\n", e->data_path);
+        return false;
     }
     fprintf(stderr, "ekv eval: %s on %s: %zu items (%zu units, %zu skipped) x %zu cells, context %d, threads %d\n",
-            basename_of(model_path), basename_of(data_path), ds.n_items, run.n_units, run.n_skipped, n_cells,
-            run.n_ctx, cp.n_threads);
+            basename_of(e->model_path), basename_of(e->data_path), e->ds.n_items, e->run.n_units, e->run.n_skipped,
+            e->n_cells, e->run.n_ctx, e->n_threads);
+    e->acc = calloc(e->n_cells, sizeof *e->acc);
+    e->cell_s = calloc(e->n_cells, sizeof *e->cell_s);
+    if (!e->acc || !e->cell_s) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    for (size_t c = 0; c < e->n_cells; c++) ekv_eval_cell_init(&e->acc[c]);
+    return true;
+}
 
-    acc = calloc(n_cells, sizeof *acc);
-    cell_s = calloc(n_cells, sizeof *cell_s);
-    if (!acc || !cell_s) { fprintf(stderr, "ekv eval: error: out of memory\n"); goto done; }
-    for (size_t c = 0; c < n_cells; c++) ekv_eval_cell_init(&acc[c]);
-    struct progress pg = {.tty = isatty(2), .t0 = cli_now(), .n_cells = n_cells, .r = &run};
-    double ref_s = 0;
-    for (size_t u = 0; u < run.n_units; u++) {
+/* Units outer (each reference built once), cells inner, a progress line per unit. */
+static bool eval_run(struct eval *e) {
+    struct progress pg = {.tty = isatty(2), .t0 = cli_now(), .n_cells = e->n_cells, .r = &e->run};
+    enum ekv_status s;
+    for (size_t u = 0; u < e->run.n_units; u++) {
         double t = cli_now();
-        if ((s = ekv_eval_unit_prepare(&run, u)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-        ref_s += cli_now() - t;
-        for (size_t c = 0; c < n_cells; c++) {
-            struct ekv_kv_params kv = kvp;
-            kv.policy = cells[c].policy;
-            kv.budget = cells[c].budget;
+        if ((s = ekv_eval_unit_prepare(&e->run, u)) != EKV_OK) return cli_fail(CMD, s), false;
+        e->ref_s += cli_now() - t;
+        for (size_t c = 0; c < e->n_cells; c++) {
+            struct ekv_kv_params kv = e->p.kv;
+            kv.policy = e->cells[c].policy;
+            kv.budget = e->cells[c].budget;
             t = cli_now();
-            if ((s = ekv_eval_unit_run(&run, &kv, &acc[c])) != EKV_OK) {
-                fprintf(stderr, "ekv eval: error in %s at budget %g, unit %zu:\n", cells[c].policy, cells[c].budget, u);
-                cli_fail(CMD, s);
-                goto done;
+            if ((s = ekv_eval_unit_run(&e->run, &kv, &e->acc[c])) != EKV_OK) {
+                fprintf(stderr, "ekv eval: error in %s at budget %g, unit %zu:\n", e->cells[c].policy,
+                        e->cells[c].budget, u);
+                return cli_fail(CMD, s), false;
             }
-            cell_s[c] += cli_now() - t;
+            e->cell_s[c] += cli_now() - t;
         }
-        show_progress(&pg, u + 1, run.n_units, u);
+        show_progress(&pg, u + 1, e->run.n_units, u);
     }
-    double total_s = cli_now() - pg.t0;
+    e->total_s = cli_now() - pg.t0;
+    return true;
+}
 
-    /* reports */
-    for (size_t c = 0; c < n_cells; c++)
-        if ((s = ekv_eval_cell_report(&acc[c], cfg.metrics, cells[c].policy, cells[c].budget, &rep)) != EKV_OK) {
-            cli_fail(CMD, s);
-            goto done;
-        }
-    char title[512];
-    snprintf(title, sizeof title, "%s on %s (%zu items, %zu units)", basename_of(model_path),
-             basename_of(data_path), ds.n_items, run.n_units);
-    meta = cJSON_CreateObject();
-    if (!meta) goto done;
-    cJSON_AddStringToObject(meta, "model", model_path);
-    cJSON_AddStringToObject(meta, "data", data_path);
-    cJSON_AddStringToObject(meta, "format", ds.format == EKV_DATA_TEXT ? "text" : "jsonl");
-    cJSON_AddStringToObject(meta, "metrics", metric_list);
-    cJSON_AddStringToObject(meta, "rouge", ekv_rouge_kind_name(cfg.rouge));
-    if (mmproj) cJSON_AddStringToObject(meta, "mmproj", mmproj);
-    if (chat_tmpl) cJSON_AddStringToObject(meta, "chat_template", chat_tmpl);
-    cJSON_AddNumberToObject(meta, "n_predict", cfg.n_predict);
-    cJSON_AddNumberToObject(meta, "stride", cfg.stride);
-    cJSON_AddNumberToObject(meta, "n_ctx", run.n_ctx);
-    cJSON_AddNumberToObject(meta, "threads", cp.n_threads);
-    cJSON_AddNumberToObject(meta, "kv_seed", (double)kvp.seed);
-    cJSON_AddNumberToObject(meta, "items", (double)ds.n_items);
-    cJSON_AddNumberToObject(meta, "units", (double)run.n_units);
+/* The run's settings and timings, stored with the results. */
+static cJSON *eval_meta(const struct eval *e) {
+    const struct cli_params *p = &e->p;
+    cJSON *meta = cJSON_CreateObject();
+    if (!meta) return NULL;
+    cJSON_AddStringToObject(meta, "model", e->model_path);
+    cJSON_AddStringToObject(meta, "data", e->data_path);
+    cJSON_AddStringToObject(meta, "format", e->ds.format == EKV_DATA_TEXT ? "text" : "jsonl");
+    cJSON_AddStringToObject(meta, "metrics", p->metrics);
+    cJSON_AddStringToObject(meta, "rouge", ekv_rouge_kind_name(e->cfg.rouge));
+    if (p->mmproj) cJSON_AddStringToObject(meta, "mmproj", p->mmproj);
+    if (p->chat_template) cJSON_AddStringToObject(meta, "chat_template", p->chat_template);
+    cJSON_AddNumberToObject(meta, "n_predict", e->cfg.n_predict);
+    cJSON_AddNumberToObject(meta, "stride", e->cfg.stride);
+    cJSON_AddNumberToObject(meta, "n_ctx", e->run.n_ctx);
+    cJSON_AddNumberToObject(meta, "threads", e->n_threads);
+    cJSON_AddNumberToObject(meta, "kv_seed", (double)p->kv.seed);
+    cJSON_AddNumberToObject(meta, "items", (double)e->ds.n_items);
+    cJSON_AddNumberToObject(meta, "units", (double)e->run.n_units);
     cJSON *sk = cJSON_AddArrayToObject(meta, "skipped");
-    for (size_t i = 0; sk && i < run.n_skipped; i++) cJSON_AddItemToArray(sk, cJSON_CreateString(run.skipped[i]));
+    for (size_t i = 0; sk && i < e->run.n_skipped; i++) cJSON_AddItemToArray(sk, cJSON_CreateString(e->run.skipped[i]));
     cJSON *tm = cJSON_AddObjectToObject(meta, "timings");
     if (tm) {
-        cJSON_AddNumberToObject(tm, "total_seconds", total_s);
-        cJSON_AddNumberToObject(tm, "reference_seconds", ref_s);
+        cJSON_AddNumberToObject(tm, "total_seconds", e->total_s);
+        cJSON_AddNumberToObject(tm, "reference_seconds", e->ref_s);
         cJSON *ca = cJSON_AddArrayToObject(tm, "cells");
-        for (size_t c = 0; ca && c < n_cells; c++) {
+        for (size_t c = 0; ca && c < e->n_cells; c++) {
             cJSON *o = cJSON_CreateObject();
             if (!o) break;
-            cJSON_AddStringToObject(o, "policy", cells[c].policy);
-            cJSON_AddNumberToObject(o, "budget", cells[c].budget);
-            cJSON_AddNumberToObject(o, "seconds", cell_s[c]);
+            cJSON_AddStringToObject(o, "policy", e->cells[c].policy);
+            cJSON_AddNumberToObject(o, "budget", e->cells[c].budget);
+            cJSON_AddNumberToObject(o, "seconds", e->cell_s[c]);
             cJSON_AddItemToArray(ca, o);
         }
     }
-    char *meta_txt = cJSON_PrintUnformatted(meta);
-    s = meta_txt ? ekv_report_set_meta(&rep, meta_txt) : EKV_ERR_NOMEM;
-    cJSON_free(meta_txt);
-    if (s == EKV_OK) s = ekv_report_set_title(&rep, title);
-    if (s != EKV_OK) { cli_fail(CMD, s); goto done; }
+    return meta;
+}
 
-    p_csv = join(out_dir, "results.csv");
-    p_json = join(out_dir, "results.json");
-    p_md = join(out_dir, "results.md");
-    if (!p_csv || !p_json || !p_md) goto done;
-    if ((s = ekv_report_write_csv(&rep, p_csv)) != EKV_OK || (s = ekv_report_write_json(&rep, p_json)) != EKV_OK ||
-        (s = ekv_report_write_markdown(&rep, p_md)) != EKV_OK || (s = ekv_report_markdown(&rep, &md)) != EKV_OK) {
-        cli_fail(CMD, s);
-        goto done;
-    }
-    if (json) {
-        char *txt = cli_read_file(CMD, p_json, NULL);
-        if (!txt) goto done;
+/* CSV, JSON and Markdown files, the table (or JSON) on stdout, plots.
+ * Returns the exit status: 0, 1 on failure, 2 when only plotting failed. */
+static int eval_report(struct eval *e) {
+    const struct cli_params *p = &e->p;
+    enum ekv_status s;
+    for (size_t c = 0; c < e->n_cells; c++)
+        if ((s = ekv_eval_cell_report(&e->acc[c], e->cfg.metrics, e->cells[c].policy, e->cells[c].budget,
+                                      &e->rep)) != EKV_OK)
+            return cli_fail(CMD, s);
+    char title[512];
+    snprintf(title, sizeof title, "%s on %s (%zu items, %zu units)", basename_of(e->model_path),
+             basename_of(e->data_path), e->ds.n_items, e->run.n_units);
+    if (!(e->meta = eval_meta(e))) return cli_fail(CMD, EKV_ERR_NOMEM);
+    char *meta_txt = cJSON_PrintUnformatted(e->meta);
+    s = meta_txt ? ekv_report_set_meta(&e->rep, meta_txt) : EKV_ERR_NOMEM;
+    cJSON_free(meta_txt);
+    if (s == EKV_OK) s = ekv_report_set_title(&e->rep, title);
+    if (s != EKV_OK) return cli_fail(CMD, s);
+    e->p_csv = join(p->out_dir, "results.csv");
+    e->p_json = join(p->out_dir, "results.json");
+    e->p_md = join(p->out_dir, "results.md");
+    if (!e->p_csv || !e->p_json || !e->p_md) return cli_fail(CMD, EKV_ERR_NOMEM);
+    if ((s = ekv_report_write_csv(&e->rep, e->p_csv)) != EKV_OK ||
+        (s = ekv_report_write_json(&e->rep, e->p_json)) != EKV_OK ||
+        (s = ekv_report_write_markdown(&e->rep, e->p_md)) != EKV_OK || (s = ekv_report_markdown(&e->rep, &e->md)) != EKV_OK)
+        return cli_fail(CMD, s);
+    if (p->json) {
+        char *txt = cli_read_file(CMD, e->p_json, NULL);
+        if (!txt) return 1;
         fputs(txt, stdout);
         free(txt);
     } else {
-        fputs(md, stdout);
+        fputs(e->md, stdout);
     }
     fflush(stdout);
-    rc = 0;
-    if (plot) {
-        if ((s = ekv_report_plot(&rep, out_dir, NULL)) != EKV_OK) {
-            fprintf(stderr, "ekv eval: warning: plots not made: %s: %s\n", ekv_status_str(s), ekv_last_error());
-            rc = 2;
-        }
+    int rc = 0;
+    if (p->plot && (s = ekv_report_plot(&e->rep, p->out_dir, NULL)) != EKV_OK) {
+        fprintf(stderr, "ekv eval: warning: plots not made: %s: %s\n", ekv_status_str(s), ekv_last_error());
+        rc = 2;
     }
-    fprintf(stderr, "ekv eval: wrote %s, %s, %s%s in %.1f s\n", p_csv, p_json, p_md,
-            plot && rc == 0 ? " and one PNG per metric" : "", total_s);
-done:
-    cJSON_Delete(meta);
-    free(md);
-    free(p_csv);
-    free(p_json);
-    free(p_md);
-    ekv_report_free(&rep);
-    free(acc);
-    free(cell_s);
-    ekv_eval_runner_free(&run); /* also after a failed init, which leaves partial state */
-    ekv_dataset_free(&ds);
-    ekv_vision_free(vision);
-    free(data_dir);
-    ekv_context_free(ctx);
-    ekv_model_free(model);
-    free(cells);
-    free(policies);
-    free(budgets);
+    fprintf(stderr, "ekv eval: wrote %s, %s, %s%s in %.1f s\n", e->p_csv, e->p_json, e->p_md,
+            p->plot && rc == 0 ? " and one PNG per metric" : "", e->total_s);
+    return rc;
+}
+
+static void eval_free(struct eval *e) {
+    cJSON_Delete(e->meta);
+    free(e->md);
+    free(e->p_csv);
+    free(e->p_json);
+    free(e->p_md);
+    ekv_report_free(&e->rep);
+    free(e->acc);
+    free(e->cell_s);
+    ekv_eval_runner_free(&e->run); /* also after a failed init, which leaves partial state */
+    ekv_dataset_free(&e->ds);
+    ekv_vision_free(e->vision);
+    free(e->data_dir);
+    ekv_context_free(e->ctx);
+    ekv_model_free(e->model);
+    free(e->cells);
+    cli_params_free(&e->p);
+}
+
+static int cmd_eval_main(int argc, char **argv) {
+    struct eval e;
+    memset(&e, 0, sizeof e);
+    ekv_report_init(&e.rep);
+    int rc = eval_parse(&e, argc, argv);
+    if (rc == 2) rc = 0; /* --help */
+    else if (rc == 0) rc = eval_setup(&e) && eval_run(&e) ? eval_report(&e) : 1;
+    eval_free(&e);
     return rc;
 }
 

@@ -12,16 +12,13 @@
 
 static const char *const CMD = "info";
 
-static void help(void) {
-    printf("usage: ekv info [-m FILE] [--tensors] [--no-metadata]\n\n"
-           "Describes a GGUF or llama2.c model: hyper-parameters, KV-cache bytes per token,\n"
-           "GGUF metadata and tensors (type, shape, bytes).\n\n"
-           "  -m, --model FILE   model (default: bundled models/stories260K.gguf); any GGUF\n"
-           "                     (vocabulary-only files and mmproj files too) is listed\n"
-           "      --no-tensors   do not list tensors\n"
-           "      --no-metadata  do not list metadata\n"
-           "  -h, --help         this help\n");
-}
+static const struct cli_help k_help = {
+    "usage: ekv info [-m FILE] [--no-tensors] [--no-metadata]",
+    "Describes a GGUF or llama2.c model: hyper-parameters, KV-cache bytes per token,\n"
+    "GGUF metadata and tensors (type, shape, bytes). Any GGUF (vocabulary-only files and\n"
+    "mmproj files too) is listed.",
+    NULL,
+};
 
 static void print_scalar(const struct ekv_gguf_value *v) {
     switch (v->type) {
@@ -93,17 +90,12 @@ static int info_gguf(const char *path, bool tensors, bool metadata) {
 }
 
 static int cmd_info_main(int argc, char **argv) {
-    const char *path = NULL;
-    bool tensors = true, metadata = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { help(); return 0; }
-        else if (!strcmp(a, "--no-tensors")) tensors = false;
-        else if (!strcmp(a, "--no-metadata")) metadata = false;
-        else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) path = argv[++i];
-        else return cli_usage_error(CMD, "unknown option or missing value: %s", a);
-    }
-    if (!path) path = cli_default_model();
+    struct cli_params p;
+    cli_params_init(&p, CLI_INFO);
+    int rc = cli_parse(CMD, argc, argv, &p, &k_help);
+    if (rc) return rc == 2 ? 0 : rc;
+    const char *path = p.model ? p.model : cli_default_model();
+    const bool tensors = p.tensors, metadata = p.metadata;
     printf("file: %s\n", path);
 
     FILE *fp = fopen(path, "rb");

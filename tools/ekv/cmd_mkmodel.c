@@ -468,56 +468,25 @@ static void list_presets(FILE *o) {
         fprintf(o, "  %-15s %s\n", k_presets[i].name, k_presets[i].desc);
 }
 
-static void usage(FILE *o) {
-    fprintf(o,
-            "usage: ekv mkmodel --preset NAME -o FILE [--mmproj-out FILE] [--type f32|f16|q8_0|q4_0]\n"
-            "                   [--vocab VOCAB.gguf] [--seed N]\n\n"
-            "Writes a GGUF model with random weights of a real model's shapes (llama.cpp layout).\n"
-            "Vision-language presets also write the vision tower (mmproj); without --mmproj-out it\n"
-            "goes beside FILE as <FILE minus .gguf>.mmproj.gguf.\n\n"
-            "  --preset NAME      model shape (see below)\n"
-            "  -o, --output FILE  language-model GGUF to write\n"
-            "  --mmproj-out FILE  vision-tower GGUF to write (vision presets only)\n"
-            "  --type T           type of weight matrices: f32, f16, q8_0, q4_0 (default f16)\n"
-            "  --vocab FILE       copy tokenizer.* from this GGUF (vocabulary size follows it)\n"
-            "  --seed N           random seed (default 1); same seed, same bytes\n\n"
-            "Weights are random: use these files for speed and memory, never for quality.\n\n");
-    list_presets(o);
-}
+static const struct cli_help k_help = {
+    "usage: ekv mkmodel --preset NAME -o FILE [--mmproj-out FILE] [--type f32|f16|q8_0|q4_0]\n"
+    "                   [--vocab VOCAB.gguf] [--seed N]",
+    "Writes a GGUF model with random weights of a real model's shapes (llama.cpp layout).\n"
+    "Vision-language presets also write the vision tower (mmproj); without --mmproj-out it\n"
+    "goes beside FILE as <FILE minus .gguf>.mmproj.gguf.\n\n"
+    "Weights are random: use these files for speed and memory, never for quality.",
+    NULL,
+};
 
 static int cmd_main(int argc, char **argv) {
-    const char *preset = NULL, *out = NULL, *mmproj_out = NULL, *vocab = NULL, *type_s = "f16";
-    uint64_t seed = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "ekv mkmodel: %s needs a value (or is unknown); see --help\n", a);
-            return 1;
-        }
-        const char *v = argv[++i];
-        if (!strcmp(a, "--preset")) preset = v;
-        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
-        else if (!strcmp(a, "--mmproj-out")) mmproj_out = v;
-        else if (!strcmp(a, "--type")) type_s = v;
-        else if (!strcmp(a, "--vocab")) vocab = v;
-        else if (!strcmp(a, "--seed")) {
-            char *end;
-            errno = 0;
-            unsigned long long x = strtoull(v, &end, 10);
-            if (errno || *end || !*v || v[0] == '-') {
-                fprintf(stderr, "ekv mkmodel: --seed '%s' is not a non-negative integer\n", v);
-                return 1;
-            }
-            seed = x;
-        } else {
-            fprintf(stderr, "ekv mkmodel: unknown option '%s'; see --help\n", a);
-            return 1;
-        }
-    }
+    struct cli_params cp;
+    cli_params_init(&cp, CLI_MKMODEL);
+    int rc = cli_parse("mkmodel", argc, argv, &cp, &k_help);
+    if (rc == 2) list_presets(stdout);
+    if (rc) return rc == 2 ? 0 : rc;
+    const char *preset = cp.preset, *out = cp.output, *mmproj_out = cp.mmproj_out, *vocab = cp.vocab;
+    const char *type_s = cp.weight_type;
+    const uint64_t seed = cp.weight_seed;
     if (!preset) {
         fprintf(stderr, "ekv mkmodel: --preset is required\n");
         list_presets(stderr);

@@ -15,36 +15,12 @@
 
 static const char *const CMD = "run";
 
-#define EKV_RUN_MAX_IMAGES 64
-
-static void help(void) {
-    printf("usage: ekv run [options]\n\n"
-           "Generates text from a prompt.\n\n"
-           "  -m, --model FILE      GGUF or llama2.c model (default: bundled models/stories260K.gguf)\n"
-           "      --tokenizer FILE  tokenizer .bin for llama2.c checkpoints (default tok<vocab>.bin beside it)\n"
-           "  -p, --prompt TEXT     prompt (default \"Once upon a time\")\n"
-           "  -f, --file FILE       read the prompt from a file\n"
-           "  -n, --n-predict N     tokens to generate (default 128; -1 = until end of text or context)\n"
-           "  -t, --threads N       worker threads (default: online cores, at most 8)\n"
-           "  -c, --ctx-size N      context size (default: the model's trained context)\n"
-           "      --temp F          temperature; 0 = greedy (default 0.8)\n"
-           "      --top-k N         top-k, 0 = off (default 40)\n"
-           "      --top-p F         top-p, 1 = off (default 0.95)\n"
-           "      --min-p F         min-p, 0 = off (default 0.05)\n"
-           "  -s, --seed N          sampling seed (default 3776)\n"
-           "      --ignore-eos      keep generating after end of text\n"
-           "      --no-display-prompt  do not echo the prompt\n"
-           "      --mmproj FILE     vision tower (llama.cpp-style mmproj GGUF) for --image\n"
-           "      --image FILE      image (JPEG/PNG) spliced where the prompt says <image>, or before the text;\n"
-           "                        repeat for several images (markers filled in order)\n"
-           "      --chat-template T none, llava-1.5 or chatml (default: llava-1.5 with --image, else none)\n"
-           "      --system TEXT     system prompt for the chat template (default: the template's own)\n"
-           "      --json            print one JSON object (text, tokens, timings, cache) instead of text\n"
-           "      --kv-trace FILE   write kept positions and merge weights per layer and KV head (JSON)\n"
-           "                        after prefill and at the end\n"
-           "  -h, --help            this help\n\n");
-    cli_print_kv_help(stdout);
-}
+static const struct cli_help k_help = {
+    "usage: ekv run [options]",
+    "Generates text from a prompt with a chosen KV-cache policy and budget: the text on\n"
+    "stdout, a report on stderr (cache bytes against the full cache, tokens/s per phase).",
+    NULL,
+};
 
 /* ---- --kv-trace ---- */
 
@@ -126,305 +102,317 @@ static void print_kv_report(FILE *out, const struct ekv_seq *seq, const struct e
             (long long)st.n_seen, (long long)st.evicted, (long long)st.merged);
 }
 
-static int cmd_run_main(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *prompt_file = NULL, *trace_path = NULL;
-    const char *mmproj_path = NULL, *chat_tmpl = NULL, *system_prompt = NULL;
-    const char *image_paths[EKV_RUN_MAX_IMAGES];
-    int n_images = 0;
-    long n_predict = 128, threads = -1, n_ctx = 0;
-    bool json = false, ignore_eos = false, display_prompt = true;
-    struct ekv_sampler_params sp = ekv_sampler_default_params();
-    struct ekv_kv_params kvp = ekv_kv_default_params();
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x;
-        double d;
-        int kv = cli_parse_kv_opt(CMD, argc, argv, &i, &kvp);
-        if (kv < 0) return 1;
-        if (kv > 0) continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { help(); return 0; }
-        else if (!strcmp(a, "--json")) json = true;
-        else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
-        else if (!strcmp(a, "--no-display-prompt")) display_prompt = false;
-        else if (!v) return cli_usage_error(CMD, "unknown option or missing value: %s", a);
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { model_path = v; i++; }
-        else if (!strcmp(a, "--tokenizer")) { tok_path = v; i++; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { prompt = v; i++; }
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { prompt_file = v; i++; }
-        else if (!strcmp(a, "--kv-trace")) { trace_path = v; i++; }
-        else if (!strcmp(a, "--mmproj")) { mmproj_path = v; i++; }
-        else if (!strcmp(a, "--image")) {
-            if (n_images == EKV_RUN_MAX_IMAGES)
-                return cli_usage_error(CMD, "at most %d --image flags", EKV_RUN_MAX_IMAGES);
-            image_paths[n_images++] = v;
-            i++;
-        }
-        else if (!strcmp(a, "--chat-template")) { chat_tmpl = v; i++; }
-        else if (!strcmp(a, "--system")) { system_prompt = v; i++; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            if (!cli_int(CMD, a, v, -1, 1L << 24, &n_predict)) return 1;
-            i++;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!cli_int(CMD, a, v, 1, 256, &threads)) return 1;
-            i++;
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            if (!cli_int(CMD, a, v, 0, 1L << 24, &n_ctx)) return 1;
-            i++;
-        } else if (!strcmp(a, "--temp")) {
-            if (!cli_double(CMD, a, v, 0.0, 100.0, &d)) return 1;
-            sp.temp = (float)d;
-            i++;
-        } else if (!strcmp(a, "--top-k")) {
-            if (!cli_int(CMD, a, v, 0, 1L << 24, &x)) return 1;
-            sp.top_k = (int32_t)x;
-            i++;
-        } else if (!strcmp(a, "--top-p")) {
-            if (!cli_double(CMD, a, v, 1e-6, 1.0, &d)) return 1;
-            sp.top_p = (float)d;
-            i++;
-        } else if (!strcmp(a, "--min-p")) {
-            if (!cli_double(CMD, a, v, 0.0, 1.0, &d)) return 1;
-            sp.min_p = (float)d;
-            i++;
-        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
-            if (!cli_int(CMD, a, v, 0, __LONG_MAX__, &x)) return 1;
-            sp.seed = (uint64_t)x;
-            i++;
-        } else return cli_usage_error(CMD, "unknown option: %s", a);
-    }
-    if (prompt && prompt_file) return cli_usage_error(CMD, "give either -p or -f, not both");
-    if (n_images && !mmproj_path) return cli_usage_error(CMD, "--image needs --mmproj (the vision tower)");
 
-    int rc = 1;
-    char *file_text = NULL;
-    struct ekv_model *model = NULL;
-    struct ekv_context *ctx = NULL;
-    struct ekv_seq *seq = NULL;
-    struct ekv_sampler *smp = NULL;
-    int32_t *gen = NULL;
-    float *logits = NULL;
-    char *out_text = NULL, *chat = NULL, *user_text = NULL;
-    struct ekv_prompt *pr = NULL;
-    int32_t n_img = 0;
-    struct ekv_vision *vision = NULL;
-    cJSON *trace = NULL;
-    enum ekv_status s;
-
-    if (prompt_file) {
-        file_text = cli_read_file(CMD, prompt_file, NULL);
-        if (!file_text) goto done;
-        prompt = file_text;
-    }
-    if (!prompt) prompt = "Once upon a time";
-    if (!model_path) model_path = cli_default_model();
-
-    struct ekv_model_params mp = ekv_model_default_params();
-    mp.tokenizer_path = tok_path;
-    if ((s = ekv_model_load(model_path, &mp, &model)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+/* Everything one run holds, from set-up to report. */
+struct run {
+    struct cli_params p;
+    struct ekv_model *model;
+    struct ekv_context *ctx;
+    struct ekv_seq *seq;
+    struct ekv_sampler *smp;
     struct ekv_model_info mi;
-    ekv_model_get_info(model, &mi);
-    struct ekv_context_params cp = ekv_context_default_params();
-    if (threads > 0) cp.n_threads = (int32_t)threads;
-    cp.n_ctx = (int32_t)n_ctx;
-    if ((s = ekv_context_new(model, &cp, &ctx)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    if ((s = ekv_seq_new(ctx, &kvp, &seq)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    if ((s = ekv_sampler_new(&sp, &smp)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    int32_t ctx_size = n_ctx > 0 ? (int32_t)n_ctx : mi.n_ctx_train;
+    int32_t n_threads;
+    int32_t ctx_size;
+    char *file_text;       /* -f contents */
+    const char *prompt;    /* the user's prompt (before the template) */
+    char *user_text;       /* the prompt with one image marker per --image in front */
+    char *chat;            /* the prompt after the chat template */
+    struct ekv_prompt *pr; /* text tokens around the image slots */
+    struct ekv_vision *vision;
+    int32_t n_img;         /* image positions, all images */
+    int64_t n_prompt;      /* positions: tokens + image embeddings */
+    long n_predict;
+    int32_t *gen;          /* [n_predict] generated tokens */
+    long n_gen;
+    float *logits;         /* [n_vocab] */
+    char *out_text;
+    size_t out_len, out_cap;
+    const char *stop;
+    double t_img, t_start, t0, t1, t2, t_first;
+    cJSON *trace;
+};
 
-    /* chat template (images without markers go first, one marker each),
-     * then the prompt object: text tokens around the image slots */
-    if (!chat_tmpl) chat_tmpl = n_images ? "llava-1.5" : "none";
-    if (n_images && !strstr(prompt, EKV_IMAGE_MARKER)) {
-        size_t ml = strlen(EKV_IMAGE_MARKER "\n"), pl = strlen(prompt);
-        user_text = malloc((size_t)n_images * ml + pl + 1);
-        if (!user_text) { fprintf(stderr, "ekv run: out of memory\n"); goto done; }
-        for (int i = 0; i < n_images; i++) memcpy(user_text + (size_t)i * ml, EKV_IMAGE_MARKER "\n", ml);
-        memcpy(user_text + (size_t)n_images * ml, prompt, pl + 1);
+static int run_parse(struct run *r, int argc, char **argv) {
+    cli_params_init(&r->p, CLI_RUN);
+    int rc = cli_parse(CMD, argc, argv, &r->p, &k_help);
+    if (rc) return rc;
+    if (r->p.prompt && r->p.prompt_file) return cli_usage_error(CMD, "give either -p or -f, not both");
+    if (r->p.images.n && !r->p.mmproj) return cli_usage_error(CMD, "--image needs --mmproj (the vision tower)");
+    return 0;
+}
+
+/* The prompt through the chat template (images without markers go first,
+ * one marker each), then the prompt object: text tokens around the image slots. */
+static bool run_build_prompt(struct run *r) {
+    const struct cli_params *p = &r->p;
+    const int n_images = p->images.n;
+    const char *tmpl = p->chat_template ? p->chat_template : n_images ? "llava-1.5" : "none";
+    if (n_images && !strstr(r->prompt, EKV_IMAGE_MARKER)) {
+        size_t ml = strlen(EKV_IMAGE_MARKER "\n"), pl = strlen(r->prompt);
+        r->user_text = malloc((size_t)n_images * ml + pl + 1);
+        if (!r->user_text) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+        for (int i = 0; i < n_images; i++) memcpy(r->user_text + (size_t)i * ml, EKV_IMAGE_MARKER "\n", ml);
+        memcpy(r->user_text + (size_t)n_images * ml, r->prompt, pl + 1);
     }
-    const char *user = user_text ? user_text : prompt;
-    size_t chat_len = 0;
-    if ((s = ekv_chat_format(chat_tmpl, system_prompt, user, false, NULL, 0, &chat_len)) != EKV_OK) {
-        cli_fail(CMD, s);
-        goto done;
+    const char *user = r->user_text ? r->user_text : r->prompt;
+    size_t len = 0;
+    enum ekv_status s = ekv_chat_format(tmpl, p->system, user, false, NULL, 0, &len);
+    if (s != EKV_OK) return cli_fail(CMD, s), false;
+    r->chat = malloc(len + 1);
+    if (!r->chat) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    if ((s = ekv_chat_format(tmpl, p->system, user, false, r->chat, len + 1, &len)) != EKV_OK)
+        return cli_fail(CMD, s), false;
+    if ((s = ekv_prompt_new(r->model, r->chat, len, true, &r->pr)) != EKV_OK) return cli_fail(CMD, s), false;
+    if (ekv_prompt_n_images(r->pr) != n_images) {
+        cli_usage_error(CMD, "the prompt has %d %s marker(s) but %d --image flag(s) were given",
+                        ekv_prompt_n_images(r->pr), EKV_IMAGE_MARKER, n_images);
+        return false;
     }
-    chat = malloc(chat_len + 1);
-    if (!chat || (s = ekv_chat_format(chat_tmpl, system_prompt, user, false, chat, chat_len + 1, &chat_len)) != EKV_OK) {
-        cli_fail(CMD, chat ? s : EKV_ERR_NOMEM);
-        goto done;
+    return true;
+}
+
+static bool run_encode_images(struct run *r) {
+    const struct cli_params *p = &r->p;
+    double ti = cli_now();
+    struct ekv_image_input imgs[CLI_LIST_MAX];
+    for (int i = 0; i < p->images.n; i++) imgs[i] = (struct ekv_image_input){.path = p->images.s[i]};
+    enum ekv_status s = ekv_vision_load(p->mmproj, &r->vision);
+    if (s != EKV_OK) return cli_fail(CMD, s), false;
+    if ((s = ekv_prompt_set_images(r->pr, r->vision, r->ctx, imgs, p->images.n)) != EKV_OK)
+        return cli_fail(CMD, s), false;
+    r->t_img = cli_now() - ti;
+    for (int i = 0; i < p->images.n; i++) {
+        int32_t rows = 0;
+        ekv_prompt_image_span(r->pr, i, NULL, &rows);
+        r->n_img += rows;
+        fprintf(stderr, "ekv run: image %s: %d image tokens\n", p->images.s[i], rows);
     }
-    if ((s = ekv_prompt_new(model, chat, chat_len, true, &pr)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    if (ekv_prompt_n_images(pr) != n_images) {
-        cli_usage_error(CMD, "the prompt has %d %s marker(s) but %d --image flag(s) were given", ekv_prompt_n_images(pr),
-                        EKV_IMAGE_MARKER, n_images);
-        goto done;
+    fprintf(stderr, "ekv run: %d image(s) encoded in %.3f s\n", p->images.n, r->t_img);
+    return true;
+}
+
+static cJSON *trace_new(const struct run *r) {
+    const struct cli_params *p = &r->p;
+    cJSON *trace = cJSON_CreateObject();
+    cJSON_AddStringToObject(trace, "model", p->model);
+    cJSON_AddStringToObject(trace, "policy", p->kv.policy ? p->kv.policy : "full");
+    cJSON_AddNumberToObject(trace, "budget", p->kv.budget);
+    cJSON_AddNumberToObject(trace, "prompt_tokens", (double)r->n_prompt);
+    cJSON_AddNumberToObject(trace, "image_tokens", r->n_img);
+    int64_t img0 = -1;
+    if (p->images.n) ekv_prompt_image_span(r->pr, 0, &img0, NULL);
+    cJSON_AddNumberToObject(trace, "image_start", (double)img0);
+    cJSON *spans = cJSON_AddArrayToObject(trace, "images");
+    for (int i = 0; i < p->images.n; i++) {
+        int64_t p0 = 0;
+        int32_t rows = 0;
+        ekv_prompt_image_span(r->pr, i, &p0, &rows);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "start", (double)p0);
+        cJSON_AddNumberToObject(o, "tokens", rows);
+        cJSON_AddItemToArray(spans, o);
     }
-    double t_img = 0, t_start = cli_now(); /* time to first token counts image encoding */
-    if (n_images) {
-        double ti = cli_now();
-        struct ekv_image_input imgs[EKV_RUN_MAX_IMAGES];
-        for (int i = 0; i < n_images; i++) imgs[i] = (struct ekv_image_input){.path = image_paths[i]};
-        if ((s = ekv_vision_load(mmproj_path, &vision)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-        if ((s = ekv_prompt_set_images(pr, vision, ctx, imgs, n_images)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-        t_img = cli_now() - ti;
-        for (int i = 0; i < n_images; i++) {
-            int32_t rows = 0;
-            ekv_prompt_image_span(pr, i, NULL, &rows);
-            n_img += rows;
-            fprintf(stderr, "ekv run: image %s: %d image tokens\n", image_paths[i], rows);
-        }
-        fprintf(stderr, "ekv run: %d image(s) encoded in %.3f s\n", n_images, t_img);
+    cJSON_AddArrayToObject(trace, "snapshots");
+    return trace;
+}
+
+/* Model, context, sequence, sampler, prompt, images, buffers. */
+static bool run_setup(struct run *r) {
+    struct cli_params *p = &r->p;
+    if (p->prompt_file) {
+        if (!(r->file_text = cli_read_file(CMD, p->prompt_file, NULL))) return false;
+        r->prompt = r->file_text;
+    } else {
+        r->prompt = p->prompt ? p->prompt : "Once upon a time";
     }
-    if (ekv_prompt_n_tokens(pr) == 0 && n_img == 0) { cli_usage_error(CMD, "the prompt is empty"); goto done; }
-    const int64_t n_prompt = ekv_prompt_n_positions(pr);
-    if (n_prompt >= ctx_size) {
+    if (!p->model) p->model = cli_default_model();
+    if (!cli_load_model(CMD, p, &r->model, &r->ctx)) return false;
+    ekv_model_get_info(r->model, &r->mi);
+    r->n_threads = p->threads > 0 ? (int32_t)p->threads : ekv_context_default_params().n_threads;
+    r->ctx_size = p->n_ctx > 0 ? (int32_t)p->n_ctx : r->mi.n_ctx_train;
+    enum ekv_status s;
+    if ((s = ekv_seq_new(r->ctx, &p->kv, &r->seq)) != EKV_OK) return cli_fail(CMD, s), false;
+    if ((s = ekv_sampler_new(&p->sampling, &r->smp)) != EKV_OK) return cli_fail(CMD, s), false;
+    if (!run_build_prompt(r)) return false;
+    r->t_start = cli_now(); /* time to first token counts image encoding */
+    if (p->images.n && !run_encode_images(r)) return false;
+    if (ekv_prompt_n_tokens(r->pr) == 0 && r->n_img == 0) return cli_usage_error(CMD, "the prompt is empty"), false;
+    r->n_prompt = ekv_prompt_n_positions(r->pr);
+    if (r->n_prompt >= r->ctx_size) {
         fprintf(stderr, "ekv run: error: prompt of %lld positions does not fit the context of %d\n",
-                (long long)n_prompt, ctx_size);
-        goto done;
+                (long long)r->n_prompt, r->ctx_size);
+        return false;
     }
-    if (n_predict < 0 || n_prompt + n_predict > ctx_size) n_predict = ctx_size - (long)n_prompt;
-    gen = malloc(((size_t)n_predict + 1) * sizeof *gen);
-    logits = malloc((size_t)mi.n_vocab * sizeof *logits);
-    if (!gen || !logits) { fprintf(stderr, "ekv run: out of memory\n"); goto done; }
-    if (trace_path) {
-        trace = cJSON_CreateObject();
-        cJSON_AddStringToObject(trace, "model", model_path);
-        cJSON_AddStringToObject(trace, "policy", kvp.policy ? kvp.policy : "full");
-        cJSON_AddNumberToObject(trace, "budget", kvp.budget);
-        cJSON_AddNumberToObject(trace, "prompt_tokens", (double)n_prompt);
-        cJSON_AddNumberToObject(trace, "image_tokens", n_img);
-        int64_t img0 = -1;
-        if (n_images) ekv_prompt_image_span(pr, 0, &img0, NULL);
-        cJSON_AddNumberToObject(trace, "image_start", (double)img0);
-        cJSON *spans = cJSON_AddArrayToObject(trace, "images");
-        for (int i = 0; i < n_images; i++) {
-            int64_t p0 = 0;
-            int32_t rows = 0;
-            ekv_prompt_image_span(pr, i, &p0, &rows);
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddNumberToObject(o, "start", (double)p0);
-            cJSON_AddNumberToObject(o, "tokens", rows);
-            cJSON_AddItemToArray(spans, o);
-        }
-        cJSON_AddArrayToObject(trace, "snapshots");
-    }
+    r->n_predict = p->n_predict;
+    if (r->n_predict < 0 || r->n_prompt + r->n_predict > r->ctx_size) r->n_predict = r->ctx_size - (long)r->n_prompt;
+    r->gen = malloc(((size_t)r->n_predict + 1) * sizeof *r->gen);
+    r->logits = malloc((size_t)r->mi.n_vocab * sizeof *r->logits);
+    r->out_cap = 256;
+    r->out_text = malloc(r->out_cap);
+    if (!r->gen || !r->logits || !r->out_text) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    r->out_text[0] = 0;
+    if (p->kv_trace && !(r->trace = trace_new(r))) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    return true;
+}
 
-    if (display_prompt && !json) {
-        fputs(prompt, stdout);
+static bool run_prefill(struct run *r) {
+    enum ekv_status s = ekv_seq_eval_prompt(r->seq, r->pr, r->logits);
+    if (s != EKV_OK) return cli_fail(CMD, s), false;
+    return true;
+}
+
+static bool append_text(struct run *r, const char *piece, size_t pn) {
+    if (r->out_len + pn + 1 > r->out_cap) {
+        size_t cap = (r->out_len + pn + 1) * 2;
+        char *nb = realloc(r->out_text, cap);
+        if (!nb) return false;
+        r->out_text = nb;
+        r->out_cap = cap;
+    }
+    memcpy(r->out_text + r->out_len, piece, pn);
+    r->out_len += pn;
+    r->out_text[r->out_len] = 0;
+    return true;
+}
+
+/* Prefill, then sample and decode until -n tokens or end of text. */
+static bool run_generate(struct run *r) {
+    const struct cli_params *p = &r->p;
+    if (p->display_prompt && !p->json) {
+        fputs(r->prompt, stdout);
         fflush(stdout);
     }
-    double t0 = cli_now();
-    if ((s = ekv_seq_eval_prompt(seq, pr, logits)) != EKV_OK) { cli_fail(CMD, s); goto done; }
-    double t1 = cli_now();
-    if (trace) {
-        cJSON_AddNumberToObject(trace, "window_start", (double)ekv_seq_kv_window_start(seq));
-        cJSON_AddItemToArray(cJSON_GetObjectItem(trace, "snapshots"), kv_snapshot(seq, &mi, "prefill"));
+    r->t0 = cli_now();
+    if (!run_prefill(r)) return false;
+    r->t1 = cli_now();
+    if (r->trace) {
+        cJSON_AddNumberToObject(r->trace, "window_start", (double)ekv_seq_kv_window_start(r->seq));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(r->trace, "snapshots"), kv_snapshot(r->seq, &r->mi, "prefill"));
     }
-    long n_gen = 0;
-    double t_first = 0;
-    const char *stop = "length";
-    size_t out_cap = 256, out_len = 0;
-    out_text = malloc(out_cap);
-    if (!out_text) goto done;
-    while (n_gen < n_predict) {
-        int32_t t = ekv_sampler_sample(smp, logits, mi.n_vocab);
-        if (!ignore_eos && ekv_token_is_eog(model, t)) { stop = "eos"; break; }
-        gen[n_gen++] = t;
-        if (n_gen == 1) t_first = cli_now();
+    r->stop = "length";
+    while (r->n_gen < r->n_predict) {
+        int32_t t = ekv_sampler_sample(r->smp, r->logits, r->mi.n_vocab);
+        if (!p->ignore_eos && ekv_token_is_eog(r->model, t)) {
+            r->stop = "eos";
+            break;
+        }
+        r->gen[r->n_gen++] = t;
+        if (r->n_gen == 1) r->t_first = cli_now();
         char piece[256];
         size_t pn = 0;
-        if (ekv_token_to_piece(model, t, false, piece, sizeof piece, &pn) != EKV_OK) pn = 0;
-        if (out_len + pn + 1 > out_cap) {
-            out_cap = (out_len + pn + 1) * 2;
-            char *nb = realloc(out_text, out_cap);
-            if (!nb) goto done;
-            out_text = nb;
-        }
-        memcpy(out_text + out_len, piece, pn);
-        out_len += pn;
-        if (!json) {
+        if (ekv_token_to_piece(r->model, t, false, piece, sizeof piece, &pn) != EKV_OK) pn = 0;
+        if (!append_text(r, piece, pn)) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+        if (!p->json) {
             fwrite(piece, 1, pn, stdout);
             fflush(stdout);
         }
-        if (n_gen == n_predict) break;
-        if ((s = ekv_seq_decode(seq, t, logits)) != EKV_OK) { cli_fail(CMD, s); goto done; }
+        if (r->n_gen == r->n_predict) break;
+        enum ekv_status s = ekv_seq_decode(r->seq, t, r->logits);
+        if (s != EKV_OK) return cli_fail(CMD, s), false;
     }
-    double t2 = cli_now();
-    out_text[out_len] = 0;
-    if (!json) {
+    r->t2 = cli_now();
+    if (!p->json) {
         printf("\n");
         fflush(stdout); /* before the report on stderr */
     }
-    if (trace) {
-        cJSON_AddItemToArray(cJSON_GetObjectItem(trace, "snapshots"), kv_snapshot(seq, &mi, "end"));
-        if (!write_json_file(trace_path, trace)) {
-            fprintf(stderr, "ekv run: error: cannot write --kv-trace file '%s'\n", trace_path);
-            goto done;
+    if (r->trace) {
+        cJSON_AddItemToArray(cJSON_GetObjectItem(r->trace, "snapshots"), kv_snapshot(r->seq, &r->mi, "end"));
+        if (!write_json_file(p->kv_trace, r->trace)) {
+            fprintf(stderr, "ekv run: error: cannot write --kv-trace file '%s'\n", p->kv_trace);
+            return false;
         }
     }
-    double pp_s = t1 - t0, tg_s = t2 - t1;
-    /* decode time excludes the first token (it comes from the prefill logits) */
-    long n_dec = n_gen > 1 ? n_gen - 1 : 0;
+    return true;
+}
+
+static void run_print_json(const struct run *r, const char *pol) {
+    const double pp_s = r->t1 - r->t0, tg_s = r->t2 - r->t1;
+    const long n_dec = r->n_gen > 1 ? r->n_gen - 1 : 0;
     struct ekv_kv_stats st;
-    ekv_seq_kv_stats(seq, &st);
-    const char *pol = kvp.policy ? kvp.policy : "full";
-    if (json) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "model", model_path);
-        cJSON_AddStringToObject(o, "prompt", prompt);
-        cJSON_AddStringToObject(o, "text", out_text);
-        cJSON *ga = cJSON_AddArrayToObject(o, "tokens");
-        for (long i = 0; i < n_gen; i++) cJSON_AddItemToArray(ga, cJSON_CreateNumber(gen[i]));
-        cJSON_AddStringToObject(o, "stop", stop);
-        cJSON_AddNumberToObject(o, "prompt_tokens", (double)n_prompt);
-        cJSON_AddNumberToObject(o, "image_tokens", n_img);
-        cJSON_AddNumberToObject(o, "image_encode_seconds", t_img);
-        cJSON_AddNumberToObject(o, "generated_tokens", (double)n_gen);
-        cJSON_AddNumberToObject(o, "prefill_seconds", pp_s);
-        cJSON_AddNumberToObject(o, "prefill_tokens_per_second", pp_s > 0 ? n_prompt / pp_s : 0);
-        cJSON_AddNumberToObject(o, "time_to_first_token_seconds", n_gen ? t_first - t_start : 0);
-        cJSON_AddNumberToObject(o, "decode_seconds", tg_s);
-        cJSON_AddNumberToObject(o, "decode_tokens_per_second", tg_s > 0 ? n_dec / tg_s : 0);
-        cJSON *kvo = cJSON_AddObjectToObject(o, "kv");
-        cJSON_AddStringToObject(kvo, "policy", pol);
-        cJSON_AddNumberToObject(kvo, "budget", kvp.budget);
-        cJSON_AddNumberToObject(kvo, "bytes", (double)st.bytes);
-        cJSON_AddNumberToObject(kvo, "bytes_full", (double)st.bytes_full);
-        cJSON_AddNumberToObject(kvo, "entries", (double)st.entries);
-        cJSON_AddNumberToObject(kvo, "evicted", (double)st.evicted);
-        cJSON_AddNumberToObject(kvo, "merged", (double)st.merged);
-        cJSON *lens = cJSON_AddArrayToObject(kvo, "entries_per_layer");
-        for (int32_t l = 0; l < mi.n_layer; l++) {
-            int64_t sum = 0;
-            for (int32_t h = 0; h < mi.n_head_kv; h++) sum += ekv_seq_kv_layer_len(seq, l, h);
-            cJSON_AddItemToArray(lens, cJSON_CreateNumber((double)sum / mi.n_head_kv));
-        }
-        cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)cli_peak_rss());
-        char *txt = cJSON_Print(o);
-        if (txt) puts(txt);
-        free(txt);
-        cJSON_Delete(o);
+    ekv_seq_kv_stats(r->seq, &st);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", r->p.model);
+    cJSON_AddStringToObject(o, "prompt", r->prompt);
+    cJSON_AddStringToObject(o, "text", r->out_text);
+    cJSON *ga = cJSON_AddArrayToObject(o, "tokens");
+    for (long i = 0; i < r->n_gen; i++) cJSON_AddItemToArray(ga, cJSON_CreateNumber(r->gen[i]));
+    cJSON_AddStringToObject(o, "stop", r->stop);
+    cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->n_prompt);
+    cJSON_AddNumberToObject(o, "image_tokens", r->n_img);
+    cJSON_AddNumberToObject(o, "image_encode_seconds", r->t_img);
+    cJSON_AddNumberToObject(o, "generated_tokens", (double)r->n_gen);
+    cJSON_AddNumberToObject(o, "prefill_seconds", pp_s);
+    cJSON_AddNumberToObject(o, "prefill_tokens_per_second", pp_s > 0 ? r->n_prompt / pp_s : 0);
+    cJSON_AddNumberToObject(o, "time_to_first_token_seconds", r->n_gen ? r->t_first - r->t_start : 0);
+    cJSON_AddNumberToObject(o, "decode_seconds", tg_s);
+    cJSON_AddNumberToObject(o, "decode_tokens_per_second", tg_s > 0 ? n_dec / tg_s : 0);
+    cJSON *kvo = cJSON_AddObjectToObject(o, "kv");
+    cJSON_AddStringToObject(kvo, "policy", pol);
+    cJSON_AddNumberToObject(kvo, "budget", r->p.kv.budget);
+    cJSON_AddNumberToObject(kvo, "bytes", (double)st.bytes);
+    cJSON_AddNumberToObject(kvo, "bytes_full", (double)st.bytes_full);
+    cJSON_AddNumberToObject(kvo, "entries", (double)st.entries);
+    cJSON_AddNumberToObject(kvo, "evicted", (double)st.evicted);
+    cJSON_AddNumberToObject(kvo, "merged", (double)st.merged);
+    cJSON *lens = cJSON_AddArrayToObject(kvo, "entries_per_layer");
+    for (int32_t l = 0; l < r->mi.n_layer; l++) {
+        int64_t sum = 0;
+        for (int32_t h = 0; h < r->mi.n_head_kv; h++) sum += ekv_seq_kv_layer_len(r->seq, l, h);
+        cJSON_AddItemToArray(lens, cJSON_CreateNumber((double)sum / r->mi.n_head_kv));
     }
-    print_kv_report(stderr, seq, &mi, pol, kvp.budget);
+    cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)cli_peak_rss());
+    char *txt = cJSON_Print(o);
+    if (txt) puts(txt);
+    free(txt);
+    cJSON_Delete(o);
+}
+
+static void run_report(const struct run *r) {
+    const char *pol = r->p.kv.policy ? r->p.kv.policy : "full";
+    if (r->p.json) run_print_json(r, pol);
+    print_kv_report(stderr, r->seq, &r->mi, pol, r->p.kv.budget);
+    const double pp_s = r->t1 - r->t0, tg_s = r->t2 - r->t1;
+    /* decode time excludes the first token (it comes from the prefill logits) */
+    const long n_dec = r->n_gen > 1 ? r->n_gen - 1 : 0;
     fprintf(stderr,
             "ekv run: prompt %lld tokens in %.3f s (%.1f tok/s), generated %ld tokens in %.3f s (%.1f tok/s), "
             "first token after %.3f s, stop: %s, threads %d, peak RSS %.1f MiB\n",
-            (long long)n_prompt, pp_s, pp_s > 0 ? n_prompt / pp_s : 0.0, n_gen, tg_s, tg_s > 0 ? n_dec / tg_s : 0.0, n_gen ? t_first - t_start : 0.0, stop,
-            cp.n_threads, cli_peak_rss() / 1048576.0);
-    rc = 0;
-done:
-    cJSON_Delete(trace);
-    ekv_vision_free(vision);
-    ekv_prompt_free(pr);
-    free(user_text);
-    free(chat);
-    free(out_text);
-    free(logits);
-    free(gen);
-    ekv_sampler_free(smp);
-    ekv_seq_free(seq);
-    ekv_context_free(ctx);
-    ekv_model_free(model);
-    free(file_text);
+            (long long)r->n_prompt, pp_s, pp_s > 0 ? r->n_prompt / pp_s : 0.0, r->n_gen, tg_s,
+            tg_s > 0 ? n_dec / tg_s : 0.0, r->n_gen ? r->t_first - r->t_start : 0.0, r->stop, r->n_threads,
+            cli_peak_rss() / 1048576.0);
+}
+
+static void run_free(struct run *r) {
+    cJSON_Delete(r->trace);
+    ekv_vision_free(r->vision);
+    ekv_prompt_free(r->pr);
+    free(r->user_text);
+    free(r->chat);
+    free(r->out_text);
+    free(r->logits);
+    free(r->gen);
+    ekv_sampler_free(r->smp);
+    ekv_seq_free(r->seq);
+    ekv_context_free(r->ctx);
+    ekv_model_free(r->model);
+    free(r->file_text);
+    cli_params_free(&r->p);
+}
+
+static int cmd_run_main(int argc, char **argv) {
+    struct run r;
+    memset(&r, 0, sizeof r);
+    int rc = run_parse(&r, argc, argv);
+    if (rc == 0) {
+        rc = 1;
+        if (run_setup(&r) && run_generate(&r)) {
+            run_report(&r);
+            rc = 0;
+        }
+    } else if (rc == 2) {
+        rc = 0; /* --help */
+    }
+    run_free(&r);
     return rc;
 }
 

@@ -1,8 +1,18 @@
 /*
- * common.c — option parsing and small utilities shared by the ekv
- * sub-commands (see cli.h).
+ * common.c — the one option layer of the ekv sub-commands (see cli.h), in
+ * the manner of llama.cpp's common/arg.cpp: every flag is one row of k_opts
+ * (spellings, value hint, help, which commands take it, where its value
+ * goes, its range), parsed by one loop, with one comma-list parser and one
+ * policy-name check through the library's registry; each command's --help
+ * is generated from the rows it takes. A spelling may appear in several rows
+ * only for disjoint sets of commands (bench's -p is a list of prompt
+ * lengths, run's -p the prompt), which cli_parse checks.
+ *
+ * Also the small utilities the commands share (errors, shipped files,
+ * clocks, RSS, reading files).
  */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -12,6 +22,744 @@
 #include <unistd.h>
 
 #include "cli.h"
+
+/* ------------------------------------------------------------------ */
+/* rows                                                                 */
+/* ------------------------------------------------------------------ */
+
+enum cli_kind {
+    K_FLAG,      /* bool = true */
+    K_NOFLAG,    /* bool = false */
+    K_STR,       /* const char * */
+    K_LONG,      /* long in [lo, hi] */
+    K_I32,       /* int32_t in [lo, hi] */
+    K_U64,       /* uint64_t, any non-negative integer */
+    K_F32,       /* float in [lo, hi] */
+    K_F64,       /* double in [lo, hi] */
+    K_LIST_LONG, /* struct cli_list of integers in [lo, hi] */
+    K_LIST_F64,  /* struct cli_list of numbers in [lo, hi] */
+    K_LIST_STR,  /* struct cli_list of strings (each passes check) */
+    K_APPEND,    /* struct cli_list of strings, one more per occurrence */
+    K_FN,        /* custom handler */
+};
+
+/* help sections, in print order */
+enum cli_group { G_MODEL, G_GEN, G_EVAL, G_BENCH, G_SERVE, G_MKMODEL, G_INFO, G_OUT, G_KV, G_COUNT };
+
+static const char *const k_group_title[G_COUNT] = {
+    "model and threads", "prompt, generation and sampling", "evaluation", "benchmark grid", "server",
+    "model to write", "listing", "output",
+    "KV-cache policy (POLICIES.md gives exact semantics; omitted = the policy's default)",
+};
+
+struct cli_opt {
+    unsigned tools;      /* enum cli_tool bits */
+    enum cli_group group;
+    const char *names;   /* spellings shown in help, ", "-separated */
+    const char *aliases; /* further accepted spellings, not shown (old names) */
+    const char *hint;    /* value placeholder; NULL = takes no value */
+    const char *help;    /* '\n' starts an indented continuation line */
+    enum cli_kind kind;
+    size_t off;          /* offsetof(struct cli_params, field) */
+    double lo, hi;
+    const char *(*check)(const char *v);                                       /* K_STR, K_LIST_STR */
+    bool (*fn)(struct cli_params *p, const char *opt, const char *v, char *err, size_t n); /* K_FN */
+    const char *def;     /* default shown: NULL = from the value, "" = none */
+    bool hidden;         /* accepted but not listed */
+};
+
+#define OFF(f) offsetof(struct cli_params, f)
+#define R CLI_RUN
+#define E CLI_EVAL
+#define B CLI_BENCH
+#define I CLI_INFO
+#define M CLI_MKMODEL
+#define S CLI_SERVE
+#define KVT (R | E | B | S)
+#define BIG (1L << 24)
+#define HUGE30 (1L << 30)
+
+static const char *check_template(const char *v);
+static bool fn_pool(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
+static bool fn_pool_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
+static bool fn_compat(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
+static bool fn_eval_seed(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
+
+static const struct cli_opt k_opts[] = {
+    /* model and threads */
+    {R | E | B | I | S, G_MODEL, "-m, --model", NULL, "FILE", "GGUF or llama2.c model", K_STR, OFF(model), 0, 0,
+     NULL, NULL, "bundled models/stories260K.gguf", false},
+    {R | E | B | S, G_MODEL, "--tokenizer", NULL, "FILE",
+     "tokenizer .bin for llama2.c checkpoints (default tok<vocab>.bin beside the model)", K_STR, OFF(tokenizer), 0,
+     0, NULL, NULL, "", false},
+    {R | E | S, G_MODEL, "--mmproj", NULL, "FILE", "vision tower (llama.cpp-style mmproj GGUF) for images", K_STR,
+     OFF(mmproj), 0, 0, NULL, NULL, NULL, false},
+    {R | E | S, G_MODEL, "-t, --threads", NULL, "N", "worker threads", K_LONG, OFF(threads), 1, 256, NULL, NULL,
+     "online cores, at most 8", false},
+    {B, G_MODEL, "-t, --threads", NULL, "LIST", "worker threads", K_LIST_LONG, OFF(threads_list), 1, 256, NULL,
+     NULL, NULL, false},
+    {R | E | B | S, G_MODEL, "-c, --ctx-size", "--ctx", "N", "positions per sequence", K_LONG, OFF(n_ctx), 0, BIG,
+     NULL, NULL, "the model's trained context", false},
+
+    /* prompt, generation and sampling */
+    {R, G_GEN, "-p, --prompt", NULL, "TEXT", "prompt", K_STR, OFF(prompt), 0, 0, NULL, NULL,
+     "\"Once upon a time\"", false},
+    {R, G_GEN, "-f, --file", NULL, "FILE", "read the prompt from a file", K_STR, OFF(prompt_file), 0, 0, NULL,
+     NULL, NULL, false},
+    {R, G_GEN, "-n, --n-predict", NULL, "N", "tokens to generate (-1 = until end of text or context)", K_LONG,
+     OFF(n_predict), -1, BIG, NULL, NULL, NULL, false},
+    {E, G_GEN, "-n, --n-predict", NULL, "N", "rouge: max new tokens per answer", K_LONG, OFF(n_predict), 1,
+     1L << 20, NULL, NULL, NULL, false},
+    {S, G_GEN, "-n, --n-predict", NULL, "N",
+     "max_tokens of a request that gives none (-1 = until end of text or context)", K_LONG, OFF(n_predict), -1,
+     BIG, NULL, NULL, NULL, false},
+    {R | S, G_GEN, "--ignore-eos", NULL, NULL, "keep generating after end of text", K_FLAG, OFF(ignore_eos), 0, 0,
+     NULL, NULL, NULL, false},
+    {R, G_GEN, "--no-display-prompt", NULL, NULL, "do not echo the prompt", K_NOFLAG, OFF(display_prompt), 0, 0,
+     NULL, NULL, NULL, false},
+    {R, G_GEN, "--image", NULL, "FILE",
+     "image (JPEG/PNG) spliced where the prompt says <image>, or before the text\n(needs --mmproj); repeat for "
+     "several images (markers filled in order)", K_APPEND, OFF(images), 0, 0, NULL, NULL, "", false},
+    {R, G_GEN, "--chat-template", NULL, "T", "chat template (default: llava-1.5 with --image, else none)", K_STR,
+     OFF(chat_template), 0, 0, check_template, NULL, "", false},
+    {E, G_GEN, "--chat-template", NULL, "T",
+     "chat template (default: plain system + \"\\n\" + instruction;\nllava-1.5 for items with an image)", K_STR,
+     OFF(chat_template), 0, 0, check_template, NULL, "", false},
+    {S, G_GEN, "--chat-template", NULL, "T",
+     "chat template of /v1/chat/completions (default: detected from the\nGGUF's tokenizer.chat_template, else chatml)",
+     K_STR, OFF(chat_template), 0, 0, check_template, NULL, "", false},
+    {R, G_GEN, "--system", NULL, "TEXT", "system prompt for the chat template (default: the template's own)",
+     K_STR, OFF(system), 0, 0, NULL, NULL, "", false},
+    {R | S, G_GEN, "--temp", NULL, "F", "temperature; 0 = greedy", K_F32, OFF(sampling.temp), 0, 100, NULL, NULL,
+     NULL, false},
+    {R | S, G_GEN, "--top-k", NULL, "N", "top-k, 0 = off", K_I32, OFF(sampling.top_k), 0, BIG, NULL, NULL, NULL,
+     false},
+    {R | S, G_GEN, "--top-p", NULL, "F", "top-p, 1 = off", K_F32, OFF(sampling.top_p), 1e-6, 1, NULL, NULL, NULL,
+     false},
+    {R | S, G_GEN, "--min-p", NULL, "F", "min-p, 0 = off", K_F32, OFF(sampling.min_p), 0, 1, NULL, NULL, NULL,
+     false},
+    {R | S, G_GEN, "-s, --seed", NULL, "N", "sampling seed", K_U64, OFF(sampling.seed), 0, 0, NULL, NULL, NULL,
+     false},
+    {E, G_GEN, "-s, --seed", NULL, "N", "", K_FN, 0, 0, 0, NULL, fn_eval_seed, "", true},
+
+    /* evaluation */
+    {E, G_EVAL, "-f, --data", NULL, "FILE", "evaluation set", K_STR, OFF(data), 0, 0, NULL, NULL,
+     "the bundled data/tinystories_eval.jsonl", false},
+    {E, G_EVAL, "--format", NULL, "F", "jsonl | text | auto (auto: .jsonl/.json => jsonl, else text)", K_STR,
+     OFF(format), 0, 0, NULL, NULL, NULL, false},
+    {E, G_EVAL, "--doc-sep", NULL, "S", "text: split the file into documents at S (default: one document)", K_STR,
+     OFF(doc_sep), 0, 0, NULL, NULL, "", false},
+    {E, G_EVAL, "--metric", NULL, "LIST", "comma list of ppl,rouge,kl,hitrate (see below)", K_STR, OFF(metrics),
+     0, 0, NULL, NULL, NULL, false},
+    {E, G_EVAL, "--rouge", NULL, "KIND", "pltrdy (rouge 1.0.1, the ElasticCache protocol) | sentence", K_STR,
+     OFF(rouge), 0, 0, NULL, NULL, NULL, false},
+    {E, G_EVAL, "--limit", NULL, "N", "evaluate at most N items (0 = all)", K_LONG, OFF(limit), 0, LONG_MAX, NULL,
+     NULL, NULL, false},
+    {E, G_EVAL, "--offset", NULL, "N", "skip the first N items", K_LONG, OFF(offset), 0, LONG_MAX, NULL, NULL,
+     NULL, false},
+    {E, G_EVAL, "--stride", NULL, "N", "text ppl: tokens per streamed chunk", K_LONG, OFF(stride), 1, BIG, NULL,
+     NULL, NULL, false},
+    {E, G_EVAL, "-o, --out", NULL, "DIR",
+     "output directory: results.csv (deterministic), results.json\n(with timings), results.md, <metric>.png", K_STR,
+     OFF(out_dir), 0, 0, NULL, NULL, NULL, false},
+    {E, G_EVAL, "--no-plot", NULL, NULL, "do not run gnuplot", K_NOFLAG, OFF(plot), 0, 0, NULL, NULL, NULL, false},
+    {E, G_EVAL, "--image-dir", NULL, "DIR",
+     "relative image paths resolve against DIR (default: the data file's folder)", K_STR, OFF(image_dir), 0, 0,
+     NULL, NULL, "", false},
+
+    /* benchmark grid */
+    {B, G_BENCH, "-p, --n-prompt", NULL, "LIST", "prompt tokens timed per sequence", K_LIST_LONG, OFF(n_prompt), 0,
+     BIG, NULL, NULL, NULL, false},
+    {B, G_BENCH, "-n, --n-gen", NULL, "LIST", "decode steps timed", K_LIST_LONG, OFF(n_gen), 0, BIG, NULL, NULL,
+     NULL, false},
+    {B, G_BENCH, "-d, --depth", NULL, "LIST", "tokens put in the cache before the timed prompt, untimed",
+     K_LIST_LONG, OFF(depth), 0, BIG, NULL, NULL, NULL, false},
+    {B, G_BENCH, "-b, --batch", NULL, "LIST", "sequences decoded together in one forward", K_LIST_LONG, OFF(batch),
+     1, 1024, NULL, NULL, NULL, false},
+    {B, G_BENCH, "-r, --repetitions", NULL, "N", "repetitions of every grid point", K_LONG, OFF(reps), 1, 256, NULL,
+     NULL, NULL, false},
+    {B, G_BENCH, "--no-warmup", NULL, NULL, "skip the warm-up step that pages the weights in", K_NOFLAG,
+     OFF(warmup), 0, 0, NULL, NULL, NULL, false},
+
+    /* server */
+    {S, G_SERVE, "--host", NULL, "ADDR", "IPv4 address to listen on (0.0.0.0 = every interface)", K_STR, OFF(host),
+     0, 0, NULL, NULL, NULL, false},
+    {S, G_SERVE, "--port", NULL, "N", "TCP port (0 = any free port, printed at start)", K_LONG, OFF(port), 0, 65535,
+     NULL, NULL, NULL, false},
+    {S, G_SERVE, "-np, --parallel", NULL, "N", "sequences generating at once (decoded together)", K_LONG,
+     OFF(parallel), 1, 1024, NULL, NULL, NULL, false},
+    {S, G_SERVE, "--kv-mem", NULL, "MiB",
+     "cap on the KV bytes of all sequences together; a request is admitted\nwhen its projected cache fits (0 = no cap)",
+     K_F64, OFF(kv_mem_mib), 0, 1 << 30, NULL, NULL, NULL, false},
+    {S, G_SERVE, "--queue", NULL, "N", "requests that may wait for admission; beyond, 503 + Retry-After", K_LONG,
+     OFF(queue), 0, 1L << 20, NULL, NULL, NULL, false},
+    {S, G_SERVE, "--api-key", NULL, "KEY", "require 'Authorization: Bearer KEY'", K_STR, OFF(api_key), 0, 0, NULL,
+     NULL, "", false},
+    {S, G_SERVE, "--max-body", NULL, "BYTES", "largest request body (413 beyond)", K_LONG, OFF(max_body), 1024,
+     1L << 30, NULL, NULL, NULL, false},
+    {S, G_SERVE, "-to, --timeout", NULL, "N", "seconds an idle connection is kept", K_LONG, OFF(timeout), 1, 86400,
+     NULL, NULL, NULL, false},
+    {S, G_SERVE, "--prefill-chunk", NULL, "N", "prompt tokens read per engine step (bounds the stall of streams)",
+     K_LONG, OFF(prefill_chunk), 16, 1L << 16, NULL, NULL, NULL, false},
+    {S, G_SERVE, "-a, --alias", NULL, "NAME", "model id in /v1/models and responses (default: the file name)",
+     K_STR, OFF(alias), 0, 0, NULL, NULL, "", false},
+
+    /* mkmodel */
+    {M, G_MKMODEL, "--preset", NULL, "NAME", "model shape (see below)", K_STR, OFF(preset), 0, 0, NULL, NULL, "",
+     false},
+    {M, G_MKMODEL, "-o, --output", NULL, "FILE", "language-model GGUF to write", K_STR, OFF(output), 0, 0, NULL,
+     NULL, "", false},
+    {M, G_MKMODEL, "--mmproj-out", NULL, "FILE", "vision-tower GGUF to write (vision presets only)", K_STR,
+     OFF(mmproj_out), 0, 0, NULL, NULL, "", false},
+    {M, G_MKMODEL, "--type", NULL, "T", "type of weight matrices: f32, f16, q8_0, q4_0", K_STR, OFF(weight_type), 0,
+     0, NULL, NULL, NULL, false},
+    {M, G_MKMODEL, "--vocab", NULL, "FILE", "copy tokenizer.* from this GGUF (vocabulary size follows it)", K_STR,
+     OFF(vocab), 0, 0, NULL, NULL, "", false},
+    {M, G_MKMODEL, "--seed", NULL, "N", "random seed of the weights; same seed, same bytes", K_U64,
+     OFF(weight_seed), 0, 0, NULL, NULL, NULL, false},
+
+    /* info */
+    {I, G_INFO, "--no-tensors", NULL, NULL, "do not list tensors", K_NOFLAG, OFF(tensors), 0, 0, NULL, NULL, NULL,
+     false},
+    {I, G_INFO, "--no-metadata", NULL, NULL, "do not list metadata", K_NOFLAG, OFF(metadata), 0, 0, NULL, NULL,
+     NULL, false},
+
+    /* output */
+    {R | E, G_OUT, "--json", NULL, NULL, "print one JSON object instead of text", K_FLAG, OFF(json), 0, 0, NULL,
+     NULL, NULL, false},
+    {B, G_OUT, "--json", NULL, "FILE", "also write all results as JSON ('-' = stdout, no table)", K_STR,
+     OFF(json_path), 0, 0, NULL, NULL, "", false},
+    {R, G_OUT, "--kv-trace", NULL, "FILE",
+     "write kept positions and merge weights per layer and KV head (JSON)\nafter prefill and at the end", K_STR,
+     OFF(kv_trace), 0, 0, NULL, NULL, "", false},
+
+    /* KV-cache policy */
+    {R | S, G_KV, "--kv-policy", NULL, "NAME", "policy (list below)", K_STR, OFF(kv.policy), 0, 0,
+     cli_check_policy, NULL, NULL, false},
+    {E | B, G_KV, "--kv-policy", NULL, "LIST", "comma list of policies (list below)", K_LIST_STR, OFF(kv_policies),
+     0, 0, cli_check_policy, NULL, NULL, false},
+    {R | S, G_KV, "--kv-budget", NULL, "F", "fraction of tokens seen that is kept, (0,1]", K_F64, OFF(kv.budget),
+     1e-6, 1, NULL, NULL, NULL, false},
+    {E | B, G_KV, "--kv-budget", NULL, "LIST",
+     "comma list of kept fractions in (0,1]; policies x budgets run as a\ngrid, 'full' once at budget 1",
+     K_LIST_F64, OFF(kv_budgets), 1e-6, 1, NULL, NULL, NULL, false},
+    {KVT, G_KV, "--kv-tokens", NULL, "N", "cap on entries per layer and KV head", K_I32, OFF(kv.max_tokens), 1,
+     HUGE30, NULL, NULL, "", false},
+    {KVT, G_KV, "--kv-sinks", NULL, "N", "protected first tokens (local 4, roco 4, elastic 1)", K_I32,
+     OFF(kv.sinks), 0, HUGE30, NULL, NULL, "", false},
+    {KVT, G_KV, "--kv-window", NULL, "N", "protected recent tokens (h2o/scissorhands: half the budget)", K_I32,
+     OFF(kv.window), 0, HUGE30, NULL, NULL, "", false},
+    {KVT, G_KV, "--kv-obs-window", NULL, "N", "observation window of queries (snapkv/pyramidkv: 32)", K_I32,
+     OFF(kv.obs_window), 1, HUGE30, NULL, NULL, "", false},
+    {KVT, G_KV, "--kv-pool", NULL, "N", "pooling kernel, odd (snapkv/pyramidkv: 7)", K_FN, 0, 1, 1001, NULL,
+     fn_pool, "", false},
+    {KVT, G_KV, "--kv-pool-type", NULL, "T", "avg or max", K_FN, 0, 0, 0, NULL, fn_pool_type, "max", false},
+    {KVT, G_KV, "--kv-distance", NULL, "N", "Elastic Cache fixed-point distance (default -25)", K_I32,
+     OFF(kv.distance), -HUGE30, HUGE30, NULL, NULL, "", false},
+    {KVT, G_KV, "--kv-chunk", NULL, "N", "block-wise prefill: compress after every N prompt tokens", K_I32,
+     OFF(kv.chunk), 0, HUGE30, NULL, NULL, "", false},
+    {KVT, G_KV, "--kv-beta", NULL, "F", "PyramidKV beta (default 20)", K_F64, OFF(kv.beta), 1, 1e6, NULL, NULL, "",
+     false},
+    {KVT, G_KV, "--kv-sparsity-p", NULL, "F", "VL-Cache threshold p (default 0.01)", K_F64, OFF(kv.sparsity_p), 0,
+     1, NULL, NULL, "", false},
+    {KVT, G_KV, "--kv-recent-ratio", NULL, "F", "recent share of the budget (vlcache 0.1)", K_F64,
+     OFF(kv.recent_ratio), 0, 1, NULL, NULL, "", false},
+    {KVT, G_KV, "--kv-seed", NULL, "N", "seed of the random policy", K_U64, OFF(kv.seed), 0, 0, NULL, NULL, NULL,
+     false},
+    {KVT, G_KV, "--kv-compat", NULL, "paper|ref", "reproduce the authors' reference code (elastic)", K_FN, 0, 0, 0,
+     NULL, fn_compat, "paper", false},
+};
+
+#undef R
+#undef E
+#undef B
+#undef I
+#undef M
+#undef S
+
+/* ------------------------------------------------------------------ */
+/* checks and custom handlers                                           */
+/* ------------------------------------------------------------------ */
+
+const char *cli_check_policy(const char *name) {
+    static char msg[512];
+    for (int i = 0; i < ekv_kv_policy_count(); i++)
+        if (name && !strcmp(name, ekv_kv_policy_name(i))) return NULL;
+    size_t used = (size_t)snprintf(msg, sizeof msg, "unknown KV policy '%.64s' (known:", name ? name : "");
+    for (int i = 0; i < ekv_kv_policy_count() && used < sizeof msg; i++)
+        used += (size_t)snprintf(msg + used, sizeof msg - used, " %s", ekv_kv_policy_name(i));
+    if (used < sizeof msg) snprintf(msg + used, sizeof msg - used, ")");
+    return msg;
+}
+
+static const char *check_template(const char *v) {
+    static char msg[512];
+    for (int i = 0; i < ekv_chat_template_count(); i++)
+        if (!strcmp(v, ekv_chat_template_name(i))) return NULL;
+    size_t used = (size_t)snprintf(msg, sizeof msg, "unknown chat template '%.64s' (known:", v);
+    for (int i = 0; i < ekv_chat_template_count() && used < sizeof msg; i++)
+        used += (size_t)snprintf(msg + used, sizeof msg - used, " %s", ekv_chat_template_name(i));
+    if (used < sizeof msg) snprintf(msg + used, sizeof msg - used, ")");
+    return msg;
+}
+
+/* A row bound as long (bounds are doubles; LONG_MAX does not survive the trip). */
+static long dlong(double x) {
+    if (x >= (double)LONG_MAX) return LONG_MAX;
+    if (x <= (double)LONG_MIN) return LONG_MIN;
+    return (long)x;
+}
+
+static bool parse_long(const char *opt, const char *v, long lo, long hi, long *out, char *err, size_t n) {
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || end == v || *end || x < lo || x > hi) {
+        snprintf(err, n, "%s expects an integer in [%ld, %ld], got '%.64s'", opt, lo, hi, v ? v : "(nothing)");
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static bool parse_double(const char *opt, const char *v, double lo, double hi, double *out, char *err, size_t n) {
+    char *end;
+    errno = 0;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || errno || end == v || *end || !isfinite(x) || x < lo || x > hi) {
+        snprintf(err, n, "%s expects a number in [%g, %g], got '%.64s'", opt, lo, hi, v ? v : "(nothing)");
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static bool parse_u64(const char *opt, const char *v, uint64_t *out, char *err, size_t n) {
+    char *end;
+    errno = 0;
+    unsigned long long x = v ? strtoull(v, &end, 10) : 0;
+    if (!v || errno || end == v || *end || v[0] == '-' || v[0] == '+' || v[0] == ' ') {
+        snprintf(err, n, "%s expects a non-negative integer, got '%.64s'", opt, v ? v : "(nothing)");
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static bool fn_pool(struct cli_params *p, const char *opt, const char *v, char *err, size_t n) {
+    long x;
+    if (!parse_long(opt, v, 1, 1001, &x, err, n)) return false;
+    if (x % 2 == 0) {
+        snprintf(err, n, "%s must be odd, got %ld", opt, x);
+        return false;
+    }
+    p->kv.pool = (int32_t)x;
+    return true;
+}
+
+static bool fn_pool_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n) {
+    if (!strcmp(v, "avg")) p->kv.pool_kind = EKV_POOL_AVG;
+    else if (!strcmp(v, "max")) p->kv.pool_kind = EKV_POOL_MAX;
+    else {
+        snprintf(err, n, "%s expects avg or max, got '%.64s'", opt, v);
+        return false;
+    }
+    return true;
+}
+
+static bool fn_compat(struct cli_params *p, const char *opt, const char *v, char *err, size_t n) {
+    if (!strcmp(v, "ref")) p->kv.compat_ref = true;
+    else if (!strcmp(v, "paper")) p->kv.compat_ref = false;
+    else {
+        snprintf(err, n, "%s expects 'paper' or 'ref', got '%.64s'", opt, v);
+        return false;
+    }
+    return true;
+}
+
+/* -s is the sampling seed in every command; eval decodes greedily. */
+static bool fn_eval_seed(struct cli_params *p, const char *opt, const char *v, char *err, size_t n) {
+    (void)p;
+    (void)v;
+    snprintf(err, n,
+             "%s is the sampling seed, and eval decodes greedily; the random policy's seed is --kv-seed", opt);
+    return false;
+}
+
+/* ------------------------------------------------------------------ */
+/* the one list parser                                                  */
+/* ------------------------------------------------------------------ */
+
+static bool parse_list(struct cli_params *p, const struct cli_opt *o, const char *opt, const char *v,
+                       struct cli_list *out, char *err, size_t n) {
+    struct cli_list l;
+    memset(&l, 0, sizeof l);
+    /* string items point into a copy owned by p (cli_params_free) */
+    if (p->n_owned == CLI_OWNED_MAX) {
+        snprintf(err, n, "%s: too many list options", opt);
+        return false;
+    }
+    char *buf = strdup(v);
+    if (!buf) {
+        snprintf(err, n, "%s: out of memory", opt);
+        return false;
+    }
+    bool ok = true;
+    const char *s = buf;
+    while (ok) {
+        char *comma = strchr(s, ',');
+        if (comma) *comma = 0;
+        if (!*s) {
+            snprintf(err, n, "%s: empty item in the list '%.64s'", opt, v);
+            ok = false;
+            break;
+        }
+        if (l.n == CLI_LIST_MAX) {
+            snprintf(err, n, "%s: more than %d values", opt, CLI_LIST_MAX);
+            ok = false;
+            break;
+        }
+        if (o->kind == K_LIST_LONG) {
+            ok = parse_long(opt, s, dlong(o->lo), dlong(o->hi), &l.i[l.n], err, n);
+            l.d[l.n] = (double)l.i[l.n];
+        } else if (o->kind == K_LIST_F64) {
+            ok = parse_double(opt, s, o->lo, o->hi, &l.d[l.n], err, n);
+        } else {
+            const char *msg = o->check ? o->check(s) : NULL;
+            if (msg) {
+                snprintf(err, n, "%s: %s", opt, msg);
+                ok = false;
+            }
+        }
+        l.s[l.n] = s;
+        for (int j = 0; ok && j < l.n; j++) {
+            bool dup = o->kind == K_LIST_STR ? !strcmp(l.s[j], s) : l.d[j] == l.d[l.n];
+            if (dup) {
+                snprintf(err, n, "%s: '%.64s' appears twice in the list", opt, s);
+                ok = false;
+            }
+        }
+        if (ok) l.n++;
+        if (!comma) break;
+        s = comma + 1;
+    }
+    if (!ok) {
+        free(buf);
+        return false;
+    }
+    p->owned[p->n_owned++] = buf;
+    *out = l;
+    return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* parsing                                                              */
+/* ------------------------------------------------------------------ */
+
+/* Does `spell` appear in the ", "-separated list `names`? */
+static bool has_spelling(const char *names, const char *spell, size_t len) {
+    if (!names) return false;
+    const char *s = names;
+    while (*s) {
+        const char *e = strchr(s, ',');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        if (n == len && !strncmp(s, spell, len)) return true;
+        if (!e) break;
+        s = e + 1;
+        while (*s == ' ') s++;
+    }
+    return false;
+}
+
+static const struct cli_opt *find_opt(unsigned tool, const char *spell, size_t len) {
+    for (size_t i = 0; i < sizeof k_opts / sizeof k_opts[0]; i++) {
+        const struct cli_opt *o = &k_opts[i];
+        if ((o->tools & tool) && (has_spelling(o->names, spell, len) || has_spelling(o->aliases, spell, len)))
+            return o;
+    }
+    return NULL;
+}
+
+/* Stores v into the row's field of p. */
+static bool apply(struct cli_params *p, const struct cli_opt *o, const char *opt, const char *v, char *err,
+                  size_t n) {
+    char *base = (char *)p + o->off;
+    long x;
+    double d;
+    switch (o->kind) {
+    case K_FLAG: *(bool *)base = true; return true;
+    case K_NOFLAG: *(bool *)base = false; return true;
+    case K_STR: {
+        const char *msg = o->check ? o->check(v) : NULL;
+        if (msg) {
+            snprintf(err, n, "%s: %s", opt, msg);
+            return false;
+        }
+        *(const char **)base = v;
+        return true;
+    }
+    case K_LONG:
+        if (!parse_long(opt, v, dlong(o->lo), dlong(o->hi), &x, err, n)) return false;
+        *(long *)base = x;
+        return true;
+    case K_I32:
+        if (!parse_long(opt, v, dlong(o->lo), dlong(o->hi), &x, err, n)) return false;
+        *(int32_t *)base = (int32_t)x;
+        return true;
+    case K_U64: return parse_u64(opt, v, (uint64_t *)base, err, n);
+    case K_F32:
+        if (!parse_double(opt, v, o->lo, o->hi, &d, err, n)) return false;
+        *(float *)base = (float)d;
+        return true;
+    case K_F64:
+        if (!parse_double(opt, v, o->lo, o->hi, &d, err, n)) return false;
+        *(double *)base = d;
+        return true;
+    case K_LIST_LONG:
+    case K_LIST_F64:
+    case K_LIST_STR: return parse_list(p, o, opt, v, (struct cli_list *)base, err, n);
+    case K_APPEND: {
+        struct cli_list *l = (struct cli_list *)base;
+        if (l->n == CLI_LIST_MAX) {
+            snprintf(err, n, "%s: at most %d", opt, CLI_LIST_MAX);
+            return false;
+        }
+        l->s[l->n++] = v;
+        return true;
+    }
+    case K_FN: return o->fn(p, opt, v, err, n);
+    }
+    snprintf(err, n, "%s: internal error (option kind)", opt);
+    return false;
+}
+
+/* Two rows with a common spelling must not share a command. */
+static const char *table_conflict(void) {
+    static char msg[160];
+    const size_t n = sizeof k_opts / sizeof k_opts[0];
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i + 1; j < n; j++) {
+            if (!(k_opts[i].tools & k_opts[j].tools)) continue;
+            const char *s = k_opts[j].names;
+            while (*s) {
+                const char *e = strchr(s, ',');
+                size_t len = e ? (size_t)(e - s) : strlen(s);
+                if (has_spelling(k_opts[i].names, s, len) || has_spelling(k_opts[i].aliases, s, len)) {
+                    snprintf(msg, sizeof msg, "option table: '%.*s' is declared twice for one command", (int)len, s);
+                    return msg;
+                }
+                if (!e) break;
+                s = e + 1;
+                while (*s == ' ') s++;
+            }
+        }
+    return NULL;
+}
+
+bool cli_set_option(struct cli_params *p, const char *name, const char *value, char *err, size_t errn) {
+    const struct cli_opt *o = find_opt(p->tool, name, strlen(name));
+    if (!o) {
+        snprintf(err, errn, "unknown option %.64s", name);
+        return false;
+    }
+    if (o->hint && !value) {
+        snprintf(err, errn, "%.64s needs a value (%s)", name, o->hint);
+        return false;
+    }
+    return apply(p, o, name, value, err, errn);
+}
+
+int cli_parse(const char *cmd, int argc, char **argv, struct cli_params *p, const struct cli_help *help) {
+    const char *conflict = table_conflict();
+    if (conflict) return cli_usage_error(cmd, "internal error: %s", conflict);
+    char err[640];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            p->help = true;
+            cli_print_help(stdout, p, help);
+            return 2;
+        }
+        /* --name=value as well as --name value */
+        size_t len = strlen(a);
+        const char *eq = !strncmp(a, "--", 2) ? strchr(a, '=') : NULL;
+        if (eq) len = (size_t)(eq - a);
+        const struct cli_opt *o = find_opt(p->tool, a, len);
+        if (!o) return cli_usage_error(cmd, "unknown option: %.*s", (int)len, a);
+        const char *v = NULL;
+        if (o->hint) {
+            if (eq) v = eq + 1;
+            else if (i + 1 < argc) v = argv[++i];
+            else return cli_usage_error(cmd, "%s needs a value (%s)", a, o->hint);
+        } else if (eq) {
+            return cli_usage_error(cmd, "%.*s takes no value", (int)len, a);
+        }
+        char opt[64];
+        snprintf(opt, sizeof opt, "%.*s", (int)(len < 63 ? len : 63), a);
+        if (!apply(p, o, opt, v, err, sizeof err)) return cli_usage_error(cmd, "%s", err);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* defaults                                                             */
+/* ------------------------------------------------------------------ */
+
+static void list_set(struct cli_list *l, const long *iv, const double *dv, int n) {
+    memset(l, 0, sizeof *l);
+    l->n = n;
+    for (int k = 0; k < n; k++) {
+        if (iv) l->i[k] = iv[k], l->d[k] = (double)iv[k];
+        if (dv) l->d[k] = dv[k];
+    }
+}
+
+void cli_params_free(struct cli_params *p) {
+    for (int k = 0; k < p->n_owned; k++) free(p->owned[k]);
+    p->n_owned = 0;
+}
+
+void cli_params_init(struct cli_params *p, unsigned tool) {
+    memset(p, 0, sizeof *p);
+    p->tool = tool;
+    p->threads = -1;
+    p->n_predict = 128;
+    p->display_prompt = true;
+    p->sampling = ekv_sampler_default_params();
+    p->kv = ekv_kv_default_params();
+    p->format = "auto";
+    p->metrics = "ppl,rouge,kl";
+    p->rouge = "pltrdy";
+    p->stride = 96;
+    p->out_dir = "eval-out";
+    p->plot = true;
+    p->reps = 3;
+    p->warmup = true;
+    p->tensors = p->metadata = true;
+    p->weight_type = "f16";
+    p->weight_seed = 1;
+    p->host = "127.0.0.1";
+    p->port = 8080;
+    p->parallel = 32;
+    p->queue = 64;
+    p->max_body = 8L << 20;
+    p->timeout = 60;
+    p->prefill_chunk = 256;
+    if (tool == CLI_SERVE) p->n_predict = -1;
+    if (tool == CLI_EVAL) {
+        static const char *const pol[] = {"full", "local", "h2o", "elastic"};
+        static const double bud[] = {0.2, 0.5, 1.0};
+        p->kv_policies.n = 4;
+        for (int k = 0; k < 4; k++) p->kv_policies.s[k] = pol[k];
+        list_set(&p->kv_budgets, NULL, bud, 3);
+    } else {
+        static const double one[] = {1.0};
+        p->kv_policies.n = 1;
+        p->kv_policies.s[0] = "full";
+        list_set(&p->kv_budgets, NULL, one, 1);
+    }
+    static const long np[] = {512}, ng[] = {128}, zero[] = {0}, b1[] = {1};
+    list_set(&p->n_prompt, np, NULL, 1);
+    list_set(&p->n_gen, ng, NULL, 1);
+    list_set(&p->depth, zero, NULL, 1);
+    list_set(&p->batch, b1, NULL, 1);
+    long t = ekv_context_default_params().n_threads;
+    list_set(&p->threads_list, &t, NULL, 1);
+}
+
+/* ------------------------------------------------------------------ */
+/* help                                                                 */
+/* ------------------------------------------------------------------ */
+
+/* The row's current value as text for "(default: ...)"; "" when none. */
+static void default_text(const struct cli_opt *o, const struct cli_params *p, char *buf, size_t n) {
+    buf[0] = 0;
+    if (o->def) {
+        snprintf(buf, n, "%s", o->def);
+        return;
+    }
+    const char *base = (const char *)p + o->off;
+    switch (o->kind) {
+    case K_STR: {
+        const char *s = *(const char *const *)base;
+        if (s) snprintf(buf, n, "%s", s);
+        break;
+    }
+    case K_LONG: snprintf(buf, n, "%ld", *(const long *)base); break;
+    case K_I32: snprintf(buf, n, "%d", (int)*(const int32_t *)base); break;
+    case K_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)base); break;
+    case K_F32: snprintf(buf, n, "%g", (double)*(const float *)base); break;
+    case K_F64: snprintf(buf, n, "%g", *(const double *)base); break;
+    case K_LIST_LONG:
+    case K_LIST_F64:
+    case K_LIST_STR: {
+        const struct cli_list *l = (const struct cli_list *)base;
+        size_t used = 0;
+        for (int k = 0; k < l->n && used < n; k++) {
+            int w;
+            if (o->kind == K_LIST_STR) w = snprintf(buf + used, n - used, "%s%s", k ? "," : "", l->s[k]);
+            else if (o->kind == K_LIST_LONG) w = snprintf(buf + used, n - used, "%s%ld", k ? "," : "", l->i[k]);
+            else w = snprintf(buf + used, n - used, "%s%g", k ? "," : "", l->d[k]);
+            if (w < 0) break;
+            used += (size_t)w;
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
+static void print_row(FILE *out, const struct cli_opt *o, const struct cli_params *p) {
+    char left[96], def[256];
+    const bool has_short = o->names[0] == '-' && o->names[1] != '-';
+    snprintf(left, sizeof left, "%s%s%s%s", has_short ? "" : "    ", o->names, o->hint ? " " : "",
+             o->hint ? o->hint : "");
+    default_text(o, p, def, sizeof def);
+    const int col = 24;
+    fprintf(out, "  %-*s", col, left);
+    if ((int)strlen(left) > col) fprintf(out, "\n  %-*s", col, "");
+    const char *h = o->help;
+    while (*h) {
+        const char *nl = strchr(h, '\n');
+        int len = nl ? (int)(nl - h) : (int)strlen(h);
+        fprintf(out, " %.*s", len, h);
+        if (!nl) break;
+        fprintf(out, "\n  %-*s", col, "");
+        h = nl + 1;
+    }
+    if (def[0]) fprintf(out, " (default: %s)", def);
+    fputc('\n', out);
+}
+
+void cli_print_help(FILE *out, const struct cli_params *p, const struct cli_help *help) {
+    fprintf(out, "%s\n\n", help->usage);
+    if (help->about && help->about[0]) fprintf(out, "%s\n\n", help->about);
+    bool kv = false;
+    for (int g = 0; g < G_COUNT; g++) {
+        bool any = false;
+        for (size_t i = 0; i < sizeof k_opts / sizeof k_opts[0]; i++) {
+            const struct cli_opt *o = &k_opts[i];
+            if (o->group != (enum cli_group)g || !(o->tools & p->tool) || o->hidden) continue;
+            if (!any) fprintf(out, "%s:\n", k_group_title[g]);
+            any = true;
+            print_row(out, o, p);
+        }
+        if (any) fputc('\n', out);
+        if (any && g == G_KV) kv = true;
+    }
+    fprintf(out, "  -h, --help               this help\n\n");
+    if (kv) {
+        fprintf(out, "policies:\n");
+        for (int i = 0; i < ekv_kv_policy_count(); i++)
+            fprintf(out, "  %-13s %s\n", ekv_kv_policy_name(i), ekv_kv_policy_summary(i));
+        fputc('\n', out);
+    }
+    if (help->epilog && help->epilog[0]) fprintf(out, "%s\n", help->epilog);
+}
+
+/* ------------------------------------------------------------------ */
+/* utilities                                                            */
+/* ------------------------------------------------------------------ */
 
 int cli_fail(const char *cmd, enum ekv_status s) {
     const char *d = ekv_last_error();
@@ -53,115 +801,25 @@ const char *cli_default_model(void) {
     return cli_find_file("models/stories260K.gguf", buf, sizeof buf);
 }
 
-bool cli_int(const char *cmd, const char *opt, const char *v, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || errno || end == v || *end || x < lo || x > hi) {
-        cli_usage_error(cmd, "%s expects an integer in [%ld, %ld], got '%s'", opt, lo, hi, v ? v : "(nothing)");
+bool cli_load_model(const char *cmd, const struct cli_params *p, struct ekv_model **model,
+                    struct ekv_context **ctx) {
+    *model = NULL;
+    if (ctx) *ctx = NULL;
+    struct ekv_model_params mp = ekv_model_default_params();
+    mp.tokenizer_path = p->tokenizer;
+    enum ekv_status s = ekv_model_load(p->model ? p->model : cli_default_model(), &mp, model);
+    if (s != EKV_OK) return cli_fail(cmd, s), false;
+    if (!ctx) return true;
+    struct ekv_context_params cp = ekv_context_default_params();
+    if (p->threads > 0) cp.n_threads = (int32_t)p->threads;
+    cp.n_ctx = (int32_t)p->n_ctx;
+    if ((s = ekv_context_new(*model, &cp, ctx)) != EKV_OK) {
+        cli_fail(cmd, s);
+        ekv_model_free(*model);
+        *model = NULL;
         return false;
     }
-    *out = x;
     return true;
-}
-
-bool cli_double(const char *cmd, const char *opt, const char *v, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || errno || end == v || *end || !isfinite(x) || x < lo || x > hi) {
-        cli_usage_error(cmd, "%s expects a number in [%g, %g], got '%s'", opt, lo, hi, v ? v : "(nothing)");
-        return false;
-    }
-    *out = x;
-    return true;
-}
-
-int cli_parse_kv_opt(const char *cmd, int argc, char **argv, int *i, struct ekv_kv_params *p) {
-    const char *a = argv[*i];
-    if (strncmp(a, "--kv-", 5) != 0) return 0;
-    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    long x;
-    double d;
-    if (!strcmp(a, "--kv-policy")) {
-        if (!v) return cli_usage_error(cmd, "--kv-policy needs a name"), -1;
-        p->policy = v;
-    } else if (!strcmp(a, "--kv-budget")) {
-        if (!cli_double(cmd, a, v, 1e-6, 1.0, &d)) return -1;
-        p->budget = d;
-    } else if (!strcmp(a, "--kv-tokens")) {
-        if (!cli_int(cmd, a, v, 1, 1L << 30, &x)) return -1;
-        p->max_tokens = (int32_t)x;
-    } else if (!strcmp(a, "--kv-sinks")) {
-        if (!cli_int(cmd, a, v, 0, 1L << 30, &x)) return -1;
-        p->sinks = (int32_t)x;
-    } else if (!strcmp(a, "--kv-window")) {
-        if (!cli_int(cmd, a, v, 0, 1L << 30, &x)) return -1;
-        p->window = (int32_t)x;
-    } else if (!strcmp(a, "--kv-obs-window")) {
-        if (!cli_int(cmd, a, v, 1, 1L << 30, &x)) return -1;
-        p->obs_window = (int32_t)x;
-    } else if (!strcmp(a, "--kv-pool")) {
-        if (!cli_int(cmd, a, v, 1, 1001, &x)) return -1;
-        if (x % 2 == 0) return cli_usage_error(cmd, "--kv-pool must be odd, got %ld", x), -1;
-        p->pool = (int32_t)x;
-    } else if (!strcmp(a, "--kv-pool-type")) {
-        if (v && !strcmp(v, "avg")) p->pool_kind = EKV_POOL_AVG;
-        else if (v && !strcmp(v, "max")) p->pool_kind = EKV_POOL_MAX;
-        else return cli_usage_error(cmd, "--kv-pool-type expects avg or max"), -1;
-    } else if (!strcmp(a, "--kv-distance")) {
-        if (!cli_int(cmd, a, v, -(1L << 30), 1L << 30, &x)) return -1;
-        p->distance = (int32_t)x;
-    } else if (!strcmp(a, "--kv-chunk")) {
-        if (!cli_int(cmd, a, v, 0, 1L << 30, &x)) return -1;
-        p->chunk = (int32_t)x;
-    } else if (!strcmp(a, "--kv-beta")) {
-        if (!cli_double(cmd, a, v, 1.0, 1e6, &d)) return -1;
-        p->beta = d;
-    } else if (!strcmp(a, "--kv-sparsity-p")) {
-        if (!cli_double(cmd, a, v, 0.0, 1.0, &d)) return -1;
-        p->sparsity_p = d;
-    } else if (!strcmp(a, "--kv-recent-ratio")) {
-        if (!cli_double(cmd, a, v, 0.0, 1.0, &d)) return -1;
-        p->recent_ratio = d;
-    } else if (!strcmp(a, "--kv-seed")) {
-        if (!cli_int(cmd, a, v, 0, __LONG_MAX__, &x)) return -1;
-        p->seed = (uint64_t)x;
-    } else if (!strcmp(a, "--kv-compat")) {
-        if (v && !strcmp(v, "ref")) p->compat_ref = true;
-        else if (v && !strcmp(v, "paper")) p->compat_ref = false;
-        else return cli_usage_error(cmd, "--kv-compat expects 'paper' or 'ref'"), -1;
-    } else {
-        return 0;
-    }
-    (*i)++;
-    return 1;
-}
-
-void cli_print_kv_help(FILE *out) {
-    fprintf(out,
-            "KV-cache policy (POLICIES.md gives exact semantics; -1/omitted = the policy's default):\n"
-            "  --kv-policy NAME      one of:");
-    for (int i = 0; i < ekv_kv_policy_count(); i++) fprintf(out, " %s", ekv_kv_policy_name(i));
-    fprintf(out,
-            " (default full)\n"
-            "  --kv-budget F         fraction of tokens seen that is kept, (0,1] (default 1)\n"
-            "  --kv-tokens N         cap on entries per layer and KV head\n"
-            "  --kv-sinks N          protected first tokens (local 4, roco 4, elastic 1)\n"
-            "  --kv-window N         protected recent tokens (h2o/scissorhands: half the budget)\n"
-            "  --kv-obs-window N     observation window of queries (snapkv/pyramidkv: 32)\n"
-            "  --kv-pool N           pooling kernel, odd (snapkv/pyramidkv: 7)\n"
-            "  --kv-pool-type T      avg or max (default max)\n"
-            "  --kv-distance N       Elastic Cache fixed-point distance (default -25)\n"
-            "  --kv-chunk N          block-wise prefill: compress after every N prompt tokens\n"
-            "  --kv-beta F           PyramidKV beta (default 20)\n"
-            "  --kv-sparsity-p F     VL-Cache threshold p (default 0.01)\n"
-            "  --kv-recent-ratio F   recent share of the budget (vlcache 0.1)\n"
-            "  --kv-seed N           seed of the random policy\n"
-            "  --kv-compat paper|ref reproduce the authors' reference code (elastic)\n");
-    fprintf(out, "policies:\n");
-    for (int i = 0; i < ekv_kv_policy_count(); i++)
-        fprintf(out, "  %-13s %s\n", ekv_kv_policy_name(i), ekv_kv_policy_summary(i));
 }
 
 double cli_now(void) {
@@ -174,6 +832,15 @@ uint64_t cli_peak_rss(void) {
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
     return (uint64_t)ru.ru_maxrss * 1024u;
+}
+
+uint64_t cli_rss(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long long size = 0, res = 0;
+    int got = fscanf(f, "%llu %llu", &size, &res);
+    fclose(f);
+    return got == 2 ? (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
 }
 
 char *cli_read_file(const char *cmd, const char *path, size_t *len) {
