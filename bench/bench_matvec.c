@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < np * ne0; i++) x[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
     struct ekv_pool *pool = NULL;
     if (ekv_pool_new(nth, &pool) != EKV_OK) return 1;
-    struct ekv_weight wt = {t, ne0, ne1, rb, w};
+    struct ekv_weight wt = {.type = t, .ne0 = ne0, .ne1 = ne1, .row_bytes = rb, .data = w};
     ekv_matvec(pool, &wt, x, y);
     /* best and mean of repeated runs over about a second each (the best is
      * the less noisy figure on a shared machine) */

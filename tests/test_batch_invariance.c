@@ -63,7 +63,7 @@ static void check_type(enum ekv_dtype t, struct ekv_pool **pools, int n_pools) {
     /* rows of very different magnitudes, so that scales differ per row */
     for (int64_t r = 0; r < nmax; r++)
         for (int64_t i = 0; i < ne0; i++) x[r * ne0 + i] = frand() * ldexpf(1.0f, (int)(r % 7) - 3);
-    struct ekv_weight w = {t, ne0, ne1, rb, wq};
+    struct ekv_weight w = {.type = t, .ne0 = ne0, .ne1 = ne1, .row_bytes = rb, .data = wq};
     for (int simd = 0; simd < 2; simd++) {
         ekv_kernels_use_reference(!simd);
         for (int64_t r = 0; r < nmax; r++) CHECK_OK(ekv_matvec(NULL, &w, x + r * ne0, ref + r * ne1));

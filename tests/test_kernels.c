@@ -373,8 +373,61 @@ static double dot_d(const float *a, const float *b, int64_t n, double *abs_sum) 
 
 static bool same_bits(const float *a, const float *b, int64_t n) { return memcmp(a, b, (size_t)n * 4) == 0; }
 
+/* The ISA levels, in order; those the CPU runs are tested. */
+static const char *const k_isas[] = {"reference", "avx2", "avxvnni", "avx512"};
+#define N_ISA 4
+
+static bool is_quantised(enum ekv_dtype t) { return ekv_act_type(t) != EKV_F32; }
+
+/* One weight matrix (one layout) on every ISA level: against the double
+ * dot of what the kernel multiplies, thread counts, matmul == matvec;
+ * results per level in res[level] ([nt][ne1], from matmul). */
+static void check_products(const struct ekv_weight *w, const float *wd, const float *x, const float *xd, int64_t nt,
+                           struct ekv_pool **pools, float *res[N_ISA], bool ran[N_ISA]) {
+    const enum ekv_dtype t = w->type;
+    const int64_t ne0 = w->ne0, ne1 = w->ne1;
+    float *y = malloc((size_t)(ne1 * nt) * 4), *tmp = malloc((size_t)ne1 * 4);
+    const char *lay = w->layout == EKV_LAYOUT_X16 ? "x16" : "rows";
+    for (int isa = 0; isa < N_ISA; isa++) {
+        ran[isa] = ekv_kernels_set_isa(k_isas[isa]);
+        if (!ran[isa]) continue;
+        CHECK(strcmp(ekv_kernels_isa(), k_isas[isa]) == 0);
+        float *r = res[isa];
+        CHECK_OK(ekv_matmul(pools[0], w, x, nt, r));
+        double worst = 0, worst_x = 0;
+        for (int64_t i = 0; i < nt; i++)
+            for (int64_t o = 0; o < ne1; o++) {
+                double as, as2;
+                double e = dot_d(wd + o * ne0, xd + i * ne0, ne0, &as);
+                double ex = dot_d(wd + o * ne0, x + i * ne0, ne0, &as2);
+                worst = fmax(worst, fabs(r[i * ne1 + o] - e) / (as + 1e-30));
+                worst_x = fmax(worst_x, fabs(r[i * ne1 + o] - ex) / (as2 + 1e-30));
+            }
+        CHECK_MSG(worst < 2e-6 * sqrt((double)ne0), "%s %s %s [%lld x %lld] rel err %g", ekv_dtype_name(t), lay,
+                  k_isas[isa], (long long)ne1, (long long)ne0, worst);
+        /* activation quantisation costs at most ~1% of sum |w x| */
+        CHECK_MSG(worst_x < 1e-2, "%s vs float x rel err %g", ekv_dtype_name(t), worst_x);
+        /* every thread count, matmul row == matvec of that row */
+        bool same = true;
+        for (int pi = 0; pi < 4; pi++) {
+            CHECK_OK(ekv_matmul(pools[pi], w, x, nt, y));
+            same = same && same_bits(y, r, ne1 * nt);
+            for (int64_t i = 0; i < nt; i++) {
+                CHECK_OK(ekv_matvec(pools[pi], w, x + i * ne0, tmp));
+                same = same && same_bits(tmp, r + i * ne1, ne1);
+            }
+        }
+        CHECK_MSG(same, "%s %s %s [%lld x %lld]: results depend on threads or rows", ekv_dtype_name(t), lay,
+                  k_isas[isa], (long long)ne1, (long long)ne0);
+    }
+    ekv_kernels_use_reference(false);
+    ekv_kernels_set_isa(k_isas[ekv_cpu_isa()]);
+    free(y);
+    free(tmp);
+}
+
 static void test_products_type(enum ekv_dtype t, struct ekv_pool **pools) {
-    const int64_t ne1s[] = {1, 3, 17, 33, 257};
+    const int64_t ne1s[] = {1, 3, 17, 32, 48, 257};
     const int bs = (int)ekv_dtype_get(t)->block_size;
     /* blocks of 3 and 37 (not multiples of 8 blocks); float types also get
      * 77 = 4*16 + 8 + 5 and 172 (stories260K's hidden size) to reach every tail */
@@ -393,14 +446,18 @@ static void test_products_type(enum ekv_dtype t, struct ekv_pool **pools) {
             CHECK(ekv_dtype_row_bytes(t, ne0, &rb));
             const size_t stride = rb + 16; /* row padding as GGUF alignment may leave */
             float *wf = malloc(ne0 * ne1 * 4), *wd = malloc(ne0 * ne1 * 4);
-            char *wq = calloc(ne1, stride);
+            char *wq = calloc(ne1, stride), *wt = calloc(ne1, rb);
             float *x = malloc(ne0 * nt * 4), *xd = malloc(ne0 * nt * 4);
-            float *y = malloc(ne1 * nt * 4), *yr = malloc(ne1 * nt * 4), *ys = malloc(ne1 * nt * 4);
+            float *res[2][N_ISA];
+            bool ran[2][N_ISA];
+            for (int l = 0; l < 2; l++)
+                for (int i = 0; i < N_ISA; i++) res[l][i] = malloc(ne1 * nt * 4);
             fill(wf, ne0 * ne1, 0.5f);
             fill(x, ne0 * nt, 2.0f);
             for (int64_t r = 0; r < ne1; r++) {
                 CHECK_OK(ekv_quantize_row(t, wf + r * ne0, wq + r * stride, ne0));
                 CHECK_OK(ekv_dequantize_row(t, wq + r * stride, wd + r * ne0, ne0));
+                memcpy(wt + r * rb, wq + r * stride, rb);
             }
             /* what the kernel multiplies: the activation in its quantised form */
             enum ekv_dtype at = ekv_act_type(t);
@@ -413,67 +470,80 @@ static void test_products_type(enum ekv_dtype t, struct ekv_pool **pools) {
                     CHECK_OK(ekv_dequantize_row(at, xq, xd + i * ne0, ne0));
                 }
             }
-            struct ekv_weight w = {t, ne0, ne1, stride, wq};
-            for (int simd = 0; simd < 2; simd++) {
-                ekv_kernels_use_reference(!simd);
-                float *res = simd ? ys : yr;
-                CHECK_OK(ekv_matvec(pools[0], &w, x, res));
-                /* against the double dot of what the kernel multiplies */
-                double worst = 0, worst_x = 0;
+            struct ekv_weight w = {.type = t, .ne0 = ne0, .ne1 = ne1, .row_bytes = stride, .data = wq};
+            check_products(&w, wd, x, xd, nt, pools, res[0], ran[0]);
+            /* the X16 layout (Q8_0/Q4_0, 16k rows): the same bits as the rows layout */
+            struct ekv_weight wx = {.type = t, .ne0 = ne0, .ne1 = ne1, .row_bytes = rb, .data = wt};
+            const bool x16 = ekv_weight_can_repack(&wx);
+            CHECK(x16 == ((t == EKV_Q8_0 || t == EKV_Q4_0) && ne1 % 16 == 0));
+            CHECK(!ekv_weight_can_repack(&w) || stride == rb);
+            if (x16) {
+                void *packed = malloc(ne1 * rb);
+                CHECK_OK(ekv_weight_repack(&wx, packed));
+                CHECK(wx.layout == EKV_LAYOUT_X16 && wx.data == packed);
+                memset(wt, 0, ne1 * rb); /* the packed copy must not read the source */
+                check_products(&wx, wd, x, xd, nt, pools, res[1], ran[1]);
+                for (int i = 0; i < N_ISA; i++)
+                    if (ran[1][i])
+                        CHECK_MSG(same_bits(res[1][i], res[0][i], ne1 * nt), "%s %s: x16 != rows layout",
+                                  ekv_dtype_name(t), k_isas[i]);
+                /* rows read back from the packed layout */
+                float *row = malloc(ne0 * 4);
+                int bad = 0;
                 for (int64_t r = 0; r < ne1; r++) {
-                    double as, as2;
-                    double e = dot_d(wd + r * ne0, xd, ne0, &as);
-                    double ex = dot_d(wd + r * ne0, x, ne0, &as2);
-                    worst = fmax(worst, fabs(res[r] - e) / (as + 1e-30));
-                    worst_x = fmax(worst_x, fabs(res[r] - ex) / (as2 + 1e-30));
+                    CHECK_OK(ekv_weight_get_row(&wx, r, row));
+                    bad += !same_bits(row, wd + r * ne0, ne0);
                 }
-                CHECK_MSG(worst < 2e-6 * sqrt((double)ne0), "%s %s [%lld x %lld] rel err %g", ekv_dtype_name(t),
-                          ekv_kernels_isa(), (long long)ne1, (long long)ne0, worst);
-                /* activation quantisation costs at most ~1% of sum |w x| */
-                CHECK_MSG(worst_x < 1e-2, "%s vs float x rel err %g", ekv_dtype_name(t), worst_x);
-                /* thread counts give identical bits */
-                for (int pi = 1; pi < 4; pi++) {
-                    CHECK_OK(ekv_matvec(pools[pi], &w, x, y));
-                    CHECK_MSG(same_bits(y, res, ne1), "%s %s: %d threads differ", ekv_dtype_name(t),
-                              ekv_kernels_isa(), ekv_pool_size(pools[pi]));
-                }
-                /* matmul == n matvecs, for every thread count */
-                for (int pi = 0; pi < 4; pi++) {
-                    CHECK_OK(ekv_matmul(pools[pi], &w, x, nt, y));
-                    bool same = true;
-                    for (int64_t i = 0; i < nt; i++) {
-                        float tmp[300];
-                        CHECK_OK(ekv_matvec(pools[0], &w, x + i * ne0, tmp));
-                        if (!same_bits(tmp, y + i * ne1, ne1)) same = false;
-                    }
-                    CHECK_MSG(same, "%s %s [%lld x %lld]: matmul != matvec (%d threads)", ekv_dtype_name(t),
-                              ekv_kernels_isa(), (long long)ne1, (long long)ne0, ekv_pool_size(pools[pi]));
-                }
+                CHECK_MSG(bad == 0, "%s x16 get_row: %d rows differ", ekv_dtype_name(t), bad);
+                free(row);
+                free(packed);
             }
-            /* SIMD vs reference: same integer sums, float order differs */
-            double worst = 0;
-            for (int64_t r = 0; r < ne1; r++) {
-                double as;
-                dot_d(wd + r * ne0, xd, ne0, &as);
-                worst = fmax(worst, fabs(ys[r] - yr[r]) / (as + 1e-30));
+            /* SIMD levels against each other and the reference: quantised types
+             * compute exactly the reference's operations (exact integer block
+             * dots, the same float steps): equal bits. Float types share one
+             * order across SIMD levels; against the reference, a bound. */
+            int first_simd = -1;
+            for (int i = 1; i < N_ISA; i++) {
+                if (!ran[0][i]) continue;
+                if (first_simd < 0) first_simd = i;
+                if (is_quantised(t))
+                    CHECK_MSG(same_bits(res[0][i], res[0][0], ne1 * nt), "%s [%lld x %lld] %s != reference",
+                              ekv_dtype_name(t), (long long)ne1, (long long)ne0, k_isas[i]);
+                else
+                    CHECK_MSG(same_bits(res[0][i], res[0][first_simd], ne1 * nt), "%s %s != %s", ekv_dtype_name(t),
+                              k_isas[i], k_isas[first_simd]);
+                double worst = 0;
+                for (int64_t o = 0; o < ne1 * nt; o++) {
+                    double as;
+                    dot_d(wd + (o % ne1) * ne0, xd + (o / ne1) * ne0, ne0, &as);
+                    worst = fmax(worst, fabs(res[0][i][o] - res[0][0][o]) / (as + 1e-30));
+                }
+                CHECK_MSG(worst < 2e-6 * sqrt((double)ne0), "%s simd vs ref rel err %g", ekv_dtype_name(t), worst);
             }
-            CHECK_MSG(worst < 2e-6 * sqrt((double)ne0), "%s simd vs ref rel err %g", ekv_dtype_name(t), worst);
             /* get_row */
             int64_t r = ne1 / 2;
             CHECK_OK(ekv_weight_get_row(&w, r, xd));
             CHECK(same_bits(xd, wd + r * ne0, ne0));
-            free(wf); free(wd); free(wq); free(x); free(xd); free(y); free(yr); free(ys); free(xq);
+            for (int l = 0; l < 2; l++)
+                for (int i = 0; i < N_ISA; i++) free(res[l][i]);
+            free(wf); free(wd); free(wq); free(wt); free(x); free(xd); free(xq);
         }
     }
 }
 
 static void test_products(void) {
-    /* the SIMD comparisons below are only meaningful when SIMD is in use */
-    ekv_kernels_use_reference(false);
-    CHECK(strcmp(ekv_kernels_isa(), ekv_cpu_has_avx2() ? "avx2" : "reference") == 0);
+    /* the comparisons below are only meaningful when the levels run */
+    for (int i = 0; i < N_ISA; i++) {
+        const bool runs = i <= (int)ekv_cpu_isa() && (i != EKV_ISA_AVXVNNI || ekv_kernels_set_isa("avxvnni"));
+        CHECK(ekv_kernels_set_isa(k_isas[i]) == runs);
+        if (!runs) fprintf(stderr, "note: this CPU does not run %s: that path is not tested here\n", k_isas[i]);
+    }
+    CHECK(!ekv_kernels_set_isa("sse9"));
+    ekv_kernels_set_isa(k_isas[ekv_cpu_isa()]);
+    CHECK(strcmp(ekv_kernels_isa(), k_isas[ekv_cpu_isa()]) == 0);
     ekv_kernels_use_reference(true);
     CHECK(strcmp(ekv_kernels_isa(), "reference") == 0);
-    if (!ekv_cpu_has_avx2()) fprintf(stderr, "note: no AVX2 on this CPU, SIMD paths not tested\n");
+    ekv_kernels_use_reference(false);
     struct ekv_pool *pools[4] = {NULL};
     for (int i = 1; i < 4; i++) CHECK_OK(ekv_pool_new(i, &pools[i]));
     for (size_t i = 0; i < EKV_ARRAY_LEN(k_types); i++) {
@@ -483,16 +553,37 @@ static void test_products(void) {
     ekv_kernels_use_reference(false);
     CHECK(!ekv_dtype_can_compute(EKV_Q2_K) && !ekv_dtype_can_compute(EKV_Q8_K) &&
           !ekv_dtype_can_compute((enum ekv_dtype)99));
+    /* repack refuses what it cannot lay out */
+    uint8_t q8[32 * 34] = {0};
+    struct ekv_weight wp = {.type = EKV_Q8_0, .ne0 = 32, .ne1 = 32, .row_bytes = 34, .data = q8};
+    CHECK(ekv_weight_can_repack(&wp));
+    wp.ne1 = 24;
+    CHECK(!ekv_weight_can_repack(&wp) && ekv_weight_repack(&wp, q8) == EKV_ERR_INVALID_ARG);
+    wp.ne1 = 32;
+    wp.type = EKV_F16;
+    CHECK(!ekv_weight_can_repack(&wp));
+    wp.type = EKV_Q8_0;
+    wp.row_bytes = 36;
+    CHECK(!ekv_weight_can_repack(&wp));
+    /* in place */
+    wp.row_bytes = 34;
+    for (int i = 0; i < (int)sizeof q8; i++) q8[i] = (uint8_t)(i * 7);
+    float before[32], after[32];
+    CHECK_OK(ekv_weight_get_row(&wp, 5, before));
+    CHECK_OK(ekv_weight_repack(&wp, q8));
+    CHECK(!ekv_weight_can_repack(&wp));
+    CHECK_OK(ekv_weight_get_row(&wp, 5, after));
+    CHECK(same_bits(before, after, 32));
     /* errors */
     float x[64] = {0}, y[4];
     uint8_t data[4 * 64 * 4] = {0};
-    struct ekv_weight w = {EKV_Q2_K, 256, 1, 84, data};
+    struct ekv_weight w = {.type = EKV_Q2_K, .ne0 = 256, .ne1 = 1, .row_bytes = 84, .data = data};
     CHECK(ekv_matvec(NULL, &w, x, y) == EKV_ERR_UNSUPPORTED);
-    struct ekv_weight w2 = {EKV_F32, 64, 4, 100, data}; /* rows need 256 bytes */
+    struct ekv_weight w2 = {.type = EKV_F32, .ne0 = 64, .ne1 = 4, .row_bytes = 100, .data = data}; /* rows need 256 bytes */
     CHECK(ekv_matvec(NULL, &w2, x, y) == EKV_ERR_INVALID_ARG);
-    struct ekv_weight w3 = {EKV_Q8_0, 48, 4, 64, data}; /* 48 not a multiple of 32 */
+    struct ekv_weight w3 = {.type = EKV_Q8_0, .ne0 = 48, .ne1 = 4, .row_bytes = 64, .data = data}; /* 48 not a multiple of 32 */
     CHECK(ekv_matvec(NULL, &w3, x, y) == EKV_ERR_INVALID_ARG);
-    struct ekv_weight w4 = {EKV_F32, 64, 4, 256, data};
+    struct ekv_weight w4 = {.type = EKV_F32, .ne0 = 64, .ne1 = 4, .row_bytes = 256, .data = data};
     CHECK(ekv_weight_get_row(&w4, 4, y) == EKV_ERR_INVALID_ARG);
     CHECK(ekv_weight_get_row(&w4, -1, y) == EKV_ERR_INVALID_ARG);
     CHECK(ekv_matmul(NULL, &w4, x, -1, y) == EKV_ERR_INVALID_ARG);
@@ -560,7 +651,9 @@ static void test_ops(void) {
             double tot = 0;
             for (int64_t i = 0; i < n; i++) {
                 double r = exp((double)c[i] - mx) / sum;
-                bad += fabs(o[i] - r) > 2e-6 * r + 1e-37;
+                /* the kernel forms x - max in float: an absolute error of up to
+                 * |x - max| 2^-24 in the exponent, i.e. relative in the result */
+                bad += fabs(o[i] - r) > (2e-6 + fabs(c[i] - mx) * 0x1p-24) * r + 1e-37;
                 tot += o[i];
             }
             CHECK_MSG(bad == 0, "softmax n=%lld %s: %d bad", (long long)n, ekv_kernels_isa(), bad);

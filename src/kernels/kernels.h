@@ -50,15 +50,43 @@ void *ekv_pool_scratch_shared(struct ekv_pool *p, size_t bytes);
 /* Weights and products                                                 */
 /* ------------------------------------------------------------------ */
 
-/* A 2-D weight matrix as stored in GGUF: ne1 rows of ne0 elements each,
- * row r starting at data + r * row_bytes. */
+/* How a weight matrix's bytes are arranged. */
+enum ekv_layout {
+    /* as stored in GGUF: row r at data + r * row_bytes */
+    EKV_LAYOUT_ROWS = 0,
+    /* Q8_0/Q4_0 repacked by ekv_weight_repack: groups of 16 rows, group g
+     * at data + g * 16 * row_bytes holding, per block column b, the 16
+     * fp16 scales and then the quants interleaved 4 bytes per row
+     * (Q8_0 as w + 128; Q4_0 as stored bytes), so that one 64-byte load
+     * feeds an int8 dot of 4 elements for 16 rows (src/kernels/repack.c) */
+    EKV_LAYOUT_X16 = 1,
+};
+
+/* A 2-D weight matrix: ne1 rows of ne0 elements each, row_bytes per row
+ * (rows are at data + r * row_bytes unless layout says otherwise). */
 struct ekv_weight {
     enum ekv_dtype type;
     int64_t ne0;          /* columns = input dimension  */
     int64_t ne1;          /* rows    = output dimension */
     size_t row_bytes;
     const void *data;
+    enum ekv_layout layout;
 };
+
+/* True when ekv_weight_repack can interleave w (Q8_0 or Q4_0, rows layout,
+ * ne1 a multiple of 16, rows packed without padding). */
+bool ekv_weight_can_repack(const struct ekv_weight *w);
+/* Writes w's bytes in EKV_LAYOUT_X16 to dst (the same number of bytes,
+ * ne1 * row_bytes; dst may equal w->data: in place) and sets w->data = dst
+ * and w->layout. The values are unchanged: products give the same bits. */
+enum ekv_status ekv_weight_repack(struct ekv_weight *w, void *dst);
+/* Repacks in place weights that live in a read-only private file mapping
+ * (the model's mmap): their pages are made writable for the copy (private
+ * copy-on-write pages replace the file's pages, so resident memory does
+ * not grow) and read-only again. n weights; duplicates (the same data
+ * pointer twice, e.g. tied embeddings) are repacked once and every copy
+ * gets the new layout. Weights that cannot be repacked are left alone. */
+enum ekv_status ekv_weights_repack_mapped(struct ekv_weight *const *ws, int n);
 
 /* True when matvec/matmul/dequantize handle the type. */
 bool ekv_dtype_can_compute(enum ekv_dtype t);
@@ -81,9 +109,14 @@ enum ekv_status ekv_weight_get_row(const struct ekv_weight *w, int64_t r, float 
 enum ekv_status ekv_dequantize_row(enum ekv_dtype t, const void *src, float *dst, int64_t n);
 enum ekv_status ekv_quantize_row(enum ekv_dtype t, const float *src, void *dst, int64_t n);
 
-/* SIMD selection. ekv_kernels_use_reference(true) forces the plain-C paths
- * (tests, debugging). ekv_kernels_isa() names what is in use. */
+/* SIMD selection. The best path the CPU runs is chosen at first use
+ * (AVX-512 with VNNI, AVX-VNNI, AVX2, or the plain-C reference); the
+ * environment variable EKV_ISA (avx512, avxvnni, avx2, reference) caps it.
+ * ekv_kernels_use_reference(true) forces the plain-C paths (tests,
+ * debugging); ekv_kernels_set_isa() picks a level by name (false when the
+ * CPU cannot run it). ekv_kernels_isa() names what is in use. */
 void ekv_kernels_use_reference(bool on);
+bool ekv_kernels_set_isa(const char *name);
 const char *ekv_kernels_isa(void);
 
 /* ------------------------------------------------------------------ */

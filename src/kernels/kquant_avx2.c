@@ -2,8 +2,9 @@
  * kquant_avx2.c — AVX2 products of Q4_K, Q5_K and Q6_K weight rows with
  * Q8_K activations (the references are in quant.c): the single-row dot,
  * and a prefill kernel that unpacks each weight super-block once for four
- * activation rows. Both run the same per-output float operations (integer
- * block sums are exact), so matmul equals repeated matvec bit for bit.
+ * activation rows. Both run the reference's per-output float operations
+ * on exact integer block sums, so they equal the reference (and matmul
+ * equals repeated matvec) bit for bit.
  */
 #include <stddef.h>
 #include <string.h>
@@ -98,46 +99,46 @@ EKV_INLINE void k6_block(int T, const struct ekv_block_q6_K *a, const struct ekv
     }
 }
 
-/* One weight row against T activation rows: out[t]. Per output:
- * acc += (d * dy) * sumi; off += (dmin * dy) * summ (Q6_K: off += (d * dy) * 32 summ);
- * result = hsum(acc) - off. */
+/* Exact int32 total of 8 lanes. */
+EKV_INLINE int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* One weight row against T activation rows: out[t]. Per super-block the
+ * integer sums are exact and the float steps are the reference's
+ * (quant.c), so the result equals the reference bit for bit:
+ * Q4_K/Q5_K: y += (d * dy) * sum_sc - (dmin * dy) * sum_m;
+ * Q6_K: y += (d * dy) * (sum_sc - 32 * sum_m). */
 EKV_INLINE void k_rows(enum kk k, int T, int64_t n, const void *w, const struct ekv_block_q8_K *const *y,
                        float *out) {
-    __m256 acc[MAXT];
-    float off[MAXT];
-    for (int t = 0; t < T; t++) {
-        acc[t] = _mm256_setzero_ps();
-        off[t] = 0.0f;
-    }
+    float acc[MAXT];
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
     const uint8_t *blk = w;
     const size_t bs = block_bytes(k);
     for (int64_t i = 0; i < n / EKV_QK_K; i++, blk += bs) {
         __m256i sumi[MAXT];
         int32_t summ[MAXT];
-        float d, dm;
         if (k == KK_Q6) {
             const struct ekv_block_q6_K *a = (const struct ekv_block_q6_K *)(const void *)blk;
             k6_block(T, a, y, i, sumi, summ);
-            d = _cvtsh_ss(a->d);
-            dm = 0.0f;
+            const float d = _cvtsh_ss(a->d);
+            for (int t = 0; t < T; t++) acc[t] += d * y[t][i].d * (float)(hsum_i32(sumi[t]) - 32 * summ[t]);
         } else {
             uint16_t d16, m16;
             memcpy(&d16, blk, 2);
             memcpy(&m16, blk + 2, 2);
             k45_block(k, T, blk, y, i, sumi, summ);
-            d = _cvtsh_ss(d16);
-            dm = _cvtsh_ss(m16);
-        }
-        for (int t = 0; t < T; t++) {
-            const float dy = y[t][i].d;
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * dy), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-            if (k == KK_Q6)
-                off[t] += d * dy * (float)(32 * summ[t]);
-            else
-                off[t] += dm * dy * (float)summ[t];
+            const float d = _cvtsh_ss(d16), dm = _cvtsh_ss(m16);
+            for (int t = 0; t < T; t++) {
+                const float dy = y[t][i].d;
+                acc[t] += d * dy * (float)hsum_i32(sumi[t]) - dm * dy * (float)summ[t];
+            }
         }
     }
-    for (int t = 0; t < T; t++) out[t] = ekv_hsum8(acc[t]) - off[t];
+    for (int t = 0; t < T; t++) out[t] = acc[t];
 }
 
 EKV_INLINE void k_gemm(enum kk k, const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, size_t xs,

@@ -11,6 +11,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
@@ -22,40 +23,93 @@
 /* ------------------------------------------------------------------ */
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static bool g_has_avx2;
-static struct ekv_type_kernels g_simd[EKV_DTYPE_COUNT]; /* reference entries overridden by AVX2 */
+static enum ekv_isa g_cpu_isa;                                  /* the best level the CPU runs */
+static struct ekv_type_kernels g_tab[EKV_ISA_COUNT][EKV_DTYPE_COUNT]; /* per level, filled up to g_cpu_isa */
+static atomic_int g_isa;                                        /* selected level */
 static atomic_bool g_force_ref;
 
-bool ekv_cpu_has_avx2(void) {
+static const char *const k_isa_names[EKV_ISA_COUNT] = {"reference", "avx2", "avxvnni", "avx512"};
+
+bool ekv_cpu_has_avx2(void) { return ekv_cpu_isa() >= EKV_ISA_AVX2; }
+
+enum ekv_isa ekv_cpu_isa(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
+        return EKV_ISA_REF;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni"))
+        return EKV_ISA_AVX512;
+    if (__builtin_cpu_supports("avxvnni")) return EKV_ISA_AVXVNNI;
+    return EKV_ISA_AVX2;
+#else
+    return EKV_ISA_REF;
+#endif
+}
+
+static bool cpu_has_avxvnni(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return __builtin_cpu_supports("avxvnni");
 #else
     return false;
 #endif
 }
 
-static void init_dispatch(void) {
-    g_has_avx2 = ekv_cpu_has_avx2();
-    for (int t = 0; t < EKV_DTYPE_COUNT; t++) {
-        g_simd[t] = *ekv_kernels_ref((enum ekv_dtype)t);
-        if (g_has_avx2) ekv_kernels_avx2_fill((enum ekv_dtype)t, &g_simd[t]);
-    }
+static int isa_by_name(const char *name) {
+    for (int i = 0; i < EKV_ISA_COUNT; i++)
+        if (name && strcmp(name, k_isa_names[i]) == 0) return i;
+    return -1;
 }
 
-bool ekv_kernels_simd(void) {
-    pthread_once(&g_once, init_dispatch);
-    return g_has_avx2 && !atomic_load_explicit(&g_force_ref, memory_order_relaxed);
+static void init_dispatch(void) {
+    g_cpu_isa = ekv_cpu_isa();
+    for (int t = 0; t < EKV_DTYPE_COUNT; t++) {
+        const enum ekv_dtype dt = (enum ekv_dtype)t;
+        g_tab[EKV_ISA_REF][t] = *ekv_kernels_ref(dt);
+        if (g_cpu_isa >= EKV_ISA_AVX2) {
+            g_tab[EKV_ISA_AVX2][t] = g_tab[EKV_ISA_REF][t];
+            ekv_kernels_avx2_fill(dt, &g_tab[EKV_ISA_AVX2][t]);
+        }
+        if (g_cpu_isa >= EKV_ISA_AVXVNNI) {
+            g_tab[EKV_ISA_AVXVNNI][t] = g_tab[EKV_ISA_AVX2][t];
+            /* AVX-512 CPUs need not have the VEX-encoded AVX-VNNI */
+            if (cpu_has_avxvnni()) ekv_kernels_avxvnni_fill(dt, &g_tab[EKV_ISA_AVXVNNI][t]);
+        }
+        if (g_cpu_isa >= EKV_ISA_AVX512) {
+            g_tab[EKV_ISA_AVX512][t] = g_tab[EKV_ISA_AVX2][t];
+            ekv_kernels_avx512_fill(dt, &g_tab[EKV_ISA_AVX512][t]);
+        }
+    }
+    int sel = (int)g_cpu_isa;
+    const int cap = isa_by_name(getenv("EKV_ISA"));
+    if (cap >= 0 && cap < sel) sel = cap;
+    atomic_store(&g_isa, sel);
 }
+
+static enum ekv_isa current_isa(void) {
+    pthread_once(&g_once, init_dispatch);
+    if (atomic_load_explicit(&g_force_ref, memory_order_relaxed)) return EKV_ISA_REF;
+    return (enum ekv_isa)atomic_load_explicit(&g_isa, memory_order_relaxed);
+}
+
+bool ekv_kernels_simd(void) { return current_isa() != EKV_ISA_REF; }
 
 void ekv_kernels_use_reference(bool on) { atomic_store(&g_force_ref, on); }
 
-const char *ekv_kernels_isa(void) { return ekv_kernels_simd() ? "avx2" : "reference"; }
-
-static const struct ekv_type_kernels *kernels_for(enum ekv_dtype t) {
-    return ekv_kernels_simd() ? &g_simd[t] : ekv_kernels_ref(t);
+bool ekv_kernels_set_isa(const char *name) {
+    pthread_once(&g_once, init_dispatch);
+    const int i = isa_by_name(name);
+    if (i < 0 || i > (int)g_cpu_isa) return false;
+    if (i == EKV_ISA_AVXVNNI && !cpu_has_avxvnni()) return false;
+    atomic_store(&g_isa, i);
+    atomic_store(&g_force_ref, false);
+    return true;
 }
+
+const char *ekv_kernels_isa(void) { return k_isa_names[current_isa()]; }
+
+static const struct ekv_type_kernels *kernels_for(enum ekv_dtype t) { return &g_tab[current_isa()][t]; }
 
 bool ekv_dtype_can_compute(enum ekv_dtype t) {
     return (unsigned)t < EKV_DTYPE_COUNT && ekv_kernels_ref(t)->vec_dot != NULL;
@@ -128,58 +182,77 @@ static enum ekv_status check_weight(const struct ekv_weight *w, const char *what
         return ekv_err(EKV_ERR_INVALID_ARG, "%s: row_bytes %zu < %zu needed for %lld %s values", what,
                        w->row_bytes, rb, (long long)w->ne0, ekv_dtype_name(w->type));
     if (!w->data && w->ne1 > 0 && w->ne0 > 0) return ekv_err(EKV_ERR_INVALID_ARG, "%s: NULL weight data", what);
+    if (w->layout == EKV_LAYOUT_X16 && ((w->type != EKV_Q8_0 && w->type != EKV_Q4_0) || w->ne1 % 16 || w->row_bytes != rb))
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: %s weight [%lld x %lld] cannot be in the X16 layout", what,
+                       ekv_dtype_name(w->type), (long long)w->ne1, (long long)w->ne0);
+    if (w->layout != EKV_LAYOUT_ROWS && w->layout != EKV_LAYOUT_X16)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: unknown weight layout %d", what, (int)w->layout);
     return EKV_OK;
 }
 
 struct mm_ctx {
     const struct ekv_weight *w;
     const struct ekv_type_kernels *k;
+    struct ekv_pool *pool;
     const float *x;        /* [n][ne0] float activations (for quantising) */
     const void *xa;        /* activations in the kernel's format */
     size_t xa_stride;      /* bytes between activation rows */
     int64_t n;             /* activation rows */
     float *y;              /* [n][ne1] */
+    int64_t chunk;         /* rows per claimed chunk (a multiple of 16) */
+    int64_t n_chunks;
+    atomic_llong next;     /* next chunk to claim */
 };
 
-/* Rows [r0, r1) of thread ith: contiguous ranges in multiples of 8 rows. */
-static void split_rows(int64_t ne1, int ith, int nth, int64_t *r0, int64_t *r1) {
-    int64_t per = (ne1 + nth - 1) / nth;
-    per = (per + 7) & ~(int64_t)7;
-    *r0 = EKV_MIN(ne1, per * ith);
-    *r1 = EKV_MIN(ne1, *r0 + per);
-}
-
-static void gemv_task(void *arg, int ith, int nth) {
-    const struct mm_ctx *c = arg;
-    int64_t r0, r1;
-    split_rows(c->w->ne1, ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
-    if (c->k->gemv) {
-        c->k->gemv(c->w, r0, r1, c->xa, c->y);
+/* Rows [r0, r1) of one kernel call: the product of an output never
+ * depends on which call computes it, so chunks go to whichever thread
+ * claims them (a descheduled thread does not hold up the others). */
+static void run_rows(const struct mm_ctx *c, int ith, int64_t r0, int64_t r1) {
+    const struct ekv_weight *w = c->w;
+    const struct ekv_type_kernels *k = c->k;
+    if (w->layout == EKV_LAYOUT_X16) {
+        if (k->gemm_x16) {
+            k->gemm_x16(w, r0, r1, c->xa, c->xa_stride, c->n, c->y, w->ne1);
+            return;
+        }
+        /* no X16 kernel on this path: each row unpacked, then dotted */
+        char *row = ekv_pool_scratch(c->pool, ith, w->row_bytes);
+        if (!row) return; /* cannot happen after the pre-allocation in product() */
+        for (int64_t r = r0; r < r1; r++) {
+            ekv_x16_unpack_row(w, r, row);
+            for (int64_t t = 0; t < c->n; t++)
+                k->vec_dot(w->ne0, &c->y[t * w->ne1 + r], row, (const char *)c->xa + (size_t)t * c->xa_stride);
+        }
         return;
     }
-    const char *base = c->w->data;
-    for (int64_t r = r0; r < r1; r++) c->k->vec_dot(c->w->ne0, &c->y[r], base + (size_t)r * c->w->row_bytes, c->xa);
-}
-
-static void gemm_task(void *arg, int ith, int nth) {
-    const struct mm_ctx *c = arg;
-    int64_t r0, r1;
-    split_rows(c->w->ne1, ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
-    if (c->k->gemm) {
-        c->k->gemm(c->w, r0, r1, c->xa, c->xa_stride, c->n, c->y, c->w->ne1);
+    if (c->n == 1 && k->gemv) {
+        k->gemv(w, r0, r1, c->xa, c->y);
+        return;
+    }
+    if (k->gemm) {
+        k->gemm(w, r0, r1, c->xa, c->xa_stride, c->n, c->y, w->ne1);
         return;
     }
     /* blocks of activation rows stay in cache while the weight rows stream */
-    const char *base = c->w->data;
+    const char *base = w->data;
     const char *xa = c->xa;
     for (int64_t t0 = 0; t0 < c->n; t0 += 16) {
         const int64_t t1 = EKV_MIN(c->n, t0 + 16);
         for (int64_t r = r0; r < r1; r++)
             for (int64_t t = t0; t < t1; t++)
-                c->k->vec_dot(c->w->ne0, &c->y[t * c->w->ne1 + r], base + (size_t)r * c->w->row_bytes,
-                              xa + (size_t)t * c->xa_stride);
+                k->vec_dot(w->ne0, &c->y[t * w->ne1 + r], base + (size_t)r * w->row_bytes,
+                           xa + (size_t)t * c->xa_stride);
+    }
+}
+
+static void product_task(void *arg, int ith, int nth) {
+    struct mm_ctx *c = arg;
+    (void)nth;
+    for (;;) {
+        const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        if (i >= c->n_chunks) return;
+        const int64_t r0 = i * c->chunk;
+        run_rows(c, ith, r0, EKV_MIN(c->w->ne1, r0 + c->chunk));
     }
 }
 
@@ -205,11 +278,12 @@ static enum ekv_status product(struct ekv_pool *p, const struct ekv_weight *w, c
         memset(y, 0, (size_t)n * (size_t)w->ne1 * sizeof(float));
         return EKV_OK;
     }
-    struct mm_ctx c = {.w = w, .k = kernels_for(w->type), .x = x, .n = n, .y = y};
     struct ekv_pool *pp = pool_for(p, w, n);
+    struct mm_ctx c = {.w = w, .k = kernels_for(w->type), .pool = pp, .x = x, .n = n, .y = y};
     if (c.k->quantize_act) {
         size_t rb, total;
-        if (!ekv_dtype_row_bytes(ekv_act_type(w->type), w->ne0, &rb) || !ekv_mul_ok(rb, (size_t)n, &total))
+        const int64_t nblk = w->ne0 / c.k->act_block;
+        if (!ekv_mul_ok((size_t)nblk, c.k->act_block_bytes, &rb) || !ekv_mul_ok(rb, (size_t)n, &total))
             return ekv_err(EKV_ERR_OVERFLOW, "%s: activation buffer size overflows", what);
         void *buf = ekv_pool_scratch_shared(p, total);
         if (!buf) return ekv_err(EKV_ERR_NOMEM, "%s: cannot allocate %zu bytes of activation scratch", what, total);
@@ -223,7 +297,19 @@ static enum ekv_status product(struct ekv_pool *p, const struct ekv_weight *w, c
         c.xa = x;
         c.xa_stride = (size_t)w->ne0 * sizeof(float);
     }
-    ekv_pool_run(pp, n == 1 ? gemv_task : gemm_task, &c);
+    if (w->layout == EKV_LAYOUT_X16 && !c.k->gemm_x16) {
+        for (int i = 0; i < ekv_pool_size(pp); i++)
+            if (!ekv_pool_scratch(pp, i, w->row_bytes))
+                return ekv_err(EKV_ERR_NOMEM, "%s: cannot allocate row scratch", what);
+    }
+    /* chunks: about 4 per thread, whole groups of 16 rows */
+    const int nth = ekv_pool_size(pp);
+    int64_t chunk = (w->ne1 + 4 * nth - 1) / (4 * nth);
+    chunk = EKV_MAX((int64_t)16, (chunk + 15) & ~(int64_t)15);
+    c.chunk = chunk;
+    c.n_chunks = (w->ne1 + chunk - 1) / chunk;
+    atomic_init(&c.next, 0);
+    ekv_pool_run(pp, product_task, &c);
     return EKV_OK;
 }
 
@@ -245,5 +331,15 @@ enum ekv_status ekv_weight_get_row(const struct ekv_weight *w, int64_t r, float 
         return ekv_err(EKV_ERR_INVALID_ARG, "get_row: row %lld out of range [0, %lld)", (long long)r,
                        (long long)w->ne1);
     if (!w->data || !dst) return ekv_err(EKV_ERR_INVALID_ARG, "get_row: NULL data or destination");
+    if (w->layout == EKV_LAYOUT_X16) {
+        enum ekv_status s = check_weight(w, "get_row");
+        if (s != EKV_OK) return s;
+        void *tmp = malloc(w->row_bytes);
+        if (!tmp) return ekv_err(EKV_ERR_NOMEM, "get_row: out of memory");
+        ekv_x16_unpack_row(w, r, tmp);
+        s = ekv_dequantize_row(w->type, tmp, dst, w->ne0);
+        free(tmp);
+        return s;
+    }
     return ekv_dequantize_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes, dst, w->ne0);
 }

@@ -60,6 +60,19 @@ void ekv_quant_q8_0(const float *src, void *dst, int64_t n) {
     }
 }
 
+void ekv_quant_q8_0x_ref(const float *src, void *dst, int64_t n, int bias) {
+    struct ekv_block_q8_0x *x = dst;
+    struct ekv_block_q8_0 b;
+    for (int64_t i = 0; i < n / EKV_QK8_0; i++, src += EKV_QK8_0) {
+        ekv_quant_q8_0(src, &b, EKV_QK8_0);
+        int32_t sum = 0;
+        for (int j = 0; j < EKV_QK8_0; j++) sum += b.qs[j];
+        x[i].d = ekv_fp16_to_f32(b.d);
+        x[i].c = -bias * sum;
+        memcpy(x[i].qs, b.qs, EKV_QK8_0);
+    }
+}
+
 void ekv_dequant_q8_0(const void *src, float *dst, int64_t n) {
     const struct ekv_block_q8_0 *b = src;
     for (int64_t i = 0; i < n / EKV_QK8_0; i++) {
@@ -461,14 +474,21 @@ enum ekv_dtype ekv_act_type(enum ekv_dtype t) {
 
 const struct ekv_type_kernels *ekv_kernels_ref(enum ekv_dtype t) {
     static const struct ekv_type_kernels none = {0};
-    static const struct ekv_type_kernels f32 = {ekv_dot_f32_f32_ref, NULL, NULL, NULL};
-    static const struct ekv_type_kernels f16 = {ekv_dot_f16_f32_ref, NULL, NULL, NULL};
-    static const struct ekv_type_kernels bf16 = {ekv_dot_bf16_f32_ref, NULL, NULL, NULL};
-    static const struct ekv_type_kernels q8_0 = {ekv_dot_q8_0_q8_0_ref, NULL, NULL, ekv_quant_q8_0};
-    static const struct ekv_type_kernels q4_0 = {ekv_dot_q4_0_q8_0_ref, NULL, NULL, ekv_quant_q8_0};
-    static const struct ekv_type_kernels q4_K = {ekv_dot_q4_K_q8_K_ref, NULL, NULL, ekv_quant_q8_K};
-    static const struct ekv_type_kernels q5_K = {ekv_dot_q5_K_q8_K_ref, NULL, NULL, ekv_quant_q8_K};
-    static const struct ekv_type_kernels q6_K = {ekv_dot_q6_K_q8_K_ref, NULL, NULL, ekv_quant_q8_K};
+#define REF(dot, q, bytes, blk) {.vec_dot = dot, .quantize_act = q, .act_block_bytes = bytes, .act_block = blk}
+    static const struct ekv_type_kernels f32 = REF(ekv_dot_f32_f32_ref, NULL, 0, 1);
+    static const struct ekv_type_kernels f16 = REF(ekv_dot_f16_f32_ref, NULL, 0, 1);
+    static const struct ekv_type_kernels bf16 = REF(ekv_dot_bf16_f32_ref, NULL, 0, 1);
+    static const struct ekv_type_kernels q8_0 =
+        REF(ekv_dot_q8_0_q8_0_ref, ekv_quant_q8_0, sizeof(struct ekv_block_q8_0), EKV_QK8_0);
+    static const struct ekv_type_kernels q4_0 =
+        REF(ekv_dot_q4_0_q8_0_ref, ekv_quant_q8_0, sizeof(struct ekv_block_q8_0), EKV_QK8_0);
+    static const struct ekv_type_kernels q4_K =
+        REF(ekv_dot_q4_K_q8_K_ref, ekv_quant_q8_K, sizeof(struct ekv_block_q8_K), EKV_QK_K);
+    static const struct ekv_type_kernels q5_K =
+        REF(ekv_dot_q5_K_q8_K_ref, ekv_quant_q8_K, sizeof(struct ekv_block_q8_K), EKV_QK_K);
+    static const struct ekv_type_kernels q6_K =
+        REF(ekv_dot_q6_K_q8_K_ref, ekv_quant_q8_K, sizeof(struct ekv_block_q8_K), EKV_QK_K);
+#undef REF
     switch (t) {
     case EKV_F32: return &f32;
     case EKV_F16: return &f16;

@@ -70,6 +70,23 @@ struct ekv_block_q8_K {
     int16_t bsums[EKV_QK_K / 16];
 };
 
+/* Q8_0 activation block of the SIMD kernels: the values ekv_quant_q8_0
+ * writes, with the scale already widened (d = the fp16 scale as a float,
+ * the same number) and c = -bias * sum(qs), the correction an unsigned x
+ * signed int8 dot needs when the weights are stored biased by +bias (128
+ * for X16 Q8_0, 8 for Q4_0 nibbles). 40 bytes. */
+struct ekv_block_q8_0x {
+    float d;
+    int32_t c;
+    int8_t qs[EKV_QK8_0];
+};
+
+/* Bytes of one block column of one group of 16 rows in EKV_LAYOUT_X16:
+ * 16 fp16 scales, then the quants. */
+#define EKV_X16_Q8_0_BYTES (32 + 16 * 32)
+#define EKV_X16_Q4_0_BYTES (32 + 16 * 16)
+
+_Static_assert(sizeof(struct ekv_block_q8_0x) == 40, "q8_0x size");
 _Static_assert(sizeof(struct ekv_block_q8_0) == 34, "q8_0 size");
 _Static_assert(sizeof(struct ekv_block_q4_0) == 18, "q4_0 size");
 _Static_assert(sizeof(struct ekv_block_q4_K) == 144, "q4_K size");
@@ -122,33 +139,59 @@ void ekv_dot_q5_K_q8_K_ref(int64_t n, float *s, const void *w, const void *xa);
 void ekv_dot_q6_K_q8_K_ref(int64_t n, float *s, const void *w, const void *xa);
 
 /* ---- row-range drivers (what a thread runs) ----
- * gemv: y[r] = W[r] . xa for r in [r0, r1).
  * gemm: y[t*ldy + r] = W[r] . xa_t for r in [r0, r1), t < n, where
- *       activation row t starts at (const char *)xa + t * xa_stride. */
+ *       activation row t starts at (const char *)xa + t * xa_stride;
+ *       for EKV_LAYOUT_X16 weights r0 and r1 are multiples of 16 (or r1 = ne1).
+ * gemv: the same for n = 1 (optional; gemm serves otherwise). */
 typedef void (*ekv_gemv_fn)(const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, float *y);
 typedef void (*ekv_gemm_fn)(const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa,
                             size_t xa_stride, int64_t n, float *y, int64_t ldy);
 
 /* One weight type's kernels on one ISA. NULL gemv/gemm: matmul.c loops
- * over vec_dot. */
+ * over vec_dot; NULL gemm_x16: matmul.c unpacks X16 rows and uses vec_dot. */
 struct ekv_type_kernels {
     ekv_vec_dot_fn vec_dot;
     ekv_gemv_fn gemv;
-    ekv_gemm_fn gemm;
+    ekv_gemm_fn gemm;       /* EKV_LAYOUT_ROWS */
+    ekv_gemm_fn gemm_x16;   /* EKV_LAYOUT_X16 */
     /* converts n floats to the activation format (NULL for F32 activations) */
     void (*quantize_act)(const float *src, void *dst, int64_t n);
+    /* activation format: bytes per block of act_block elements (0: floats) */
+    size_t act_block_bytes;
+    int act_block;
 };
 
-/* Activation format of weight type t: EKV_F32, EKV_Q8_0 or EKV_Q8_K. */
+/* Activation format of weight type t in the reference kernels: EKV_F32,
+ * EKV_Q8_0 or EKV_Q8_K. */
 enum ekv_dtype ekv_act_type(enum ekv_dtype t);
 
 /* Reference table entry (quant.c); zeroed for types ekv cannot compute. */
 const struct ekv_type_kernels *ekv_kernels_ref(enum ekv_dtype t);
-/* AVX2 table entry (matmul_avx2.c), NULL members fall back to the
- * reference; the whole function is only called when the CPU has AVX2+FMA+F16C. */
+
+/* SIMD levels, each a superset of the one before. */
+enum ekv_isa { EKV_ISA_REF = 0, EKV_ISA_AVX2 = 1, EKV_ISA_AVXVNNI = 2, EKV_ISA_AVX512 = 3, EKV_ISA_COUNT };
+/* The best level this CPU (and OS) runs. */
+enum ekv_isa ekv_cpu_isa(void);
+/* Table entries per level, each filled over the level below (NULL members
+ * fall back); called only when the CPU runs the level.
+ * AVX2 = AVX2+FMA+F16C; AVX-VNNI adds vpdpbusd on 256 bits; AVX-512 =
+ * F/BW/VL/DQ + VNNI. */
 void ekv_kernels_avx2_fill(enum ekv_dtype t, struct ekv_type_kernels *k);
+void ekv_kernels_avxvnni_fill(enum ekv_dtype t, struct ekv_type_kernels *k);
+void ekv_kernels_avx512_fill(enum ekv_dtype t, struct ekv_type_kernels *k);
 /* true when the AVX2 sources were compiled in and the CPU runs them */
 bool ekv_cpu_has_avx2(void);
+
+/* X16 layout (repack.c): row r of w (any layout) in GGUF row form, written
+ * to dst (w->row_bytes bytes). */
+void ekv_x16_unpack_row(const struct ekv_weight *w, int64_t r, void *dst);
+
+/* Q8_0x activation quantisers (q8_avx2.c): the same values as
+ * ekv_quant_q8_0 with c for weights biased by 128 (Q8_0 X16) or 8 (Q4_0). */
+void ekv_quant_q8_0x128_avx2(const float *src, void *dst, int64_t n);
+void ekv_quant_q8_0x8_avx2(const float *src, void *dst, int64_t n);
+/* Reference of the same (quant.c). */
+void ekv_quant_q8_0x_ref(const float *src, void *dst, int64_t n, int bias);
 
 /* Element-wise ops with SIMD variants (ops.c holds the references). */
 float ekv_dot_f32_ref(const float *a, const float *b, int64_t n);
@@ -162,8 +205,6 @@ void ekv_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
 void ekv_rmsnorm_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
 void ekv_softmax_avx2(float *x, int64_t n);
 void ekv_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n);
-/* Q8_0 activation quantisation (matmul_avx2.c), bit-identical to ekv_quant_q8_0. */
-void ekv_quant_q8_0_avx2(const float *src, void *dst, int64_t n);
 
 /* True when the SIMD paths are in use (CPU support and not forced off). */
 bool ekv_kernels_simd(void);
