@@ -80,13 +80,20 @@ bool ekv_weight_can_repack(const struct ekv_weight *w);
  * ne1 * row_bytes; dst may equal w->data: in place) and sets w->data = dst
  * and w->layout. The values are unchanged: products give the same bits. */
 enum ekv_status ekv_weight_repack(struct ekv_weight *w, void *dst);
-/* Repacks in place weights that live in a read-only private file mapping
- * (the model's mmap): their pages are made writable for the copy (private
- * copy-on-write pages replace the file's pages, so resident memory does
- * not grow) and read-only again. n weights; duplicates (the same data
- * pointer twice, e.g. tied embeddings) are repacked once and every copy
- * gets the new layout. Weights that cannot be repacked are left alone. */
-enum ekv_status ekv_weights_repack_mapped(struct ekv_weight *const *ws, int n);
+/* Memory holding repacked weights (owned by whoever loaded the model). */
+struct ekv_repack_arena {
+    void *base;
+    size_t bytes;
+};
+/* Repacks the weights among ws[0..n) that can be (ekv_weight_can_repack)
+ * into one new anonymous arena, and releases the pages of their old bytes
+ * from the process when those lie in a read-only file mapping (madvise
+ * MADV_DONTNEED: the file is re-read if they are ever touched again), so
+ * resident memory holds one copy. Weights sharing a data pointer (tied
+ * embeddings) are repacked once and all point at the copy. Others are left
+ * alone. *arena receives the memory (free with ekv_repack_arena_free). */
+enum ekv_status ekv_weights_repack_mapped(struct ekv_weight *const *ws, int n, struct ekv_repack_arena *arena);
+void ekv_repack_arena_free(struct ekv_repack_arena *arena);
 
 /* True when matvec/matmul/dequantize handle the type. */
 bool ekv_dtype_can_compute(enum ekv_dtype t);

@@ -156,8 +156,10 @@ EKV_INLINE void rows_gemm(enum qk k, const struct ekv_weight *w, int64_t r0, int
             for (; t + 4 <= t1; t += 4) {
                 const struct ekv_block_q8_0x *xr[4];
                 float o[4];
+                #pragma GCC unroll 16
                 for (int i = 0; i < 4; i++) xr[i] = (const void *)((const char *)xa + (size_t)(t + i) * xs);
                 rdot1x4(k, nb, row, xr, o);
+                #pragma GCC unroll 16
                 for (int i = 0; i < 4; i++) y[(t + i) * ldy + r] = o[i];
             }
             for (; t < t1; t++) y[t * ldy + r] = rdot(k, nb, row, (const void *)((const char *)xa + (size_t)t * xs));
@@ -174,6 +176,7 @@ EKV_INLINE __m256i xdot(enum qk k, const uint8_t *o, int h, const struct ekv_blo
 #if Q8_VNNI
     __m256i acc = _mm256_set1_epi32(xb->c);
     if (k == QK8) {
+        #pragma GCC unroll 16
         for (int j = 0; j < 8; j++) {
             int32_t x4;
             memcpy(&x4, xb->qs + 4 * j, 4);
@@ -181,6 +184,7 @@ EKV_INLINE __m256i xdot(enum qk k, const uint8_t *o, int h, const struct ekv_blo
         }
     } else {
         const __m256i m4 = _mm256_set1_epi8(0xF);
+        #pragma GCC unroll 16
         for (int j = 0; j < 4; j++) {
             int32_t lo, hi;
             memcpy(&lo, xb->qs + 4 * j, 4);
@@ -197,6 +201,7 @@ EKV_INLINE __m256i xdot(enum qk k, const uint8_t *o, int h, const struct ekv_blo
          * of 255 x 127 pairs would saturate) */
         const __m256i bias = _mm256_set1_epi8((char)0x80);
         __m256i acc = _mm256_setzero_si256();
+        #pragma GCC unroll 16
         for (int j = 0; j < 8; j++) {
             int32_t x4;
             memcpy(&x4, xb->qs + 4 * j, 4);
@@ -207,6 +212,7 @@ EKV_INLINE __m256i xdot(enum qk k, const uint8_t *o, int h, const struct ekv_blo
     }
     const __m256i m4 = _mm256_set1_epi8(0xF);
     __m256i acc = _mm256_set1_epi32(xb->c);
+    #pragma GCC unroll 16
     for (int j = 0; j < 4; j++) {
         int32_t lo, hi;
         memcpy(&lo, xb->qs + 4 * j, 4);
@@ -224,16 +230,19 @@ EKV_INLINE void xtile(enum qk k, int T, int64_t nb, const uint8_t *g, int h, con
                       float *y, int64_t ldy) {
     const size_t gb = k == QK8 ? EKV_X16_Q8_0_BYTES : EKV_X16_Q4_0_BYTES;
     __m256 acc[4];
+    #pragma GCC unroll 16
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = g + (size_t)b * gb;
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(o + 16 * h)));
+        #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
             const struct ekv_block_q8_0x *xb = x[t] + b;
             const __m256 s = _mm256_cvtepi32_ps(xdot(k, o, h, xb));
             acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(s, _mm256_mul_ps(dw, _mm256_set1_ps(xb->d))));
         }
     }
+    #pragma GCC unroll 16
     for (int t = 0; t < T; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 }
 
@@ -249,6 +258,7 @@ EKV_INLINE void x16_gemm(enum qk k, const struct ekv_weight *w, int64_t r0, int6
                 int64_t t = t0;
                 const struct ekv_block_q8_0x *xr[4];
                 for (; t + 4 <= t1; t += 4) {
+                    #pragma GCC unroll 16
                     for (int i = 0; i < 4; i++) xr[i] = (const void *)((const char *)xa + (size_t)(t + i) * xs);
                     xtile(k, 4, nb, g, h, xr, y + t * ldy + r + 8 * h, ldy);
                 }

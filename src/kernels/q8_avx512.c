@@ -35,15 +35,18 @@ EKV_INLINE void xtile(enum qk k, int T, int64_t nb, const uint8_t *g, const stru
                       float *y, int64_t ldy) {
     const size_t gb = k == QK8 ? EKV_X16_Q8_0_BYTES : EKV_X16_Q4_0_BYTES;
     __m512 acc[TMAX];
+    #pragma GCC unroll 16
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = g + (size_t)b * gb;
         if (T == 1) _mm_prefetch((const char *)o + 8 * gb, _MM_HINT_T0);
         __m512i w[8];
         if (k == QK8) {
+            #pragma GCC unroll 16
             for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(o + 32 + 64 * j));
         } else {
             const __m512i m4 = _mm512_set1_epi8(0xF);
+            #pragma GCC unroll 16
             for (int j = 0; j < 4; j++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(o + 32 + 64 * j));
                 w[j] = _mm512_and_si512(v, m4);
@@ -51,6 +54,7 @@ EKV_INLINE void xtile(enum qk k, int T, int64_t nb, const uint8_t *g, const stru
             }
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)o));
+        #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
             const struct ekv_block_q8_0x *xb = x[t] + b;
             __m512i s;
@@ -64,12 +68,14 @@ EKV_INLINE void xtile(enum qk k, int T, int64_t nb, const uint8_t *g, const stru
                 s = _mm512_add_epi32(a0, a1);
             } else {
                 s = _mm512_set1_epi32(xb->c);
+                #pragma GCC unroll 16
                 for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, w[j], bcast4(xb->qs + 4 * j));
             }
             const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(xb->d));
             acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc));
         }
     }
+    #pragma GCC unroll 16
     for (int t = 0; t < T; t++) _mm512_storeu_ps(y + t * ldy, acc[t]);
 }
 
@@ -91,13 +97,14 @@ EKV_INLINE void x16_gemm(enum qk k, const struct ekv_weight *w, int64_t r0, int6
                          int64_t n, float *y, int64_t ldy) {
     const int64_t nb = w->ne0 / EKV_QK8_0;
     const uint8_t *base = w->data;
-    const struct ekv_block_q8_0x *xr[TMAX];
+    const struct ekv_block_q8_0x *xr[TMAX] = {NULL};
     for (int64_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
         const int64_t t1 = EKV_MIN(n, t0 + TOK_BLOCK);
         for (int64_t r = r0; r < r1; r += 16) {
             const uint8_t *g = base + (size_t)r * w->row_bytes;
             for (int64_t t = t0; t < t1; t += TMAX) {
                 const int T = (int)EKV_MIN((int64_t)TMAX, t1 - t);
+                #pragma GCC unroll 16
                 for (int i = 0; i < T; i++) xr[i] = (const void *)((const char *)xa + (size_t)(t + i) * xs);
                 xtile_n(k, T, nb, g, xr, y + t * ldy + r, ldy);
             }

@@ -11,11 +11,12 @@
  * (Q4_0) bytes: exactly the bytes of the 16 rows, so the layout fits in
  * the same memory and can replace the file's bytes in place.
  *
- * In place in the model's mapping: the mapping is private, so writing to
- * it turns each touched page into an anonymous copy and drops the file
- * page from the process — resident memory stays one copy of the weights
- * (llama.cpp's repack keeps the mapped file and a repacked copy). The file
- * on disk is never written.
+ * At model load (ekv_weights_repack_mapped) the matrices are copied into
+ * one anonymous arena in the new layout and the file pages they came from
+ * are released from the process (madvise MADV_DONTNEED on the read-only
+ * mapping), so resident memory stays one copy of the weights — llama.cpp's
+ * repack keeps the mapped file resident beside its repacked copy. The
+ * file and its mapping are never written.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -44,11 +45,15 @@ static void pack_group(enum ekv_dtype t, int64_t nb, const uint8_t *src, size_t 
         uint8_t *o = dst + (size_t)b * gb;
         for (int i = 0; i < 16; i++) {
             const uint8_t *row = src + (size_t)i * row_bytes;
+            uint32_t v;
             if (t == EKV_Q8_0) {
                 const struct ekv_block_q8_0 *blk = (const struct ekv_block_q8_0 *)(const void *)row + b;
                 memcpy(o + 2 * i, &blk->d, 2);
-                for (int k = 0; k < 8; k++)
-                    for (int j = 0; j < 4; j++) o[32 + 64 * k + 4 * i + j] = (uint8_t)(blk->qs[4 * k + j] ^ 0x80);
+                for (int k = 0; k < 8; k++) {
+                    memcpy(&v, blk->qs + 4 * k, 4);
+                    v ^= 0x80808080u; /* int8 w -> uint8 w + 128 */
+                    memcpy(o + 32 + 64 * k + 4 * i, &v, 4);
+                }
             } else {
                 const struct ekv_block_q4_0 *blk = (const struct ekv_block_q4_0 *)(const void *)row + b;
                 memcpy(o + 2 * i, &blk->d, 2);
@@ -85,13 +90,20 @@ void ekv_x16_unpack_row(const struct ekv_weight *w, int64_t r, void *dst) {
 enum ekv_status ekv_weight_repack(struct ekv_weight *w, void *dst) {
     if (!ekv_weight_can_repack(w) || !dst)
         return ekv_err(EKV_ERR_INVALID_ARG, "repack: weight is not a packed Q8_0/Q4_0 matrix of 16k rows");
-    const size_t group = 16 * w->row_bytes;
-    uint8_t *tmp = malloc(group);
-    if (!tmp) return ekv_err(EKV_ERR_NOMEM, "repack: out of memory for %zu bytes", group);
+    const size_t group = 16 * w->row_bytes, total = (size_t)w->ne1 * w->row_bytes;
+    const uint8_t *src = w->data;
+    /* in place (overlapping) needs each group copied out first */
+    const bool overlap = (const uint8_t *)dst < src + total && src < (const uint8_t *)dst + total;
+    uint8_t *tmp = overlap ? malloc(group) : NULL;
+    if (overlap && !tmp) return ekv_err(EKV_ERR_NOMEM, "repack: out of memory for %zu bytes", group);
     const int64_t nb = w->ne0 / EKV_QK8_0;
     for (int64_t g = 0; g < w->ne1 / 16; g++) {
-        memcpy(tmp, (const uint8_t *)w->data + (size_t)g * group, group);
-        pack_group(w->type, nb, tmp, w->row_bytes, (uint8_t *)dst + (size_t)g * group);
+        const uint8_t *gs = src + (size_t)g * group;
+        if (tmp) {
+            memcpy(tmp, gs, group);
+            gs = tmp;
+        }
+        pack_group(w->type, nb, gs, w->row_bytes, (uint8_t *)dst + (size_t)g * group);
     }
     free(tmp);
     w->data = dst;
@@ -99,24 +111,53 @@ enum ekv_status ekv_weight_repack(struct ekv_weight *w, void *dst) {
     return EKV_OK;
 }
 
-enum ekv_status ekv_weights_repack_mapped(struct ekv_weight *const *ws, int n) {
+enum ekv_status ekv_weights_repack_mapped(struct ekv_weight *const *ws, int n, struct ekv_repack_arena *arena) {
+    memset(arena, 0, sizeof *arena);
+    /* one anonymous arena for all repacked matrices, 64-byte aligned each */
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (!ekv_weight_can_repack(ws[i])) continue;
+        bool dup = false;
+        for (int j = 0; j < i; j++) dup = dup || (ws[j]->data == ws[i]->data && ekv_weight_can_repack(ws[j]));
+        if (dup) continue;
+        size_t sz;
+        if (!ekv_mul_ok((size_t)ws[i]->ne1, ws[i]->row_bytes, &sz) || !ekv_add_ok(total, (sz + 63) & ~(size_t)63, &total))
+            return ekv_err(EKV_ERR_OVERFLOW, "repack: weight sizes overflow");
+    }
+    if (total == 0) return EKV_OK;
+    void *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (base == MAP_FAILED) return ekv_err(EKV_ERR_NOMEM, "repack: cannot map %zu bytes", total);
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    size_t off = 0;
     for (int i = 0; i < n; i++) {
         struct ekv_weight *w = ws[i];
         if (!ekv_weight_can_repack(w)) continue;
         const void *orig = w->data;
-        const uintptr_t a = (uintptr_t)orig & ~(page - 1);
-        const uintptr_t e = ((uintptr_t)orig + (size_t)w->ne1 * w->row_bytes + page - 1) & ~(page - 1);
-        /* a mapping that cannot be made writable keeps the rows layout */
-        if (mprotect((void *)a, e - a, PROT_READ | PROT_WRITE) != 0) continue;
-        enum ekv_status s = ekv_weight_repack(w, (void *)(uintptr_t)orig);
-        mprotect((void *)a, e - a, PROT_READ);
-        if (s != EKV_OK) return s;
+        const size_t sz = (size_t)w->ne1 * w->row_bytes;
+        enum ekv_status s = ekv_weight_repack(w, (char *)base + off);
+        if (s != EKV_OK) {
+            munmap(base, total);
+            return s;
+        }
+        off += (sz + 63) & ~(size_t)63;
         /* every other view of the same bytes (tied embeddings) follows */
         for (int j = 0; j < n; j++)
-            if (ws[j] != w && ws[j]->data == orig && ws[j]->layout == EKV_LAYOUT_ROWS &&
-                ws[j]->type == w->type && ws[j]->ne0 == w->ne0 && ws[j]->ne1 == w->ne1)
+            if (ws[j] != w && ws[j]->data == orig && ws[j]->layout == EKV_LAYOUT_ROWS && ws[j]->type == w->type &&
+                ws[j]->ne0 == w->ne0 && ws[j]->ne1 == w->ne1 && ws[j]->row_bytes == w->row_bytes) {
+                ws[j]->data = w->data;
                 ws[j]->layout = EKV_LAYOUT_X16;
+            }
+        /* the file's pages of this matrix leave the process (they were only
+         * read; another access would read the file again) */
+        const uintptr_t a = ((uintptr_t)orig + page - 1) & ~(page - 1), e = ((uintptr_t)orig + sz) & ~(page - 1);
+        if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
     }
+    arena->base = base;
+    arena->bytes = total;
     return EKV_OK;
+}
+
+void ekv_repack_arena_free(struct ekv_repack_arena *arena) {
+    if (arena && arena->base) munmap(arena->base, arena->bytes);
+    if (arena) memset(arena, 0, sizeof *arena);
 }

@@ -231,6 +231,28 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
     return ekv_model_finish(m);
 }
 
+/* The int8 kernels read Q8_0/Q4_0 matrices 16 rows at a time from an
+ * interleaved layout (src/kernels/repack.c): rearranged once here into
+ * m->repacked, the file's pages of those matrices released, so resident
+ * memory stays one copy of the weights. The token embedding is only read
+ * row by row, unless tied to the output. */
+static enum ekv_status repack_weights(struct ekv_model *m) {
+    const int per_layer = 7, n_max = 2 + per_layer * m->info.n_layer;
+    struct ekv_weight **ws = malloc((size_t)n_max * sizeof *ws);
+    if (!ws) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    int n = 0;
+    ws[n++] = &m->output;
+    if (m->info.tied_output) ws[n++] = &m->tok_embd;
+    for (int32_t l = 0; l < m->info.n_layer; l++) {
+        struct ekv_layer_weights *L = &m->layers[l];
+        struct ekv_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < per_layer; i++) ws[n++] = lw[i];
+    }
+    enum ekv_status s = ekv_weights_repack_mapped(ws, n, &m->repacked);
+    free(ws);
+    return s;
+}
+
 /* ---- public API ---- */
 
 static bool is_gguf_file(const char *path, enum ekv_status *st) {
@@ -258,6 +280,7 @@ enum ekv_status ekv_model_load(const char *path, const struct ekv_model_params *
     enum ekv_status s;
     bool gguf = is_gguf_file(path, &s);
     if (s == EKV_OK) s = gguf ? ekv_model_load_gguf(m, path) : ekv_model_load_llama2c(m, path, p.tokenizer_path);
+    if (s == EKV_OK && gguf && !p.no_repack) s = repack_weights(m);
     if (s != EKV_OK) {
         ekv_model_free(m);
         return s;
@@ -268,6 +291,7 @@ enum ekv_status ekv_model_load(const char *path, const struct ekv_model_params *
 
 void ekv_model_free(struct ekv_model *m) {
     if (!m) return;
+    ekv_repack_arena_free(&m->repacked);
     ekv_gguf_close(m->gguf);
     if (m->map) ekv_llama2c_unmap(m->map, m->map_size);
     ekv_vocab_free(m->vocab);

@@ -47,6 +47,7 @@ struct ekv_model {
     const float *output_norm;    /* [n_embd] */
     struct ekv_layer_weights *layers; /* [n_layer] */
 
+    struct ekv_repack_arena repacked; /* Q8_0/Q4_0 matrices in the X16 layout (owned) */
     float *vecs;                 /* owned f32 copies of all 1-D tensors (norms, biases) */
     size_t vecs_len;
     size_t vecs_used;

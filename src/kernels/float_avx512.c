@@ -1,0 +1,154 @@
+/*
+ * float_avx512.c — AVX-512 products of F32, F16 and BF16 weights with
+ * float activations: register tiles of up to 4 weight rows x 6 activation
+ * rows (24 zmm accumulators), half precision widened with vcvtph2ps.
+ *
+ * Per output the operations are those of the AVX2 kernels
+ * (matmul_avx2.c): one 16-lane accumulator over steps of 16 columns (the
+ * AVX2 code's two 8-lane accumulators side by side), one step of 8 on the
+ * low lanes, the two halves added, the same 8-lane horizontal sum, then
+ * the remaining columns in order. So this path gives the AVX2 path's bits,
+ * whatever the tile (matmul == matvec, any thread count).
+ */
+#include <immintrin.h>
+
+#include "core/util.h"
+#include "kernels/avx2_util.h"
+#include "kernels/quant.h"
+
+#define EKV_INLINE static inline __attribute__((always_inline))
+#define RMAX 4
+#define TMAX 6
+#define TOK_BLOCK 48
+
+enum fkind { FK_F32, FK_F16, FK_BF16 };
+
+EKV_INLINE __m512 wload16(enum fkind k, const void *row, int64_t i) {
+    switch (k) {
+    case FK_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)row + i)));
+    case FK_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)row + i))), 16));
+    default: return _mm512_loadu_ps((const float *)row + i);
+    }
+}
+
+/* 8 columns into the low lanes (high lanes zero). */
+EKV_INLINE __m512 wload8(enum fkind k, const void *row, int64_t i) {
+    __m256 v;
+    switch (k) {
+    case FK_F16: v = ekv_load_f16x8((const uint16_t *)row + i); break;
+    case FK_BF16: v = ekv_load_bf16x8((const uint16_t *)row + i); break;
+    default: v = _mm256_loadu_ps((const float *)row + i); break;
+    }
+    return _mm512_castps256_ps512(v);
+}
+
+EKV_INLINE float wscalar(enum fkind k, const void *row, int64_t i) {
+    switch (k) {
+    case FK_F16: return _cvtsh_ss(((const uint16_t *)row)[i]);
+    case FK_BF16: return ekv_bf16_to_f32(((const uint16_t *)row)[i]);
+    default: return ((const float *)row)[i];
+    }
+}
+
+/* R weight rows x T activation rows: out[t * ldo + r]. */
+EKV_INLINE void ftile(enum fkind k, int R, int T, int64_t n, const void *const *w, const float *const *x, float *out,
+                      int64_t ldo) {
+    __m512 acc[RMAX][TMAX];
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 xv[TMAX];
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(x[t] + i);
+        #pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            const __m512 wv = wload16(k, w[r], i);
+            #pragma GCC unroll 16
+            for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    if (i + 8 <= n) {
+        #pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            const __m512 wv = wload8(k, w[r], i);
+            #pragma GCC unroll 16
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm512_mask3_fmadd_ps(wv, _mm512_castps256_ps512(_mm256_loadu_ps(x[t] + i)), acc[r][t],
+                                                  (__mmask16)0x00FF);
+        }
+        i += 8;
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            const __m512 a = acc[r][t];
+            float s = ekv_hsum8(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)));
+            for (int64_t j = i; j < n; j++) s += wscalar(k, w[r], j) * x[t][j];
+            out[t * ldo + r] = s;
+        }
+}
+
+#define FT_CASE(R, T) \
+    case (R) * 8 + (T): ftile(k, R, T, n, w, x, out, ldo); break;
+
+EKV_INLINE void ftile_n(enum fkind k, int R, int T, int64_t n, const void *const *w, const float *const *x, float *out,
+                        int64_t ldo) {
+    switch (R * 8 + T) {
+        FT_CASE(1, 1) FT_CASE(1, 2) FT_CASE(1, 3) FT_CASE(1, 4) FT_CASE(1, 5) FT_CASE(1, 6)
+        FT_CASE(2, 1) FT_CASE(2, 2) FT_CASE(2, 3) FT_CASE(2, 4) FT_CASE(2, 5) FT_CASE(2, 6)
+        FT_CASE(3, 1) FT_CASE(3, 2) FT_CASE(3, 3) FT_CASE(3, 4) FT_CASE(3, 5) FT_CASE(3, 6)
+        FT_CASE(4, 1) FT_CASE(4, 2) FT_CASE(4, 3) FT_CASE(4, 4) FT_CASE(4, 5) FT_CASE(4, 6)
+    default: break;
+    }
+}
+
+EKV_INLINE void fgemm(enum fkind k, const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, size_t xs,
+                      int64_t n, float *y, int64_t ldy) {
+    const void *wr[RMAX] = {NULL};
+    const float *xr[TMAX] = {NULL};
+    for (int64_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
+        const int64_t t1 = EKV_MIN(n, t0 + TOK_BLOCK);
+        for (int64_t r = r0; r < r1; r += RMAX) {
+            const int R = (int)EKV_MIN((int64_t)RMAX, r1 - r);
+            #pragma GCC unroll 16
+            for (int i = 0; i < R; i++) wr[i] = (const char *)w->data + (size_t)(r + i) * w->row_bytes;
+            for (int64_t t = t0; t < t1; t += TMAX) {
+                const int T = (int)EKV_MIN((int64_t)TMAX, t1 - t);
+                #pragma GCC unroll 16
+                for (int i = 0; i < T; i++) xr[i] = (const float *)(const void *)((const char *)xa + (size_t)(t + i) * xs);
+                ftile_n(k, R, T, w->ne0, wr, xr, y + t * ldy + r, ldy);
+            }
+        }
+    }
+}
+
+#define DEFINE_FLOAT(name, K)                                                                              \
+    static void gemm_##name(const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, size_t xs, \
+                            int64_t n, float *y, int64_t ldy) {                                            \
+        fgemm(K, w, r0, r1, xa, xs, n, y, ldy);                                                            \
+    }                                                                                                      \
+    static void dot_##name(int64_t n, float *s, const void *wrow, const void *xa) {                        \
+        const void *wr[1] = {wrow};                                                                        \
+        const float *xr[1] = {xa};                                                                         \
+        ftile(K, 1, 1, n, wr, xr, s, 1);                                                                   \
+    }
+
+DEFINE_FLOAT(f32, FK_F32)
+DEFINE_FLOAT(f16, FK_F16)
+DEFINE_FLOAT(bf16, FK_BF16)
+
+void ekv_float_fill_avx512(enum ekv_dtype t, struct ekv_type_kernels *k);
+void ekv_float_fill_avx512(enum ekv_dtype t, struct ekv_type_kernels *k) {
+    switch (t) {
+    case EKV_F32: k->vec_dot = dot_f32; k->gemv = NULL; k->gemm = gemm_f32; break;
+    case EKV_F16: k->vec_dot = dot_f16; k->gemv = NULL; k->gemm = gemm_f16; break;
+    case EKV_BF16: k->vec_dot = dot_bf16; k->gemv = NULL; k->gemm = gemm_bf16; break;
+    default: break;
+    }
+}
