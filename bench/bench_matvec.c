@@ -3,7 +3,10 @@
  * ekv's kernels for one weight shape and type: weight GB/s for matvec
  * (what decoding is bound by) and GFLOP/s for matmul (prefill).
  *
- *   bench_matvec [type=q8_0] [rows=5632] [cols=2048] [threads=1] [prefill_rows=64] [ref]
+ *   bench_matvec [type=q8_0] [rows=5632] [cols=2048] [threads=1] [prefill_rows=64] [ref|x16]
+ *
+ * x16: Q8_0/Q4_0 weights repacked as the model loader does (EKV_LAYOUT_X16);
+ * ref: the plain-C kernels. EKV_ISA=avx2|avxvnni|avx512 caps the SIMD level.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +34,7 @@ int main(int argc, char **argv) {
     const int nth = argc > 4 ? atoi(argv[4]) : 1;
     const int64_t np = argc > 5 ? atoll(argv[5]) : 64;
     if (argc > 6 && strcmp(argv[6], "ref") == 0) ekv_kernels_use_reference(true);
+    const bool x16 = argc > 6 && strcmp(argv[6], "x16") == 0;
     size_t rb;
     if (!ekv_dtype_can_compute(t) || !ekv_dtype_row_bytes(t, ne0, &rb) || ne1 <= 0 || nth < 1 || np < 1) {
         fprintf(stderr, "bad arguments\n");
@@ -47,6 +51,10 @@ int main(int argc, char **argv) {
     struct ekv_pool *pool = NULL;
     if (ekv_pool_new(nth, &pool) != EKV_OK) return 1;
     struct ekv_weight wt = {.type = t, .ne0 = ne0, .ne1 = ne1, .row_bytes = rb, .data = w};
+    if (x16 && ekv_weight_repack(&wt, w) != EKV_OK) {
+        fprintf(stderr, "cannot repack: %s\n", ekv_last_error());
+        return 2;
+    }
     ekv_matvec(pool, &wt, x, y);
     /* best and mean of repeated runs over about a second each (the best is
      * the less noisy figure on a shared machine) */
@@ -61,8 +69,8 @@ int main(int argc, char **argv) {
         reps++;
     } while (total < 1.0);
     const double bytes = (double)rb * ne1;
-    printf("%s %s matvec [%lld x %lld] %d thread(s): best %.3f ms = %.2f GB/s, mean %.3f ms = %.2f GB/s\n",
-           ekv_dtype_name(t), ekv_kernels_isa(), (long long)ne1, (long long)ne0, nth, best * 1e3,
+    printf("%s%s %s matvec [%lld x %lld] %d thread(s): best %.3f ms = %.2f GB/s, mean %.3f ms = %.2f GB/s\n",
+           ekv_dtype_name(t), x16 ? " x16" : "", ekv_kernels_isa(), (long long)ne1, (long long)ne0, nth, best * 1e3,
            bytes / best / 1e9, total / reps * 1e3, bytes * reps / total / 1e9);
     best = 1e30;
     total = 0;

@@ -14,7 +14,10 @@
  * sizes 1 to 6, 1 and 2 threads) gives each sequence the same logits, bit
  * for bit, as decoding it alone, and a prompt read in one forward gives the
  * logits of feeding it token by token — on the bundled stories260K model
- * (F32; both kernel paths) and, when ../shared is present, ekv-ref-28m (F16).
+ * (F32; both kernel paths) and, when ../shared is present, ekv-ref-28m
+ * (F16) and ekv-ref-28m converted to Q8_0 and Q4_0 here (matrices the
+ * loader repacks: the repacked model gives the logits of the file's layout
+ * bit for bit, and the file is not modified).
  *
  * The server's determinism (a request's text does not depend on the other
  * requests it is batched with) rests on this.
@@ -22,12 +25,14 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include "core/util.h"
 #include "ekv.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#include "model/gguf.h"
 #include "testutil.h"
 
 static uint64_t rng = 0x5DEECE66Dull;
@@ -132,7 +137,7 @@ static int32_t rand_tok(int n_vocab) {
 #define NSEQ 6
 #define STEPS 4
 
-static void check_model(const char *path, const char *name) {
+static void check_model(const char *path, const char *name, int nseq, int steps, int nt0) {
     struct ekv_model *m = NULL;
     CHECK_OK(ekv_model_load(path, NULL, &m));
     if (!m) return;
@@ -141,25 +146,25 @@ static void check_model(const char *path, const char *name) {
     const int V = mi.n_vocab;
     /* prompts of different lengths, tokens from a fixed pseudo-random stream */
     int32_t prompts[NSEQ][24], plen[NSEQ], feed[NSEQ][STEPS];
-    for (int s = 0; s < NSEQ; s++) {
+    for (int s = 0; s < nseq; s++) {
         plen[s] = 3 + 4 * s;
         for (int i = 0; i < plen[s]; i++) prompts[s][i] = rand_tok(V);
-        for (int i = 0; i < STEPS; i++) feed[s][i] = rand_tok(V);
+        for (int i = 0; i < steps; i++) feed[s][i] = rand_tok(V);
     }
     float *alone = malloc((size_t)NSEQ * STEPS * V * sizeof(float));
     float *batch = malloc((size_t)NSEQ * V * sizeof(float));
-    for (int nt = 1; nt <= 2; nt++) {
+    for (int nt = nt0; nt <= 2; nt++) {
         struct ekv_context_params cp = ekv_context_default_params();
         cp.n_threads = nt;
         struct ekv_context *c = NULL;
         CHECK_OK(ekv_context_new(m, &cp, &c));
         if (!c) break;
         /* each sequence alone */
-        for (int s = 0; s < NSEQ; s++) {
+        for (int s = 0; s < nseq; s++) {
             struct ekv_seq *q = NULL;
             CHECK_OK(ekv_seq_new(c, NULL, &q));
             CHECK_OK(ekv_seq_prefill(q, prompts[s], plen[s], NULL));
-            for (int i = 0; i < STEPS; i++) CHECK_OK(ekv_seq_decode(q, feed[s][i], alone + ((size_t)s * STEPS + i) * V));
+            for (int i = 0; i < steps; i++) CHECK_OK(ekv_seq_decode(q, feed[s][i], alone + ((size_t)s * STEPS + i) * V));
             ekv_seq_free(q);
         }
         /* a prompt read in one forward gives the logits of feeding it token by token */
@@ -167,7 +172,7 @@ static void check_model(const char *path, const char *name) {
             struct ekv_seq *qa = NULL, *qb = NULL;
             CHECK_OK(ekv_seq_new(c, NULL, &qa));
             CHECK_OK(ekv_seq_new(c, NULL, &qb));
-            const int s = NSEQ - 1;
+            const int s = nseq - 1;
             CHECK_OK(ekv_seq_prefill(qa, prompts[s], plen[s], batch));
             for (int i = 0; i < plen[s]; i++) CHECK_OK(ekv_seq_decode(qb, prompts[s][i], batch + V));
             CHECK_MSG(memcmp(batch, batch + V, (size_t)V * sizeof(float)) == 0,
@@ -176,14 +181,14 @@ static void check_model(const char *path, const char *name) {
             ekv_seq_free(qb);
         }
         /* batches of b sequences: the first b, decoded together step by step */
-        for (int b = 1; b <= NSEQ; b++) {
+        for (int b = 1; b <= nseq; b++) {
             struct ekv_seq *q[NSEQ] = {NULL};
             for (int s = 0; s < b; s++) {
                 CHECK_OK(ekv_seq_new(c, NULL, &q[s]));
                 CHECK_OK(ekv_seq_prefill(q[s], prompts[s], plen[s], NULL));
             }
             int bad = 0;
-            for (int i = 0; i < STEPS; i++) {
+            for (int i = 0; i < steps; i++) {
                 int32_t tok[NSEQ];
                 for (int s = 0; s < b; s++) tok[s] = feed[s][i];
                 CHECK_OK(ekv_decode_batch(c, q, tok, b, batch));
@@ -201,19 +206,128 @@ static void check_model(const char *path, const char *name) {
     ekv_model_free(m);
 }
 
+/* ------------------------------------------------------------------ */
+/* Quantised models: the load-time repack (X16 layout) changes no bit, and
+ * the model file is left as it was. */
+
+static uint64_t file_hash(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    uint64_t h = 1469598103934665603ull;
+    unsigned char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        for (size_t i = 0; i < n; i++) h = (h ^ buf[i]) * 1099511628211ull;
+    fclose(f);
+    return h;
+}
+
+static void logits_of(const char *path, bool no_repack, float *out, int n_vocab_max, int *V) {
+    struct ekv_model_params mp = ekv_model_default_params();
+    mp.no_repack = no_repack;
+    struct ekv_model *m = NULL;
+    CHECK_OK(ekv_model_load(path, &mp, &m));
+    if (!m) return;
+    struct ekv_model_info mi;
+    ekv_model_get_info(m, &mi);
+    *V = mi.n_vocab;
+    CHECK(mi.n_vocab <= n_vocab_max);
+    struct ekv_context_params cp = ekv_context_default_params();
+    cp.n_threads = 2;
+    struct ekv_context *c = NULL;
+    struct ekv_seq *q = NULL;
+    CHECK_OK(ekv_context_new(m, &cp, &c));
+    CHECK_OK(ekv_seq_new(c, NULL, &q));
+    int32_t toks[9];
+    for (int i = 0; i < 9; i++) toks[i] = (int32_t)((i * 7919 + 11) % mi.n_vocab);
+    CHECK_OK(ekv_seq_prefill(q, toks, 8, out));
+    CHECK_OK(ekv_seq_decode(q, toks[8], out + mi.n_vocab));
+    ekv_seq_free(q);
+    ekv_context_free(c);
+    ekv_model_free(m);
+}
+
+/* ekv-ref-28m with every matrix converted to `t` (Q8_0 or Q4_0), written
+ * to path; 1-D tensors and metadata as they are. */
+static bool write_quantised(const char *src, enum ekv_dtype t, const char *path) {
+    struct ekv_gguf_file *f = NULL;
+    struct ekv_gguf_writer *w = NULL;
+    CHECK_OK(ekv_gguf_open(src, &f));
+    CHECK_OK(ekv_gguf_writer_new(&w));
+    if (!f || !w) return false;
+    for (size_t i = 0; i < ekv_gguf_n_kv(f); i++) CHECK_OK(ekv_gguf_writer_copy_kv(w, ekv_gguf_kv_at(f, i)));
+    const size_t n = ekv_gguf_n_tensors(f);
+    void **bufs = calloc(n, sizeof *bufs);
+    bool ok = bufs != NULL;
+    for (size_t i = 0; ok && i < n; i++) {
+        const struct ekv_gguf_tensor *te = ekv_gguf_tensor_at(f, i);
+        if (te->n_dims != 2) {
+            CHECK_OK(ekv_gguf_writer_add_tensor(w, te->name, te->type, te->n_dims, te->ne, te->data, NULL, NULL));
+            continue;
+        }
+        size_t rb_in, rb;
+        ok = ekv_dtype_row_bytes(te->type, te->ne[0], &rb_in) && ekv_dtype_row_bytes(t, te->ne[0], &rb);
+        float *row = malloc((size_t)te->ne[0] * sizeof(float));
+        bufs[i] = malloc(rb * (size_t)te->ne[1]);
+        for (int64_t r = 0; ok && r < te->ne[1]; r++) {
+            ok = ekv_dequantize_row(te->type, (const char *)te->data + (size_t)r * rb_in, row, te->ne[0]) == EKV_OK &&
+                 ekv_quantize_row(t, row, (char *)bufs[i] + (size_t)r * rb, te->ne[0]) == EKV_OK;
+        }
+        free(row);
+        if (ok) CHECK_OK(ekv_gguf_writer_add_tensor(w, te->name, t, 2, te->ne, bufs[i], NULL, NULL));
+    }
+    CHECK(ok);
+    if (ok) CHECK_OK(ekv_gguf_writer_write(w, path));
+    for (size_t i = 0; i < n && bufs; i++) free(bufs[i]);
+    free(bufs);
+    ekv_gguf_writer_free(w);
+    ekv_gguf_close(f);
+    return ok;
+}
+
+static void check_quantised(const char *ref, enum ekv_dtype t) {
+    char dir[] = "/tmp/ekv-bi-XXXXXX", path[256], name[64];
+    if (!mkdtemp(dir)) {
+        CHECK_MSG(false, "mkdtemp failed");
+        return;
+    }
+    snprintf(path, sizeof path, "%s/ref-%s.gguf", dir, ekv_dtype_name(t));
+    snprintf(name, sizeof name, "ekv-ref-28m %s", ekv_dtype_name(t));
+    if (write_quantised(ref, t, path)) {
+        const uint64_t h0 = file_hash(path);
+        enum { VMAX = 65536 };
+        float *a = malloc(2 * VMAX * sizeof(float)), *b = malloc(2 * VMAX * sizeof(float));
+        int V = 0;
+        logits_of(path, false, a, VMAX, &V);
+        logits_of(path, true, b, VMAX, &V);
+        CHECK_MSG(V > 0 && memcmp(a, b, 2 * (size_t)V * sizeof(float)) == 0, "%s: repacked weights change the logits",
+                  name);
+        /* batched decode == alone on the repacked (X16) weights */
+        check_model(path, name, 3, 2, 2);
+        CHECK_MSG(file_hash(path) == h0, "%s: the model file changed", name);
+        free(a);
+        free(b);
+    }
+    remove(path);
+    rmdir(dir);
+}
+
 int main(void) {
     test_kernels();
     test_elementwise();
     /* stories260K: n_ff 172 is not a multiple of the SIMD width */
     for (int simd = 0; simd < 2; simd++) {
         ekv_kernels_use_reference(!simd);
-        check_model(tu_src("models/stories260K.gguf"), simd ? "stories260K (simd)" : "stories260K (reference)");
+        check_model(tu_src("models/stories260K.gguf"), simd ? "stories260K (simd)" : "stories260K (reference)", NSEQ, STEPS, 1);
     }
     ekv_kernels_use_reference(false);
     const char *ref = tu_shared("models/ekv-ref-28m-f16.gguf");
-    if (access(ref, R_OK) == 0)
-        check_model(ref, "ekv-ref-28m-f16");
-    else
-        printf("test_batch_invariance: ekv-ref-28m skipped: ../shared absent\n");
+    if (access(ref, R_OK) == 0) {
+        check_model(ref, "ekv-ref-28m-f16", NSEQ, STEPS, 1);
+        check_quantised(ref, EKV_Q8_0);
+        check_quantised(ref, EKV_Q4_0);
+    } else {
+        printf("test_batch_invariance: ekv-ref-28m (F16, and as Q8_0/Q4_0) skipped: ../shared absent\n");
+    }
     return test_finish("test_batch_invariance");
 }

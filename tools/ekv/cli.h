@@ -68,6 +68,7 @@ struct cli_params {
     const char *model;           /* NULL = bundled models/stories260K.gguf */
     const char *tokenizer;       /* llama2.c checkpoints */
     const char *mmproj;          /* vision tower */
+    bool no_repack;              /* keep Q8_0/Q4_0 matrices in the file's layout */
     long threads;                /* -1 = the library's default */
     long n_ctx;                  /* 0 = the model's trained context */
     /* prompt and generation (run, serve) */

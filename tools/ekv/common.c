@@ -94,6 +94,9 @@ static const struct cli_opt k_opts[] = {
      0, NULL, NULL, "", false},
     {R | E | S, G_MODEL, "--mmproj", NULL, "FILE", "vision tower (llama.cpp-style mmproj GGUF) for images", K_STR,
      OFF(mmproj), 0, 0, NULL, NULL, NULL, false},
+    {R | E | B | S, G_MODEL, "--no-repack", NULL, NULL,
+     "keep Q8_0/Q4_0 matrices in the file's layout (default: interleaved\nat load for the int8 kernels; same memory)",
+     K_FLAG, OFF(no_repack), 0, 0, NULL, NULL, NULL, false},
     {R | E | S, G_MODEL, "-t, --threads", NULL, "N", "worker threads", K_LONG, OFF(threads), 1, 256, NULL, NULL,
      "online cores, at most 8", false},
     {B, G_MODEL, "-t, --threads", NULL, "LIST", "worker threads", K_LIST_LONG, OFF(threads_list), 1, 256, NULL,
@@ -807,6 +810,7 @@ bool cli_load_model(const char *cmd, const struct cli_params *p, struct ekv_mode
     if (ctx) *ctx = NULL;
     struct ekv_model_params mp = ekv_model_default_params();
     mp.tokenizer_path = p->tokenizer;
+    mp.no_repack = p->no_repack;
     enum ekv_status s = ekv_model_load(p->model ? p->model : cli_default_model(), &mp, model);
     if (s != EKV_OK) return cli_fail(cmd, s), false;
     if (!ctx) return true;
