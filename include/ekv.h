@@ -243,6 +243,56 @@ enum ekv_status ekv_seq_decode(struct ekv_seq *seq, int32_t token, float *logits
 enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const *seqs,
                                  const int32_t *tokens, int32_t n, float *logits);
 
+/* A prompt read in bounded pieces, so that a server can run other
+ * sequences' decode steps between them (ekv serve's continuous batching).
+ * The prompt is read layer by layer: its rows go through layer 0 in pieces
+ * of `rows` rows, then the policy compresses layer 0 (as in ekv_seq_eval,
+ * layer by layer, right after the layer's attention), then layer 1, ... So
+ * the cache and the logits equal those of one ekv_seq_eval of the prompt
+ * (bit for bit with batch-invariant kernels), and the peak holds one layer
+ * at full length. With the policy's `chunk` (block-wise compression) each
+ * block is read this way in turn.
+ *
+ * ekv_prefill_new copies the input's embeddings (in[...] need not outlive
+ * the call; in->is_prompt and in->logits_all are ignored: it is a prompt
+ * and only the last position's logits come out). Until the prompt is done,
+ * the sequence takes no other input (ekv_seq_eval and ekv_decode_batch
+ * refuse it). *out is owned by the caller; free it before its sequence or
+ * after (a freed sequence cuts it off). Freeing it before it is done leaves
+ * the sequence unusable (its layers hold different lengths): free that too. */
+struct ekv_prefill;
+enum ekv_status ekv_prefill_new(struct ekv_seq *seq, const struct ekv_input *in, int32_t rows,
+                                struct ekv_prefill **out);
+/* Runs at most max_units units (a unit: up to `rows` rows through one
+ * layer; a whole forward of `rows` tokens is n_layer units). *done is set
+ * once the whole prompt has been read; the last position's n_vocab logits
+ * are then written to logits (caller-owned) when it is not NULL. After an
+ * error the prompt cannot go on. */
+enum ekv_status ekv_prefill_step(struct ekv_prefill *p, int32_t max_units, float *logits, bool *done);
+/* Units left to read (0 when done). */
+int64_t ekv_prefill_units_left(const struct ekv_prefill *p);
+void ekv_prefill_free(struct ekv_prefill *p);
+
+/* K/V bytes a sequence will hold under a policy, for admission control
+ * (ekv serve --kv-mem): after n_prompt prompt positions and n_gen
+ * generated tokens, and at most at any time on the way (while a prompt is
+ * read with ekv_prefill_*, or with ekv_seq_eval, the layers not compressed
+ * yet hold it whole). Entries follow each policy's budget rule (kept =
+ * min(seen, ceil(budget * seen), kv tokens cap) per layer and KV head;
+ * prompt-only policies keep that of the prompt and then grow by one entry
+ * per token); bytes are those of the cache's storage type. A projection,
+ * not a bound: PyramidKV's per-layer rounding may exceed it by a few
+ * entries per layer, so admission should also count the bytes in use. The
+ * parameters are validated as ekv_seq_new does (same errors). */
+struct ekv_kv_projection {
+    uint64_t bytes_final;     /* after n_prompt + n_gen positions */
+    uint64_t bytes_peak;      /* the most at any time (>= bytes_final) */
+    uint64_t bytes_full;      /* a full cache of n_prompt + n_gen positions */
+    uint64_t bytes_per_token; /* a full cache's bytes per position */
+};
+enum ekv_status ekv_kv_project(const struct ekv_model *model, const struct ekv_kv_params *kv, int64_t n_prompt,
+                               int64_t n_gen, struct ekv_kv_projection *out);
+
 /* Tokens seen so far (prompt plus fed tokens). */
 int64_t ekv_seq_n_seen(const struct ekv_seq *seq);
 

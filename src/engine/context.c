@@ -113,16 +113,23 @@ enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params 
 
 void ekv_seq_free(struct ekv_seq *s) {
     if (!s) return;
+    if (s->prefill) ekv_prefill_detach(s->prefill);
     ekv_kv_free(s->kv);
     free(s);
 }
 
 int64_t ekv_seq_n_seen(const struct ekv_seq *s) { return s->n_seen; }
 
-/* Writes the input embeddings of segs (starting at position `skip` within
- * the concatenation, n rows) into ctx->x, and their tags into tags. */
-static enum ekv_status fill_rows(struct ekv_context *ctx, const struct ekv_input *in, int32_t skip, int32_t n,
-                                 uint8_t *tags) {
+enum ekv_status ekv_seq_ready(const struct ekv_seq *seq, const char *fn) {
+    if (seq->prefill)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: the sequence is reading a prompt in pieces (ekv_prefill_step)", fn);
+    if (seq->broken)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s: the sequence was left with a half-read prompt; free it", fn);
+    return EKV_OK;
+}
+
+enum ekv_status ekv_input_rows(const struct ekv_context *ctx, const struct ekv_input *in, int32_t skip, int32_t n,
+                               float *x, uint8_t *tags) {
     const struct ekv_model *m = ctx->model;
     const int64_t D = m->info.n_embd;
     int32_t row = 0, at = 0;
@@ -130,7 +137,7 @@ static enum ekv_status fill_rows(struct ekv_context *ctx, const struct ekv_input
         const struct ekv_segment *sg = &in->segs[si];
         for (int32_t j = 0; j < sg->n && row < n; j++, at++) {
             if (at < skip) continue;
-            float *dst = ctx->x + (size_t)row * D;
+            float *dst = x + (size_t)row * D;
             if (sg->tokens) {
                 int32_t t = sg->tokens[j];
                 if (t < 0 || t >= m->info.n_vocab)
@@ -147,11 +154,10 @@ static enum ekv_status fill_rows(struct ekv_context *ctx, const struct ekv_input
     return EKV_OK;
 }
 
-enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, float *logits) {
-    ekv_err_clear();
+enum ekv_status ekv_input_check(const struct ekv_seq *seq, const struct ekv_input *in, int64_t *total_out) {
     if (!seq || !in || (in->n_segs > 0 && !in->segs) || in->n_segs < 0)
-        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_eval: sequence and input are required");
-    struct ekv_context *ctx = seq->ctx;
+        return ekv_err(EKV_ERR_INVALID_ARG, "sequence and input are required");
+    const struct ekv_context *ctx = seq->ctx;
     int64_t total = 0;
     for (int32_t i = 0; i < in->n_segs; i++) {
         const struct ekv_segment *sg = &in->segs[i];
@@ -164,6 +170,17 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
     if (seq->n_seen + total > ctx->params.n_ctx)
         return ekv_err(EKV_ERR_CONTEXT_FULL, "context full: %lld positions seen + %lld new > context size %d",
                        (long long)seq->n_seen, (long long)total, ctx->params.n_ctx);
+    *total_out = total;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, float *logits) {
+    ekv_err_clear();
+    int64_t total = 0;
+    enum ekv_status s = ekv_input_check(seq, in, &total);
+    if (s == EKV_OK) s = ekv_seq_ready(seq, "ekv_seq_eval");
+    if (s != EKV_OK) return ekv_err_prefix(s, "ekv_seq_eval");
+    struct ekv_context *ctx = seq->ctx;
     const int32_t n = (int32_t)total;
     uint8_t *tags = malloc((size_t)n);
     if (!tags) return ekv_err(EKV_ERR_NOMEM, "out of memory");
@@ -176,12 +193,11 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
     if (in->is_prompt && seq->kv->params.chunk > 0) chunk = seq->kv->params.chunk;
     if (!in->is_prompt) chunk = 1; /* decode steps: the policy acts after each one */
     const int32_t V = ctx->model->info.n_vocab;
-    enum ekv_status s = EKV_OK;
     int64_t prompt_pos0 = seq->n_seen;
     for (int32_t off = 0; off < n && s == EKV_OK; off += chunk) {
         int32_t len = EKV_MIN(chunk, n - off);
         if ((s = ekv_context_reserve(ctx, len)) != EKV_OK) break;
-        if ((s = fill_rows(ctx, in, off, len, NULL)) != EKV_OK) break;
+        if ((s = ekv_input_rows(ctx, in, off, len, ctx->x, NULL)) != EKV_OK) break;
         struct ekv_fwd_part part = {.seq = seq, .row0 = 0, .n = len};
         part.step.is_prompt = in->is_prompt;
         part.step.last_chunk = off + len == n;
@@ -222,6 +238,8 @@ enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const 
     for (int32_t i = 0; i < n; i++) {
         if (!seqs[i] || seqs[i]->ctx != ctx)
             return ekv_err(EKV_ERR_INVALID_ARG, "ekv_decode_batch: sequence %d does not belong to this context", i);
+        enum ekv_status r = ekv_seq_ready(seqs[i], "ekv_decode_batch");
+        if (r != EKV_OK) return r;
         for (int32_t j = 0; j < i; j++)
             if (seqs[j] == seqs[i])
                 return ekv_err(EKV_ERR_INVALID_ARG, "ekv_decode_batch: sequence %d appears twice", i);

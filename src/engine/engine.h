@@ -34,6 +34,8 @@ struct ekv_seq {
     struct ekv_context *ctx;
     struct ekv_kv *kv;
     int64_t n_seen;  /* positions fed so far */
+    struct ekv_prefill *prefill; /* a prompt being read in pieces (prefill.c), or NULL */
+    bool broken;     /* a prompt was abandoned half read: layers hold different lengths */
 };
 
 /* One sequence's share of the rows of a forward: rows [row0, row0 + n). */
@@ -49,6 +51,36 @@ struct ekv_fwd_part {
  * logits ([n_rows - out_row0][n_vocab], in row order) when it is not NULL. */
 enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
                             int32_t n_rows, int32_t out_row0, float *logits);
+
+/* The pieces of ekv_forward, for callers that interleave them (prefill.c):
+ * the RoPE position of a part's first row (the true position, or the
+ * compressed length in Elastic's reference mode; read before ekv_kv_begin);
+ * one layer over rows [0, n_rows) of ctx->x (the parts' caches begun;
+ * rope0[n_parts], kvp[n_parts] scratch); the final norm and classifier of
+ * rows [out_row0, n_rows). */
+int64_t ekv_forward_rope0(const struct ekv_fwd_part *part);
+enum ekv_status ekv_forward_layer(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
+                                  int32_t n_rows, int il, const int64_t *rope0, struct ekv_kv_part *kvp);
+enum ekv_status ekv_forward_output(struct ekv_context *ctx, int32_t n_rows, int32_t out_row0, float *logits);
+
+/* Checks an input against a sequence (segments, tags, context room);
+ * *total gets its positions. */
+enum ekv_status ekv_input_check(const struct ekv_seq *seq, const struct ekv_input *in, int64_t *total);
+/* Input embeddings of positions [skip, skip + n) of an input into x
+ * ([n][n_embd]) and their tags into tags (may be NULL). */
+enum ekv_status ekv_input_rows(const struct ekv_context *ctx, const struct ekv_input *in, int32_t skip, int32_t n,
+                               float *x, uint8_t *tags);
+
+/* A sequence that can take a forward now (no prompt being read in pieces,
+ * none abandoned); an error naming the function otherwise. */
+enum ekv_status ekv_seq_ready(const struct ekv_seq *seq, const char *fn);
+/* Cuts a prompt reader off its sequence (the sequence is being freed). */
+void ekv_prefill_detach(struct ekv_prefill *p);
+
+/* Bytes of one K/V entry (K and V, one KV head) in the storage type of p:
+ * the one place admission and projections take entry sizes from
+ * (project.c). */
+uint64_t ekv_kv_entry_bytes(const struct ekv_kv_params *p, int32_t head_dim);
 
 /* Decodes and encodes one image with the tower (vision_api.c): *out is a
  * malloc'd [*n_rows][n_embd_out] array owned by the caller. `index` names

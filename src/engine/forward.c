@@ -5,7 +5,8 @@
  * statistics and lets it compress the layer right away), output projection,
  * SwiGLU feed-forward. Rows of several sequences can share one forward
  * (batched decode): the weight products run over all rows at once, the
- * attention per sequence.
+ * attention per sequence. One layer is one call (ekv_forward_layer), so a
+ * prompt can also be read layer by layer in bounded pieces (prompt.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -21,91 +22,98 @@ static void add_bias(float *y, const float *b, int32_t rows, int64_t dim) {
     for (int32_t r = 0; r < rows; r++) ekv_add(y + (size_t)r * dim, b, dim);
 }
 
-enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
-                            int32_t n_rows, int32_t out_row0, float *logits) {
+int64_t ekv_forward_rope0(const struct ekv_fwd_part *part) {
+    /* the true position, or, in Elastic Cache's reference-compatibility
+     * mode, the compressed cache length (POLICIES.md 0.6) */
+    const struct ekv_kv *kv = part->seq->kv;
+    return kv->params.compat_ref ? kv->layers[0].heads[0].len : part->step.pos0;
+}
+
+enum ekv_status ekv_forward_layer(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
+                                  int32_t n_rows, int il, const int64_t *rope0, struct ekv_kv_part *kvp) {
     const struct ekv_model *m = ctx->model;
     const struct ekv_model_info *in = &m->info;
     const int64_t D = in->n_embd, HD = in->head_dim;
     const int64_t QD = (int64_t)in->n_head * HD, KVD = (int64_t)in->n_head_kv * HD, FF = in->n_ff;
     struct ekv_pool *pool = ctx->pool;
-    enum ekv_status s = EKV_OK;
-
-    /* RoPE position of each part's first row: the true position, or, in
-     * Elastic Cache's reference-compatibility mode, the compressed cache
-     * length (POLICIES.md 0.6). */
-    int64_t rope0[n_parts > 0 ? n_parts : 1];
+    const struct ekv_layer_weights *L = &m->layers[il];
+    enum ekv_status s;
+    for (int32_t r = 0; r < n_rows; r++)
+        ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)r * D, L->attn_norm, D, in->norm_eps);
+    if ((s = ekv_matmul(pool, &L->wq, ctx->xb, n_rows, ctx->q)) ||
+        (s = ekv_matmul(pool, &L->wk, ctx->xb, n_rows, ctx->k)) ||
+        (s = ekv_matmul(pool, &L->wv, ctx->xb, n_rows, ctx->v)))
+        return s;
+    add_bias(ctx->q, L->bq, n_rows, QD);
+    add_bias(ctx->k, L->bk, n_rows, KVD);
+    add_bias(ctx->v, L->bv, n_rows, KVD);
     for (int32_t p = 0; p < n_parts; p++) {
-        struct ekv_kv *kv = parts[p].seq->kv;
-        rope0[p] = parts[p].step.pos0;
-        if (kv->params.compat_ref) rope0[p] = kv->layers[0].heads[0].len;
-        s = ekv_kv_begin(kv, &parts[p].step);
-        if (s != EKV_OK) return s;
+        for (int32_t i = 0; i < parts[p].n; i++) {
+            int64_t r = parts[p].row0 + i;
+            ekv_rope(ctx->q + r * QD, in->n_head, (int)HD, in->rope_dim, rope0[p] + i, in->rope_freq_base,
+                     in->rope_neox);
+            ekv_rope(ctx->k + r * KVD, in->n_head_kv, (int)HD, in->rope_dim, rope0[p] + i, in->rope_freq_base,
+                     in->rope_neox);
+        }
+        size_t r0 = (size_t)parts[p].row0;
+        kvp[p] = (struct ekv_kv_part){.kv = parts[p].seq->kv, .step = &parts[p].step, .q = ctx->q + r0 * QD,
+                                      .k = ctx->k + r0 * KVD, .v = ctx->v + r0 * KVD, .out = ctx->att + r0 * QD};
     }
-
-    struct ekv_kv_part *kvp = malloc((size_t)(n_parts > 0 ? n_parts : 1) * sizeof *kvp);
-    if (!kvp) return ekv_err(EKV_ERR_NOMEM, "out of memory for %d sequences of a forward", (int)n_parts);
-    for (int32_t il = 0; il < in->n_layer; il++) {
-        const struct ekv_layer_weights *L = &m->layers[il];
-        for (int32_t r = 0; r < n_rows; r++)
-            ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)r * D, L->attn_norm, D, in->norm_eps);
-        if ((s = ekv_matmul(pool, &L->wq, ctx->xb, n_rows, ctx->q)) ||
-            (s = ekv_matmul(pool, &L->wk, ctx->xb, n_rows, ctx->k)) ||
-            (s = ekv_matmul(pool, &L->wv, ctx->xb, n_rows, ctx->v)))
-            goto out;
-        add_bias(ctx->q, L->bq, n_rows, QD);
-        add_bias(ctx->k, L->bk, n_rows, KVD);
-        add_bias(ctx->v, L->bv, n_rows, KVD);
-        for (int32_t p = 0; p < n_parts; p++) {
-            for (int32_t i = 0; i < parts[p].n; i++) {
-                int64_t r = parts[p].row0 + i;
-                ekv_rope(ctx->q + r * QD, in->n_head, (int)HD, in->rope_dim, rope0[p] + i, in->rope_freq_base,
-                         in->rope_neox);
-                ekv_rope(ctx->k + r * KVD, in->n_head_kv, (int)HD, in->rope_dim, rope0[p] + i,
-                         in->rope_freq_base, in->rope_neox);
-            }
-            size_t r0 = (size_t)parts[p].row0;
-            kvp[p] = (struct ekv_kv_part){.kv = parts[p].seq->kv, .step = &parts[p].step, .q = ctx->q + r0 * QD,
-                                          .k = ctx->k + r0 * KVD, .v = ctx->v + r0 * KVD, .out = ctx->att + r0 * QD};
-        }
-        /* one sequence: its KV heads split over the pool; several (batched
-         * decode): all (sequence, KV head) pairs in one job */
-        if (n_parts == 1)
-            s = ekv_kv_layer_forward(kvp[0].kv, pool, il, kvp[0].step, kvp[0].q, kvp[0].k, kvp[0].v, kvp[0].out);
-        else if (n_parts > 1)
-            s = ekv_kv_layer_forward_batch(pool, il, kvp, n_parts);
-        if (s != EKV_OK) goto out;
-        if ((s = ekv_matmul(pool, &L->wo, ctx->att, n_rows, ctx->proj))) goto out;
-        for (int32_t r = 0; r < n_rows; r++) {
-            ekv_add(ctx->x + (size_t)r * D, ctx->proj + (size_t)r * D, D);
-            ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)r * D, L->ffn_norm, D, in->norm_eps);
-        }
-        for (int32_t r0 = 0; r0 < n_rows; r0 += EKV_FFN_ROWS) {
-            int32_t nr = EKV_MIN(EKV_FFN_ROWS, n_rows - r0);
-            const float *xb = ctx->xb + (size_t)r0 * D;
-            if ((s = ekv_matmul(pool, &L->w_gate, xb, nr, ctx->gate)) ||
-                (s = ekv_matmul(pool, &L->w_up, xb, nr, ctx->up)))
-                goto out;
-            ekv_swiglu(ctx->gate, ctx->gate, ctx->up, (int64_t)nr * FF);
-            if ((s = ekv_matmul(pool, &L->w_down, ctx->gate, nr, ctx->proj))) goto out;
-            for (int32_t r = 0; r < nr; r++)
-                ekv_add(ctx->x + (size_t)(r0 + r) * D, ctx->proj + (size_t)r * D, D);
-        }
-    }
-
-out:
-    free(kvp);
+    /* one sequence: its KV heads split over the pool; several (batched
+     * decode): all (sequence, KV head) pairs in one job */
+    if (n_parts == 1)
+        s = ekv_kv_layer_forward(kvp[0].kv, pool, il, kvp[0].step, kvp[0].q, kvp[0].k, kvp[0].v, kvp[0].out);
+    else if (n_parts > 1)
+        s = ekv_kv_layer_forward_batch(pool, il, kvp, n_parts);
     if (s != EKV_OK) return s;
-
-    for (int32_t p = 0; p < n_parts; p++) {
-        s = ekv_kv_end(parts[p].seq->kv, &parts[p].step);
-        if (s != EKV_OK) return s;
+    if ((s = ekv_matmul(pool, &L->wo, ctx->att, n_rows, ctx->proj))) return s;
+    for (int32_t r = 0; r < n_rows; r++) {
+        ekv_add(ctx->x + (size_t)r * D, ctx->proj + (size_t)r * D, D);
+        ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)r * D, L->ffn_norm, D, in->norm_eps);
     }
-    if (!logits) return EKV_OK;
+    for (int32_t r0 = 0; r0 < n_rows; r0 += EKV_FFN_ROWS) {
+        int32_t nr = EKV_MIN(EKV_FFN_ROWS, n_rows - r0);
+        const float *xb = ctx->xb + (size_t)r0 * D;
+        if ((s = ekv_matmul(pool, &L->w_gate, xb, nr, ctx->gate)) || (s = ekv_matmul(pool, &L->w_up, xb, nr, ctx->up)))
+            return s;
+        ekv_swiglu(ctx->gate, ctx->gate, ctx->up, (int64_t)nr * FF);
+        if ((s = ekv_matmul(pool, &L->w_down, ctx->gate, nr, ctx->proj))) return s;
+        for (int32_t r = 0; r < nr; r++) ekv_add(ctx->x + (size_t)(r0 + r) * D, ctx->proj + (size_t)r * D, D);
+    }
+    return EKV_OK;
+}
 
+enum ekv_status ekv_forward_output(struct ekv_context *ctx, int32_t n_rows, int32_t out_row0, float *logits) {
+    const struct ekv_model *m = ctx->model;
+    const int64_t D = m->info.n_embd;
     /* final norm of the rows that want logits, packed, then the classifier */
-    if (out_row0 < 0 || out_row0 >= n_rows) return EKV_OK;
+    if (!logits || out_row0 < 0 || out_row0 >= n_rows) return EKV_OK;
     const int32_t n_out = n_rows - out_row0;
     for (int32_t r = 0; r < n_out; r++)
-        ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)(out_row0 + r) * D, m->output_norm, D, in->norm_eps);
-    return ekv_matmul(pool, &m->output, ctx->xb, n_out, logits);
+        ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)(out_row0 + r) * D, m->output_norm, D, m->info.norm_eps);
+    return ekv_matmul(ctx->pool, &m->output, ctx->xb, n_out, logits);
+}
+
+enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
+                            int32_t n_rows, int32_t out_row0, float *logits) {
+    const int32_t np = n_parts > 0 ? n_parts : 1;
+    enum ekv_status s = EKV_OK;
+    int64_t *rope0 = malloc((size_t)np * sizeof *rope0);
+    struct ekv_kv_part *kvp = malloc((size_t)np * sizeof *kvp);
+    if (!rope0 || !kvp) {
+        free(rope0);
+        free(kvp);
+        return ekv_err(EKV_ERR_NOMEM, "out of memory for %d sequences of a forward", (int)n_parts);
+    }
+    for (int32_t p = 0; p < n_parts && s == EKV_OK; p++) {
+        rope0[p] = ekv_forward_rope0(&parts[p]);
+        s = ekv_kv_begin(parts[p].seq->kv, &parts[p].step);
+    }
+    for (int32_t il = 0; il < ctx->model->info.n_layer && s == EKV_OK; il++)
+        s = ekv_forward_layer(ctx, parts, n_parts, n_rows, il, rope0, kvp);
+    free(kvp);
+    free(rope0);
+    for (int32_t p = 0; p < n_parts && s == EKV_OK; p++) s = ekv_kv_end(parts[p].seq->kv, &parts[p].step);
+    if (s != EKV_OK) return s;
+    return ekv_forward_output(ctx, n_rows, out_row0, logits);
 }

@@ -182,9 +182,13 @@ static enum ekv_status layer_finish(struct attend_task *t) {
     }
     if (atomic_load(&t->failed))
         return ekv_err(EKV_ERR_NOMEM, "kv layer %d: out of memory for attention scratch", t->il);
+    return t->step->defer ? EKV_OK : ekv_kv_layer_policy(kv, t->il, t->step);
+}
+
+enum ekv_status ekv_kv_layer_policy(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
     if (kv->ops && kv->ops->layer) {
-        enum ekv_status s = kv->ops->layer(kv, t->il, t->step);
-        if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s, layer %d", kv->policy_name, t->il);
+        enum ekv_status s = kv->ops->layer(kv, il, step);
+        if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s, layer %d", kv->policy_name, il);
     }
     return EKV_OK;
 }

@@ -68,6 +68,9 @@ struct ekv_kv_step {
     int32_t prompt_len;        /* prompt: length of the whole prompt (all chunks) */
     const uint8_t *prompt_tags;/* prompt: [prompt_len] tags of the whole prompt */
     const uint8_t *tags;       /* [n_new] tags of the new positions */
+    bool defer;                /* statistics only: the policy's layer hook does not run (a
+                                  prompt read in pieces calls it once the whole block went
+                                  through the layer: ekv_kv_layer_policy, engine/prefill.c) */
 };
 
 struct ekv_policy_ops {
@@ -84,6 +87,10 @@ struct ekv_policy_ops {
     enum ekv_status (*layer)(struct ekv_kv *kv, int il, const struct ekv_kv_step *step);
     /* After all layers. Optional. */
     enum ekv_status (*end)(struct ekv_kv *kv, const struct ekv_kv_step *step);
+    /* Acts only when a prompt has been read: the cache grows by one entry per
+     * generated token afterwards (SnapKV, PyramidKV, VL-Cache). Memory
+     * projections (ekv_kv_project) need it. */
+    bool prompt_only;
 };
 
 struct ekv_kv {
@@ -222,6 +229,10 @@ struct ekv_kv_part {
  * one job on the pool, then each policy's layer hook in order. Results equal
  * n separate calls. */
 enum ekv_status ekv_kv_layer_forward_batch(struct ekv_pool *pool, int il, const struct ekv_kv_part *parts, int n);
+
+/* The policy's layer hook for layer il, on its own: what ekv_kv_layer_forward
+ * runs after the attention unless step->defer is set. */
+enum ekv_status ekv_kv_layer_policy(struct ekv_kv *kv, int il, const struct ekv_kv_step *step);
 
 /* Ends a forward: policy end(). */
 enum ekv_status ekv_kv_end(struct ekv_kv *kv, const struct ekv_kv_step *step);

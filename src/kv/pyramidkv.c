@@ -109,4 +109,5 @@ const struct ekv_policy_ops ekv_policy_pyramidkv = {
     .begin = ekv_snapkv_begin_common,
     .layer = pyramid_layer,
     .end = NULL,
+    .prompt_only = true,
 };

@@ -136,4 +136,5 @@ const struct ekv_policy_ops ekv_policy_snapkv = {
     .begin = ekv_snapkv_begin_common,
     .layer = snapkv_layer,
     .end = NULL,
+    .prompt_only = true,
 };

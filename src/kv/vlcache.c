@@ -161,4 +161,5 @@ const struct ekv_policy_ops ekv_policy_vlcache = {
     .begin = vlcache_begin,
     .layer = NULL,
     .end = vlcache_end,
+    .prompt_only = true,
 };
