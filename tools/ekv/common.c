@@ -129,7 +129,7 @@ static const struct cli_opt k_opts[] = {
      "chat template (default: plain system + \"\\n\" + instruction;\nllava-1.5 for items with an image)", K_STR,
      OFF(chat_template), 0, 0, check_template, NULL, "", false},
     {S, G_GEN, "--chat-template", NULL, "T",
-     "chat template of /v1/chat/completions (default: detected from the\nGGUF's tokenizer.chat_template, else chatml)",
+     "chat template of /v1/chat/completions (default: detected from the\nGGUF's tokenizer.chat_template, else none)",
      K_STR, OFF(chat_template), 0, 0, check_template, NULL, "", false},
     {R, G_GEN, "--system", NULL, "TEXT", "system prompt for the chat template (default: the template's own)",
      K_STR, OFF(system), 0, 0, NULL, NULL, "", false},
@@ -141,8 +141,9 @@ static const struct cli_opt k_opts[] = {
      false},
     {R | S, G_GEN, "--min-p", NULL, "F", "min-p, 0 = off", K_F32, OFF(sampling.min_p), 0, 1, NULL, NULL, NULL,
      false},
-    {R | S, G_GEN, "-s, --seed", NULL, "N", "sampling seed", K_U64, OFF(sampling.seed), 0, 0, NULL, NULL, NULL,
-     false},
+    {R, G_GEN, "-s, --seed", NULL, "N", "sampling seed", K_U64, OFF(sampling.seed), 0, 0, NULL, NULL, NULL, false},
+    {S, G_GEN, "-s, --seed", NULL, "N", "sampling seed of a request that gives none", K_U64, OFF(sampling.seed), 0,
+     0, NULL, NULL, "a new one per request", false},
     {E, G_GEN, "-s, --seed", NULL, "N", "", K_FN, 0, 0, 0, NULL, fn_eval_seed, "", true},
 
     /* evaluation */

@@ -14,6 +14,7 @@ static const struct ekv_cmd *const k_cmds[] = {
     &ekv_cmd_mkmodel,
     &ekv_cmd_eval,
     &ekv_cmd_bench,
+    &ekv_cmd_serve,
 };
 
 static void usage(FILE *out) {

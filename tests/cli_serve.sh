@@ -1,0 +1,177 @@
+#!/bin/bash
+# cli_serve.sh — `ekv serve` driven by curl on an ephemeral 127.0.0.1 port:
+# /health, /v1/models, completions and chat at temperature 0 equal to `ekv
+# run` on the same prompt, streaming chunks that reassemble to the
+# non-streamed text (and end with data: [DONE]), stop strings, the
+# per-request KV policy visible in usage.kv, /metrics fields and counters,
+# OpenAI-shaped errors (400, 404, 405, 413 by Content-Length and chunked),
+# the API key (401; /health open), admission by --kv-mem (a request that
+# only fits compressed), and on ekv-ref-28m (../shared) 503 + Retry-After
+# when the queue is full and a client that hangs up having its job
+# cancelled and its cache freed at once. Every server must exit 0 on SIGTERM.
+# usage: cli_serve.sh EKV REPO SHARED
+set -u
+EKV=$1; REPO=$2; SHARED=$3
+fail=0; pass=0
+ok()  { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+cd "$REPO"
+T=$(mktemp -d /tmp/ekv_cli_serve.XXXXXX)
+. "$REPO/tests/serve_lib.sh"
+trap 'stop_all; rm -rf "$T"' EXIT
+command -v curl > /dev/null || { echo "cli_serve: curl is missing: run scripts/setup.sh" >&2; exit 1; }
+command -v node > /dev/null || { echo "cli_serve: node is missing: run scripts/setup.sh" >&2; exit 1; }
+
+post() { # post PATH BODY -> body in $T/r, status echoed
+    curl -s -o "$T/r" -w '%{http_code}' -H 'Content-Type: application/json' "$URL$1" -d "$2"
+}
+
+start_server main -c 512 -t 2 --max-body 4096 || exit 1
+
+# ---- health, models ----
+[ "$(curl -s "$URL/health" | jget status)" = ok ] && ok || bad "/health"
+[ "$(curl -s "$URL/v1/models" | jget data.0.id)" = stories260K.gguf ] && ok || bad "/v1/models id"
+[ "$(curl -s "$URL/v1/models" | jget data.0.object)" = model ] && ok || bad "/v1/models object"
+
+# ---- completions equal ekv run (same prompt, temperature 0) ----
+want=$("$EKV" run -c 512 -p "Once upon a time" -n 40 --temp 0 --no-display-prompt 2>/dev/null)
+code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}')
+got=$(jget choices.0.text < "$T/r")
+[ "$code" = 200 ] && [ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "completion '$got' != ekv run '$want'"
+[ "$(jget object < "$T/r")" = text_completion ] && [ "$(jget usage.completion_tokens < "$T/r")" = 40 ] && ok || bad "completion shape"
+[ "$(jget choices.0.finish_reason < "$T/r")" = length ] && ok || bad "finish_reason length"
+jget usage.timings.predicted_per_second < "$T/r" > /dev/null && jget timings.prompt_ms < "$T/r" > /dev/null && ok || bad "timings"
+# a policy of the CLI, through the request: same text as ekv run with it
+want_h=$("$EKV" run -c 512 -p "Once upon a time" -n 40 --temp 0 --no-display-prompt --kv-policy h2o --kv-budget 0.3 2>/dev/null)
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "kv": {"policy": "h2o", "budget": 0.3}}' > /dev/null
+[ "$(jget choices.0.text < "$T/r")" = "$want_h" ] && ok || bad "h2o 0.3 completion differs from ekv run"
+[ "$(jget usage.kv.policy < "$T/r")" = h2o ] && ok || bad "usage.kv.policy"
+kb=$(jget usage.kv.bytes < "$T/r"); kf=$(jget usage.kv.bytes_full < "$T/r"); ke=$(jget usage.kv.evicted < "$T/r")
+[ "$kb" -gt 0 ] && [ $((kb * 10)) -le $((kf * 4)) ] && [ "$ke" -gt 0 ] && ok || bad "usage.kv: bytes $kb of $kf, evicted $ke"
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "kv_policy": "h2o", "kv_budget": 0.3}' > /dev/null
+[ "$(jget choices.0.text < "$T/r")" = "$want_h" ] && [ "$(jget usage.kv.budget < "$T/r")" = 0.3 ] && ok || bad "kv_* fields"
+
+# ---- chat (template none: the content as the prompt) ----
+code=$(post /v1/chat/completions '{"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 40, "temperature": 0}')
+[ "$code" = 200 ] && [ "$(jget choices.0.message.content < "$T/r")" = "$want" ] && ok || bad "chat content"
+[ "$(jget object < "$T/r")" = chat.completion ] && [ "$(jget choices.0.message.role < "$T/r")" = assistant ] && ok || bad "chat shape"
+
+# ---- streaming: chunks reassemble to the non-streamed text ----
+msg='"messages": [{"role": "system", "content": "A story."}, {"role": "user", "content": "Once upon a time there was a girl who liked to play"}]'
+for kv in '' ', "kv": {"policy": "elastic", "budget": 0.25}'; do
+  post /v1/chat/completions '{'"$msg"', "max_tokens": 60, "temperature": 0'"$kv"'}' > /dev/null
+  full=$(jget choices.0.message.content < "$T/r")
+  curl -sN "$URL/v1/chat/completions" -d '{'"$msg"', "max_tokens": 60, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}'"$kv"'}' > "$T/s"
+  [ -n "$full" ] && [ "$(jget --sse < "$T/s")" = "$full" ] && ok || bad "chat stream != non-stream ($kv)"
+  [ "$(jget --sse role < "$T/s")" = assistant ] && [ "$(jget --sse usage usage.completion_tokens < "$T/s")" = 60 ] && ok || bad "chat stream role/usage"
+  [ "$(grep -c '^data: ' "$T/s")" -gt 3 ] && ok || bad "stream came in one piece"
+done
+curl -sN "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stream": true}' > "$T/s"
+[ "$(jget --sse < "$T/s")" = "$want" ] && [ "$(jget --sse finish < "$T/s")" = length ] && ok || bad "completion stream"
+grep -q '"usage"' "$T/s" && bad "usage chunk without include_usage" || ok
+
+# ---- stop strings: the text ends before the stop string ----
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stop": ["Lily", "zzz"]}' > /dev/null
+[ "$(jget choices.0.text < "$T/r")" = "${want%%Lily*}" ] && [ "$(jget choices.0.finish_reason < "$T/r")" = stop ] && ok \
+  || bad "stop string: '$(jget choices.0.text < "$T/r")'"
+curl -sN "$URL/v1/completions" -d '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stop": "Lily", "stream": true}' > "$T/s"
+[ "$(jget --sse < "$T/s")" = "${want%%Lily*}" ] && ok || bad "stop string streamed"
+
+# ---- errors: status and OpenAI's shape ----
+check_error() { # check_error WANT_STATUS PATH BODY [curl args]
+  local want=$1 path=$2 body=$3; shift 3
+  local code
+  code=$(curl -s -o "$T/e" -w '%{http_code}' "$@" "$URL$path" --data-binary "$body")
+  [ "$code" = "$want" ] && jget error.message < "$T/e" > /dev/null && jget error.type < "$T/e" > /dev/null && ok \
+    || bad "$path '$body' -> $code (want $want): $(head -c 200 "$T/e")"
+}
+check_error 400 /v1/completions '{"prompt": "x", "max_tokens": 0}'
+check_error 400 /v1/completions '{"prompt": "x", "kv": {"budget": 1.5}}'
+check_error 400 /v1/completions '{"prompt": "x", "kv": {"policy": "nosuch"}}'
+check_error 400 /v1/chat/completions '{"messages": []}'
+check_error 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "hi"}'
+check_error 400 /v1/chat/completions '{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}'
+check_error 400 /v1/completions "{\"prompt\": \"$(head -c 3000 /dev/zero | tr '\0' 'a')\"}" # beyond the context
+check_error 404 /v1/nothing '{}'
+check_error 405 /v1/completions '' -X GET
+check_error 413 /v1/completions "{\"prompt\": \"$(head -c 5000 /dev/zero | tr '\0' 'a')\"}"
+check_error 413 /v1/completions "{\"prompt\": \"$(head -c 5000 /dev/zero | tr '\0' 'a')\"}" -H 'Transfer-Encoding: chunked'
+[ "$(jget error.param < "$T/e")" = null ] || true
+post /v1/completions '{"prompt": "x", "kv": {"sinks": -3}}' > /dev/null
+grep -q -- "--kv-sinks expects an integer" "$T/r" && ok || bad "kv validated by the CLI's row: $(cat "$T/r")"
+
+# ---- metrics ----
+curl -s "$URL/metrics" > "$T/m"
+for m in ekv_requests_total ekv_prompt_tokens_total ekv_completion_tokens_total ekv_requests_running \
+         ekv_requests_queued ekv_kv_bytes_used ekv_kv_bytes_allowed ekv_kv_bytes_reserved ekv_kv_tokens_evicted_total \
+         ekv_kv_tokens_merged_total ekv_requests_rejected_busy_total; do
+  grep -q "^$m" "$T/m" && grep -q "^# TYPE $m " "$T/m" && ok || bad "metric $m"
+done
+ct=$(sed -n 's/^ekv_completion_tokens_total //p' "$T/m"); ev=$(sed -n 's/^ekv_kv_tokens_evicted_total //p' "$T/m")
+mg=$(sed -n 's/^ekv_kv_tokens_merged_total //p' "$T/m")
+[ "$ct" -ge 400 ] && [ "$ev" -gt 0 ] && [ "$mg" -gt 0 ] && ok || bad "metric counters: completion $ct, evicted $ev, merged $mg"
+grep -q '^ekv_requests_total{code="4xx"} [1-9]' "$T/m" && grep -q '^ekv_requests_running 0$' "$T/m" && ok || bad "metric values"
+stop_server main && ok || bad "main server did not exit cleanly"
+
+# ---- API key: Bearer, /health open ----
+start_server key -c 512 --api-key 's3cr3t' --timeout 1 || exit 1
+# an idle connection is closed after --timeout seconds
+exec 3<>"/dev/tcp/127.0.0.1/$PORT_key"
+sleep 2.5
+timeout 5 cat <&3 > /dev/null; [ $? -eq 0 ] && ok || bad "idle connection still open after --timeout 1"
+exec 3<&-
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/models")" = 401 ] && ok || bad "no key must be 401"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cr3T' "$URL/v1/models")" = 401 ] && ok || bad "wrong key"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cr3' "$URL/v1/models")" = 401 ] && ok || bad "prefix of the key"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cr3t' "$URL/v1/models")" = 200 ] && ok || bad "right key"
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && ok || bad "/health needs no key"
+curl -s "$URL/v1/completions" -d '{"prompt": "x"}' | jget error.code | grep -q invalid_api_key && ok || bad "401 body"
+stop_server key && ok || bad "key server exit"
+
+# ---- admission by --kv-mem: 0.1 MiB holds 81 full positions of stories260K (1280 B each) ----
+start_server mem -c 512 --kv-mem 0.1 || exit 1
+code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0}')
+[ "$code" = 400 ] && [ "$(jget error.code < "$T/r")" = kv_mem_exceeded ] && ok || bad "full cache over --kv-mem: $code"
+code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "ignore_eos": true, "kv": {"policy": "local", "budget": 0.2}}')
+[ "$code" = 200 ] && [ "$(jget usage.completion_tokens < "$T/r")" = 200 ] && ok || bad "compressed request must fit: $code $(head -c 200 "$T/r")"
+stop_server mem && ok || bad "mem server exit"
+
+# ---- on real weights with a slow decode: queue full -> 503, hang-up -> cancelled ----
+if [ -f "$SHARED/models/ekv-ref-28m-f16.gguf" ]; then
+  start_server ref -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --parallel 1 --queue 1 || exit 1
+  long='{"prompt": "static int", "max_tokens": 4000, "ignore_eos": true, "temperature": 0}'
+  curl -s -o /dev/null "$URL/v1/completions" -d "$long" & c1=$!
+  for _ in $(seq 1 300); do curl -s "$URL/metrics" | grep -q '^ekv_requests_running 1$' && break; sleep 0.1; done
+  curl -s -o /dev/null "$URL/v1/completions" -d "$long" & c2=$!
+  for _ in $(seq 1 300); do curl -s "$URL/metrics" | grep -q '^ekv_requests_queued 1$' && break; sleep 0.1; done
+  code=$(curl -s -D "$T/h" -o "$T/r" -w '%{http_code}' "$URL/v1/completions" -d "$long")
+  [ "$code" = 503 ] && grep -qi '^retry-after: [0-9]' "$T/h" && [ "$(jget error.code < "$T/r")" = server_busy ] && ok \
+    || bad "queue full must be 503 with Retry-After: $code"
+  kill "$c1" "$c2" 2>/dev/null; wait "$c1" "$c2" 2>/dev/null
+  # both clients hung up: their jobs end, the cache is freed
+  freed=no
+  for _ in $(seq 1 100); do
+    curl -s "$URL/metrics" > "$T/m"
+    if grep -q '^ekv_requests_running 0$' "$T/m" && grep -q '^ekv_requests_queued 0$' "$T/m" && grep -q '^ekv_kv_bytes_used 0$' "$T/m"; then freed=yes; break; fi
+    sleep 0.1
+  done
+  [ $freed = yes ] && grep -q '^ekv_requests_cancelled_total 2$' "$T/m" && ok || bad "hang-up must cancel: $(grep -E 'running|queued|bytes_used|cancelled' "$T/m" | grep -v '#')"
+  # a streaming client that hangs up mid-stream
+  timeout 3 curl -sN "$URL/v1/completions" -d '{"prompt": "static int", "max_tokens": 4000, "ignore_eos": true, "stream": true}' > "$T/s"
+  grep -q '^data: {' "$T/s" && ok || bad "stream before the hang-up"
+  freed=no
+  for _ in $(seq 1 100); do
+    curl -s "$URL/metrics" > "$T/m"
+    grep -q '^ekv_requests_running 0$' "$T/m" && grep -q '^ekv_kv_bytes_used 0$' "$T/m" && { freed=yes; break; }
+    sleep 0.1
+  done
+  [ $freed = yes ] && grep -q '^ekv_requests_cancelled_total 3$' "$T/m" && ok || bad "stream hang-up must cancel"
+  code=$(post /v1/completions '{"prompt": "static int", "max_tokens": 8, "temperature": 0}')
+  [ "$code" = 200 ] && ok || bad "normal request after cancellations: $code"
+  stop_server ref && ok || bad "ref server exit"
+else
+  echo "cli_serve: queue-full and hang-up cases skipped: ../shared absent"
+fi
+
+echo "cli_serve: $pass passed, $fail failed"
+[ $fail -eq 0 ]

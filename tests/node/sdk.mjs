@@ -1,0 +1,127 @@
+// sdk.mjs — ekv serve driven by a client nobody here wrote: the official
+// OpenAI SDK for Node (npm package `openai`, pinned in package-lock.json),
+// with baseURL pointing at the server. Chat, streaming (chunks reassemble to
+// the non-streamed text), legacy completions, models.list, the per-request KV
+// extension passed through the SDK, and errors the SDK maps to its own
+// classes (400 BadRequestError with OpenAI's error shape, 401
+// AuthenticationError).
+// usage: node sdk.mjs BASE_URL API_KEY
+import OpenAI from 'openai';
+import assert from 'node:assert/strict';
+
+const [base, key] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0, timeout: 120000 });
+let passed = 0;
+async function check(name, fn) {
+  try {
+    await fn();
+    passed++;
+  } catch (e) {
+    console.error(`FAIL ${name}: ${e.stack || e}`);
+    process.exitCode = 1;
+  }
+}
+
+const messages = [
+  { role: 'system', content: 'A story for children.' },
+  { role: 'user', content: 'Once upon a time there was a little dog' },
+];
+
+let chatText = '';
+await check('chat', async () => {
+  const r = await client.chat.completions.create({ model: 'stories', messages, max_tokens: 48, temperature: 0 });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices[0].message.role, 'assistant');
+  chatText = r.choices[0].message.content;
+  assert.ok(chatText.length > 20, `short answer: ${chatText}`);
+  assert.equal(r.usage.completion_tokens, 48);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 48);
+  assert.equal(r.usage.kv.policy, 'full');
+});
+
+await check('chat stream', async () => {
+  const stream = await client.chat.completions.create({
+    model: 'stories', messages, max_tokens: 48, temperature: 0, stream: true, stream_options: { include_usage: true },
+  });
+  let text = '';
+  let chunks = 0;
+  let finish = null;
+  let usage = null;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    if (chunk.usage) usage = chunk.usage;
+    if (!chunk.choices.length) continue;
+    text += chunk.choices[0].delta?.content ?? '';
+    if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+    chunks++;
+  }
+  assert.equal(text, chatText);
+  assert.ok(chunks > 3, `only ${chunks} chunks`);
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 48);
+});
+
+await check('kv extension through the SDK', async () => {
+  const r = await client.chat.completions.create({
+    model: 'stories', messages, max_tokens: 48, temperature: 0, kv: { policy: 'h2o', budget: 0.3 },
+  });
+  assert.equal(r.usage.kv.policy, 'h2o');
+  assert.ok(r.usage.kv.bytes < r.usage.kv.bytes_full * 0.5, JSON.stringify(r.usage.kv));
+  assert.ok(r.usage.kv.evicted > 0);
+});
+
+await check('completions', async () => {
+  const r = await client.completions.create({ model: 'stories', prompt: 'Once upon a time', max_tokens: 24, temperature: 0 });
+  assert.equal(r.object, 'text_completion');
+  assert.ok(r.choices[0].text.startsWith(', there was'), r.choices[0].text);
+  const s = await client.completions.create({ model: 'stories', prompt: 'Once upon a time', max_tokens: 24, temperature: 0, stream: true });
+  let text = '';
+  for await (const c of s) text += c.choices[0]?.text ?? '';
+  assert.equal(text, r.choices[0].text);
+});
+
+await check('models', async () => {
+  const list = await client.models.list();
+  assert.equal(list.data.length, 1);
+  assert.equal(list.data[0].object, 'model');
+  assert.equal(list.data[0].id, 'stories260K.gguf');
+});
+
+await check('400 -> BadRequestError', async () => {
+  await assert.rejects(
+    client.chat.completions.create({ model: 'stories', messages, max_tokens: 8, kv: { policy: 'h2o', budget: 2 } }),
+    (e) => {
+      assert.ok(e instanceof OpenAI.BadRequestError, e.constructor.name);
+      assert.equal(e.status, 400);
+      assert.equal(e.error.type, 'invalid_request_error');
+      assert.match(e.error.message, /budget/);
+      return true;
+    },
+  );
+  await assert.rejects(client.chat.completions.create({ model: 'stories', messages: [], max_tokens: 8 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'messages');
+});
+
+await check('401 -> AuthenticationError', async () => {
+  const wrong = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'not-the-key', maxRetries: 0 });
+  await assert.rejects(wrong.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+});
+
+await check('abort mid-stream', async () => {
+  const ac = new AbortController();
+  const stream = await client.chat.completions.create(
+    { model: 'stories', messages, max_tokens: 400, ignore_eos: true, stream: true }, { signal: ac.signal });
+  let n = 0;
+  try {
+    for await (const chunk of stream) { // the SDK ends the iteration (or throws) once aborted
+      if (++n === 3) ac.abort();
+    }
+  } catch (e) {
+    assert.ok(e instanceof OpenAI.APIUserAbortError || e.name === 'AbortError', String(e));
+  }
+  assert.ok(n >= 3 && n < 400, `${n} chunks`);
+  const r = await client.chat.completions.create({ model: 'stories', messages, max_tokens: 48, temperature: 0 });
+  assert.equal(r.choices[0].message.content, chatText);
+});
+
+console.log(`sdk: ${passed} passed`);

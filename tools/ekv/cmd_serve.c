@@ -1,0 +1,153 @@
+/*
+ * cmd_serve.c — `ekv serve`: an OpenAI-compatible HTTP server whose
+ * compressed KV caches become more concurrent users (DESIGN.md "Serving";
+ * the pieces are described in serve.h). This file is the command: flags
+ * through the shared option table, set-up (model, context, vision tower,
+ * engine thread, HTTP daemon), waiting for SIGINT/SIGTERM, and an orderly
+ * shut-down (waiting requests get 503, running ones end, then the daemon).
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve.h"
+
+static const char *const CMD = "serve";
+
+static const struct cli_help k_help = {
+    "usage: ekv serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [options]",
+    "Serves the model over HTTP with OpenAI's API: POST /v1/chat/completions,\n"
+    "POST /v1/completions (both with \"stream\": true as Server-Sent Events), GET /v1/models,\n"
+    "GET /health and GET /metrics (Prometheus). Each request may choose its own KV policy:\n"
+    "\"kv\": {\"policy\": \"elastic\", \"budget\": 0.2, ...} with the names of the --kv-* flags\n"
+    "(or top-level \"kv_policy\", \"kv_budget\", ...); the --kv-* flags below are the default.\n"
+    "Requests are admitted while their projected KV cache (prompt + max_tokens under their\n"
+    "own policy) fits --kv-mem; others wait in a queue of --queue places, beyond which the\n"
+    "answer is 503 with Retry-After. Responses add usage.kv (cache bytes kept against the\n"
+    "full cache, entries evicted and merged) and timings.",
+    "Example:\n"
+    "  ekv serve -m model.gguf --kv-mem 512 --kv-policy elastic --kv-budget 0.2 &\n"
+    "  curl -s http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+    "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}], \"max_tokens\": 32}'",
+};
+
+static volatile sig_atomic_t g_signal;
+
+static void on_signal(int sig) { g_signal = sig; }
+
+/* Settings from the flags, model facts, the chat template. */
+static bool serve_config(struct srv *srv, const struct cli_params *p) {
+    struct srv_config *c = &srv->cfg;
+    c->cli = p;
+    c->model_path = p->model ? p->model : cli_default_model();
+    if (p->alias) c->model_id = p->alias;
+    else {
+        const char *slash = strrchr(c->model_path, '/');
+        c->model_id = slash ? slash + 1 : c->model_path;
+    }
+    c->n_predict = p->n_predict;
+    c->ignore_eos = p->ignore_eos;
+    c->sampling = p->sampling;
+    c->seed_fixed = p->sampling.seed != UINT64_MAX;
+    c->kv = p->kv;
+    snprintf(c->kv_policy, sizeof c->kv_policy, "%s", p->kv.policy ? p->kv.policy : "full");
+    c->kv.policy = c->kv_policy;
+    c->parallel = (int32_t)p->parallel;
+    c->kv_mem = (uint64_t)(p->kv_mem_mib * 1048576.0);
+    c->queue = p->queue;
+    c->api_key = p->api_key && p->api_key[0] ? p->api_key : NULL;
+    c->max_body = (size_t)p->max_body;
+    c->timeout = (unsigned)p->timeout;
+    c->prefill_chunk = (int32_t)p->prefill_chunk;
+    return true;
+}
+
+static bool serve_setup(struct srv *srv, const struct cli_params *p) {
+    if (!cli_load_model(CMD, p, &srv->model, &srv->ctx)) return false;
+    ekv_model_get_info(srv->model, &srv->mi);
+    struct srv_config *c = &srv->cfg;
+    c->n_ctx = p->n_ctx > 0 ? (int32_t)p->n_ctx : srv->mi.n_ctx_train;
+    c->n_threads = p->threads > 0 ? (int32_t)p->threads : ekv_context_default_params().n_threads;
+    c->chat_template = p->chat_template ? p->chat_template : ekv_model_chat_template(srv->model);
+    if (!c->chat_template) c->chat_template = "none";
+    /* the default policy must be one the library accepts */
+    struct ekv_kv_projection pr;
+    enum ekv_status s = ekv_kv_project(srv->model, &c->kv, 1, 1, &pr);
+    if (s != EKV_OK) return cli_fail(CMD, s), false;
+    if (p->mmproj && (s = ekv_vision_load(p->mmproj, &srv->vision)) != EKV_OK) return cli_fail(CMD, s), false;
+    if (pthread_mutex_init(&srv->mu, NULL) || pthread_cond_init(&srv->engine_cv, NULL)) {
+        fprintf(stderr, "ekv serve: error: cannot create locks\n");
+        return false;
+    }
+    srv->locks = true;
+    srv->t_start = cli_now();
+    srv->t_epoch = (long long)time(NULL);
+    if ((s = srv_engine_start(srv)) != EKV_OK) {
+        fprintf(stderr, "ekv serve: error: cannot start the engine thread\n");
+        return false;
+    }
+    return true;
+}
+
+static void serve_banner(const struct srv *srv, const struct cli_params *p, int port) {
+    const struct srv_config *c = &srv->cfg;
+    fprintf(stderr,
+            "ekv serve: %s (%s, %d layers, context %d, %.1f KiB of KV per token), %d threads, template %s\n"
+            "ekv serve: default policy %s at budget %g; --kv-mem %s%.1f MiB, --parallel %d, --queue %ld, "
+            "prefill %d tokens per step%s\n",
+            c->model_id, srv->mi.arch, srv->mi.n_layer, c->n_ctx, srv->mi.kv_bytes_per_token / 1024.0, c->n_threads,
+            c->chat_template, c->kv_policy, c->kv.budget, c->kv_mem ? "" : "unlimited, ", c->kv_mem / 1048576.0,
+            c->parallel, c->queue, c->prefill_chunk, srv->vision ? ", vision tower loaded" : "");
+    /* the one line tests and scripts wait for (stdout, flushed) */
+    printf("ekv serve: listening on http://%s:%d\n", p->host, port);
+    fflush(stdout);
+}
+
+static void serve_wait(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    while (!g_signal) pause();
+}
+
+static int cmd_serve_main(int argc, char **argv) {
+    struct cli_params p;
+    cli_params_init(&p, CLI_SERVE);
+    p.sampling.seed = UINT64_MAX; /* a new seed per request unless -s is given */
+    int rc = cli_parse(CMD, argc, argv, &p, &k_help);
+    if (rc) return rc == 2 ? 0 : rc;
+    struct srv *srv = calloc(1, sizeof *srv);
+    if (!srv) return cli_fail(CMD, EKV_ERR_NOMEM);
+    struct srv_http *http = NULL;
+    int port = 0;
+    rc = 1;
+    signal(SIGPIPE, SIG_IGN);
+    if (serve_config(srv, &p) && serve_setup(srv, &p) &&
+        srv_http_start(srv, p.host, (int)p.port, &http, &port) == EKV_OK) {
+        serve_banner(srv, &p, port);
+        serve_wait();
+        fprintf(stderr, "ekv serve: signal %d: shutting down\n", (int)g_signal);
+        rc = 0;
+    }
+    srv_engine_stop(srv); /* every job ends, so no connection thread waits on one */
+    srv_http_stop(http);
+    if (srv->locks) {
+        pthread_mutex_destroy(&srv->mu);
+        pthread_cond_destroy(&srv->engine_cv);
+    }
+    ekv_vision_free(srv->vision);
+    ekv_context_free(srv->ctx);
+    ekv_model_free(srv->model);
+    free(srv);
+    cli_params_free(&p);
+    return rc;
+}
+
+const struct ekv_cmd ekv_cmd_serve = {"serve", "OpenAI-compatible HTTP server; compressed caches admit more users",
+                                      cmd_serve_main};

@@ -1,0 +1,215 @@
+/*
+ * serve.h — the pieces of `ekv serve` (DESIGN.md "Serving") and how they
+ * meet:
+ *
+ *   serve_http.c      libmicrohttpd: routing, body limits, the API key,
+ *                     waiting for a job and streaming it (SSE), noticing
+ *                     clients that went away
+ *   serve_request.c   OpenAI request JSON -> a validated srv_request
+ *                     (messages through the chat template, tokens, sampling,
+ *                     stop strings, the per-request KV policy)
+ *   serve_engine.c    the engine thread: the one owner of the model's
+ *                     context and every sequence; admission by projected KV
+ *                     bytes, a FIFO of waiting jobs, prompts read in bounded
+ *                     pieces, one batched decode step over all running
+ *                     sequences per iteration
+ *   serve_response.c  response, chunk, error, /v1/models and /metrics bodies
+ *   cmd_serve.c       the command: flags, set-up, signals, shut-down
+ *
+ * Threads: HTTP threads (one per connection) parse and validate, submit a
+ * job and wait on it; the engine thread runs the model. They share `struct
+ * srv` under srv->mu: the queue, the lists of jobs, the counters, and each
+ * job's output (text, state, statistics), which the engine publishes and
+ * the HTTP thread reads. A job is freed when both sides have let go of it
+ * (refs).
+ */
+#ifndef EKV_SERVE_H
+#define EKV_SERVE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+#include "ekv.h"
+
+#define SRV_MAX_STOP 4
+#define SRV_ERR_MAX 512
+
+/* An OpenAI-shaped error: HTTP status, message, type, param, code. */
+struct srv_error {
+    int status;                 /* 0 = no error */
+    char message[SRV_ERR_MAX];
+    const char *type;           /* "invalid_request_error", "server_error", ... */
+    const char *param;          /* offending field or NULL */
+    const char *code;           /* machine-readable code or NULL */
+};
+
+/* Sets e (first error wins) and returns false, for `return srv_fail(...)`. */
+bool srv_fail(struct srv_error *e, int status, const char *type, const char *param, const char *code,
+              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+enum srv_kind { SRV_CHAT, SRV_COMPLETION };
+
+/* A validated request; everything owned by it (srv_request_free). */
+struct srv_request {
+    enum srv_kind kind;
+    char *model;                  /* as the client named it (NULL = the server's) */
+    struct ekv_prompt *prompt;    /* text tokens and image slots (images set), or NULL: */
+    int32_t *tokens;              /* the prompt as token ids (completions with a token array) */
+    int32_t n_tokens;             /* positions of the prompt (tokens + image rows) */
+    long max_tokens;              /* -1: until end of text or context */
+    struct ekv_sampler_params sampling;
+    char *stop[SRV_MAX_STOP];
+    int n_stop;
+    bool stream;
+    bool include_usage;           /* stream_options.include_usage */
+    bool ignore_eos;
+    struct ekv_kv_params kv;
+    char kv_policy[32];           /* kv.policy points here */
+};
+
+void srv_request_free(struct srv_request *r);
+
+/* Settings of the server (from the command line). */
+struct srv_config {
+    const char *model_path;
+    const char *model_id;         /* in /v1/models and responses */
+    const char *chat_template;    /* for /v1/chat/completions */
+    long n_predict;               /* default max_tokens (-1 = until end) */
+    bool ignore_eos;
+    bool seed_fixed;              /* default sampling seed given with -s */
+    struct ekv_sampler_params sampling;
+    struct ekv_kv_params kv;      /* default policy */
+    char kv_policy[32];
+    int32_t n_ctx;
+    int32_t n_threads;
+    int32_t parallel;
+    uint64_t kv_mem;              /* bytes; 0 = no cap */
+    long queue;
+    const char *api_key;
+    size_t max_body;
+    unsigned timeout;
+    int32_t prefill_chunk;
+    const struct cli_params *cli; /* the parsed flags (request kv options parse through them) */
+};
+
+enum srv_state { JOB_QUEUED, JOB_PREFILL, JOB_RUNNING, JOB_DONE };
+
+/* One request in flight. Fields marked (engine) are the engine thread's
+ * alone; (shared) ones are read and written under srv->mu. */
+struct srv_job {
+    struct srv_request req;
+    uint64_t id;
+    double t_arrive;
+    int refs;                     /* (shared) 2 while both sides hold it */
+    enum srv_state state;         /* (shared) */
+    bool cancel;                  /* (shared) set by HTTP when the client went away */
+    pthread_cond_t cv;            /* signalled when the output changes */
+    /* output (shared) */
+    char *text;                   /* generated text so far (stop strings cut) */
+    size_t text_len, text_cap;
+    size_t ready;                 /* bytes of text safe to send (whole UTF-8, no stop prefix) */
+    size_t *tok_end;              /* [n_tok_end] text length after each token (streams send one
+                                     event per token) */
+    size_t n_tok_end, cap_tok_end;
+    long n_gen;                   /* tokens generated */
+    const char *finish;           /* "stop" or "length" once done */
+    struct srv_error err;         /* set when the job failed */
+    struct ekv_kv_stats kv_stats; /* at the end */
+    uint64_t reserve;             /* bytes reserved for admission */
+    double t_admit, t_prompt_done, t_first, t_done;
+    /* engine side (engine) */
+    struct ekv_kv_projection proj;
+    struct ekv_seq *seq;
+    struct ekv_prefill *prefill;
+    struct ekv_sampler *smp;
+    int32_t next;                 /* token to feed at the next decode step */
+    struct srv_job *next_in_list; /* (shared) queue / active list link */
+};
+
+/* Counters for /metrics (shared). */
+struct srv_stats {
+    uint64_t requests[6];         /* by status class: 0 = other, 2 = 2xx, 4 = 4xx, 5 = 5xx */
+    uint64_t rejected_busy;       /* 503 because the queue was full */
+    uint64_t prompt_tokens, completion_tokens;
+    uint64_t evicted, merged;     /* summed over finished jobs */
+    uint64_t decode_steps, decode_rows;
+    double prompt_seconds, decode_seconds;
+    int running_max;              /* most sequences admitted at once */
+    uint64_t cancelled;
+};
+
+struct srv {
+    struct srv_config cfg;
+    struct ekv_model *model;
+    struct ekv_model_info mi;
+    struct ekv_context *ctx;      /* the engine thread's */
+    struct ekv_vision *vision;    /* --mmproj, or NULL (read-only, shared by HTTP threads) */
+    bool locks;                   /* mu and engine_cv initialised */
+    long long t_epoch;            /* Unix time at start ("created" fields) */
+    pthread_mutex_t mu;
+    pthread_cond_t engine_cv;     /* wakes the engine */
+    bool stop;                    /* (shared) shut-down */
+    struct srv_job *queue_head, *queue_tail; /* (shared) waiting, FIFO */
+    long n_queued;
+    struct srv_job *active;       /* (shared) admitted: prefill and running */
+    int n_active;
+    uint64_t kv_used;             /* (shared) K/V bytes of all sequences now */
+    uint64_t kv_reserved;         /* (shared) */
+    uint64_t kv_alloc;            /* (shared) bytes allocated by the caches */
+    uint64_t next_id;
+    struct srv_stats st;
+    double t_start;
+    pthread_t engine;
+    bool engine_started;
+};
+
+/* ---- serve_request.c ---- */
+
+/* Parses and validates a request body for `kind` into r (zeroed first).
+ * false with e set (4xx) on any problem. Tokenizes with srv's model. */
+bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *body, size_t len,
+                       struct srv_request *r, struct srv_error *e);
+/* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)? */
+bool srv_utf8_valid(const char *s, size_t n);
+/* Length of the longest prefix of s[0..n) that ends on a whole UTF-8 character. */
+size_t srv_utf8_whole(const char *s, size_t n);
+
+/* ---- serve_engine.c ---- */
+
+enum ekv_status srv_engine_start(struct srv *srv);
+void srv_engine_stop(struct srv *srv);
+/* Submits a job (takes ownership of req). Returns the job (caller holds one
+ * reference) or NULL with e set (503 when the queue is full, 400 when the
+ * request can never fit --kv-mem or the context). */
+struct srv_job *srv_submit(struct srv *srv, struct srv_request *req, struct srv_error *e);
+/* Drops the caller's reference; a job not done yet is cancelled (its cache
+ * is freed by the engine at once). */
+void srv_release(struct srv *srv, struct srv_job *job);
+
+/* ---- serve_response.c ---- */
+
+/* Bodies, malloc'd NUL-terminated strings (NULL on out of memory). */
+char *srv_error_json(const struct srv_error *e);
+char *srv_response_json(const struct srv *srv, const struct srv_job *job);
+/* One SSE event "data: {...}\n\n" with `delta` text (first: with the role;
+ * final: finish_reason and, when asked, usage). */
+char *srv_chunk_sse(const struct srv *srv, const struct srv_job *job, const char *delta, size_t n, bool first,
+                    bool final);
+char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *job);
+char *srv_models_json(const struct srv *srv);
+char *srv_metrics_text(struct srv *srv); /* takes srv->mu */
+char *srv_health_json(struct srv *srv);  /* takes srv->mu */
+
+/* ---- serve_http.c ---- */
+
+struct srv_http;
+/* Starts listening (host:port; port 0 = any); *port_out gets the port. */
+enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, struct srv_http **out, int *port_out);
+void srv_http_stop(struct srv_http *h);
+
+#endif

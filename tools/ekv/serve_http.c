@@ -1,0 +1,445 @@
+/*
+ * serve_http.c — the HTTP side of `ekv serve`, on libmicrohttpd with one
+ * thread per connection: routes, the API key (Bearer, compared in constant
+ * time), the body limit (413: a body somewhat over --max-body is read and
+ * dropped so that the client sees the answer rather than a reset
+ * connection; one far over it is refused at its headers), JSON errors for
+ * everything that is wrong, and the wait for a
+ * job: a non-streamed request blocks its connection thread until the job is
+ * done; a streamed one sends Server-Sent Events from a content reader that
+ * blocks until the job has new text. Both watch the socket while they wait:
+ * a client that hangs up gets its job cancelled at once (the engine then
+ * frees its cache), not when the next token would have been written.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "serve.h"
+
+/* Bytes beyond --max-body that are read and dropped before answering 413. */
+#define SRV_DRAIN_MAX (16u << 20)
+
+struct srv_http {
+    struct MHD_Daemon *d;
+    struct srv *srv;
+};
+
+enum route { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS };
+
+/* Per-request state of a connection (MHD's con_cls). */
+struct conn {
+    enum route route;
+    char *body;
+    size_t len, cap;
+    bool too_big;
+};
+
+static enum route find_route(const char *url) {
+    static const struct { const char *path; enum route r; } k_routes[] = {
+        {"/v1/chat/completions", R_CHAT}, {"/chat/completions", R_CHAT},
+        {"/v1/completions", R_COMPLETIONS}, {"/completions", R_COMPLETIONS},
+        {"/v1/models", R_MODELS}, {"/models", R_MODELS},
+        {"/health", R_HEALTH}, {"/v1/health", R_HEALTH},
+        {"/metrics", R_METRICS},
+    };
+    for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
+        if (!strcmp(url, k_routes[i].path)) return k_routes[i].r;
+    return R_NONE;
+}
+
+static void count_status(struct srv *srv, int status) {
+    pthread_mutex_lock(&srv->mu);
+    srv->st.requests[status / 100 < 6 ? status / 100 : 0]++;
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* Queues body (taken) with status and content type; NULL body = 500. */
+static enum MHD_Result send_body(struct srv *srv, struct MHD_Connection *c, int status, char *body, const char *type,
+                                 int retry_after) {
+    if (!body) {
+        static const char k_oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                                    "\"param\":null,\"code\":null}}";
+        status = 500;
+        body = strdup(k_oom);
+        type = "application/json";
+        if (!body) return MHD_NO;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (retry_after > 0) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", retry_after);
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, v);
+    }
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    count_status(srv, status);
+    return ret;
+}
+
+static enum MHD_Result send_error(struct srv *srv, struct MHD_Connection *c, const struct srv_error *e) {
+    int retry = e->status == 503 ? 1 : 0;
+    return send_body(srv, c, e->status, srv_error_json(e), "application/json", retry);
+}
+
+static enum MHD_Result fail(struct srv *srv, struct MHD_Connection *c, int status, const char *type,
+                            const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static enum MHD_Result fail(struct srv *srv, struct MHD_Connection *c, int status, const char *type,
+                            const char *code, const char *fmt, ...) {
+    struct srv_error e = {0};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    e.status = status;
+    e.type = type;
+    e.code = code;
+    return send_error(srv, c, &e);
+}
+
+/* Equal strings, in time that depends only on the length of the candidate. */
+static bool key_equal(const char *want, const char *got) {
+    const size_t nw = strlen(want), ng = strlen(got);
+    unsigned char diff = (unsigned char)(nw != ng);
+    for (size_t i = 0; i < ng; i++) diff |= (unsigned char)(got[i] ^ want[nw ? i % nw : 0]);
+    return diff == 0;
+}
+
+static bool authorized(const struct srv *srv, struct MHD_Connection *c) {
+    if (!srv->cfg.api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
+    return key_equal(srv->cfg.api_key, h + 7);
+}
+
+/* Has the client closed its end? (peeks; never consumes a byte) */
+static bool client_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    char ch;
+    ssize_t n = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* Waits (locked) until the job is done or has more than `seen` bytes ready;
+ * false when the client went away first. */
+static bool wait_job_locked(struct srv *srv, struct srv_job *j, size_t seen, int fd) {
+    while (j->state != JOB_DONE && j->ready <= seen) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&j->cv, &srv->mu, &ts);
+        if (client_gone(fd)) return false;
+    }
+    return true;
+}
+
+/* ---- streaming ---- */
+
+struct stream {
+    struct srv *srv;
+    struct srv_job *job;
+    int fd;
+    size_t sent;      /* text bytes sent */
+    size_t tok;       /* next token boundary to look at (job->tok_end) */
+    bool first_sent;  /* the role chunk */
+    bool finished;    /* final chunk(s) and [DONE] queued */
+    char *pending;    /* bytes of events not yet handed to MHD */
+    size_t pend_len, pend_off;
+};
+
+static bool pend_append(struct stream *s, char *ev) {
+    if (!ev) return false;
+    size_t n = strlen(ev);
+    char *p = realloc(s->pending, s->pend_len + n);
+    if (!p) {
+        free(ev);
+        return false;
+    }
+    memcpy(p + s->pend_len, ev, n);
+    s->pending = p;
+    s->pend_len += n;
+    free(ev);
+    return true;
+}
+
+/* Produces the next events into s->pending; false on error or hang-up. */
+static bool stream_next(struct stream *s) {
+    struct srv *srv = s->srv;
+    struct srv_job *j = s->job;
+    pthread_mutex_lock(&srv->mu);
+    if (!wait_job_locked(srv, j, s->sent, s->fd)) {
+        pthread_mutex_unlock(&srv->mu);
+        return false;
+    }
+    bool ok = true;
+    if (j->err.status) { /* OpenAI streams errors as an event with an error object */
+        ok = pend_append(s, srv_error_json(&j->err)) ? true : false;
+        if (ok) {
+            /* wrap as an SSE event */
+            char *body = malloc(s->pend_len + 16);
+            if (body) {
+                int n = snprintf(body, s->pend_len + 16, "data: %.*s\n\n", (int)s->pend_len, s->pending);
+                free(s->pending);
+                s->pending = body;
+                s->pend_len = (size_t)n;
+            }
+        }
+        s->finished = true;
+    } else {
+        const size_t upto = j->state == JOB_DONE ? j->text_len : j->ready;
+        if (!s->first_sent && upto == s->sent) { /* the role, before any text */
+            ok = pend_append(s, srv_chunk_sse(srv, j, "", 0, true, false));
+            s->first_sent = true;
+        }
+        while (ok && s->sent < upto) { /* one event per token (a character cut by a token waits for the next) */
+            size_t b = upto;
+            for (; s->tok < j->n_tok_end; s->tok++) {
+                size_t e = j->tok_end[s->tok];
+                if (e <= s->sent) continue;
+                if (e < upto && srv_utf8_whole(j->text, e) != e) continue;
+                if (e < upto) b = e;
+                break;
+            }
+            ok = pend_append(s, srv_chunk_sse(srv, j, j->text + s->sent, b - s->sent, !s->first_sent, false));
+            s->first_sent = true;
+            s->sent = b;
+        }
+        if (ok && j->state == JOB_DONE) {
+            ok = pend_append(s, srv_chunk_sse(srv, j, "", 0, false, true));
+            if (ok && j->req.include_usage) ok = pend_append(s, srv_usage_chunk_sse(srv, j));
+            s->finished = true;
+        }
+    }
+    pthread_mutex_unlock(&srv->mu);
+    if (ok && s->finished) ok = pend_append(s, strdup("data: [DONE]\n\n"));
+    return ok;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    struct stream *s = cls;
+    while (s->pend_off == s->pend_len) {
+        free(s->pending);
+        s->pending = NULL;
+        s->pend_len = s->pend_off = 0;
+        if (s->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (!stream_next(s)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = s->pend_len - s->pend_off;
+    if (n > max) n = max;
+    memcpy(buf, s->pending + s->pend_off, n);
+    s->pend_off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+    struct stream *s = cls;
+    srv_release(s->srv, s->job); /* cancels the job when the stream ended early */
+    free(s->pending);
+    free(s);
+}
+
+static enum MHD_Result start_stream(struct srv *srv, struct MHD_Connection *c, struct srv_job *job) {
+    struct stream *s = calloc(1, sizeof *s);
+    if (!s) {
+        srv_release(srv, job);
+        return fail(srv, c, 500, "server_error", NULL, "out of memory");
+    }
+    s->srv = srv;
+    s->job = job;
+    s->fd = conn_fd(c);
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
+    if (!r) {
+        stream_free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    count_status(srv, 200);
+    return ret;
+}
+
+/* ---- completions ---- */
+
+static enum MHD_Result completions(struct srv *srv, struct MHD_Connection *c, struct conn *cs) {
+    struct srv_request req;
+    struct srv_error e = {0};
+    enum srv_kind kind = cs->route == R_CHAT ? SRV_CHAT : SRV_COMPLETION;
+    if (!srv_request_parse(srv, kind, cs->body ? cs->body : "", cs->len, &req, &e)) {
+        srv_request_free(&req);
+        return send_error(srv, c, &e);
+    }
+    struct srv_job *job = srv_submit(srv, &req, &e);
+    if (!job) {
+        srv_request_free(&req);
+        return send_error(srv, c, &e);
+    }
+    if (job->req.stream) return start_stream(srv, c, job);
+    const int fd = conn_fd(c);
+    pthread_mutex_lock(&srv->mu);
+    while (job->state != JOB_DONE)
+        if (!wait_job_locked(srv, job, (size_t)-1, fd)) break;
+    const bool done = job->state == JOB_DONE;
+    pthread_mutex_unlock(&srv->mu);
+    if (!done) { /* the client left: cancel, and close the connection */
+        srv_release(srv, job);
+        return MHD_NO;
+    }
+    enum MHD_Result ret = job->err.status ? send_error(srv, c, &job->err)
+                                          : send_body(srv, c, 200, srv_response_json(srv, job), "application/json", 0);
+    srv_release(srv, job);
+    return ret;
+}
+
+/* ---- the access handler ---- */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    (void)version;
+    struct srv *srv = cls;
+    struct conn *cs = *con_cls;
+    if (!cs) { /* headers only: route, method, key, declared size */
+        cs = calloc(1, sizeof *cs);
+        if (!cs) return MHD_NO;
+        *con_cls = cs;
+        cs->route = find_route(url);
+        const bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+        if (cs->route == R_NONE)
+            return fail(srv, c, 404, "invalid_request_error", "not_found", "no endpoint %.200s", url);
+        if (cs->route != R_HEALTH && !authorized(srv, c))
+            return fail(srv, c, 401, "invalid_request_error", "invalid_api_key",
+                        "missing or incorrect API key (send 'Authorization: Bearer KEY')");
+        const bool wants_post = cs->route == R_CHAT || cs->route == R_COMPLETIONS;
+        if ((wants_post && !post) || (!wants_post && !get))
+            return fail(srv, c, 405, "invalid_request_error", "method_not_allowed", "%.200s does not take %.16s",
+                        url, method);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body + SRV_DRAIN_MAX)
+            return fail(srv, c, 413, "invalid_request_error", "request_too_large",
+                        "the body of %.32s bytes is larger than the server's --max-body of %zu", cl,
+                        srv->cfg.max_body);
+        return MHD_YES;
+    }
+    if (*upload_size > 0) { /* a piece of the body */
+        if (!cs->too_big && cs->len + *upload_size > srv->cfg.max_body) {
+            cs->too_big = true;
+            free(cs->body);
+            cs->body = NULL;
+        }
+        if (cs->too_big) {
+            cs->len += *upload_size; /* counted, dropped */
+            *upload_size = 0;
+            if (cs->len > srv->cfg.max_body + SRV_DRAIN_MAX)
+                return fail(srv, c, 413, "invalid_request_error", "request_too_large",
+                            "the body is larger than the server's --max-body of %zu bytes", srv->cfg.max_body);
+            return MHD_YES;
+        }
+        if (cs->len + *upload_size + 1 > cs->cap) {
+            size_t cap = (cs->len + *upload_size + 1) * 2;
+            if (cap > srv->cfg.max_body + 1) cap = srv->cfg.max_body + 1;
+            char *b = realloc(cs->body, cap);
+            if (!b) return MHD_NO;
+            cs->body = b;
+            cs->cap = cap;
+        }
+        memcpy(cs->body + cs->len, upload_data, *upload_size);
+        cs->len += *upload_size;
+        cs->body[cs->len] = 0;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cs->too_big)
+        return fail(srv, c, 413, "invalid_request_error", "request_too_large",
+                    "the body is larger than the server's --max-body of %zu bytes", srv->cfg.max_body);
+    switch (cs->route) {
+    case R_CHAT:
+    case R_COMPLETIONS: return completions(srv, c, cs);
+    case R_MODELS: return send_body(srv, c, 200, srv_models_json(srv), "application/json", 0);
+    case R_HEALTH: return send_body(srv, c, 200, srv_health_json(srv), "application/json", 0);
+    case R_METRICS: return send_body(srv, c, 200, srv_metrics_text(srv), "text/plain; version=0.0.4", 0);
+    default: return MHD_NO;
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    struct conn *cs = *con_cls;
+    if (cs) {
+        free(cs->body);
+        free(cs);
+    }
+    *con_cls = NULL;
+}
+
+/* libmicrohttpd's own messages (malformed requests it answers itself) go nowhere:
+ * a server must not log what any client can make it print. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    (void)fmt;
+    (void)ap;
+}
+
+enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, struct srv_http **out, int *port_out) {
+    *out = NULL;
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
+        fprintf(stderr, "ekv serve: error: --host '%s' is not an IPv4 address\n", host);
+        return EKV_ERR_INVALID_ARG;
+    }
+    struct srv_http *h = calloc(1, sizeof *h);
+    if (!h) return EKV_ERR_NOMEM;
+    h->srv = srv;
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+                            (uint16_t)port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, &addr,
+                            MHD_OPTION_CONNECTION_TIMEOUT, srv->cfg.timeout, MHD_OPTION_NOTIFY_COMPLETED,
+                            on_completed, srv, MHD_OPTION_CONNECTION_LIMIT, 1000u, MHD_OPTION_EXTERNAL_LOGGER,
+                            mhd_log, srv, MHD_OPTION_END);
+    if (!h->d) {
+        fprintf(stderr, "ekv serve: error: cannot listen on %s:%d: %s\n", host, port,
+                errno ? strerror(errno) : "libmicrohttpd failed to start");
+        free(h);
+        return EKV_ERR_IO;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    *port_out = di ? di->port : port;
+    *out = h;
+    return EKV_OK;
+}
+
+void srv_http_stop(struct srv_http *h) {
+    if (!h) return;
+    MHD_stop_daemon(h->d);
+    free(h);
+}

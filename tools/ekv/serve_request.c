@@ -1,0 +1,589 @@
+/*
+ * serve_request.c — an OpenAI request body becomes a validated srv_request,
+ * or a 4xx error naming the field and the reason. Runs on the HTTP thread
+ * of the request, so that the engine thread only ever sees requests that
+ * can run.
+ *
+ * Every field is type- and range-checked: the body must be valid UTF-8 and
+ * one JSON object; numbers must be finite and, where counts are meant,
+ * integers in range; fields ekv does not implement (n > 1, penalties, tools,
+ * logprobs, ...) are refused rather than silently ignored. Chat messages go
+ * through the chat template (--chat-template, else the one the GGUF
+ * declares, else "none"); image_url parts with base64 data: URIs are decoded
+ * here and encoded by the vision tower (--mmproj) into the prompt's image
+ * slots. The per-request KV policy ("kv": {...} or "kv_*" fields) is parsed
+ * by the command line's own option rows (cli_set_option), so a request is
+ * validated exactly like `ekv run`.
+ */
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve.h"
+
+#define SRV_MAX_MESSAGES 4096
+#define SRV_MAX_IMAGES 16
+#define SRV_MAX_STOP_LEN 1024
+
+bool srv_fail(struct srv_error *e, int status, const char *type, const char *param, const char *code,
+              const char *fmt, ...) {
+    if (e->status) return false; /* the first error wins */
+    e->status = status;
+    e->type = type;
+    e->param = param;
+    e->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+#define BAD(param, ...) srv_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+#define UNSUPPORTED(param, ...) srv_fail(e, 400, "invalid_request_error", param, "unsupported_parameter", __VA_ARGS__)
+
+void srv_request_free(struct srv_request *r) {
+    if (!r) return;
+    free(r->model);
+    free(r->tokens);
+    ekv_prompt_free(r->prompt);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}
+
+/* ------------------------------------------------------------------ */
+/* UTF-8                                                                */
+/* ------------------------------------------------------------------ */
+
+/* Length of the valid UTF-8 character at s (n bytes left), 0 if invalid or cut short. */
+static size_t utf8_char(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    size_t len;
+    unsigned min;
+    if (c >= 0xC2 && c <= 0xDF) len = 2, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF) len = 3, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4) len = 4, min = 0x10000;
+    else return 0;
+    if (n < len) return 0;
+    unsigned cp = c & (0x7F >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return len;
+}
+
+bool srv_utf8_valid(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_char(u + i, n - i);
+        if (!k) return false;
+        i += k;
+    }
+    return true;
+}
+
+size_t srv_utf8_whole(const char *s, size_t n) {
+    /* back over at most 3 continuation bytes to the last lead byte */
+    size_t i = n;
+    for (int k = 0; k < 4 && i > 0; k++) {
+        unsigned char c = (unsigned char)s[i - 1];
+        if ((c & 0xC0) != 0x80) { /* a lead or ASCII byte at i - 1 */
+            size_t need = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+            return n - (i - 1) >= need ? n : i - 1;
+        }
+        i--;
+    }
+    return n; /* not UTF-8 anyway: let the final sanitising deal with it */
+}
+
+/* ------------------------------------------------------------------ */
+/* typed fields                                                         */
+/* ------------------------------------------------------------------ */
+
+/* The field, or NULL when absent or JSON null. */
+static const cJSON *field(const cJSON *o, const char *name) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
+    return f && !cJSON_IsNull(f) ? f : NULL;
+}
+
+static bool get_number(struct srv_error *e, const cJSON *o, const char *name, double lo, double hi, double *out) {
+    const cJSON *f = field(o, name);
+    if (!f) return true;
+    if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble))
+        return BAD(name, "'%s' must be a number", name);
+    if (f->valuedouble < lo || f->valuedouble > hi)
+        return BAD(name, "'%s' must be in [%g, %g], got %g", name, lo, hi, f->valuedouble);
+    *out = f->valuedouble;
+    return true;
+}
+
+static bool get_int(struct srv_error *e, const cJSON *o, const char *name, double lo, double hi, long long *out) {
+    const cJSON *f = field(o, name);
+    if (!f) return true;
+    if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble) || f->valuedouble != floor(f->valuedouble))
+        return BAD(name, "'%s' must be an integer", name);
+    if (f->valuedouble < lo || f->valuedouble > hi)
+        return BAD(name, "'%s' must be in [%.0f, %.0f], got %.17g", name, lo, hi, f->valuedouble);
+    *out = (long long)f->valuedouble;
+    return true;
+}
+
+static bool get_bool(struct srv_error *e, const cJSON *o, const char *name, bool *out) {
+    const cJSON *f = field(o, name);
+    if (!f) return true;
+    if (!cJSON_IsBool(f)) return BAD(name, "'%s' must be true or false", name);
+    *out = cJSON_IsTrue(f);
+    return true;
+}
+
+/* Sampling, length, stop strings, streaming. */
+static bool parse_sampling(const struct srv *srv, const cJSON *root, struct srv_request *r, struct srv_error *e) {
+    double d;
+    long long x;
+    d = r->sampling.temp;
+    if (!get_number(e, root, "temperature", 0, 2, &d)) return false;
+    r->sampling.temp = (float)d;
+    d = r->sampling.top_p;
+    if (!get_number(e, root, "top_p", 0, 1, &d)) return false;
+    r->sampling.top_p = d > 1e-6 ? (float)d : 1e-6f; /* 0 keeps the most likely token only */
+    x = r->sampling.top_k;
+    if (!get_int(e, root, "top_k", 0, 1 << 24, &x)) return false;
+    r->sampling.top_k = (int32_t)x;
+    d = r->sampling.min_p;
+    if (!get_number(e, root, "min_p", 0, 1, &d)) return false;
+    r->sampling.min_p = (float)d;
+    if (field(root, "seed")) {
+        if (!get_int(e, root, "seed", -9.2e18, 9.2e18, &x)) return false;
+        r->sampling.seed = (uint64_t)x;
+    } else if (!srv->cfg.seed_fixed) { /* a new seed per request, like llama-server's default */
+        static uint64_t counter;
+        r->sampling.seed = (uint64_t)(cli_now() * 1e9) ^ (__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull);
+    }
+    x = r->max_tokens;
+    const char *mt = field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (!get_int(e, root, mt, 1, 1 << 24, &x)) return false;
+    r->max_tokens = (long)x;
+    if (!get_bool(e, root, "stream", &r->stream)) return false;
+    const cJSON *so = field(root, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so)) return BAD("stream_options", "'stream_options' must be an object");
+        if (!get_bool(e, so, "include_usage", &r->include_usage)) return false;
+    }
+    if (!get_bool(e, root, "ignore_eos", &r->ignore_eos)) return false;
+    const cJSON *st = field(root, "stop");
+    if (st) {
+        if (cJSON_IsString(st)) {
+            r->stop[r->n_stop++] = strdup(st->valuestring);
+        } else if (cJSON_IsArray(st)) {
+            if (cJSON_GetArraySize(st) > SRV_MAX_STOP) return BAD("stop", "'stop' takes at most %d strings", SRV_MAX_STOP);
+            const cJSON *it;
+            cJSON_ArrayForEach(it, st) {
+                if (!cJSON_IsString(it)) return BAD("stop", "'stop' must be a string or an array of strings");
+                r->stop[r->n_stop++] = strdup(it->valuestring);
+            }
+        } else {
+            return BAD("stop", "'stop' must be a string or an array of strings");
+        }
+        for (int i = 0; i < r->n_stop; i++) {
+            if (!r->stop[i]) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            size_t n = strlen(r->stop[i]);
+            if (n == 0 || n > SRV_MAX_STOP_LEN)
+                return BAD("stop", "stop strings must have 1 to %d bytes", SRV_MAX_STOP_LEN);
+        }
+    }
+    return true;
+}
+
+/* Fields of the OpenAI API that ekv does not implement: refused unless they
+ * ask for the default. */
+static bool refuse_unsupported(const cJSON *root, struct srv_error *e) {
+    long long n = 1;
+    if (!get_int(e, root, "n", 1, 1e9, &n)) return false;
+    if (n != 1) return UNSUPPORTED("n", "only n = 1 is supported");
+    double pen = 0;
+    if (!get_number(e, root, "presence_penalty", -2, 2, &pen)) return false;
+    if (pen != 0) return UNSUPPORTED("presence_penalty", "presence_penalty is not supported (only 0)");
+    if (!get_number(e, root, "frequency_penalty", -2, 2, &pen)) return false;
+    if (pen != 0) return UNSUPPORTED("frequency_penalty", "frequency_penalty is not supported (only 0)");
+    const cJSON *f;
+    if ((f = field(root, "logprobs")) && !cJSON_IsFalse(f)) return UNSUPPORTED("logprobs", "logprobs are not supported");
+    if (field(root, "top_logprobs")) return UNSUPPORTED("top_logprobs", "top_logprobs are not supported");
+    if ((f = field(root, "logit_bias")) && !(cJSON_IsObject(f) && !f->child))
+        return UNSUPPORTED("logit_bias", "logit_bias is not supported");
+    if (field(root, "tools") || field(root, "functions")) return UNSUPPORTED("tools", "tools are not supported");
+    if ((f = field(root, "tool_choice")) && !(cJSON_IsString(f) && !strcmp(f->valuestring, "none")))
+        return UNSUPPORTED("tool_choice", "tools are not supported");
+    if ((f = field(root, "response_format"))) {
+        const cJSON *t = cJSON_IsObject(f) ? field(f, "type") : NULL;
+        if (!t || !cJSON_IsString(t) || strcmp(t->valuestring, "text"))
+            return UNSUPPORTED("response_format", "only response_format {\"type\": \"text\"} is supported");
+    }
+    if ((f = field(root, "echo")) && !cJSON_IsFalse(f)) return UNSUPPORTED("echo", "echo is not supported");
+    if ((f = field(root, "suffix"))) return UNSUPPORTED("suffix", "suffix is not supported");
+    long long best = 1;
+    if (!get_int(e, root, "best_of", 1, 1e9, &best)) return false;
+    if (best != 1) return UNSUPPORTED("best_of", "only best_of = 1 is supported");
+    if ((f = field(root, "model")) && !cJSON_IsString(f)) return BAD("model", "'model' must be a string");
+    if ((f = field(root, "user")) && !cJSON_IsString(f)) return BAD("user", "'user' must be a string");
+    return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* the KV extension                                                     */
+/* ------------------------------------------------------------------ */
+
+/* One KV parameter: name as in the API ("budget", "obs_window") -> the
+ * command line's row (--kv-budget, --kv-obs-window). */
+static bool kv_param(struct cli_params *p, const char *where, const char *name, const cJSON *v, struct srv_error *e) {
+    char opt[48], num[64], err[640];
+    const char *val = num; /* strings are passed as they are: a string option keeps the pointer (valid until the
+                              JSON is freed; parse_kv copies the policy name before that) */
+    size_t n = strlen(name);
+    if (n == 0 || n > 32) return BAD("kv", "%s: unknown KV parameter '%.40s'", where, name);
+    for (size_t i = 0; i < n; i++)
+        if (!(islower((unsigned char)name[i]) || name[i] == '_')) return BAD("kv", "%s: unknown KV parameter '%.40s'", where, name);
+    snprintf(opt, sizeof opt, "--kv-%s", name);
+    for (char *c = opt + 5; *c; c++)
+        if (*c == '_') *c = '-';
+    if (!strcmp(opt, "--kv-mem")) return BAD("kv", "%s: 'mem' is the server's --kv-mem, not a request parameter", where);
+    if (cJSON_IsString(v)) {
+        if (strlen(v->valuestring) >= sizeof num) return BAD("kv", "%s: the value of '%s' is too long", where, name);
+        val = v->valuestring;
+    } else if (cJSON_IsNumber(v) && isfinite(v->valuedouble)) {
+        if (v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) < 9e15)
+            snprintf(num, sizeof num, "%.0f", v->valuedouble);
+        else
+            snprintf(num, sizeof num, "%.17g", v->valuedouble);
+    } else {
+        return BAD("kv", "%s: '%s' must be a number or a string", where, name);
+    }
+    if (!cli_set_option(p, opt, val, err, sizeof err)) {
+        if (!strncmp(err, "unknown option", 14)) return BAD("kv", "%s: unknown KV parameter '%s'", where, name);
+        return BAD("kv", "%s: %s", where, err);
+    }
+    return true;
+}
+
+/* "kv": {"policy": "h2o", "budget": 0.2, ...} and top-level "kv_policy", "kv_budget", ... */
+static bool parse_kv(const struct srv *srv, const cJSON *root, struct srv_request *r, struct srv_error *e) {
+    struct cli_params p = *srv->cfg.cli; /* copied: only its kv fields change */
+    p.kv = r->kv;
+    const cJSON *kv = field(root, "kv"), *it;
+    if (kv) {
+        if (!cJSON_IsObject(kv)) return BAD("kv", "'kv' must be an object");
+        cJSON_ArrayForEach(it, kv) {
+            if (!kv_param(&p, "kv", it->string, it, e)) return false;
+        }
+    }
+    cJSON_ArrayForEach(it, root) {
+        if (strncmp(it->string, "kv_", 3) || cJSON_IsNull(it)) continue;
+        if (!kv_param(&p, it->string, it->string + 3, it, e)) return false;
+    }
+    r->kv = p.kv;
+    snprintf(r->kv_policy, sizeof r->kv_policy, "%s", p.kv.policy ? p.kv.policy : "full");
+    r->kv.policy = r->kv_policy;
+    return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* images                                                               */
+/* ------------------------------------------------------------------ */
+
+static int b64_value(unsigned char c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+/* Standard base64 (RFC 4648 section 4), padding optional, no other bytes.
+ * *out is malloc'd. */
+static bool b64_decode(const char *s, size_t n, unsigned char **out, size_t *n_out) {
+    while (n > 0 && s[n - 1] == '=') n--;
+    if (n % 4 == 1) return false;
+    unsigned char *b = malloc(n / 4 * 3 + 3);
+    if (!b) return false;
+    size_t o = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        int v = b64_value((unsigned char)s[i]);
+        if (v < 0) {
+            free(b);
+            return false;
+        }
+        acc = (acc << 6) | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            b[o++] = (unsigned char)(acc >> bits);
+        }
+    }
+    *out = b;
+    *n_out = o;
+    return true;
+}
+
+struct images {
+    unsigned char *data[SRV_MAX_IMAGES];
+    size_t size[SRV_MAX_IMAGES];
+    int n;
+};
+
+static void images_free(struct images *im) {
+    for (int i = 0; i < im->n; i++) free(im->data[i]);
+    im->n = 0;
+}
+
+/* An image_url part: {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}} */
+static bool parse_image(const struct srv *srv, const cJSON *part, struct images *im, struct srv_error *e) {
+    if (!srv->vision)
+        return UNSUPPORTED("messages", "this server has no vision tower: image_url parts need 'ekv serve --mmproj'");
+    const cJSON *iu = field(part, "image_url"), *url = NULL;
+    if (iu && cJSON_IsObject(iu)) url = field(iu, "url");
+    else if (iu && cJSON_IsString(iu)) url = iu;
+    if (!url || !cJSON_IsString(url)) return BAD("messages", "an image_url part needs image_url.url (a string)");
+    const char *u = url->valuestring;
+    if (strncmp(u, "data:", 5) != 0)
+        return BAD("messages", "image URLs must be data: URIs with base64 content (the server fetches nothing)");
+    const char *comma = strchr(u, ',');
+    if (!comma || comma - u < 12 || strncmp(comma - 7, ";base64", 7) != 0)
+        return BAD("messages", "image data: URI must be 'data:<type>;base64,<data>'");
+    if (im->n == SRV_MAX_IMAGES) return BAD("messages", "at most %d images per request", SRV_MAX_IMAGES);
+    unsigned char *bytes;
+    size_t n;
+    if (!b64_decode(comma + 1, strlen(comma + 1), &bytes, &n)) return BAD("messages", "image %d: the data: URI is not valid base64", im->n);
+    if (n == 0) {
+        free(bytes);
+        return BAD("messages", "image %d: the data: URI holds no bytes", im->n);
+    }
+    im->data[im->n] = bytes;
+    im->size[im->n] = n;
+    im->n++;
+    return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* messages and prompts                                                 */
+/* ------------------------------------------------------------------ */
+
+struct chat {
+    struct ekv_chat_msg *msgs;
+    char **content; /* owned */
+    int n;
+};
+
+static void chat_free(struct chat *c) {
+    for (int i = 0; i < c->n; i++) free(c->content[i]);
+    free(c->content);
+    free(c->msgs);
+}
+
+static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = (*len + n + 1) * 2;
+        char *b = realloc(*buf, nc);
+        if (!b) return false;
+        *buf = b;
+        *cap = nc;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return true;
+}
+
+/* A message's content: a string, or text and image_url parts (each image
+ * becomes a marker where it stands). *out is malloc'd. */
+static bool message_content_(const struct srv *srv, const cJSON *content, struct images *im, char **out,
+                             struct srv_error *e);
+
+/* As message_content_, with *out freed (NULL) on failure. */
+static bool message_content(const struct srv *srv, const cJSON *content, struct images *im, char **out,
+                            struct srv_error *e) {
+    if (message_content_(srv, content, im, out, e)) return true;
+    free(*out);
+    *out = NULL;
+    return false;
+}
+
+static bool message_content_(const struct srv *srv, const cJSON *content, struct images *im, char **out,
+                             struct srv_error *e) {
+    size_t len = 0, cap = 0;
+    *out = NULL;
+    if (cJSON_IsString(content)) return (*out = strdup(content->valuestring)) ? true : srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (!cJSON_IsArray(content)) return BAD("messages", "message content must be a string or an array of parts");
+    const cJSON *part;
+    bool ok = append(out, &len, &cap, "", 0);
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *type = cJSON_IsObject(part) ? field(part, "type") : NULL;
+        if (!type || !cJSON_IsString(type)) return BAD("messages", "a content part needs a 'type'");
+        if (!strcmp(type->valuestring, "text")) {
+            const cJSON *t = field(part, "text");
+            if (!t || !cJSON_IsString(t)) return BAD("messages", "a text part needs 'text' (a string)");
+            ok = ok && append(out, &len, &cap, t->valuestring, strlen(t->valuestring));
+        } else if (!strcmp(type->valuestring, "image_url")) {
+            if (!parse_image(srv, part, im, e)) return false;
+            ok = ok && append(out, &len, &cap, EKV_IMAGE_MARKER "\n", strlen(EKV_IMAGE_MARKER "\n"));
+        } else {
+            return UNSUPPORTED("messages", "content parts of type '%.32s' are not supported", type->valuestring);
+        }
+    }
+    return ok ? true : srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+static bool parse_messages(const struct srv *srv, const cJSON *msgs, struct chat *c, struct images *im,
+                           struct srv_error *e) {
+    if (!msgs) return BAD("messages", "'messages' is required");
+    if (!cJSON_IsArray(msgs)) return BAD("messages", "'messages' must be an array");
+    int n = cJSON_GetArraySize(msgs);
+    if (n < 1 || n > SRV_MAX_MESSAGES) return BAD("messages", "'messages' must hold 1 to %d messages", SRV_MAX_MESSAGES);
+    c->msgs = calloc((size_t)n, sizeof *c->msgs);
+    c->content = calloc((size_t)n, sizeof *c->content);
+    if (!c->msgs || !c->content) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        if (!cJSON_IsObject(m)) return BAD("messages", "message %d must be an object", c->n);
+        const cJSON *role = field(m, "role"), *content = field(m, "content");
+        if (!role || !cJSON_IsString(role)) return BAD("messages", "message %d needs a 'role' (a string)", c->n);
+        const char *r = role->valuestring;
+        if (!strcmp(r, "developer")) r = "system";
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))
+            return BAD("messages", "message %d: role '%.32s' is not one of system, developer, user, assistant", c->n, r);
+        if (!content) return BAD("messages", "message %d needs 'content'", c->n);
+        if (!message_content(srv, content, im, &c->content[c->n], e)) return false;
+        c->msgs[c->n].role = r;
+        c->msgs[c->n].content = c->content[c->n];
+        c->n++;
+    }
+    return true;
+}
+
+/* Text with image markers -> the request's prompt (tokens and image slots). */
+static bool make_prompt(const struct srv *srv, const char *text, size_t len, struct images *im, struct srv_request *r,
+                        const char *param, struct srv_error *e) {
+    enum ekv_status s = ekv_prompt_new(srv->model, text, len, true, &r->prompt);
+    if (s != EKV_OK) return BAD(param, "cannot tokenize the prompt: %s", ekv_last_error());
+    if (ekv_prompt_n_images(r->prompt) != im->n)
+        return BAD(param, "the prompt has %d %s marker(s) for %d image(s)", ekv_prompt_n_images(r->prompt),
+                   EKV_IMAGE_MARKER, im->n);
+    if (im->n) {
+        struct ekv_image_input in[SRV_MAX_IMAGES];
+        for (int i = 0; i < im->n; i++) in[i] = (struct ekv_image_input){.data = im->data[i], .size = im->size[i]};
+        if ((s = ekv_prompt_set_images(r->prompt, srv->vision, NULL, in, im->n)) != EKV_OK)
+            return BAD(param, "%s", ekv_last_error());
+    }
+    int64_t n = ekv_prompt_n_positions(r->prompt);
+    if (n == 0) return BAD(param, "the prompt is empty");
+    if (n > INT32_MAX) return BAD(param, "the prompt is too long");
+    r->n_tokens = (int32_t)n;
+    return true;
+}
+
+static bool parse_chat(const struct srv *srv, const cJSON *root, struct srv_request *r, struct srv_error *e) {
+    struct chat c = {0};
+    struct images im = {0};
+    char *text = NULL;
+    bool ok = parse_messages(srv, field(root, "messages"), &c, &im, e);
+    size_t len = 0;
+    if (ok) {
+        enum ekv_status s = ekv_chat_apply(srv->cfg.chat_template, c.msgs, (size_t)c.n, true, NULL, 0, &len);
+        if (s == EKV_OK && !(text = malloc(len + 1))) s = EKV_ERR_NOMEM;
+        if (s == EKV_OK) s = ekv_chat_apply(srv->cfg.chat_template, c.msgs, (size_t)c.n, true, text, len + 1, &len);
+        if (s != EKV_OK) ok = BAD("messages", "chat template %s: %s", srv->cfg.chat_template, ekv_last_error());
+    }
+    if (ok) ok = make_prompt(srv, text, len, &im, r, "messages", e);
+    free(text);
+    images_free(&im);
+    chat_free(&c);
+    return ok;
+}
+
+/* A token array [1, 2, 3] -> the request's tokens. */
+static bool prompt_tokens(const struct srv *srv, const cJSON *arr, struct srv_request *r, struct srv_error *e) {
+    int n = cJSON_GetArraySize(arr);
+    if (n < 1) return BAD("prompt", "'prompt' is empty");
+    r->tokens = malloc((size_t)n * sizeof *r->tokens);
+    if (!r->tokens) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 ||
+            it->valuedouble >= srv->mi.n_vocab)
+            return BAD("prompt", "token ids must be integers in [0, %d)", srv->mi.n_vocab);
+        r->tokens[r->n_tokens++] = (int32_t)it->valuedouble;
+    }
+    return true;
+}
+
+static bool parse_completion(const struct srv *srv, const cJSON *root, struct srv_request *r, struct srv_error *e) {
+    const cJSON *p = field(root, "prompt");
+    if (!p) return BAD("prompt", "'prompt' is required");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child)) p = p->child; /* ["text"], [[1, 2]] */
+    struct images none = {0};
+    if (cJSON_IsString(p)) return make_prompt(srv, p->valuestring, strlen(p->valuestring), &none, r, "prompt", e);
+    if (cJSON_IsArray(p) && (!p->child || cJSON_IsNumber(p->child))) return prompt_tokens(srv, p, r, e);
+    if (cJSON_IsArray(p)) return UNSUPPORTED("prompt", "one prompt per request (a string, a token array, or an array of one)");
+    return BAD("prompt", "'prompt' must be a string or an array of token ids");
+}
+
+/* JSON forbids raw control characters inside strings (cJSON lets them
+ * through): the offset of the first one, or -1. */
+static long raw_control_in_string(const char *s, size_t n) {
+    bool in = false, esc = false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!in) {
+            in = c == '"';
+        } else if (esc) {
+            esc = false;
+        } else if (c == '\\') {
+            esc = true;
+        } else if (c == '"') {
+            in = false;
+        } else if (c < 0x20) {
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *body, size_t len, struct srv_request *r,
+                       struct srv_error *e) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->max_tokens = srv->cfg.n_predict;
+    r->sampling = srv->cfg.sampling;
+    r->ignore_eos = srv->cfg.ignore_eos;
+    r->kv = srv->cfg.kv;
+    if (len == 0) return BAD(NULL, "the request has no body (a JSON object is expected)");
+    if (!srv_utf8_valid(body, len)) return BAD(NULL, "the body is not valid UTF-8");
+    long ctl = raw_control_in_string(body, len);
+    if (ctl >= 0) return BAD(NULL, "the body is not valid JSON: a raw control character in a string at byte %ld", ctl);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (!root) {
+        size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+        return BAD(NULL, "the body is not valid JSON (error near byte %zu of %zu)", at, len);
+    }
+    bool ok = true;
+    if (!cJSON_IsObject(root)) ok = BAD(NULL, "the body must be a JSON object");
+    if (ok && end && (size_t)(end - body) < len) { /* trailing bytes other than white space */
+        for (const char *c = end; c < body + len && ok; c++)
+            if (!isspace((unsigned char)*c)) ok = BAD(NULL, "the body has bytes after its JSON object (at byte %zu)", (size_t)(c - body));
+    }
+    ok = ok && refuse_unsupported(root, e) && parse_sampling(srv, root, r, e) && parse_kv(srv, root, r, e);
+    if (ok) {
+        const cJSON *m = field(root, "model");
+        if (m && !(r->model = strdup(m->valuestring))) ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    if (ok) ok = kind == SRV_CHAT ? parse_chat(srv, root, r, e) : parse_completion(srv, root, r, e);
+    cJSON_Delete(root);
+    return ok;
+}

@@ -1,0 +1,334 @@
+/*
+ * serve_response.c — the bodies `ekv serve` sends, in OpenAI's shapes:
+ * chat.completion / text_completion objects with `usage` (plus ekv's
+ * `usage.kv`: the cache kept against the full one, and `timings`, as
+ * llama.cpp's server reports them), streaming chunks, errors
+ * ({"error": {"message", "type", "param", "code"}}), /v1/models, /health,
+ * and /metrics in the Prometheus text format.
+ *
+ * Generated text may end inside a UTF-8 character or hold bytes that are
+ * not UTF-8 (a model can emit any byte); JSON needs UTF-8, so such bytes
+ * become U+FFFD here. Streaming only ever sends whole characters (the
+ * engine holds back partial ones), so the chunks concatenate to the
+ * non-streamed text.
+ */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve.h"
+
+/* s[0..n) with every byte that is not part of valid UTF-8 replaced by U+FFFD; malloc'd. */
+static char *utf8_clean(const char *s, size_t n) {
+    char *out = malloc(3 * n + 1), *o = out;
+    if (!out) return NULL;
+    for (size_t i = 0; i < n;) {
+        size_t k = srv_utf8_valid(s + i, 1) ? 1 : 0;
+        if (!k) /* find the longest valid character here */
+            for (size_t len = 2; len <= 4 && i + len <= n; len++)
+                if (srv_utf8_valid(s + i, len)) {
+                    k = len;
+                    break;
+                }
+        if (k) {
+            memcpy(o, s + i, k);
+            o += k;
+            i += k;
+        } else {
+            memcpy(o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    *o = 0;
+    return out;
+}
+
+static char *print(cJSON *o) {
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
+char *srv_error_json(const struct srv_error *e) {
+    cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
+    if (!er) return print(o);
+    char *msg = utf8_clean(e->message, strlen(e->message));
+    cJSON_AddStringToObject(er, "message", msg ? msg : "error");
+    free(msg);
+    cJSON_AddStringToObject(er, "type", e->type ? e->type : "invalid_request_error");
+    if (e->param) cJSON_AddStringToObject(er, "param", e->param);
+    else cJSON_AddNullToObject(er, "param");
+    if (e->code) cJSON_AddStringToObject(er, "code", e->code);
+    else cJSON_AddNullToObject(er, "code");
+    return print(o);
+}
+
+static const char *model_id(const struct srv *srv, const struct srv_job *j) {
+    return j->req.model ? j->req.model : srv->cfg.model_id;
+}
+
+/* id, object, created, model: the head of every completion object. */
+static cJSON *head(const struct srv *srv, const struct srv_job *j, bool chunk) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    char id[48];
+    snprintf(id, sizeof id, "%s-%llu", j->req.kind == SRV_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)j->id);
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object",
+                            j->req.kind == SRV_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                    : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)(srv->t_epoch + (long long)(j->t_arrive - srv->t_start)));
+    cJSON_AddStringToObject(o, "model", model_id(srv, j));
+    char fp[32];
+    snprintf(fp, sizeof fp, "ekv-%s", ekv_version());
+    cJSON_AddStringToObject(o, "system_fingerprint", fp);
+    return o;
+}
+
+/* llama.cpp-style timings: prompt and decode, ms and tokens/s. */
+static cJSON *timings(const struct srv_job *j) {
+    cJSON *t = cJSON_CreateObject();
+    if (!t) return NULL;
+    const double prompt_ms = j->t_prompt_done > 0 ? 1e3 * (j->t_prompt_done - j->t_admit) : 0;
+    const double end = j->t_done > 0 ? j->t_done : cli_now();
+    const double dec_ms = j->t_prompt_done > 0 ? 1e3 * (end - j->t_prompt_done) : 0;
+    const long n_dec = j->n_gen > 1 ? j->n_gen - 1 : 0; /* the first token comes with the prompt */
+    cJSON_AddNumberToObject(t, "queue_ms", j->t_admit > 0 ? 1e3 * (j->t_admit - j->t_arrive) : 0);
+    cJSON_AddNumberToObject(t, "prompt_n", j->req.n_tokens);
+    cJSON_AddNumberToObject(t, "prompt_ms", prompt_ms);
+    cJSON_AddNumberToObject(t, "prompt_per_token_ms", j->req.n_tokens ? prompt_ms / j->req.n_tokens : 0);
+    cJSON_AddNumberToObject(t, "prompt_per_second", prompt_ms > 0 ? 1e3 * j->req.n_tokens / prompt_ms : 0);
+    cJSON_AddNumberToObject(t, "predicted_n", (double)j->n_gen);
+    cJSON_AddNumberToObject(t, "predicted_ms", dec_ms);
+    cJSON_AddNumberToObject(t, "predicted_per_token_ms", n_dec ? dec_ms / n_dec : 0);
+    cJSON_AddNumberToObject(t, "predicted_per_second", dec_ms > 0 ? 1e3 * n_dec / dec_ms : 0);
+    return t;
+}
+
+/* usage with ekv's kv and timings. */
+static cJSON *usage(const struct srv *srv, const struct srv_job *j) {
+    (void)srv;
+    cJSON *u = cJSON_CreateObject();
+    if (!u) return NULL;
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->req.n_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)j->n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(j->req.n_tokens + j->n_gen));
+    cJSON *kv = cJSON_AddObjectToObject(u, "kv");
+    if (kv) {
+        const struct ekv_kv_stats *st = &j->kv_stats;
+        cJSON_AddStringToObject(kv, "policy", j->req.kv_policy);
+        cJSON_AddNumberToObject(kv, "budget", j->req.kv.budget);
+        if (j->req.kv.max_tokens > 0) cJSON_AddNumberToObject(kv, "tokens", j->req.kv.max_tokens);
+        cJSON_AddNumberToObject(kv, "bytes", (double)st->bytes);
+        cJSON_AddNumberToObject(kv, "bytes_full", (double)st->bytes_full);
+        cJSON_AddNumberToObject(kv, "entries", (double)st->entries);
+        cJSON_AddNumberToObject(kv, "entries_full", (double)st->entries_full);
+        cJSON_AddNumberToObject(kv, "evicted", (double)st->evicted);
+        cJSON_AddNumberToObject(kv, "merged", (double)st->merged);
+        cJSON_AddNumberToObject(kv, "bytes_projected", (double)j->proj.bytes_final);
+        cJSON_AddNumberToObject(kv, "bytes_peak_projected", (double)j->proj.bytes_peak);
+    }
+    cJSON_AddItemToObject(u, "timings", timings(j));
+    return u;
+}
+
+char *srv_response_json(const struct srv *srv, const struct srv_job *j) {
+    cJSON *o = head(srv, j, false);
+    if (!o) return NULL;
+    char *text = utf8_clean(j->text ? j->text : "", j->text_len);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    if (!text || !choices || !c) {
+        free(text);
+        cJSON_Delete(c);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (j->req.kind == SRV_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text);
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+    }
+    free(text);
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", j->finish ? j->finish : "length");
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddItemToObject(o, "usage", usage(srv, j));
+    cJSON_AddItemToObject(o, "timings", timings(j));
+    return print(o);
+}
+
+/* "data: <json>\n\n", malloc'd. */
+static char *sse(cJSON *o) {
+    char *js = print(o);
+    if (!js) return NULL;
+    size_t n = strlen(js);
+    char *ev = malloc(n + 9);
+    if (ev) snprintf(ev, n + 9, "data: %s\n\n", js);
+    free(js);
+    return ev;
+}
+
+char *srv_chunk_sse(const struct srv *srv, const struct srv_job *j, const char *delta, size_t n, bool first,
+                    bool final) {
+    cJSON *o = head(srv, j, true);
+    if (!o) return NULL;
+    char *text = utf8_clean(delta, n);
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    if (!text || !choices || !c) {
+        free(text);
+        cJSON_Delete(c);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (j->req.kind == SRV_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (first) cJSON_AddStringToObject(d, "role", "assistant");
+        if (!final) cJSON_AddStringToObject(d, "content", text);
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+    }
+    free(text);
+    cJSON_AddNullToObject(c, "logprobs");
+    if (final) cJSON_AddStringToObject(c, "finish_reason", j->finish ? j->finish : "length");
+    else cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    if (final) cJSON_AddItemToObject(o, "timings", timings(j));
+    return sse(o);
+}
+
+char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *j) {
+    cJSON *o = head(srv, j, true);
+    if (!o) return NULL;
+    cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToObject(o, "usage", usage(srv, j));
+    return sse(o);
+}
+
+char *srv_models_json(const struct srv *srv) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+    if (!data || !m) {
+        cJSON_Delete(m);
+        return print(o);
+    }
+    cJSON_AddStringToObject(m, "id", srv->cfg.model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)srv->t_epoch);
+    cJSON_AddStringToObject(m, "owned_by", "ekv");
+    cJSON *meta = cJSON_AddObjectToObject(m, "meta");
+    if (meta) {
+        cJSON_AddStringToObject(meta, "arch", srv->mi.arch);
+        cJSON_AddNumberToObject(meta, "n_params", (double)srv->mi.n_params);
+        cJSON_AddNumberToObject(meta, "n_ctx", srv->cfg.n_ctx);
+        cJSON_AddNumberToObject(meta, "n_ctx_train", srv->mi.n_ctx_train);
+        cJSON_AddNumberToObject(meta, "n_vocab", srv->mi.n_vocab);
+        cJSON_AddStringToObject(meta, "chat_template", srv->cfg.chat_template);
+        cJSON_AddStringToObject(meta, "kv_policy", srv->cfg.kv_policy);
+        cJSON_AddNumberToObject(meta, "kv_budget", srv->cfg.kv.budget);
+        cJSON_AddNumberToObject(meta, "kv_bytes_per_token", (double)srv->mi.kv_bytes_per_token);
+    }
+    cJSON_AddItemToArray(data, m);
+    return print(o);
+}
+
+char *srv_health_json(struct srv *srv) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    pthread_mutex_lock(&srv->mu);
+    cJSON_AddStringToObject(o, "status", srv->stop ? "shutting down" : "ok");
+    cJSON_AddNumberToObject(o, "slots_processing", srv->n_active);
+    cJSON_AddNumberToObject(o, "requests_queued", (double)srv->n_queued);
+    pthread_mutex_unlock(&srv->mu);
+    return print(o);
+}
+
+/* ---- /metrics ---- */
+
+struct text {
+    char *s;
+    size_t len, cap;
+    bool oom;
+};
+
+static void tprintf(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tprintf(struct text *t, const char *fmt, ...) {
+    if (t->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->s ? t->s + t->len : NULL, t->s ? t->cap - t->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->oom = true;
+            return;
+        }
+        if (t->s && t->len + (size_t)n < t->cap) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t cap = (t->len + (size_t)n + 1) * 2;
+        char *s = realloc(t->s, cap);
+        if (!s) {
+            t->oom = true;
+            return;
+        }
+        t->s = s;
+        t->cap = cap;
+    }
+}
+
+static void metric(struct text *t, const char *name, const char *type, const char *help, double v) {
+    tprintf(t, "# HELP ekv_%s %s\n# TYPE ekv_%s %s\nekv_%s %.17g\n", name, help, name, type, name, v);
+}
+
+char *srv_metrics_text(struct srv *srv) {
+    struct text t = {0};
+    pthread_mutex_lock(&srv->mu);
+    const struct srv_stats st = srv->st;
+    const double queued = (double)srv->n_queued, active = srv->n_active;
+    const double used = (double)srv->kv_used, reserved = (double)srv->kv_reserved, alloc = (double)srv->kv_alloc;
+    int prefill = 0;
+    for (const struct srv_job *j = srv->active; j; j = j->next_in_list) prefill += j->state == JOB_PREFILL;
+    pthread_mutex_unlock(&srv->mu);
+    tprintf(&t, "# HELP ekv_requests_total HTTP requests answered, by status class\n# TYPE ekv_requests_total counter\n");
+    static const char *const k_class[] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
+    for (int c = 0; c < 6; c++) tprintf(&t, "ekv_requests_total{code=\"%s\"} %llu\n", k_class[c], (unsigned long long)st.requests[c]);
+    metric(&t, "requests_rejected_busy_total", "counter", "requests refused with 503 because the queue was full",
+           (double)st.rejected_busy);
+    metric(&t, "requests_cancelled_total", "counter", "requests whose client went away before the end",
+           (double)st.cancelled);
+    metric(&t, "prompt_tokens_total", "counter", "prompt tokens (positions) admitted", (double)st.prompt_tokens);
+    metric(&t, "completion_tokens_total", "counter", "tokens generated", (double)st.completion_tokens);
+    metric(&t, "prompt_seconds_total", "counter", "seconds from admission to the first token, summed over requests",
+           st.prompt_seconds);
+    metric(&t, "decode_seconds_total", "counter", "seconds from the first token to the end, summed over requests",
+           st.decode_seconds);
+    metric(&t, "decode_steps_total", "counter", "batched decode steps", (double)st.decode_steps);
+    metric(&t, "decode_rows_total", "counter", "sequences decoded, summed over steps", (double)st.decode_rows);
+    metric(&t, "requests_running", "gauge", "sequences admitted (reading their prompt or generating)", active);
+    metric(&t, "requests_prefilling", "gauge", "sequences reading their prompt", prefill);
+    metric(&t, "requests_queued", "gauge", "requests waiting for admission", queued);
+    metric(&t, "requests_running_max", "gauge", "most sequences admitted at once since start", st.running_max);
+    metric(&t, "kv_bytes_used", "gauge", "K/V bytes kept by all sequences now", used);
+    metric(&t, "kv_bytes_reserved", "gauge", "K/V bytes reserved by admission (projected peaks)", reserved);
+    metric(&t, "kv_bytes_allowed", "gauge", "--kv-mem in bytes (0 = no cap)", (double)srv->cfg.kv_mem);
+    metric(&t, "kv_bytes_allocated", "gauge", "bytes the caches allocated (entries, statistics, headroom)", alloc);
+    metric(&t, "kv_tokens_evicted_total", "counter", "cache entries evicted, summed over layers and heads of finished requests",
+           (double)st.evicted);
+    metric(&t, "kv_tokens_merged_total", "counter", "cache entries merged, summed over layers and heads of finished requests",
+           (double)st.merged);
+    metric(&t, "rss_bytes", "gauge", "resident set size of the server", (double)cli_rss());
+    if (t.oom) {
+        free(t.s);
+        return NULL;
+    }
+    return t.s;
+}
