@@ -326,8 +326,15 @@ enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int
 /* Where an image goes in a prompt. */
 #define EKV_IMAGE_MARKER "<image>"
 
-/* Known templates: "none" (system + "\n" + text), "llava-1.5" ("<system>
- * USER: <image>\n<text> ASSISTANT:"), "chatml" (Qwen2). */
+/* Known templates (docs/chat-templates.md gives each rendering):
+ * "none" (contents one per line), "llava-1.5" and "vicuna" (FastChat's
+ * "SYSTEM USER: q ASSISTANT: a</s>USER: ..."), "chatml" (Qwen2, SmolLM),
+ * "llama-2", "llama-3", "mistral-v1", "mistral-v3", "mistral-v3-tekken",
+ * "mistral-v7", "phi-3", "zephyr", "gemma". llama.cpp's spellings
+ * ("llama2", "llama3", "phi3") are accepted wherever a name is taken.
+ * Rendered texts never start with BOS (the tokenizer adds it); BOS/EOS
+ * texts inside a history ("</s><s>[INST]") are meant to be tokenized with
+ * special tokens parsed. */
 int ekv_chat_template_count(void);
 const char *ekv_chat_template_name(int i);
 

@@ -123,7 +123,7 @@ static const struct cli_opt k_opts[] = {
     {R, G_GEN, "--image", NULL, "FILE",
      "image (JPEG/PNG) spliced where the prompt says <image>, or before the text\n(needs --mmproj); repeat for "
      "several images (markers filled in order)", K_APPEND, OFF(images), 0, 0, NULL, NULL, "", false},
-    {R, G_GEN, "--chat-template", NULL, "T", "chat template (default: llava-1.5 with --image, else none)", K_STR,
+    {R, G_GEN, "--chat-template", NULL, "T", "chat template (names below; default: llava-1.5 with --image, else none)", K_STR,
      OFF(chat_template), 0, 0, check_template, NULL, "", false},
     {E, G_GEN, "--chat-template", NULL, "T",
      "chat template (default: plain system + \"\\n\" + instruction;\nllava-1.5 for items with an image)", K_STR,
@@ -298,8 +298,8 @@ const char *cli_check_policy(const char *name) {
 
 static const char *check_template(const char *v) {
     static char msg[512];
-    for (int i = 0; i < ekv_chat_template_count(); i++)
-        if (!strcmp(v, ekv_chat_template_name(i))) return NULL;
+    size_t n;
+    if (ekv_chat_apply(v, NULL, 0, false, NULL, 0, &n) == EKV_OK) return NULL; /* a name or an alias */
     size_t used = (size_t)snprintf(msg, sizeof msg, "unknown chat template '%.64s' (known:", v);
     for (int i = 0; i < ekv_chat_template_count() && used < sizeof msg; i++)
         used += (size_t)snprintf(msg + used, sizeof msg - used, " %s", ekv_chat_template_name(i));
@@ -757,6 +757,11 @@ void cli_print_help(FILE *out, const struct cli_params *p, const struct cli_help
         for (int i = 0; i < ekv_kv_policy_count(); i++)
             fprintf(out, "  %-13s %s\n", ekv_kv_policy_name(i), ekv_kv_policy_summary(i));
         fputc('\n', out);
+    }
+    if (p->tool & (CLI_RUN | CLI_EVAL | CLI_SERVE)) {
+        fprintf(out, "chat templates (--chat-template; docs/chat-templates.md):\n ");
+        for (int i = 0; i < ekv_chat_template_count(); i++) fprintf(out, " %s", ekv_chat_template_name(i));
+        fprintf(out, "\n\n");
     }
     if (help->epilog && help->epilog[0]) fprintf(out, "%s\n", help->epilog);
 }
