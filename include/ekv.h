@@ -102,6 +102,27 @@ struct ekv_model_info {
     float norm_eps;
     bool rope_neox;          /* rotate halves (qwen2) instead of pairs */
     bool tied_output;        /* output projection shares token_embd */
+    /* RoPE scaling, read as llama.cpp reads it (<arch>.rope.scaling.* and
+     * the factor tensors) */
+    const char *rope_scaling;    /* "none", "linear", "yarn" or "longrope" (static) */
+    float rope_scale_factor;     /* rope.scaling.factor (or rope.scale_linear); 1 when absent */
+    int32_t rope_orig_ctx;       /* rope.scaling.original_context_length; n_ctx_train when absent */
+    float rope_attn_factor;      /* rope.scaling.attn_factor; 1 when absent */
+    float yarn_beta_fast;        /* rope.scaling.yarn_beta_fast; 32 when absent */
+    float yarn_beta_slow;        /* rope.scaling.yarn_beta_slow; 1 when absent */
+    float yarn_ext_factor;       /* rope.scaling.yarn_ext_factor; -1 (absent) = 1 for yarn, else 0 */
+    float yarn_log_mul;          /* rope.scaling.yarn_log_multiplier; 0 = none */
+    bool rope_freqs;             /* per-dimension factors rope_freqs.weight (Llama 3) */
+    bool rope_long_short;        /* rope_factors_long/short.weight (Phi-3 longrope): long when the
+                                    context is longer than rope_orig_ctx */
+    /* architecture details (one forward, a branch per detail) */
+    bool fused_qkv;              /* blk.N.attn_qkv holds Q, K and V rows (Phi-3) */
+    bool fused_gate_up;          /* blk.N.ffn_up holds gate then up rows (Phi-3) */
+    bool ffn_gelu;               /* GeGLU feed-forward (Gemma) instead of SwiGLU */
+    float embd_scale;            /* token embeddings are multiplied by it: sqrt(n_embd) for
+                                    Gemma, else 1 */
+    int32_t sliding_window;      /* <arch>.attention.sliding_window: a query sees the last
+                                    sliding_window positions (itself included); 0 = all */
     uint64_t n_params;
     uint64_t weight_bytes;
     uint64_t kv_bytes_per_token; /* full-cache bytes per token (K+V, all layers) */
@@ -326,8 +347,15 @@ enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int
 /* Where an image goes in a prompt. */
 #define EKV_IMAGE_MARKER "<image>"
 
-/* Known templates: "none" (system + "\n" + text), "llava-1.5" ("<system>
- * USER: <image>\n<text> ASSISTANT:"), "chatml" (Qwen2). */
+/* Known templates (docs/chat-templates.md gives each rendering):
+ * "none" (contents one per line), "llava-1.5" and "vicuna" (FastChat's
+ * "SYSTEM USER: q ASSISTANT: a</s>USER: ..."), "chatml" (Qwen2, SmolLM),
+ * "llama-2", "llama-3", "mistral-v1", "mistral-v3", "mistral-v3-tekken",
+ * "mistral-v7", "phi-3", "zephyr", "gemma". llama.cpp's spellings
+ * ("llama2", "llama3", "phi3") are accepted wherever a name is taken.
+ * Rendered texts never start with BOS (the tokenizer adds it); BOS/EOS
+ * texts inside a history ("</s><s>[INST]") are meant to be tokenized with
+ * special tokens parsed. */
 int ekv_chat_template_count(void);
 const char *ekv_chat_template_name(int i);
 

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/util.h"
 #include "kv/kv.h"
@@ -59,6 +60,31 @@ struct attend_task {
     atomic_int failed;
 };
 
+/* First of the n entries whose position is >= min_pos (positions increase). */
+static int32_t swa_first(const struct ekv_kv_head *h, int32_t n, int64_t min_pos) {
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (h->pos[mid] < min_pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Statistics of a row that sees entries [lo, n) only: the per-entry arrays
+ * start at lo; the latest row's attention of the entries before is 0. */
+static void shift_stats(struct ekv_attn_stats *s, const struct ekv_kv_head *h, int32_t lo) {
+    if (s->colsum) s->colsum += lo;
+    if (s->count) s->count += lo;
+    if (s->sumsq) s->sumsq += lo;
+    if (s->winsum) s->winsum += lo;
+    if (s->bincount) s->bincount += lo;
+    if (s->lastrow) {
+        if (s->flags & EKV_STAT_LASTROW) memset(h->lastrow, 0, (size_t)lo * sizeof *h->lastrow);
+        s->lastrow += lo;
+    }
+}
+
 static void attend_head(struct attend_task *t, int hk, float *probs) {
     const struct ekv_kv *kv = t->kv;
     struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
@@ -82,8 +108,16 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
         const int64_t pos = t->step->pos0 + i;
         st.flags = t->row_flags | (pos >= kv->win_start ? t->win_flags : 0u);
         const size_t qoff = ((size_t)i * (size_t)kv->n_head + (size_t)hk * (size_t)R) * (size_t)d;
-        ekv_attn_row(t->q + qoff, R, d, h->k, h->v, len0 + i + 1, t->scale, t->out + qoff, probs,
-                     st.flags ? &st : NULL);
+        const int32_t n_keys = len0 + i + 1;
+        const int32_t lo = kv->swa_window > 0 ? swa_first(h, n_keys, pos - kv->swa_window + 1) : 0;
+        if (lo == 0) {
+            ekv_attn_row(t->q + qoff, R, d, h->k, h->v, n_keys, t->scale, t->out + qoff, probs, st.flags ? &st : NULL);
+        } else { /* the entries before lo are outside the window: they get no attention */
+            struct ekv_attn_stats sw = st;
+            shift_stats(&sw, h, lo);
+            ekv_attn_row(t->q + qoff, R, d, h->k + (size_t)lo * (size_t)d, h->v + (size_t)lo * (size_t)d, n_keys - lo,
+                         t->scale, t->out + qoff, probs, st.flags ? &sw : NULL);
+        }
     }
     if (t->sparse) {
         t->sparse[2 * hk] = sparse_zero;

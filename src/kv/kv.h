@@ -104,6 +104,8 @@ struct ekv_kv {
     unsigned extra_stats; /* EKV_STAT_* flags collected on top of the policy's (set by
                              evaluation code, e.g. LASTROW for cache hit rates); 0 by default */
     int64_t win_start;    /* queries at positions >= win_start feed winsum / sparsity */
+    int32_t swa_window;   /* sliding-window attention (Mistral): a query at position p sees
+                             the entries at positions > p - swa_window; 0 = all before it */
     struct ekv_kv_params params;  /* defaults resolved by configure() */
     char policy_name[32];
     const struct ekv_policy_ops *ops;

@@ -78,6 +78,7 @@ struct cli_params {
     bool ignore_eos;
     bool display_prompt;
     const char *chat_template;   /* NULL = by command (run: none / llava-1.5 with an image) */
+    bool chat;                   /* run: interactive conversation on stdin (-cnv) */
     const char *system;
     struct cli_list images;      /* run: --image, repeated */
     struct ekv_sampler_params sampling;
@@ -108,6 +109,11 @@ struct cli_params {
     /* mkmodel */
     const char *preset, *output, *mmproj_out, *weight_type, *vocab;
     uint64_t weight_seed;
+    long mk_n_layer;             /* 0 = the preset's */
+    const char *rope_scaling;    /* rope.scaling.type to write, or NULL */
+    double rope_scale;           /* rope.scaling.factor to write, 0 = none */
+    long rope_orig_ctx;          /* 0 = none (longrope presets: theirs) */
+    long sliding_window;         /* -1 = the preset's */
     /* serve */
     const char *host;
     long port;

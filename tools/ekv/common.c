@@ -80,6 +80,7 @@ struct cli_opt {
 #define HUGE30 (1L << 30)
 
 static const char *check_template(const char *v);
+static const char *check_rope_scaling(const char *v);
 static bool fn_pool(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_pool_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_compat(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
@@ -123,7 +124,7 @@ static const struct cli_opt k_opts[] = {
     {R, G_GEN, "--image", NULL, "FILE",
      "image (JPEG/PNG) spliced where the prompt says <image>, or before the text\n(needs --mmproj); repeat for "
      "several images (markers filled in order)", K_APPEND, OFF(images), 0, 0, NULL, NULL, "", false},
-    {R, G_GEN, "--chat-template", NULL, "T", "chat template (default: llava-1.5 with --image, else none)", K_STR,
+    {R, G_GEN, "--chat-template", NULL, "T", "chat template (names below; default: llava-1.5 with --image, else none)", K_STR,
      OFF(chat_template), 0, 0, check_template, NULL, "", false},
     {E, G_GEN, "--chat-template", NULL, "T",
      "chat template (default: plain system + \"\\n\" + instruction;\nllava-1.5 for items with an image)", K_STR,
@@ -131,6 +132,10 @@ static const struct cli_opt k_opts[] = {
     {S, G_GEN, "--chat-template", NULL, "T",
      "chat template of /v1/chat/completions (default: detected from the\nGGUF's tokenizer.chat_template, else none)",
      K_STR, OFF(chat_template), 0, 0, check_template, NULL, "", false},
+    {R, G_GEN, "-cnv, --chat", "--conversation", NULL,
+     "conversation: one user message per line of stdin (-p gives the first), each\nanswer streamed; the compressed "
+     "cache is kept between turns; template:\n--chat-template, else the model's own, else chatml; -n is per turn",
+     K_FLAG, OFF(chat), 0, 0, NULL, NULL, NULL, false},
     {R, G_GEN, "--system", NULL, "TEXT", "system prompt for the chat template (default: the template's own)",
      K_STR, OFF(system), 0, 0, NULL, NULL, "", false},
     {R | S, G_GEN, "--temp", NULL, "F", "temperature; 0 = greedy", K_F32, OFF(sampling.temp), 0, 100, NULL, NULL,
@@ -221,6 +226,18 @@ static const struct cli_opt k_opts[] = {
      OFF(vocab), 0, 0, NULL, NULL, "", false},
     {M, G_MKMODEL, "--seed", NULL, "N", "random seed of the weights; same seed, same bytes", K_U64,
      OFF(weight_seed), 0, 0, NULL, NULL, NULL, false},
+    {M, G_MKMODEL, "--n-layer", NULL, "N", "blocks to write (small test models of a real width)", K_LONG,
+     OFF(mk_n_layer), 1, 4096, NULL, NULL, "the preset's", false},
+    {M, G_MKMODEL, "-c, --ctx-size", NULL, "N", "context_length to write", K_LONG, OFF(n_ctx), 1, 1L << 24, NULL,
+     NULL, "the preset's", false},
+    {M, G_MKMODEL, "--rope-scaling", NULL, "T", "write rope.scaling.type T: none, linear or yarn", K_STR,
+     OFF(rope_scaling), 0, 0, check_rope_scaling, NULL, "", false},
+    {M, G_MKMODEL, "--rope-scale", NULL, "F", "write rope.scaling.factor F", K_F64, OFF(rope_scale), 1e-3, 1e6, NULL,
+     NULL, "", false},
+    {M, G_MKMODEL, "--rope-orig-ctx", NULL, "N", "write rope.scaling.original_context_length N", K_LONG,
+     OFF(rope_orig_ctx), 1, 1L << 24, NULL, NULL, "", false},
+    {M, G_MKMODEL, "--sliding-window", NULL, "N", "write attention.sliding_window N (0: none written)", K_LONG,
+     OFF(sliding_window), 0, 1L << 30, NULL, NULL, "the preset's", false},
 
     /* info */
     {I, G_INFO, "--no-tensors", NULL, NULL, "do not list tensors", K_NOFLAG, OFF(tensors), 0, 0, NULL, NULL, NULL,
@@ -296,10 +313,17 @@ const char *cli_check_policy(const char *name) {
     return msg;
 }
 
+static const char *check_rope_scaling(const char *v) {
+    static char msg[160];
+    if (!strcmp(v, "none") || !strcmp(v, "linear") || !strcmp(v, "yarn")) return NULL;
+    snprintf(msg, sizeof msg, "unknown RoPE scaling '%.64s' (known: none, linear, yarn)", v);
+    return msg;
+}
+
 static const char *check_template(const char *v) {
     static char msg[512];
-    for (int i = 0; i < ekv_chat_template_count(); i++)
-        if (!strcmp(v, ekv_chat_template_name(i))) return NULL;
+    size_t n;
+    if (ekv_chat_apply(v, NULL, 0, false, NULL, 0, &n) == EKV_OK) return NULL; /* a name or an alias */
     size_t used = (size_t)snprintf(msg, sizeof msg, "unknown chat template '%.64s' (known:", v);
     for (int i = 0; i < ekv_chat_template_count() && used < sizeof msg; i++)
         used += (size_t)snprintf(msg + used, sizeof msg - used, " %s", ekv_chat_template_name(i));
@@ -642,6 +666,7 @@ void cli_params_init(struct cli_params *p, unsigned tool) {
     p->tensors = p->metadata = true;
     p->weight_type = "f16";
     p->weight_seed = 1;
+    p->sliding_window = -1;
     p->host = "127.0.0.1";
     p->port = 8080;
     p->parallel = 32;
@@ -757,6 +782,11 @@ void cli_print_help(FILE *out, const struct cli_params *p, const struct cli_help
         for (int i = 0; i < ekv_kv_policy_count(); i++)
             fprintf(out, "  %-13s %s\n", ekv_kv_policy_name(i), ekv_kv_policy_summary(i));
         fputc('\n', out);
+    }
+    if (p->tool & (CLI_RUN | CLI_EVAL | CLI_SERVE)) {
+        fprintf(out, "chat templates (--chat-template; docs/chat-templates.md):\n ");
+        for (int i = 0; i < ekv_chat_template_count(); i++) fprintf(out, " %s", ekv_chat_template_name(i));
+        fprintf(out, "\n\n");
     }
     if (help->epilog && help->epilog[0]) fprintf(out, "%s\n", help->epilog);
 }
