@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "core/util.h"
+#include "kernels/kvquant.h"
 #include "kv/kv.h"
 
 enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
@@ -59,6 +60,7 @@ struct attend_task {
     atomic_int failed;
 };
 
+/* probs: [R][len] scratch followed by the row buffer [EKV_ATTN_ROWS][head_dim]. */
 static void attend_head(struct attend_task *t, int hk, float *probs) {
     const struct ekv_kv *kv = t->kv;
     struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
@@ -78,12 +80,15 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
         .sparse_total = &sparse_total,
         .sparsity_p = t->sparsity_p,
     };
+    const struct ekv_kv_view kview = ekv_store_view(&kv->fk, &h->ks, h->len);
+    const struct ekv_kv_view vview = ekv_store_view(&kv->fv, &h->vs, h->len);
+    float *rowbuf = probs + (size_t)R * (size_t)(h->len ? h->len : 1);
     for (int32_t i = 0; i < n_new; i++) {
         const int64_t pos = t->step->pos0 + i;
         st.flags = t->row_flags | (pos >= kv->win_start ? t->win_flags : 0u);
         const size_t qoff = ((size_t)i * (size_t)kv->n_head + (size_t)hk * (size_t)R) * (size_t)d;
-        ekv_attn_row(t->q + qoff, R, d, h->k, h->v, len0 + i + 1, t->scale, t->out + qoff, probs,
-                     st.flags ? &st : NULL);
+        ekv_attn_row_kv(t->q + qoff, R, &kview, &vview, len0 + i + 1, t->scale, t->out + qoff, probs, rowbuf,
+                        st.flags ? &st : NULL);
     }
     if (t->sparse) {
         t->sparse[2 * hk] = sparse_zero;
@@ -91,12 +96,14 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
     }
 }
 
-/* Attention scratch for thread ith: [R][len] probabilities. */
+/* Attention scratch for thread ith: [R][len] probabilities, then a block
+ * of decoded rows [EKV_ATTN_ROWS][head_dim]. */
 static float *probs_scratch(struct attend_task *t, int ith, int hk) {
     const struct ekv_kv *kv = t->kv;
     const int R = kv->n_head / kv->n_head_kv;
     const struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
-    return ekv_pool_scratch(t->pool, ith, (size_t)R * (size_t)(h->len ? h->len : 1) * sizeof(float));
+    const size_t n = (size_t)R * (size_t)(h->len ? h->len : 1) + (size_t)EKV_ATTN_ROWS * (size_t)kv->head_dim;
+    return ekv_pool_scratch(t->pool, ith, n * sizeof(float));
 }
 
 static void attend_worker(void *ctx, int ith, int nth) {
@@ -190,7 +197,8 @@ enum ekv_status ekv_kv_layer_policy(struct ekv_kv *kv, int il, const struct ekv_
         enum ekv_status s = kv->ops->layer(kv, il, step);
         if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s, layer %d", kv->policy_name, il);
     }
-    return EKV_OK;
+    /* storage rule last (KIVI residual), so the policy saw this forward's rows as appended */
+    return t->step->n_new > 0 ? ekv_kv_flush(kv, t->il) : EKV_OK;
 }
 
 enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, int il,
