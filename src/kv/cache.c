@@ -379,12 +379,15 @@ static void head_move(struct ekv_kv_head *h, int32_t dst, int32_t src) {
 }
 
 /* Packs the entries with keep[j] != 0 to the front, K and V in their
- * storage included. The per-entry arrays always compact; a store that
- * cannot (no memory to re-pack KIVI key groups) reports it. */
-static enum ekv_status head_compact(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep) {
+ * storage included; kept entries j with k_of[j] / v_of[j] (arrays may be
+ * NULL) get those rows (one quantisation per KIVI key group). The
+ * per-entry arrays always compact; a store that cannot (no memory to
+ * re-pack KIVI key groups) reports it. */
+static enum ekv_status head_compact(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep,
+                                    const float *const *k_of, const float *const *v_of) {
     const uint64_t before = head_alloc(kv, h);
-    enum ekv_status s = ekv_store_compact(&kv->fk, &h->ks, h->len, keep);
-    enum ekv_status s2 = ekv_store_compact(&kv->fv, &h->vs, h->len, keep);
+    enum ekv_status s = ekv_store_compact(&kv->fk, &h->ks, h->len, keep, k_of);
+    enum ekv_status s2 = ekv_store_compact(&kv->fv, &h->vs, h->len, keep, v_of);
     account_head(kv, h, before);
     int32_t w = 0;
     for (int32_t j = 0; j < h->len; j++) {
@@ -401,7 +404,7 @@ enum ekv_status ekv_kv_head_keep(struct ekv_kv *kv, struct ekv_kv_head *h, const
     double dropped = 0.0;
     for (int32_t j = 0; j < h->len; j++)
         if (!keep[j]) dropped += h->weight[j];
-    enum ekv_status s = head_compact(kv, h, keep);
+    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL);
     h->n_evicted += (int64_t)llround(dropped);
     head_maybe_shrink(kv, h);
     return s;
@@ -426,7 +429,7 @@ enum ekv_status ekv_kv_head_keep_idx(struct ekv_kv *kv, struct ekv_kv_head *h, c
     uint8_t *keep = calloc((size_t)(h->len ? h->len : 1), 1);
     if (!keep) return ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_keep_idx: out of memory for %d entries", (int)h->len);
     for (int32_t t = 0; t < n; t++) keep[idx[t]] = 1;
-    enum ekv_status s = head_compact(kv, h, keep);
+    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL);
     free(keep);
     h->n_evicted += (int64_t)llround(total - kept);
     head_maybe_shrink(kv, h);
@@ -573,15 +576,17 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
     }
     double *acc = NULL;   /* [n_targets][d]: weighted sums of one side */
     double *wsum = NULL;  /* [n_targets] */
-    float *rows = NULL;   /* [n_targets][d] new rows of one side, then scratch row [d] */
+    float *rows = NULL;   /* [2][n_targets][d] new K rows, new V rows, then a scratch row [d] */
     int32_t *tidx = NULL; /* [n_targets] survivor index of each slot */
+    const float **row_of = NULL; /* [2][len] new row of each survivor (K, V) or NULL */
     enum ekv_status s = EKV_OK;
     if (n_targets > 0) {
         acc = malloc((size_t)n_targets * d * sizeof *acc);
         wsum = calloc((size_t)n_targets, sizeof *wsum);
-        rows = malloc(((size_t)n_targets + 1) * d * sizeof *rows);
+        rows = malloc((2 * (size_t)n_targets + 1) * d * sizeof *rows);
         tidx = malloc((size_t)n_targets * sizeof *tidx);
-        if (!acc || !wsum || !rows || !tidx) {
+        row_of = calloc(2 * nl, sizeof *row_of);
+        if (!acc || !wsum || !rows || !tidx || !row_of) {
             s = ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_merge: out of memory for %d merge targets", (int)n_targets);
             goto out;
         }
@@ -609,28 +614,28 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
         if (h->winsum) h->winsum[t] += h->winsum[j];
         if (h->bincount) h->bincount[t] += h->bincount[j];
     }
-    /* new K rows, then new V rows, of every receiving survivor (all members
-     * are read before anything of that side is written) */
+    /* new K rows, then new V rows, of every receiving survivor; the
+     * compaction writes them (members are read before anything changes) */
     for (int side = 0; side < 2 && n_targets > 0; side++) {
         const bool is_v = side == 1;
         const float *given = is_v ? v_set : k_set;
+        float *out_rows = rows + (size_t)side * (size_t)n_targets * d;
         if (given) {
             for (int32_t a = 0; a < n_targets; a++)
-                memcpy(rows + (size_t)a * d, given + (size_t)tidx[a] * d, d * sizeof(float));
+                memcpy(out_rows + (size_t)a * d, given + (size_t)tidx[a] * d, d * sizeof(float));
         } else {
             memset(acc, 0, (size_t)n_targets * d * sizeof *acc);
-            merge_accumulate(kv, h, is_v, into, slot, acc, rows + (size_t)n_targets * d);
+            merge_accumulate(kv, h, is_v, into, slot, acc, rows + 2 * (size_t)n_targets * d);
             for (int32_t a = 0; a < n_targets; a++)
-                for (size_t c = 0; c < d; c++) rows[(size_t)a * d + c] = (float)(acc[(size_t)a * d + c] / wsum[a]);
+                for (size_t c = 0; c < d; c++) out_rows[(size_t)a * d + c] = (float)(acc[(size_t)a * d + c] / wsum[a]);
         }
-        s = rows_write(kv, h, is_v, tidx, n_targets, rows);
-        if (s != EKV_OK) goto out;
+        for (int32_t a = 0; a < n_targets; a++) row_of[(size_t)side * nl + (size_t)tidx[a]] = out_rows + (size_t)a * d;
     }
     for (int32_t j = 0; j < len; j++) {
         keep[j] = (into[j] == j);
         if (keep[j] && slot[j] >= 0) h->weight[j] = (float)wsum[slot[j]];
     }
-    s = head_compact(kv, h, keep);
+    s = head_compact(kv, h, keep, row_of, row_of ? row_of + nl : NULL);
     h->n_merged += (int64_t)llround(merged);
     h->n_evicted += (int64_t)llround(dropped);
     head_maybe_shrink(kv, h);
@@ -641,6 +646,7 @@ out:
     free(wsum);
     free(rows);
     free(tidx);
+    free(row_of);
     return s;
 }
 

@@ -203,11 +203,14 @@ static int32_t compact_rows(uint8_t *base, size_t rb, int32_t n, const uint8_t *
 }
 
 /* KIVI keys: drops evicted entries from their groups, codes unchanged;
- * empty groups vanish. In place, front to back (writes never pass reads). */
-static void compact_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *s, const uint8_t *keep) {
+ * empty groups vanish. In place, front to back (writes never pass reads).
+ * With src_of, src_new[w] gets the new row of the w-th kept quantised entry
+ * and dirty[g] marks the output groups that hold one. */
+static void compact_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *s, const uint8_t *keep,
+                            const float *const *src_of, const float **src_new, uint8_t *dirty) {
     const size_t hdr = (size_t)f->d * 4, rb = f->row_bytes;
     size_t off = 0, w_off = 0;
-    int32_t first = 0, wg = 0;
+    int32_t first = 0, wg = 0, wq = 0;
     for (int32_t g = 0; g < s->ng; g++) {
         const int32_t n = s->gn[g];
         int32_t k = 0;
@@ -215,12 +218,18 @@ static void compact_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *
         if (k > 0) {
             if (w_off != off) memmove(s->data + w_off, s->data + off, hdr);
             int32_t rw = 0;
+            if (dirty) dirty[wg] = 0;
             for (int32_t r = 0; r < n; r++) {
                 if (!keep[first + r]) continue;
                 uint8_t *dst = s->data + w_off + hdr + (size_t)rw * rb;
                 const uint8_t *src = s->data + off + hdr + (size_t)r * rb;
                 if (dst != src) memmove(dst, src, rb);
+                if (src_of) {
+                    src_new[wq] = src_of[first + r];
+                    if (src_new[wq]) dirty[wg] = 1;
+                }
                 rw++;
+                wq++;
             }
             s->gn[wg++] = k;
             w_off += gbytes(f, k);
@@ -233,25 +242,32 @@ static void compact_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *
 }
 
 /* KIVI keys: re-quantises each maximal run of adjacent groups (greedy,
- * left to right) whose entries fit in one group as a single group. */
-static enum ekv_status coalesce_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *s) {
+ * left to right) whose entries fit in one group as a single group, and
+ * every dirty group (one with new rows in src_new), substituting the new
+ * rows; each group is quantised at most once. src_new / dirty may be NULL. */
+static enum ekv_status coalesce_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *s, const float *const *src_new,
+                                        const uint8_t *dirty) {
     bool need = false;
-    for (int32_t g = 0; g + 1 < s->ng && !need; g++) need = s->gn[g] + s->gn[g + 1] <= f->g;
+    for (int32_t g = 0; g < s->ng && !need; g++)
+        need = (dirty && dirty[g]) || (g + 1 < s->ng && s->gn[g] + s->gn[g + 1] <= f->g);
     if (!need) return EKV_OK;
     const size_t d = (size_t)f->d;
     float *tmp = malloc((size_t)f->g * d * sizeof *tmp);
     if (!tmp) return ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to re-pack key groups");
     size_t off = 0, w_off = 0;
-    int32_t wg = 0;
+    int32_t wg = 0, first = 0;
     for (int32_t g = 0; g < s->ng;) {
         int32_t e = g + 1, tot = s->gn[g];
         while (e < s->ng && tot + s->gn[e] <= f->g) tot += s->gn[e++];
-        if (e == g + 1) { /* alone: moves */
+        bool touched = e > g + 1;
+        for (int32_t x = g; x < e && !touched; x++) touched = dirty && dirty[x];
+        if (!touched) { /* moves as it is */
             const size_t b = gbytes(f, s->gn[g]);
             if (w_off != off) memmove(s->data + w_off, s->data + off, b);
             s->gn[wg++] = s->gn[g];
             w_off += b;
             off += b;
+            first += s->gn[g];
             g++;
             continue;
         }
@@ -261,9 +277,13 @@ static enum ekv_status coalesce_kgroups(const struct ekv_store_fmt *f, struct ek
             r += s->gn[x];
             off += gbytes(f, s->gn[x]);
         }
+        if (src_new)
+            for (int32_t t = 0; t < tot; t++)
+                if (src_new[first + t]) memcpy(tmp + (size_t)t * d, src_new[first + t], d * sizeof(float));
         ekv_kivi_quant_kgroup(tmp, tot, f->d, bits_of(f), s->data + w_off);
         s->gn[wg++] = tot;
         w_off += gbytes(f, tot);
+        first += tot;
         g = e;
     }
     free(tmp);
@@ -273,27 +293,49 @@ static enum ekv_status coalesce_kgroups(const struct ekv_store_fmt *f, struct ek
 }
 
 enum ekv_status ekv_store_compact(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len,
-                                  const uint8_t *keep) {
+                                  const uint8_t *keep, const float *const *src_of) {
     const int32_t nq = s->nq;
+    const size_t d = (size_t)f->d;
     if (!is_kivi(f)) {
         s->nq = compact_rows(s->data, f->row_bytes, len, keep);
         s->data_used = (size_t)s->nq * f->row_bytes;
-        return EKV_OK;
-    }
-    const int32_t tail = compact_rows((uint8_t *)s->tail, 2 * (size_t)f->d, len - nq, keep + nq);
-    enum ekv_status st = EKV_OK;
-    if (f->is_v) {
-        s->nq = compact_rows(s->data, f->row_bytes, nq, keep);
-        s->data_used = (size_t)s->nq * f->row_bytes;
     } else {
-        compact_kgroups(f, s, keep);
-        st = coalesce_kgroups(f, s);
-        int32_t q = 0;
-        for (int32_t g = 0; g < s->ng; g++) q += s->gn[g];
-        s->nq = q;
+        (void)compact_rows((uint8_t *)s->tail, 2 * d, len - nq, keep + nq);
+        if (f->is_v) {
+            s->nq = compact_rows(s->data, f->row_bytes, nq, keep);
+            s->data_used = (size_t)s->nq * f->row_bytes;
+        } else {
+            const float **src_new = NULL;
+            uint8_t *dirty = NULL;
+            if (src_of && s->ng > 0) {
+                src_new = calloc((size_t)nq, sizeof *src_new);
+                dirty = calloc((size_t)s->ng, 1);
+                if (!src_new || !dirty) {
+                    free(src_new);
+                    free(dirty);
+                    return ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to compact %d keys", (int)nq);
+                }
+            }
+            compact_kgroups(f, s, keep, src_new ? src_of : NULL, src_new, dirty);
+            int32_t q = 0;
+            for (int32_t g = 0; g < s->ng; g++) q += s->gn[g];
+            s->nq = q;
+            enum ekv_status st = coalesce_kgroups(f, s, src_new, dirty);
+            free(src_new);
+            free(dirty);
+            if (st != EKV_OK) return st;
+        }
     }
-    (void)tail;
-    return st;
+    if (!src_of) return EKV_OK;
+    /* new rows of the survivors outside KIVI key groups, at their new indices */
+    int32_t w = 0;
+    for (int32_t j = 0; j < len; j++) {
+        if (!keep[j]) continue;
+        const float *x = src_of[j];
+        if (x && !(is_kivi_k(f) && w < s->nq)) (void)ekv_store_write(f, s, w + 1, &w, 1, x);
+        w++;
+    }
+    return EKV_OK;
 }
 
 enum ekv_status ekv_store_flush(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len) {

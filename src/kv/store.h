@@ -63,11 +63,13 @@ void ekv_store_read(const struct ekv_store_fmt *f, const struct ekv_kv_store *s,
  * once each. */
 enum ekv_status ekv_store_write(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len, const int32_t *idx,
                                 int32_t n, const float *src);
-/* Keeps the entries with keep[j] (j < len) in order. KIVI key groups keep
- * their codes (no re-quantisation); afterwards runs of adjacent groups
- * whose entries fit in one group (<= G) are re-quantised as one group. */
+/* Keeps the entries with keep[j] (j < len) in order; a kept entry j with
+ * src_of[j] != NULL gets that row (src_of NULL: none). KIVI key groups keep
+ * their codes (no re-quantisation) unless they receive a new row or a run
+ * of adjacent groups fits in one group (<= G entries): those are
+ * re-quantised, once each, as one group with the new rows in place. */
 enum ekv_status ekv_store_compact(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len,
-                                  const uint8_t *keep);
+                                  const uint8_t *keep, const float *const *src_of);
 /* KIVI residual rule after a forward (POLICIES.md §11): keys quantise
  * whole blocks of max(R, G) tail entries, values all but the newest R. */
 enum ekv_status ekv_store_flush(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len);
