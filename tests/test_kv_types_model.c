@@ -1,0 +1,164 @@
+/*
+ * test_kv_types_model.c — storage types on the real ekv-ref-28m
+ * (../shared; head_dim 64, GQA 8/2), so that q8_0/q4_0/KIVI apply:
+ *   - within each type (and a mixed q8_0 keys / kivi4 values cache), the
+ *     policies at budget 1.0 give logits bit-identical to the same type with
+ *     no policy over an 80-token prompt and 20 decode steps (all policies
+ *     on f16, kivi2 and the mixed cache, full/h2o/elastic on the others;
+ *     KIVI with R = 32 so that key groups form at prefill and at decode);
+ *   - at budget 0.25 every policy keeps its entry budget on f16, q8_0,
+ *     kivi2 and q4_0-keys/kivi4-values (200-token prompt, 8 steps), the
+ *     bytes are those of the type (below the same type's full cache, row
+ *     types below the f16 cache of the same entries, KIVI never above it),
+ *     and logits stay finite;
+ *   - KIVI with decode-time eviction (h2o) keeps its key groups consistent
+ *     (entries == groups + residual) while evicting inside groups.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ekv.h"
+#include "kv/kv.h"
+#include "testutil.h"
+
+/* ekv_seq is opaque; the test reads the cache through the engine's struct. */
+#include "engine/engine.h"
+
+static int argmax(const float *l, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[b]) b = i;
+    return b;
+}
+
+struct combo {
+    enum ekv_kv_type k, v;
+};
+
+int main(void) {
+    const char *path = tu_shared("models/ekv-ref-28m-f16.gguf");
+    if (access(path, R_OK) != 0) {
+        printf("test_kv_types_model: skipped: ../shared absent\n");
+        return test_finish("test_kv_types_model");
+    }
+    struct ekv_model *m = NULL;
+    struct ekv_context *c = NULL;
+    CHECK_OK(ekv_model_load(path, NULL, &m));
+    if (!m) return test_finish("test_kv_types_model");
+    struct ekv_context_params cp = ekv_context_default_params();
+    cp.n_threads = 2;
+    cp.n_ctx = 512;
+    CHECK_OK(ekv_context_new(m, &cp, &c));
+    struct ekv_model_info mi;
+    ekv_model_get_info(m, &mi);
+    const int V = mi.n_vocab;
+    size_t tlen = 0;
+    char *text = tu_read_file(tu_shared("data/longctx/heldout_dev.jsonl"), &tlen);
+    CHECK(text != NULL);
+    if (!text || !c) return test_finish("test_kv_types_model");
+    int32_t *toks = malloc((tlen + 8) * sizeof *toks);
+    size_t n_all = 0;
+    CHECK_OK(ekv_tokenize(m, text, tlen < 20000 ? tlen : 20000, true, false, toks, tlen + 8, &n_all));
+    CHECK(n_all >= 400);
+    float *ref = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
+    const struct combo combos[] = {{EKV_KV_F16, EKV_KV_F16},   {EKV_KV_KIVI2, EKV_KV_KIVI2}, {EKV_KV_Q8_0, EKV_KV_KIVI4},
+                                   {EKV_KV_Q8_0, EKV_KV_Q8_0},   {EKV_KV_Q4_0, EKV_KV_Q4_0},   {EKV_KV_KIVI4, EKV_KV_KIVI4}};
+    const int n_combos = (int)(sizeof combos / sizeof combos[0]);
+    const int n_policies = ekv_kv_policy_count();
+    const struct combo combos2[] = {{EKV_KV_F16, EKV_KV_F16}, {EKV_KV_Q8_0, EKV_KV_Q8_0}, {EKV_KV_KIVI2, EKV_KV_KIVI2},
+                                    {EKV_KV_Q4_0, EKV_KV_KIVI4}};
+
+    /* 1. budget 1.0 == no policy, within each type */
+    for (int ci = 0; ci < n_combos; ci++) {
+        for (int pi = 0; pi < n_policies; pi++) {
+            struct ekv_kv_params none = ekv_kv_default_params(), kp = none;
+            none.type_k = kp.type_k = combos[ci].k;
+            none.type_v = kp.type_v = combos[ci].v;
+            none.kv_residual = kp.kv_residual = 32;
+            kp.policy = ekv_kv_policy_name(pi);
+            if (ci >= 3 && strcmp(kp.policy, "full") && strcmp(kp.policy, "h2o") && strcmp(kp.policy, "elastic")) continue;
+            struct ekv_seq *a = NULL, *b = NULL;
+            CHECK_OK(ekv_seq_new(c, &none, &a));
+            CHECK_OK(ekv_seq_new(c, &kp, &b));
+            if (!a || !b) continue;
+            CHECK_OK(ekv_seq_prefill(a, toks, 80, ref));
+            CHECK_OK(ekv_seq_prefill(b, toks, 80, got));
+            int same = memcmp(ref, got, (size_t)V * sizeof(float)) == 0, step = 0;
+            for (; step < 20 && same; step++) {
+                const int32_t t = argmax(ref, V);
+                CHECK_OK(ekv_seq_decode(a, t, ref));
+                CHECK_OK(ekv_seq_decode(b, t, got));
+                same = memcmp(ref, got, (size_t)V * sizeof(float)) == 0;
+            }
+            CHECK_MSG(same && step == 20, "K %s / V %s, policy %s at budget 1.0 differs from no policy at step %d",
+                      ekv_kv_type_name(combos[ci].k), ekv_kv_type_name(combos[ci].v), kp.policy, step);
+            ekv_seq_free(a);
+            ekv_seq_free(b);
+        }
+    }
+
+    /* 2. budget 0.25 on every type: entries, bytes, finite logits */
+    for (int ci = 0; ci < (int)(sizeof combos2 / sizeof combos2[0]); ci++) {
+        for (int pi = 0; pi < n_policies; pi++) {
+            const char *name = ekv_kv_policy_name(pi);
+            if (!strcmp(name, "full")) continue;
+            struct ekv_kv_params kp = ekv_kv_default_params();
+            kp.type_k = combos2[ci].k;
+            kp.type_v = combos2[ci].v;
+            kp.kv_residual = 32;
+            kp.policy = name;
+            kp.budget = 0.25;
+            struct ekv_seq *s = NULL;
+            CHECK_OK(ekv_seq_new(c, &kp, &s));
+            if (!s) continue;
+            CHECK_OK(ekv_seq_prefill(s, toks, 200, got));
+            for (int step = 0; step < 8; step++) CHECK_OK(ekv_seq_decode(s, argmax(got, V), got));
+            struct ekv_kv_stats st;
+            ekv_seq_kv_stats(s, &st);
+            const bool prefill_only = !strcmp(name, "snapkv") || !strcmp(name, "pyramidkv") || !strcmp(name, "vlcache");
+            const double ef = (double)st.entries / (double)st.entries_full;
+            const uint64_t f16_same = (uint64_t)st.entries * 2u * (uint64_t)mi.head_dim * 2u;
+            CHECK_MSG(prefill_only ? ef < 0.35 : ef <= 0.25 + 1.0 / 208 + 1e-9, "%s on K %s: %.3f of the entries", name,
+                      ekv_kv_type_name(kp.type_k), ef);
+            CHECK_MSG(st.bytes < st.bytes_full && st.bytes_full < st.bytes_full_f32 && st.n_seen == 208,
+                      "%s on K %s: %llu bytes of %llu (f32 %llu)", name, ekv_kv_type_name(kp.type_k),
+                      (unsigned long long)st.bytes, (unsigned long long)st.bytes_full,
+                      (unsigned long long)st.bytes_full_f32);
+            const bool kivi = kp.type_k == EKV_KV_KIVI2 || kp.type_v == EKV_KV_KIVI4;
+            if (kp.type_k != EKV_KV_F16)
+                CHECK_MSG(kivi ? st.bytes <= f16_same : st.bytes < f16_same, "%s on K %s: %llu bytes, f16 would take %llu", name,
+                          ekv_kv_type_name(kp.type_k), (unsigned long long)st.bytes, (unsigned long long)f16_same);
+            bool fin = true;
+            for (int v = 0; v < V; v++) fin &= isfinite(got[v]) != 0;
+            CHECK_MSG(fin, "%s on K %s: non-finite logits", name, ekv_kv_type_name(kp.type_k));
+            /* KIVI key groups stay consistent under eviction */
+            if (kp.type_k == EKV_KV_KIVI2) {
+                const struct ekv_kv *kv = s->kv;
+                bool ok = true;
+                for (int l = 0; l < kv->n_layer; l++)
+                    for (int h = 0; h < kv->n_head_kv; h++) {
+                        const struct ekv_kv_head *hd = &kv->layers[l].heads[h];
+                        int32_t q = 0;
+                        for (int g = 0; g < hd->ks.ng; g++) {
+                            ok &= hd->ks.gn[g] >= 1 && hd->ks.gn[g] <= kv->params.kv_group;
+                            if (g + 1 < hd->ks.ng) ok &= hd->ks.gn[g] + hd->ks.gn[g + 1] > kv->params.kv_group;
+                            q += hd->ks.gn[g];
+                        }
+                        ok &= q == hd->ks.nq && hd->ks.nq <= hd->len;
+                    }
+                CHECK_MSG(ok, "%s on kivi2: key groups inconsistent", name);
+            }
+            ekv_seq_free(s);
+        }
+    }
+    free(ref);
+    free(got);
+    free(toks);
+    free(text);
+    ekv_context_free(c);
+    ekv_model_free(m);
+    return test_finish("test_kv_types_model");
+}
