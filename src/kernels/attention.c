@@ -6,6 +6,11 @@
  * KV-cache policies rank entries by (column sums, squares, last row, window
  * sums, ScissorHands bin counts, VL-Cache sparsity counts).
  *
+ * ekv_attn_row_kv reads typed storage (kvquant.h views: f16, q8_0, q4_0,
+ * KIVI groups and residual): blocks of EKV_ATTN_ROWS entries are decoded
+ * once for all R heads (the reference codecs here, the SIMD ones in
+ * attention_avx2.c) and attended as f32; ekv_attn_row is the f32 case.
+ *
  * ekv_attn_row and ekv_attn_accumulate dispatch at run time to the AVX2
  * versions in attention_avx2.c (same statistics bit for bit; attention
  * outputs within the error bounds tests/test_attention.c states).

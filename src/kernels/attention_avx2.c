@@ -19,6 +19,15 @@
  * key or value vector loaded from cache feeds two FMAs, with per-element
  * operations identical to the one-head kernels.
  *
+ * Typed storage (ekv_attn_row_kv_avx2, kvquant.h): f32 rows are read in
+ * place; any other type is decoded EKV_ATTN_ROWS entries at a time into
+ * the caller's row buffer by the SIMD codecs (F16C for f16, exact int8 /
+ * nibble / KIVI-code conversions), then the same f32 block kernels run on
+ * it, so each block of K and of V is read from the cache once for all R
+ * heads and the result equals the f32 path over the dequantised rows bit
+ * for bit (a key's score and a value's FMA chain do not depend on block
+ * boundaries).
+ *
  * The statistics (ekv_attn_accumulate_avx2) are vectorised across keys
  * and perform, per key, exactly the operations of the reference in the
  * same order, so they are bit-identical to it; the attention output never
