@@ -104,7 +104,8 @@ struct ekv_model_info {
     bool tied_output;        /* output projection shares token_embd */
     uint64_t n_params;
     uint64_t weight_bytes;
-    uint64_t kv_bytes_per_token; /* full-cache bytes per token (K+V, all layers) */
+    uint64_t kv_bytes_per_token; /* full-cache bytes per token (K+V, all layers) in the default
+                                    storage type (ekv_kv_type_default(); see ekv_kv_full_bytes) */
 };
 void ekv_model_get_info(const struct ekv_model *model, struct ekv_model_info *info);
 
@@ -340,8 +341,19 @@ struct ekv_kv_stats {
     uint64_t peak_bytes_alloc;
     int64_t evicted;         /* tokens dropped (summed over layers and heads) */
     int64_t merged;          /* tokens merged into another entry (summed) */
+    enum ekv_kv_type type_k; /* storage types of keys and values (resolved, never DEFAULT) */
+    enum ekv_kv_type type_v;
 };
 void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st);
+
+/* Bytes of K/V data a full cache (nothing evicted) of n_tokens tokens takes
+ * for this model with kv's storage types (NULL = defaults), all layers and
+ * KV heads: rows of the types, KIVI key groups and fp16 residual as the
+ * cache lays them out. Multiply by a policy's kept fraction to project a
+ * compressed cache (what `ekv serve --kv-mem` admits by). 0 when kv is
+ * invalid for the model (e.g. q8_0 with a head size not a multiple of 32;
+ * ekv_seq_new reports why). */
+uint64_t ekv_kv_full_bytes(const struct ekv_model *model, const struct ekv_kv_params *kv, int64_t n_tokens);
 
 /* Entries of one layer (0 if out of range). */
 int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head);

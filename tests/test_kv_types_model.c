@@ -3,13 +3,14 @@
  * (../shared; head_dim 64, GQA 8/2), so that q8_0/q4_0/KIVI apply:
  *   - within each type (and a mixed q8_0 keys / kivi4 values cache),
  *     policies at budget 1.0 give logits bit-identical to the same type with
- *     no policy over a 48-token prompt and 24 decode steps (full, h2o,
- *     elastic and snapkv on kivi2 and the mixed cache, full and h2o on the
- *     others; KIVI with G = 16, R = 32 so that key groups form at prefill
- *     and at decode). The test is small because the ASan build runs it too;
- *   - at budget 0.25 every policy keeps its entry budget on q8_0 and on
- *     q4_0-keys/kivi2-values, and kivi2 for h2o/tova/elastic (96-token
- *     prompt, 4 steps, G = 16, R = 16), the
+ *     no policy over a 40-token prompt and 16 decode steps (full, h2o,
+ *     elastic and snapkv on kivi2 and the mixed cache, h2o on q8_0, q4_0
+ *     and kivi4; KIVI with G = R = 16 so that key groups form at prefill
+ *     and at decode; f16, the default, is covered by test_kv_model). The
+ *     test is small because the ASan build runs it too;
+ *   - at budget 0.25 every policy keeps its entry budget on q8_0, five
+ *     policies on q4_0-keys/kivi2-values and three on kivi2 (64-token
+ *     prompt, 4 steps, G = R = 16), the
  *     bytes are those of the type (below the same type's full cache, row
  *     types below the f16 cache of the same entries, KIVI never above it),
  *     and logits stay finite;
@@ -78,25 +79,28 @@ int main(void) {
             struct ekv_kv_params none = ekv_kv_default_params(), kp = none;
             none.type_k = kp.type_k = combos[ci].k;
             none.type_v = kp.type_v = combos[ci].v;
-            none.kv_residual = kp.kv_residual = 32;
+            none.kv_residual = kp.kv_residual = 16;
             none.kv_group = kp.kv_group = 16;
             kp.policy = ekv_kv_policy_name(pi);
-            const bool big = !strcmp(kp.policy, "full") || !strcmp(kp.policy, "h2o");
-            if (!big && (ci >= 3 || ci == 0 || (strcmp(kp.policy, "elastic") && strcmp(kp.policy, "snapkv")))) continue;
+            if (ci == 0) continue;
+            if (ci >= 3 && strcmp(kp.policy, "h2o")) continue;
+            if (strcmp(kp.policy, "full") && strcmp(kp.policy, "h2o") && strcmp(kp.policy, "elastic") &&
+                strcmp(kp.policy, "snapkv"))
+                continue;
             struct ekv_seq *a = NULL, *b = NULL;
             CHECK_OK(ekv_seq_new(c, &none, &a));
             CHECK_OK(ekv_seq_new(c, &kp, &b));
             if (!a || !b) continue;
-            CHECK_OK(ekv_seq_prefill(a, toks, 48, ref));
-            CHECK_OK(ekv_seq_prefill(b, toks, 48, got));
+            CHECK_OK(ekv_seq_prefill(a, toks, 40, ref));
+            CHECK_OK(ekv_seq_prefill(b, toks, 40, got));
             int same = memcmp(ref, got, (size_t)V * sizeof(float)) == 0, step = 0;
-            for (; step < 24 && same; step++) {
+            for (; step < 16 && same; step++) {
                 const int32_t t = argmax(ref, V);
                 CHECK_OK(ekv_seq_decode(a, t, ref));
                 CHECK_OK(ekv_seq_decode(b, t, got));
                 same = memcmp(ref, got, (size_t)V * sizeof(float)) == 0;
             }
-            CHECK_MSG(same && step == 24, "K %s / V %s, policy %s at budget 1.0 differs from no policy at step %d",
+            CHECK_MSG(same && step == 16, "K %s / V %s, policy %s at budget 1.0 differs from no policy at step %d",
                       ekv_kv_type_name(combos[ci].k), ekv_kv_type_name(combos[ci].v), kp.policy, step);
             ekv_seq_free(a);
             ekv_seq_free(b);
@@ -114,21 +118,24 @@ int main(void) {
             kp.kv_residual = 16;
             kp.kv_group = 16;
             if (ci == 2 && strcmp(name, "h2o") && strcmp(name, "tova") && strcmp(name, "elastic")) continue;
+            if (ci == 1 && strcmp(name, "h2o") && strcmp(name, "tova") && strcmp(name, "elastic") && strcmp(name, "snapkv") &&
+                strcmp(name, "random"))
+                continue;
             kp.policy = name;
             kp.budget = 0.25;
             struct ekv_seq *s = NULL;
             CHECK_OK(ekv_seq_new(c, &kp, &s));
             if (!s) continue;
-            CHECK_OK(ekv_seq_prefill(s, toks, 96, got));
+            CHECK_OK(ekv_seq_prefill(s, toks, 64, got));
             for (int step = 0; step < 4; step++) CHECK_OK(ekv_seq_decode(s, argmax(got, V), got));
             struct ekv_kv_stats st;
             ekv_seq_kv_stats(s, &st);
             const bool prefill_only = !strcmp(name, "snapkv") || !strcmp(name, "pyramidkv") || !strcmp(name, "vlcache");
             const double ef = (double)st.entries / (double)st.entries_full;
             const uint64_t f16_same = (uint64_t)st.entries * 2u * (uint64_t)mi.head_dim * 2u;
-            CHECK_MSG(prefill_only ? ef < 0.35 : ef <= 0.25 + 1.0 / 100 + 1e-9, "%s on K %s: %.3f of the entries", name,
+            CHECK_MSG(prefill_only ? ef < 0.36 : ef <= 0.25 + 1.0 / 68 + 1e-9, "%s on K %s: %.3f of the entries", name,
                       ekv_kv_type_name(kp.type_k), ef);
-            CHECK_MSG(st.bytes < st.bytes_full && st.bytes_full < st.bytes_full_f32 && st.n_seen == 100,
+            CHECK_MSG(st.bytes < st.bytes_full && st.bytes_full < st.bytes_full_f32 && st.n_seen == 68,
                       "%s on K %s: %llu bytes of %llu (f32 %llu)", name, ekv_kv_type_name(kp.type_k),
                       (unsigned long long)st.bytes, (unsigned long long)st.bytes_full,
                       (unsigned long long)st.bytes_full_f32);

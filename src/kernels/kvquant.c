@@ -38,7 +38,7 @@ const char *ekv_kv_type_name(enum ekv_kv_type t) {
     return tr ? tr->name : "unknown";
 }
 
-enum ekv_kv_type ekv_kv_type_default(void) { return EKV_KV_F32; }
+enum ekv_kv_type ekv_kv_type_default(void) { return EKV_KV_F16; }
 
 enum ekv_status ekv_kv_type_parse(const char *name, enum ekv_kv_type *out) {
     if (!name || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_type_parse: NULL argument");

@@ -11,6 +11,7 @@
 
 #include "core/util.h"
 #include "model/gguf.h"
+#include "kernels/kvquant.h"
 #include "model/model.h"
 #include "model/vocab.h"
 
@@ -121,8 +122,8 @@ enum ekv_status ekv_model_finish(struct ekv_model *m) {
         return ekv_err(EKV_ERR_FORMAT, "%s: rope frequency base %g invalid", m->path,
                        (double)in->rope_freq_base);
     if (in->n_ctx_train <= 0) in->n_ctx_train = 2048;
-    in->kv_bytes_per_token =
-        (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * (uint64_t)in->head_dim * 2u * sizeof(float);
+    in->kv_bytes_per_token = (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * 2u *
+                             (uint64_t)ekv_kv_row_bytes(ekv_kv_type_default(), in->head_dim, 32);
     if (ekv_vocab_n_tokens(m->vocab) > in->n_vocab)
         return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer has %d tokens but the embedding only %d rows",
                        m->path, ekv_vocab_n_tokens(m->vocab), in->n_vocab);
