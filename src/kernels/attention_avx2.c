@@ -15,9 +15,10 @@
  *   3. out_h = sum_j p_hj v_j with the head's output held in registers.
  * Steps 1 and 3 walk the keys in blocks of EKV_ATT_KB, all R heads per
  * block, so a block of K or V is read from memory once for the R heads;
- * within a block, heads go in pairs (qk_block2, pv_block2) so that each
- * key or value vector loaded from cache feeds two FMAs, with per-element
- * operations identical to the one-head kernels.
+ * within a block, heads go in fours for scores (qk_block4) and in pairs
+ * (qk_block2, pv_block2) so that each key or value vector loaded from
+ * cache feeds several FMAs, with per-element operations identical to the
+ * one-head kernels.
  *
  * Typed storage (ekv_attn_row_kv_avx2, kvquant.h): f32 rows are read in
  * place; any other type is decoded EKV_ATTN_ROWS entries at a time into
@@ -128,6 +129,41 @@ static void qk_block2(const float *q0, const float *q1, size_t d, const float *k
             memcpy(s0 + j, t0, m * sizeof(float));
             memcpy(s1 + j, t1, m * sizeof(float));
         }
+    }
+}
+
+/* qk_block for four query heads at once, two keys per step: each key
+ * vector loaded once for the four heads (for GQA groups of 4 or 8 the
+ * loop is then bound by FMAs, not loads). A key's score gets exactly the
+ * operations of qk_block (an 8-lane FMA chain over the head dimension,
+ * then reduce8x8's fixed-order horizontal sum). q: [4][d]; s: head h's
+ * scores at s + h * sn. */
+static void qk_block4(const float *q, size_t d, const float *k, size_t nk, float scale, float *s, size_t sn) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (size_t j = 0; j < nk; j += 2) {
+        const size_t m = nk - j < 2 ? 1 : 2;
+        const float *k0 = k + j * d, *k1 = k + (j + m - 1) * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (size_t c = 0; c < d; c += 8) {
+            const __m256 x0 = _mm256_loadu_ps(k0 + c), x1 = _mm256_loadu_ps(k1 + c);
+            __m256 qq = _mm256_loadu_ps(q + c);
+            a0 = _mm256_fmadd_ps(qq, x0, a0);
+            b0 = _mm256_fmadd_ps(qq, x1, b0);
+            qq = _mm256_loadu_ps(q + d + c);
+            a1 = _mm256_fmadd_ps(qq, x0, a1);
+            b1 = _mm256_fmadd_ps(qq, x1, b1);
+            qq = _mm256_loadu_ps(q + 2 * d + c);
+            a2 = _mm256_fmadd_ps(qq, x0, a2);
+            b2 = _mm256_fmadd_ps(qq, x1, b2);
+            qq = _mm256_loadu_ps(q + 3 * d + c);
+            a3 = _mm256_fmadd_ps(qq, x0, a3);
+            b3 = _mm256_fmadd_ps(qq, x1, b3);
+        }
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_mul_ps(reduce8x8(a0, a1, a2, a3, b0, b1, b2, b3), vs));
+        for (size_t h = 0; h < 4; h++) s[h * sn + j] = t[h];
+        if (m == 2)
+            for (size_t h = 0; h < 4; h++) s[h * sn + j + 1] = t[4 + h];
     }
 }
 
@@ -276,6 +312,8 @@ void ekv_attn_row_kv_avx2(const float *q, int R, const struct ekv_kv_view *k, co
         const size_t j1 = j0 + kb_rows < n ? j0 + kb_rows : n;
         const float *kb = view_block(k, j0, j1, rowbuf, &kc);
         int h = 0;
+        for (; h + 4 <= R; h += 4)
+            qk_block4(q + (size_t)h * dd, dd, kb, j1 - j0, scale, probs + (size_t)h * n + j0, n);
         for (; h + 2 <= R; h += 2)
             qk_block2(q + (size_t)h * dd, q + (size_t)(h + 1) * dd, dd, kb, j1 - j0, scale, probs + (size_t)h * n + j0,
                       probs + (size_t)(h + 1) * n + j0);
