@@ -105,7 +105,7 @@ struct ekv_model_info {
     uint64_t n_params;
     uint64_t weight_bytes;
     uint64_t kv_bytes_per_token; /* full-cache bytes per token (K+V, all layers) in the default
-                                    storage type (ekv_kv_type_default(); see ekv_kv_full_bytes) */
+                                    storage type (ekv_kv_type_default(); other types: ekv_kv_project) */
 };
 void ekv_model_get_info(const struct ekv_model *model, struct ekv_model_info *info);
 
@@ -156,7 +156,7 @@ enum ekv_pool_kind { EKV_POOL_AVG = 0, EKV_POOL_MAX = 1 };
 
 /* Storage type of cached keys or values (--kv-type, --kv-type-k/-ctk,
  * --kv-type-v/-ctv), independent of the policy. Bytes reported anywhere
- * (ekv_kv_stats, ekv_kv_full_bytes) are the real bytes of the types.
+ * (ekv_kv_stats, ekv_kv_project) are the real bytes of the types.
  *   f32, f16: one float / half per element;
  *   q8_0, q4_0: GGML's blocks of 32 (8.5 and 4.5 bits per element; head_dim % 32 == 0);
  *   kivi2, kivi4: KIVI (POLICIES.md §11): keys per channel over groups of
@@ -346,14 +346,6 @@ struct ekv_kv_stats {
 };
 void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st);
 
-/* Bytes of K/V data a full cache (nothing evicted) of n_tokens tokens takes
- * for this model with kv's storage types (NULL = defaults), all layers and
- * KV heads: rows of the types, KIVI key groups and fp16 residual as the
- * cache lays them out. Multiply by a policy's kept fraction to project a
- * compressed cache (what `ekv serve --kv-mem` admits by). 0 when kv is
- * invalid for the model (e.g. q8_0 with a head size not a multiple of 32;
- * ekv_seq_new reports why). */
-uint64_t ekv_kv_full_bytes(const struct ekv_model *model, const struct ekv_kv_params *kv, int64_t n_tokens);
 
 /* Entries of one layer (0 if out of range). */
 int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head);

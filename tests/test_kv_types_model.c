@@ -14,6 +14,8 @@
  *     bytes are those of the type (below the same type's full cache, row
  *     types below the f16 cache of the same entries, KIVI never above it),
  *     and logits stay finite;
+ *   - ekv_kv_project (server admission) gives a full cache's real bytes in
+ *     every type, and bounds the row types' bytes under a policy;
  *   - KIVI with decode-time eviction (h2o) keeps its key groups consistent
  *     (entries == groups + residual) while evicting inside groups.
  */
@@ -102,6 +104,14 @@ int main(void) {
             }
             CHECK_MSG(same && step == 16, "K %s / V %s, policy %s at budget 1.0 differs from no policy at step %d",
                       ekv_kv_type_name(combos[ci].k), ekv_kv_type_name(combos[ci].v), kp.policy, step);
+            /* admission's projection of a full cache is its real size in the types */
+            struct ekv_kv_projection pr;
+            struct ekv_kv_stats sa;
+            ekv_seq_kv_stats(a, &sa);
+            CHECK_OK(ekv_kv_project(m, &none, 40, 16, &pr));
+            CHECK_MSG(pr.bytes_final == sa.bytes && pr.bytes_full == sa.bytes_full,
+                      "K %s / V %s: projected %llu bytes, holds %llu", ekv_kv_type_name(combos[ci].k),
+                      ekv_kv_type_name(combos[ci].v), (unsigned long long)pr.bytes_final, (unsigned long long)sa.bytes);
             ekv_seq_free(a);
             ekv_seq_free(b);
         }
@@ -140,6 +150,12 @@ int main(void) {
                       (unsigned long long)st.bytes, (unsigned long long)st.bytes_full,
                       (unsigned long long)st.bytes_full_f32);
             const bool kivi = kp.type_k == EKV_KV_KIVI2 || kp.type_v == EKV_KV_KIVI2;
+            struct ekv_kv_projection pr;
+            CHECK_OK(ekv_kv_project(m, &kp, 64, 4, &pr));
+            if (!kivi) /* row types: exactly what the entries take (PyramidKV may round over by a few) */
+                CHECK_MSG(st.bytes <= pr.bytes_final + (strcmp(name, "pyramidkv") ? 0 : 2 * pr.bytes_per_token),
+                          "%s on K %s: %llu bytes, projected %llu", name, ekv_kv_type_name(kp.type_k),
+                          (unsigned long long)st.bytes, (unsigned long long)pr.bytes_final);
             if (kp.type_k != EKV_KV_F16)
                 CHECK_MSG(kivi ? st.bytes <= f16_same : st.bytes < f16_same, "%s on K %s: %llu bytes, f16 would take %llu", name,
                           ekv_kv_type_name(kp.type_k), (unsigned long long)st.bytes, (unsigned long long)f16_same);

@@ -291,17 +291,6 @@ void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
     st->type_v = kv->params.type_v;
 }
 
-uint64_t ekv_kv_full_bytes(const struct ekv_model *model, const struct ekv_kv_params *kvp, int64_t n_tokens) {
-    if (!model || n_tokens < 0) return 0;
-    struct ekv_model_info mi;
-    ekv_model_get_info(model, &mi);
-    struct ekv_kv *kv = NULL; /* an empty cache resolves and checks the parameters */
-    if (ekv_kv_new(mi.n_layer, mi.n_head, mi.n_head_kv, mi.head_dim, kvp, &kv) != EKV_OK) return 0;
-    const uint64_t b = ekv_kv_bytes_full(kv, n_tokens);
-    ekv_kv_free(kv);
-    return b;
-}
-
 int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head) {
     const struct ekv_kv *kv = seq->kv;
     if (layer < 0 || layer >= kv->n_layer || kv_head < 0 || kv_head >= kv->n_head_kv) return 0;

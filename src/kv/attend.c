@@ -198,7 +198,7 @@ enum ekv_status ekv_kv_layer_policy(struct ekv_kv *kv, int il, const struct ekv_
         if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s, layer %d", kv->policy_name, il);
     }
     /* storage rule last (KIVI residual), so the policy saw this forward's rows as appended */
-    return t->step->n_new > 0 ? ekv_kv_flush(kv, t->il) : EKV_OK;
+    return step->n_new > 0 ? ekv_kv_flush(kv, il) : EKV_OK;
 }
 
 enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, int il,

@@ -130,7 +130,8 @@ static int cmd_info_main(int argc, char **argv) {
         for (int t = EKV_KV_F32; t < EKV_KV_TYPE_COUNT; t++) {
             struct ekv_kv_params kp = ekv_kv_default_params();
             kp.type_k = kp.type_v = (enum ekv_kv_type)t;
-            const uint64_t b = ekv_kv_full_bytes(m, &kp, mi.n_ctx_train);
+            struct ekv_kv_projection pr;
+            const uint64_t b = ekv_kv_project(m, &kp, mi.n_ctx_train, 0, &pr) == EKV_OK ? pr.bytes_full : 0;
             if (b) printf(" %s %.2f MiB%s", ekv_kv_type_name((enum ekv_kv_type)t), b / 1048576.0, t + 1 < EKV_KV_TYPE_COUNT ? "," : "");
             else printf(" %s -%s", ekv_kv_type_name((enum ekv_kv_type)t), t + 1 < EKV_KV_TYPE_COUNT ? "," : "");
         }
