@@ -125,7 +125,8 @@ struct ekv_model_info {
                                     sliding_window positions (itself included); 0 = all */
     uint64_t n_params;
     uint64_t weight_bytes;
-    uint64_t kv_bytes_per_token; /* full-cache bytes per token (K+V, all layers) */
+    uint64_t kv_bytes_per_token; /* full-cache bytes per token (K+V, all layers) in the default
+                                    storage type (ekv_kv_type_default(); other types: ekv_kv_project) */
 };
 void ekv_model_get_info(const struct ekv_model *model, struct ekv_model_info *info);
 
@@ -174,6 +175,34 @@ enum ekv_tag {
 
 enum ekv_pool_kind { EKV_POOL_AVG = 0, EKV_POOL_MAX = 1 };
 
+/* Storage type of cached keys or values (--kv-type, --kv-type-k/-ctk,
+ * --kv-type-v/-ctv), independent of the policy. Bytes reported anywhere
+ * (ekv_kv_stats, ekv_kv_project) are the real bytes of the types.
+ *   f32, f16: one float / half per element;
+ *   q8_0, q4_0: GGML's blocks of 32 (8.5 and 4.5 bits per element; head_dim % 32 == 0);
+ *   kivi2, kivi4: KIVI (POLICIES.md §11): keys per channel over groups of
+ *     kv_group entries, values per entry over groups of kv_group channels
+ *     (head_dim % kv_group == 0), asymmetric (fp16 scale and minimum), the
+ *     most recent kv_residual entries in fp16 until a group fills. */
+enum ekv_kv_type {
+    EKV_KV_DEFAULT = 0,    /* the library's default storage type */
+    EKV_KV_F32,
+    EKV_KV_F16,
+    EKV_KV_Q8_0,
+    EKV_KV_Q4_0,
+    EKV_KV_KIVI2,
+    EKV_KV_KIVI4,
+    EKV_KV_TYPE_COUNT
+};
+/* "f32", "f16", "q8_0", "q4_0", "kivi2", "kivi4" ("default" for
+ * EKV_KV_DEFAULT, "unknown" otherwise); static strings. */
+const char *ekv_kv_type_name(enum ekv_kv_type t);
+/* Parses a type name (case-insensitive); EKV_ERR_INVALID_ARG naming the
+ * known types when it is not one. */
+enum ekv_status ekv_kv_type_parse(const char *name, enum ekv_kv_type *out);
+/* What EKV_KV_DEFAULT stands for. */
+enum ekv_kv_type ekv_kv_type_default(void);
+
 /* Policy selection and parameters. A value of -1 (or NaN for floats) means
  * "the policy's default from POLICIES.md". */
 struct ekv_kv_params {
@@ -193,6 +222,10 @@ struct ekv_kv_params {
     double recent_ratio;    /* VL-Cache/RoCo recent share of the budget */
     uint64_t seed;          /* random policy */
     bool compat_ref;        /* reproduce the authors' reference code (Elastic, --kv-compat ref) */
+    enum ekv_kv_type type_k;  /* storage type of keys (EKV_KV_DEFAULT: ekv_kv_type_default()) */
+    enum ekv_kv_type type_v;  /* storage type of values */
+    int32_t kv_group;       /* KIVI group G (default 32; <= 0 = default) */
+    int32_t kv_residual;    /* KIVI full-precision recent entries R, a multiple of G (default 128; -1 = default) */
 };
 struct ekv_kv_params ekv_kv_default_params(void);
 
@@ -322,14 +355,18 @@ struct ekv_kv_stats {
     int64_t n_seen;          /* tokens seen */
     int64_t entries;         /* cached entries summed over layers and KV heads */
     int64_t entries_full;    /* what a full cache would hold (n_seen x layers x heads) */
-    uint64_t bytes;          /* bytes of the cached K/V entries now */
-    uint64_t bytes_full;     /* bytes a full cache would hold now */
+    uint64_t bytes;          /* bytes of the cached K/V entries now, in their storage types */
+    uint64_t bytes_full;     /* bytes a full cache of the same types would hold now */
+    uint64_t bytes_full_f32; /* bytes a full f32 cache would hold now (the 1x of type x policy ratios) */
     uint64_t bytes_alloc;    /* bytes allocated for entries and statistics */
     uint64_t peak_bytes_alloc;
     int64_t evicted;         /* tokens dropped (summed over layers and heads) */
     int64_t merged;          /* tokens merged into another entry (summed) */
+    enum ekv_kv_type type_k; /* storage types of keys and values (resolved, never DEFAULT) */
+    enum ekv_kv_type type_v;
 };
 void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st);
+
 
 /* Entries of one layer (0 if out of range). */
 int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head);

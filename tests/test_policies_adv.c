@@ -43,6 +43,7 @@ static struct ekv_kv_params params_for(const char *policy, double budget) {
     struct ekv_kv_params p = ekv_kv_default_params();
     p.policy = policy;
     p.budget = budget;
+    p.type_k = p.type_v = EKV_KV_F32; /* the vectors' means are exact in f32 */
     return p;
 }
 

@@ -276,7 +276,6 @@ enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const 
 void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
     memset(st, 0, sizeof *st);
     const struct ekv_kv *kv = seq->kv;
-    uint64_t entry_bytes = 2ull * (uint64_t)kv->head_dim * sizeof(float);
     st->n_seen = seq->n_seen;
     for (int32_t l = 0; l < kv->n_layer; l++)
         for (int32_t h = 0; h < kv->n_head_kv; h++) {
@@ -286,10 +285,13 @@ void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
             st->merged += hd->n_merged;
         }
     st->entries_full = seq->n_seen * kv->n_layer * kv->n_head_kv;
-    st->bytes = (uint64_t)st->entries * entry_bytes;
-    st->bytes_full = (uint64_t)st->entries_full * entry_bytes;
+    st->bytes = ekv_kv_bytes(kv);
+    st->bytes_full = ekv_kv_bytes_full(kv, seq->n_seen);
+    st->bytes_full_f32 = (uint64_t)st->entries_full * 2u * (uint64_t)kv->head_dim * sizeof(float);
     st->bytes_alloc = kv->bytes_alloc;
     st->peak_bytes_alloc = kv->peak_bytes_alloc;
+    st->type_k = kv->params.type_k;
+    st->type_v = kv->params.type_v;
 }
 
 int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head) {

@@ -79,11 +79,6 @@ enum ekv_status ekv_seq_ready(const struct ekv_seq *seq, const char *fn);
 /* Cuts a prompt reader off its sequence (the sequence is being freed). */
 void ekv_prefill_detach(struct ekv_prefill *p);
 
-/* Bytes of one K/V entry (K and V, one KV head) in the storage type of p:
- * the one place admission and projections take entry sizes from
- * (project.c). */
-uint64_t ekv_kv_entry_bytes(const struct ekv_kv_params *p, int32_t head_dim);
-
 /* Decodes and encodes one image with the tower (vision_api.c): *out is a
  * malloc'd [*n_rows][n_embd_out] array owned by the caller. `index` names
  * an in-memory image in messages. ctx may be NULL. */

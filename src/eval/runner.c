@@ -580,6 +580,8 @@ static void add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq) {
     struct ekv_kv_stats st;
     ekv_seq_kv_stats(seq, &st);
     if (st.entries_full > 0) ekv_mean_add(&cell->kv_frac, (double)st.entries / (double)st.entries_full);
+    ekv_mean_add(&cell->kv_bytes, (double)st.bytes);
+    if (st.bytes_full_f32 > 0) ekv_mean_add(&cell->kv_bytes_frac, (double)st.bytes / (double)st.bytes_full_f32);
 }
 
 enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv,
@@ -625,27 +627,36 @@ enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv
 
 enum ekv_status ekv_eval_cell_report(const struct ekv_eval_cell *c, unsigned m, const char *policy, double budget,
                                      struct ekv_report *rep) {
+    return ekv_eval_cell_report_kv(c, m, policy, NULL, budget, rep);
+}
+
+enum ekv_status ekv_eval_cell_report_kv(const struct ekv_eval_cell *c, unsigned m, const char *policy,
+                                        const char *kv_type, double budget, struct ekv_report *rep) {
     enum ekv_status s = EKV_OK;
     if ((m & EKV_METRIC_PPL) && c->ppl.n_tokens) {
         double v;
-        if ((s = ekv_ppl_value(&c->ppl, &v)) == EKV_OK) s = ekv_report_add(rep, policy, budget, "ppl", v, c->ppl.n_tokens);
+        if ((s = ekv_ppl_value(&c->ppl, &v)) == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "ppl", v, c->ppl.n_tokens);
     }
     if (s == EKV_OK && (m & EKV_METRIC_ROUGE) && c->rouge_f.n) {
-        s = ekv_report_add(rep, policy, budget, "rouge_l_f", ekv_mean_value(&c->rouge_f), c->rouge_f.n);
-        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "rouge_l_p", ekv_mean_value(&c->rouge_p), c->rouge_p.n);
-        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "rouge_l_r", ekv_mean_value(&c->rouge_r), c->rouge_r.n);
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "rouge_l_f", ekv_mean_value(&c->rouge_f), c->rouge_f.n);
+        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "rouge_l_p", ekv_mean_value(&c->rouge_p), c->rouge_p.n);
+        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "rouge_l_r", ekv_mean_value(&c->rouge_r), c->rouge_r.n);
     }
     if (s == EKV_OK && (m & EKV_METRIC_KL) && c->kl.n_positions) {
         double kl, top1;
-        if ((s = ekv_kl_result(&c->kl, &kl, &top1)) == EKV_OK) s = ekv_report_add(rep, policy, budget, "kl", kl, c->kl.n_positions);
-        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "top1", top1, c->kl.n_positions);
+        if ((s = ekv_kl_result(&c->kl, &kl, &top1)) == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "kl", kl, c->kl.n_positions);
+        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "top1", top1, c->kl.n_positions);
     }
     if (s == EKV_OK && (m & EKV_METRIC_HITRATE) && c->hit_rate.n) {
-        s = ekv_report_add(rep, policy, budget, "hit_rate", ekv_mean_value(&c->hit_rate), c->hit_rate.n);
-        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "jaccard", ekv_mean_value(&c->jaccard), c->jaccard.n);
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "hit_rate", ekv_mean_value(&c->hit_rate), c->hit_rate.n);
+        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "jaccard", ekv_mean_value(&c->jaccard), c->jaccard.n);
     }
     if (s == EKV_OK && c->kv_frac.n)
-        s = ekv_report_add(rep, policy, budget, "kv_frac", ekv_mean_value(&c->kv_frac), c->kv_frac.n);
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "kv_frac", ekv_mean_value(&c->kv_frac), c->kv_frac.n);
+    if (s == EKV_OK && c->kv_bytes.n)
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "kv_bytes", ekv_mean_value(&c->kv_bytes), c->kv_bytes.n);
+    if (s == EKV_OK && c->kv_bytes_frac.n)
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "kv_bytes_frac", ekv_mean_value(&c->kv_bytes_frac), c->kv_bytes_frac.n);
     return s;
 }
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "kernels/kvquant.h"
 #include "kv/kv.h"
 
 enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
@@ -85,6 +86,7 @@ static void shift_stats(struct ekv_attn_stats *s, const struct ekv_kv_head *h, i
     }
 }
 
+/* probs: [R][len] scratch followed by the row buffer [EKV_ATTN_ROWS][head_dim]. */
 static void attend_head(struct attend_task *t, int hk, float *probs) {
     const struct ekv_kv *kv = t->kv;
     struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
@@ -104,6 +106,9 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
         .sparse_total = &sparse_total,
         .sparsity_p = t->sparsity_p,
     };
+    const struct ekv_kv_view kview = ekv_store_view(&kv->fk, &h->ks, h->len);
+    const struct ekv_kv_view vview = ekv_store_view(&kv->fv, &h->vs, h->len);
+    float *rowbuf = probs + (size_t)R * (size_t)(h->len ? h->len : 1);
     for (int32_t i = 0; i < n_new; i++) {
         const int64_t pos = t->step->pos0 + i;
         st.flags = t->row_flags | (pos >= kv->win_start ? t->win_flags : 0u);
@@ -111,12 +116,16 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
         const int32_t n_keys = len0 + i + 1;
         const int32_t lo = kv->swa_window > 0 ? swa_first(h, n_keys, pos - kv->swa_window + 1) : 0;
         if (lo == 0) {
-            ekv_attn_row(t->q + qoff, R, d, h->k, h->v, n_keys, t->scale, t->out + qoff, probs, st.flags ? &st : NULL);
+            ekv_attn_row_kv(t->q + qoff, R, &kview, &vview, n_keys, t->scale, t->out + qoff, probs, rowbuf,
+                            st.flags ? &st : NULL);
         } else { /* the entries before lo are outside the window: they get no attention */
             struct ekv_attn_stats sw = st;
             shift_stats(&sw, h, lo);
-            ekv_attn_row(t->q + qoff, R, d, h->k + (size_t)lo * (size_t)d, h->v + (size_t)lo * (size_t)d, n_keys - lo,
-                         t->scale, t->out + qoff, probs, st.flags ? &sw : NULL);
+            struct ekv_kv_view kw = kview, vw = vview;
+            kw.first = lo;
+            vw.first = lo;
+            ekv_attn_row_kv(t->q + qoff, R, &kw, &vw, n_keys - lo, t->scale, t->out + qoff, probs, rowbuf,
+                            st.flags ? &sw : NULL);
         }
     }
     if (t->sparse) {
@@ -125,12 +134,14 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
     }
 }
 
-/* Attention scratch for thread ith: [R][len] probabilities. */
+/* Attention scratch for thread ith: [R][len] probabilities, then a block
+ * of decoded rows [EKV_ATTN_ROWS][head_dim]. */
 static float *probs_scratch(struct attend_task *t, int ith, int hk) {
     const struct ekv_kv *kv = t->kv;
     const int R = kv->n_head / kv->n_head_kv;
     const struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
-    return ekv_pool_scratch(t->pool, ith, (size_t)R * (size_t)(h->len ? h->len : 1) * sizeof(float));
+    const size_t n = (size_t)R * (size_t)(h->len ? h->len : 1) + (size_t)EKV_ATTN_ROWS * (size_t)kv->head_dim;
+    return ekv_pool_scratch(t->pool, ith, n * sizeof(float));
 }
 
 static void attend_worker(void *ctx, int ith, int nth) {
@@ -224,7 +235,8 @@ enum ekv_status ekv_kv_layer_policy(struct ekv_kv *kv, int il, const struct ekv_
         enum ekv_status s = kv->ops->layer(kv, il, step);
         if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s, layer %d", kv->policy_name, il);
     }
-    return EKV_OK;
+    /* storage rule last (KIVI residual), so the policy saw this forward's rows as appended */
+    return step->n_new > 0 ? ekv_kv_flush(kv, il) : EKV_OK;
 }
 
 enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, int il,

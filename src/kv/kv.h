@@ -24,14 +24,16 @@
 #include "ekv.h"
 #include "kernels/attention.h"
 #include "kernels/kernels.h"
+#include "kv/store.h"
 
 struct ekv_kv_head {
     int32_t len;      /* entries in use */
     int32_t cap;      /* entries allocated */
-    /* storage of keys (RoPE applied) and values: private to cache.c and
-     * attend.c; everyone else goes through ekv_kv_head_get/gather/set/scatter */
-    float *k;         /* [cap][head_dim] */
-    float *v;         /* [cap][head_dim] */
+    /* storage of keys (RoPE applied) and values in kv->fk / kv->fv's types:
+     * private to cache.c, store.c and attend.c; everyone else goes through
+     * ekv_kv_head_get/gather/set/scatter */
+    struct ekv_kv_store ks;
+    struct ekv_kv_store vs;
     int32_t *pos;     /* [cap] original positions, strictly increasing */
     uint8_t *tag;     /* [cap] enum ekv_tag */
     float *weight;    /* [cap] tokens this entry stands for (1 unless merged) */
@@ -112,6 +114,7 @@ struct ekv_kv {
     void *pstate;         /* policy-owned */
     uint64_t bytes_alloc; /* bytes allocated for entries + statistics */
     uint64_t peak_bytes_alloc;
+    struct ekv_store_fmt fk, fv; /* storage of keys and values (params.type_k / type_v resolved) */
 };
 
 /* ---- cache (src/kv/cache.c) ---- */
@@ -188,6 +191,16 @@ enum ekv_status ekv_kv_head_set(struct ekv_kv *kv, struct ekv_kv_head *h, int32_
  * index before writing anything. */
 enum ekv_status ekv_kv_head_scatter(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *idx, int32_t n,
                                     const float *k, const float *v);
+/* Applies the storage's end-of-forward rule to every head of layer il
+ * (KIVI: quantise the residual beyond R, POLICIES.md §11); a no-op for the
+ * other types. ekv_kv_layer_forward calls it after the policy's layer(). */
+enum ekv_status ekv_kv_flush(struct ekv_kv *kv, int il);
+/* Bytes of K/V data held now (all layers and heads), in the real sizes of
+ * the storage types. */
+uint64_t ekv_kv_bytes(const struct ekv_kv *kv);
+/* Bytes of K/V data a full cache (no eviction) of n tokens would hold. */
+uint64_t ekv_kv_bytes_full(const struct ekv_kv *kv, int64_t n);
+
 /* Zeroes the statistics arrays of every head. */
 void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
 

@@ -11,6 +11,7 @@
 
 #include "core/util.h"
 #include "model/gguf.h"
+#include "kernels/kvquant.h"
 #include "model/model.h"
 #include "model/vocab.h"
 
@@ -294,8 +295,8 @@ enum ekv_status ekv_model_finish(struct ekv_model *m) {
     if ((m->rope_long == NULL) != (m->rope_short == NULL))
         return ekv_err(EKV_ERR_FORMAT, "%s: rope_factors_long and rope_factors_short come together", m->path);
     if (m->rope_long && !strcmp(in->rope_scaling, "none")) in->rope_scaling = "longrope";
-    in->kv_bytes_per_token =
-        (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * (uint64_t)in->head_dim * 2u * sizeof(float);
+    in->kv_bytes_per_token = (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * 2u *
+                             (uint64_t)ekv_kv_row_bytes(ekv_kv_type_default(), in->head_dim, 32);
     if (ekv_vocab_n_tokens(m->vocab) > in->n_vocab)
         return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer has %d tokens but the embedding only %d rows",
                        m->path, ekv_vocab_n_tokens(m->vocab), in->n_vocab);

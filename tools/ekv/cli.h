@@ -86,6 +86,7 @@ struct cli_params {
     struct ekv_kv_params kv;
     struct cli_list kv_policies;
     struct cli_list kv_budgets;
+    struct cli_list kv_types;    /* eval, bench: storage types ("T" or "K/V"); empty = kv.type_k/type_v */
     /* output */
     bool json;                   /* run, eval: JSON on stdout */
     const char *json_path;       /* bench: JSON file ('-' = stdout) */
@@ -163,6 +164,10 @@ bool cli_set_option(struct cli_params *p, const char *name, const char *value, c
 /* The policy-name check every command uses: NULL when `name` is in the
  * library's registry, else a static message listing the known names. */
 const char *cli_check_policy(const char *name);
+/* Storage types: "T" (keys and values) or "K/V"; false with a message in err. */
+bool cli_parse_kv_types(const char *v, enum ekv_kv_type *tk, enum ekv_kv_type *tv, char *err, size_t n);
+/* cli_parse_kv_types as a K_STR/K_LIST_STR check: NULL or a static message. */
+const char *cli_check_kv_type(const char *v);
 
 /* ------------------------------------------------------------------ */
 /* utilities                                                            */

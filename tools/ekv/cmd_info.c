@@ -141,10 +141,20 @@ static int cmd_info_main(int argc, char **argv) {
         const char *tmpl = ekv_model_chat_template(m);
         printf("  chat template: %s\n", tmpl ? tmpl : "none recognised (ekv run --chat-template NAME chooses one)");
         printf("  parameters %.3f M, weights %.2f MiB\n", mi.n_params / 1e6, mi.weight_bytes / 1048576.0);
-        printf("  KV cache: %" PRIu64 " bytes per token (K+V, f32, %d layers x %d KV heads x %d dims x 2); "
+        printf("  KV cache: %" PRIu64 " bytes per token (K+V, %s, %d layers x %d KV heads x %d dims x 2); "
                "full context %.2f MiB\n",
-               mi.kv_bytes_per_token, mi.n_layer, mi.n_head_kv, mi.head_dim,
+               mi.kv_bytes_per_token, ekv_kv_type_name(ekv_kv_type_default()), mi.n_layer, mi.n_head_kv, mi.head_dim,
                (double)mi.kv_bytes_per_token * mi.n_ctx_train / 1048576.0);
+        printf("  KV cache at full context by --kv-type:");
+        for (int t = EKV_KV_F32; t < EKV_KV_TYPE_COUNT; t++) {
+            struct ekv_kv_params kp = ekv_kv_default_params();
+            kp.type_k = kp.type_v = (enum ekv_kv_type)t;
+            struct ekv_kv_projection pr;
+            const uint64_t b = ekv_kv_project(m, &kp, mi.n_ctx_train, 0, &pr) == EKV_OK ? pr.bytes_full : 0;
+            if (b) printf(" %s %.2f MiB%s", ekv_kv_type_name((enum ekv_kv_type)t), b / 1048576.0, t + 1 < EKV_KV_TYPE_COUNT ? "," : "");
+            else printf(" %s -%s", ekv_kv_type_name((enum ekv_kv_type)t), t + 1 < EKV_KV_TYPE_COUNT ? "," : "");
+        }
+        printf("\n");
         printf("  tokenizer: BOS %d, EOS %d\n", ekv_token_bos(m), ekv_token_eos(m));
         ekv_model_free(m);
     } else if (!is_gguf) {

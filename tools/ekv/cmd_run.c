@@ -100,10 +100,12 @@ static void print_kv_report(FILE *out, const struct ekv_seq *seq, const struct e
         if (l < 16 || l == mi->n_layer - 1) fprintf(out, " %.1f", (double)sum / mi->n_head_kv);
         else if (l == 16) fprintf(out, " ...");
     }
-    fprintf(out, "\nekv run: kv: %.1f KiB of %.1f KiB full cache (%.1f%%), %lld tokens seen, %lld evicted, "
-                 "%lld merged (summed over layers and heads)\n",
+    fprintf(out, "\nekv run: kv: %.1f KiB of %.1f KiB full cache (%.1f%%; K %s, V %s; %.1f%% of a full f32 cache), "
+                 "%lld tokens seen, %lld evicted, %lld merged (summed over layers and heads)\n",
             st.bytes / 1024.0, st.bytes_full / 1024.0, st.bytes_full ? 100.0 * st.bytes / st.bytes_full : 100.0,
-            (long long)st.n_seen, (long long)st.evicted, (long long)st.merged);
+            ekv_kv_type_name(st.type_k), ekv_kv_type_name(st.type_v),
+            st.bytes_full_f32 ? 100.0 * st.bytes / st.bytes_full_f32 : 100.0, (long long)st.n_seen,
+            (long long)st.evicted, (long long)st.merged);
 }
 
 
@@ -604,6 +606,9 @@ static void run_print_json(const struct run *r, const char *pol) {
     cJSON_AddNumberToObject(kvo, "budget", r->p.kv.budget);
     cJSON_AddNumberToObject(kvo, "bytes", (double)st.bytes);
     cJSON_AddNumberToObject(kvo, "bytes_full", (double)st.bytes_full);
+    cJSON_AddNumberToObject(kvo, "bytes_full_f32", (double)st.bytes_full_f32);
+    cJSON_AddStringToObject(kvo, "type_k", ekv_kv_type_name(st.type_k));
+    cJSON_AddStringToObject(kvo, "type_v", ekv_kv_type_name(st.type_v));
     cJSON_AddNumberToObject(kvo, "entries", (double)st.entries);
     cJSON_AddNumberToObject(kvo, "evicted", (double)st.evicted);
     cJSON_AddNumberToObject(kvo, "merged", (double)st.merged);

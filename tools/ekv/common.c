@@ -44,12 +44,13 @@ enum cli_kind {
 };
 
 /* help sections, in print order */
-enum cli_group { G_MODEL, G_GEN, G_EVAL, G_BENCH, G_SERVE, G_MKMODEL, G_INFO, G_OUT, G_KV, G_COUNT };
+enum cli_group { G_MODEL, G_GEN, G_EVAL, G_BENCH, G_SERVE, G_MKMODEL, G_INFO, G_OUT, G_KV, G_KVTYPE, G_COUNT };
 
 static const char *const k_group_title[G_COUNT] = {
     "model and threads", "prompt, generation and sampling", "evaluation", "benchmark grid", "server",
     "model to write", "listing", "output",
     "KV-cache policy (POLICIES.md gives exact semantics; omitted = the policy's default)",
+    "KV-cache storage (independent of the policy; bytes reported are the types' real bytes)",
 };
 
 struct cli_opt {
@@ -85,6 +86,7 @@ static bool fn_pool(struct cli_params *p, const char *opt, const char *v, char *
 static bool fn_pool_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_compat(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_eval_seed(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
+static bool fn_kv_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 
 static const struct cli_opt k_opts[] = {
     /* model and threads */
@@ -289,6 +291,24 @@ static const struct cli_opt k_opts[] = {
      false},
     {KVT, G_KV, "--kv-compat", NULL, "paper|ref", "reproduce the authors' reference code (elastic)", K_FN, 0, 0, 0,
      NULL, fn_compat, "paper", false},
+
+    /* KV-cache storage */
+    {R | S, G_KVTYPE, "--kv-type", NULL, "T",
+     "storage type of keys and values: f32, f16, q8_0, q4_0, kivi2, kivi4\n(K/V for different types, e.g. q8_0/kivi4)",
+     K_FN, 0, 0, 0, NULL, fn_kv_type, "f16", false},
+    {E | B, G_KVTYPE, "--kv-type", NULL, "LIST",
+     "comma list of storage types (T or K/V, as for run), a grid axis with\npolicies x budgets (default f16)",
+     K_LIST_STR, OFF(kv_types), 0, 0, cli_check_kv_type, NULL, "", false},
+    {KVT, G_KVTYPE, "-ctk, --kv-type-k", "--cache-type-k", "T", "storage type of keys only (llama.cpp's -ctk)", K_FN,
+     0, 0, 0, NULL, fn_kv_type, "", false},
+    {KVT, G_KVTYPE, "-ctv, --kv-type-v", "--cache-type-v", "T", "storage type of values only (llama.cpp's -ctv)",
+     K_FN, 0, 0, 0, NULL, fn_kv_type, "", false},
+    {KVT, G_KVTYPE, "--kv-group", NULL, "G",
+     "KIVI group: keys per channel over G entries, values per entry over G\nchannels", K_I32, OFF(kv.kv_group), 1,
+     1024, NULL, NULL, "32", false},
+    {KVT, G_KVTYPE, "--kv-residual", NULL, "R",
+     "KIVI: the newest R entries stay fp16 until a group fills; a multiple\nof G", K_I32, OFF(kv.kv_residual), 0,
+     HUGE30, NULL, NULL, "128", false},
 };
 
 #undef R
@@ -402,6 +422,52 @@ static bool fn_compat(struct cli_params *p, const char *opt, const char *v, char
         snprintf(err, n, "%s expects 'paper' or 'ref', got '%.64s'", opt, v);
         return false;
     }
+    return true;
+}
+
+/* "T" or "K/V" storage types (a --kv-type value or list item). */
+bool cli_parse_kv_types(const char *v, enum ekv_kv_type *tk, enum ekv_kv_type *tv, char *err, size_t n) {
+    char buf[64];
+    const char *slash = v ? strchr(v, '/') : NULL;
+    if (!v || strlen(v) >= sizeof buf) {
+        snprintf(err, n, "expected a storage type (f32, f16, q8_0, q4_0, kivi2, kivi4) or K/V");
+        return false;
+    }
+    snprintf(buf, sizeof buf, "%.*s", slash ? (int)(slash - v) : (int)strlen(v), v);
+    if (ekv_kv_type_parse(buf, tk) != EKV_OK || ekv_kv_type_parse(slash ? slash + 1 : buf, tv) != EKV_OK) {
+        snprintf(err, n, "%s", ekv_last_error());
+        return false;
+    }
+    return true;
+}
+
+const char *cli_check_kv_type(const char *v) {
+    static char msg[256];
+    enum ekv_kv_type a, b;
+    return cli_parse_kv_types(v, &a, &b, msg, sizeof msg) ? NULL : msg;
+}
+
+static bool fn_kv_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n) {
+    enum ekv_kv_type tk, tv;
+    char why[192];
+    const size_t ol = strlen(opt);
+    const bool side_k = !strcmp(opt, "-ctk") || (ol > 2 && !strcmp(opt + ol - 2, "-k"));
+    const bool side_v = !strcmp(opt, "-ctv") || (ol > 2 && !strcmp(opt + ol - 2, "-v"));
+    if (side_k || side_v) {
+        if (strchr(v, '/') || !cli_parse_kv_types(v, &tk, &tv, why, sizeof why)) {
+            snprintf(err, n, "%s: %s", opt, strchr(v, '/') ? "expects one type" : why);
+            return false;
+        }
+        if (side_k) p->kv.type_k = tk;
+        else p->kv.type_v = tv;
+        return true;
+    }
+    if (!cli_parse_kv_types(v, &tk, &tv, why, sizeof why)) {
+        snprintf(err, n, "%s: %s", opt, why);
+        return false;
+    }
+    p->kv.type_k = tk;
+    p->kv.type_v = tv;
     return true;
 }
 
