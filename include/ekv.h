@@ -202,6 +202,11 @@ enum ekv_status ekv_context_new(const struct ekv_model *model, const struct ekv_
                                 struct ekv_context **out);
 void ekv_context_free(struct ekv_context *ctx);
 
+/* The model a context runs (borrowed from the caller of ekv_context_new)
+ * and its positions per sequence (the resolved n_ctx). */
+const struct ekv_model *ekv_context_model(const struct ekv_context *ctx);
+int32_t ekv_context_n_ctx(const struct ekv_context *ctx);
+
 /* New empty sequence with the given KV policy (NULL = full cache). The
  * context must outlive the sequence. *out is owned by the caller. */
 enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params *kv,
@@ -455,6 +460,20 @@ enum ekv_status ekv_prompt_segments(const struct ekv_prompt *p, const struct ekv
  * when read; block-wise when the policy's chunk is set); logits of its
  * last position to `logits` when not NULL. Every image must be set. */
 enum ekv_status ekv_seq_eval_prompt(struct ekv_seq *seq, const struct ekv_prompt *p, float *logits);
+
+/* Recording of the latest query's attention, on top of what the policy
+ * collects (for cache hit rates and diagnostics; costs one float per cached
+ * entry). Off by default; takes effect from the next forward. */
+enum ekv_status ekv_seq_kv_record_attention(struct ekv_seq *seq, bool on);
+
+/* After a forward with recording on: the attention of its last query over
+ * the entries of one (layer, KV head), in entry order (as
+ * ekv_seq_kv_entries), averaged over the query heads that read the KV head.
+ * Writes at most n floats to out (caller-owned) and the entry count to
+ * *n_out; EKV_ERR_INVALID_ARG when n is too small (with *n_out set), the
+ * layer or head is out of range, or recording is off. */
+enum ekv_status ekv_seq_kv_last_attention(const struct ekv_seq *seq, int32_t layer, int32_t kv_head, float *out,
+                                          size_t n, size_t *n_out);
 
 /* First position whose queries feed the policy's observation-window
  * statistics (VL-Cache's post-vision window, SnapKV's window); -1 if the
