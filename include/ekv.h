@@ -108,6 +108,34 @@ struct ekv_model_info {
 };
 void ekv_model_get_info(const struct ekv_model *model, struct ekv_model_info *info);
 
+/* Conversion of a GGUF model to another weight type (`ekv quantize`). */
+struct ekv_quantize_params {
+    const char *type;   /* "q8_0" (default), "q4_0" or "f16" */
+};
+struct ekv_quantize_params ekv_quantize_default_params(void);
+
+struct ekv_quantize_result {
+    int32_t n_tensors;   /* tensors written */
+    int32_t n_converted; /* matrices converted to the requested type */
+    int32_t n_fallback;  /* matrices whose rows are not a multiple of the type's
+                            block (32): written as F16 instead */
+    uint64_t bytes_in;   /* tensor bytes read */
+    uint64_t bytes_out;  /* tensor bytes written */
+};
+
+/* Converts the GGUF model at in_path (tensors F32, F16 or BF16) into
+ * out_path: every matrix (a "*weight" tensor of two or more dimensions)
+ * becomes params->type (NULL params = defaults), 1-D tensors (norms,
+ * biases) stay as they are, metadata is copied with general.file_type (and
+ * general.quantization_version) updated. Errors: an unknown type or output
+ * path equal to the input (EKV_ERR_INVALID_ARG), a quantised input
+ * (EKV_ERR_UNSUPPORTED, naming the tensor), an unreadable or malformed
+ * input (EKV_ERR_IO / EKV_ERR_FORMAT). The output is written to
+ * "<out_path>.tmp" and renamed, so no partial file is left on failure.
+ * result (may be NULL) receives counts on success. */
+enum ekv_status ekv_model_quantize(const char *in_path, const char *out_path, const struct ekv_quantize_params *params,
+                                   struct ekv_quantize_result *result);
+
 /* ------------------------------------------------------------------------ */
 /* Tokenizer                                                                  */
 /* ------------------------------------------------------------------------ */

@@ -30,6 +30,7 @@ extern const struct ekv_cmd ekv_cmd_mkmodel;
 extern const struct ekv_cmd ekv_cmd_eval;
 extern const struct ekv_cmd ekv_cmd_bench;
 extern const struct ekv_cmd ekv_cmd_serve;
+extern const struct ekv_cmd ekv_cmd_quantize;
 
 /* ------------------------------------------------------------------ */
 /* the option table                                                     */

@@ -15,6 +15,7 @@ static const struct ekv_cmd *const k_cmds[] = {
     &ekv_cmd_eval,
     &ekv_cmd_bench,
     &ekv_cmd_serve,
+    &ekv_cmd_quantize,
 };
 
 static void usage(FILE *out) {
