@@ -31,6 +31,7 @@ extern const struct ekv_cmd ekv_cmd_eval;
 extern const struct ekv_cmd ekv_cmd_bench;
 extern const struct ekv_cmd ekv_cmd_serve;
 extern const struct ekv_cmd ekv_cmd_quantize;
+extern const struct ekv_cmd ekv_cmd_tokenize;
 
 /* ------------------------------------------------------------------ */
 /* the option table                                                     */
