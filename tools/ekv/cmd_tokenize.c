@@ -12,22 +12,13 @@
 
 static const char *const CMD = "tokenize";
 
-static void help(void) {
-    printf("usage: ekv tokenize [-m FILE] (-p TEXT | -f FILE) [--ids | --json] [--no-bos]\n\n"
-           "Prints the tokens of a text under the model's tokenizer.\n\n"
-           "  -m, --model FILE      GGUF or llama2.c model (default: bundled models/stories260K.gguf)\n"
-           "      --tokenizer FILE  tokenizer .bin for llama2.c checkpoints\n"
-           "  -p, --prompt TEXT     text to tokenize\n"
-           "  -f, --file FILE       read the text from a file ('-' = standard input)\n"
-           "      --ids             print only the ids, as [1, 2, 3]\n"
-           "      --json            print {\"n_tokens\": N, \"ids\": [...], \"offsets\": [...]}: offsets[i]\n"
-           "                        is the byte offset of token i in the detokenised text (the\n"
-           "                        concatenation of the pieces; for byte-level BPE the input itself)\n"
-           "      --no-bos          do not add BOS even when the vocabulary asks for it\n"
-           "      --parse-special   text of special tokens (\"<|endoftext|>\") becomes those tokens\n"
-           "      --show-count      print the number of tokens at the end (plain and --ids output)\n"
-           "  -h, --help            this help\n");
-}
+static const struct cli_help k_help = {
+    "usage: ekv tokenize [-m FILE] (-p TEXT | -f FILE) [--ids | --json] [--no-bos]",
+    "Prints the tokens of a text under the model's tokenizer, one 'id -> 'piece'' line\n"
+    "per token (as llama.cpp's llama-tokenize), or the ids only, or JSON with each token's\n"
+    "byte offset (scripts use it to cut texts at exact token boundaries).",
+    NULL,
+};
 
 static char *read_stream(FILE *fp, size_t *len) {
     size_t cap = 1 << 16, n = 0;
@@ -96,37 +87,14 @@ static int print_tokens(const struct ekv_model *m, const int32_t *ids, size_t n,
 }
 
 static int tokenize_main(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *prompt = NULL, *file = NULL;
-    enum out_mode mode = OUT_PLAIN;
-    bool bos = true, special = false, count = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 0;
-        } else if (!strcmp(a, "--ids")) {
-            mode = OUT_IDS;
-        } else if (!strcmp(a, "--json")) {
-            mode = OUT_JSON;
-        } else if (!strcmp(a, "--no-bos")) {
-            bos = false;
-        } else if (!strcmp(a, "--parse-special")) {
-            special = true;
-        } else if (!strcmp(a, "--show-count")) {
-            count = true;
-        } else {
-            const char **dst = !strcmp(a, "-m") || !strcmp(a, "--model")    ? &model_path
-                               : !strcmp(a, "--tokenizer")                  ? &tok_path
-                               : !strcmp(a, "-p") || !strcmp(a, "--prompt") ? &prompt
-                               : !strcmp(a, "-f") || !strcmp(a, "--file")   ? &file
-                                                                            : NULL;
-            if (!dst) return cli_usage_error(CMD, "unknown option '%s' (see ekv tokenize --help)", a);
-            if (!v) return cli_usage_error(CMD, "%s needs a value", a);
-            *dst = v;
-            i++;
-        }
-    }
+    struct cli_params p;
+    cli_params_init(&p, CLI_TOKENIZE);
+    int prc = cli_parse(CMD, argc, argv, &p, &k_help);
+    if (prc) return prc == 2 ? 0 : prc;
+    const char *prompt = p.prompt, *file = p.prompt_file, *model_path = p.model, *tok_path = p.tokenizer;
+    const enum out_mode mode = p.json ? OUT_JSON : p.tok_ids ? OUT_IDS : OUT_PLAIN;
+    const bool bos = !p.tok_no_bos, special = p.tok_parse_special, count = p.tok_show_count;
+    if (p.json && p.tok_ids) return cli_usage_error(CMD, "--ids and --json exclude each other");
     if (!prompt == !file) return cli_usage_error(CMD, "give exactly one of -p TEXT and -f FILE");
     char *text = NULL;
     size_t len = 0;
