@@ -32,7 +32,6 @@ extern const struct ekv_cmd ekv_cmd_bench;
 extern const struct ekv_cmd ekv_cmd_serve;
 extern const struct ekv_cmd ekv_cmd_quantize;
 extern const struct ekv_cmd ekv_cmd_tokenize;
-extern const struct ekv_cmd ekv_cmd_tokenize;
 
 /* ------------------------------------------------------------------ */
 /* the option table                                                     */
