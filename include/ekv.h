@@ -130,6 +130,34 @@ struct ekv_model_info {
 };
 void ekv_model_get_info(const struct ekv_model *model, struct ekv_model_info *info);
 
+/* Conversion of a GGUF model to another weight type (`ekv quantize`). */
+struct ekv_quantize_params {
+    const char *type;   /* "q8_0" (default), "q4_0" or "f16" */
+};
+struct ekv_quantize_params ekv_quantize_default_params(void);
+
+struct ekv_quantize_result {
+    int32_t n_tensors;   /* tensors written */
+    int32_t n_converted; /* matrices converted to the requested type */
+    int32_t n_fallback;  /* matrices whose rows are not a multiple of the type's
+                            block (32): written as F16 instead */
+    uint64_t bytes_in;   /* tensor bytes read */
+    uint64_t bytes_out;  /* tensor bytes written */
+};
+
+/* Converts the GGUF model at in_path (tensors F32, F16 or BF16) into
+ * out_path: every matrix (a "*weight" tensor of two or more dimensions)
+ * becomes params->type (NULL params = defaults), 1-D tensors (norms,
+ * biases) stay as they are, metadata is copied with general.file_type (and
+ * general.quantization_version) updated. Errors: an unknown type or output
+ * path equal to the input (EKV_ERR_INVALID_ARG), a quantised input
+ * (EKV_ERR_UNSUPPORTED, naming the tensor), an unreadable or malformed
+ * input (EKV_ERR_IO / EKV_ERR_FORMAT). The output is written to
+ * "<out_path>.tmp" and renamed, so no partial file is left on failure.
+ * result (may be NULL) receives counts on success. */
+enum ekv_status ekv_model_quantize(const char *in_path, const char *out_path, const struct ekv_quantize_params *params,
+                                   struct ekv_quantize_result *result);
+
 /* ------------------------------------------------------------------------ */
 /* Tokenizer                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -255,6 +283,11 @@ struct ekv_context_params ekv_context_default_params(void);
 enum ekv_status ekv_context_new(const struct ekv_model *model, const struct ekv_context_params *params,
                                 struct ekv_context **out);
 void ekv_context_free(struct ekv_context *ctx);
+
+/* The model a context runs (borrowed from the caller of ekv_context_new)
+ * and its positions per sequence (the resolved n_ctx). */
+const struct ekv_model *ekv_context_model(const struct ekv_context *ctx);
+int32_t ekv_context_n_ctx(const struct ekv_context *ctx);
 
 /* New empty sequence with the given KV policy (NULL = full cache). The
  * context must outlive the sequence. *out is owned by the caller. */
@@ -520,6 +553,20 @@ enum ekv_status ekv_prompt_segments(const struct ekv_prompt *p, const struct ekv
  * when read; block-wise when the policy's chunk is set); logits of its
  * last position to `logits` when not NULL. Every image must be set. */
 enum ekv_status ekv_seq_eval_prompt(struct ekv_seq *seq, const struct ekv_prompt *p, float *logits);
+
+/* Recording of the latest query's attention, on top of what the policy
+ * collects (for cache hit rates and diagnostics; costs one float per cached
+ * entry). Off by default; takes effect from the next forward. */
+enum ekv_status ekv_seq_kv_record_attention(struct ekv_seq *seq, bool on);
+
+/* After a forward with recording on: the attention of its last query over
+ * the entries of one (layer, KV head), in entry order (as
+ * ekv_seq_kv_entries), averaged over the query heads that read the KV head.
+ * Writes at most n floats to out (caller-owned) and the entry count to
+ * *n_out; EKV_ERR_INVALID_ARG when n is too small (with *n_out set), the
+ * layer or head is out of range, or recording is off. */
+enum ekv_status ekv_seq_kv_last_attention(const struct ekv_seq *seq, int32_t layer, int32_t kv_head, float *out,
+                                          size_t n, size_t *n_out);
 
 /* First position whose queries feed the policy's observation-window
  * statistics (VL-Cache's post-vision window, SnapKV's window); -1 if the

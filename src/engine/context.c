@@ -193,7 +193,7 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
         for (int32_t j = 0; j < in->segs[i].n; j++) tags[at++] = (uint8_t)in->segs[i].tag;
 
     int32_t chunk = n;
-    if (in->is_prompt && seq->kv->params.chunk > 0) chunk = seq->kv->params.chunk;
+    if (in->is_prompt && ekv_kv_prompt_chunk(seq->kv) > 0) chunk = ekv_kv_prompt_chunk(seq->kv);
     if (!in->is_prompt) chunk = 1; /* decode steps: the policy acts after each one */
     const int32_t V = ctx->model->info.n_vocab;
     int64_t prompt_pos0 = seq->n_seen;
@@ -315,4 +315,33 @@ enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int
 int64_t ekv_seq_kv_window_start(const struct ekv_seq *seq) {
     if (!seq || !(seq->kv->stats & (EKV_STAT_WINSUM | EKV_STAT_SPARSITY))) return -1;
     return seq->kv->win_start;
+}
+
+const struct ekv_model *ekv_context_model(const struct ekv_context *ctx) { return ctx ? ctx->model : NULL; }
+
+int32_t ekv_context_n_ctx(const struct ekv_context *ctx) { return ctx ? ctx->params.n_ctx : 0; }
+
+enum ekv_status ekv_seq_kv_record_attention(struct ekv_seq *seq, bool on) {
+    if (!seq) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_kv_record_attention: NULL sequence");
+    if (on) seq->kv->extra_stats |= EKV_STAT_LASTROW;
+    else seq->kv->extra_stats &= ~(unsigned)EKV_STAT_LASTROW;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_seq_kv_last_attention(const struct ekv_seq *seq, int32_t layer, int32_t kv_head, float *out,
+                                          size_t n, size_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!seq || !n_out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_kv_last_attention: NULL argument");
+    const struct ekv_kv *kv = seq->kv;
+    if (layer < 0 || layer >= kv->n_layer || kv_head < 0 || kv_head >= kv->n_head_kv)
+        return ekv_err(EKV_ERR_INVALID_ARG, "layer %d / KV head %d out of range", layer, kv_head);
+    const struct ekv_kv_head *h = &kv->layers[layer].heads[kv_head];
+    if (!(kv->extra_stats & EKV_STAT_LASTROW) || !h->lastrow)
+        return ekv_err(EKV_ERR_INVALID_ARG, "attention is not recorded (ekv_seq_kv_record_attention before the forward)");
+    *n_out = (size_t)h->len;
+    if (n < (size_t)h->len)
+        return ekv_err(EKV_ERR_INVALID_ARG, "buffer of %zu floats for %d entries", n, (int)h->len);
+    if (h->len > 0 && !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_kv_last_attention: NULL out");
+    if (h->len > 0) memcpy(out, h->lastrow, (size_t)h->len * sizeof *out);
+    return EKV_OK;
 }

@@ -34,10 +34,9 @@ static void add_bias(float *y, const float *b, int32_t rows, int64_t dim) {
 }
 
 int64_t ekv_forward_rope0(const struct ekv_fwd_part *part) {
-    /* the true position, or, in Elastic Cache's reference-compatibility
-     * mode, the compressed cache length (POLICIES.md 0.6) */
-    const struct ekv_kv *kv = part->seq->kv;
-    return kv->params.compat_ref ? kv->layers[0].heads[0].len : part->step.pos0;
+    /* the true position unless the policy moves it (Elastic Cache's
+     * reference mode: the compressed cache length, POLICIES.md 0.6) */
+    return ekv_kv_rope_pos(part->seq->kv, &part->step);
 }
 
 enum ekv_status ekv_forward_layer(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,

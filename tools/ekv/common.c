@@ -76,6 +76,8 @@ struct cli_opt {
 #define I CLI_INFO
 #define M CLI_MKMODEL
 #define S CLI_SERVE
+#define Q CLI_QUANTIZE
+#define T CLI_TOKENIZE
 #define KVT (R | E | B | S)
 #define BIG (1L << 24)
 #define HUGE30 (1L << 30)
@@ -90,9 +92,11 @@ static bool fn_kv_type(struct cli_params *p, const char *opt, const char *v, cha
 
 static const struct cli_opt k_opts[] = {
     /* model and threads */
-    {R | E | B | I | S, G_MODEL, "-m, --model", NULL, "FILE", "GGUF or llama2.c model", K_STR, OFF(model), 0, 0,
+    {R | E | B | I | S | T, G_MODEL, "-m, --model", NULL, "FILE", "GGUF or llama2.c model", K_STR, OFF(model), 0, 0,
      NULL, NULL, "bundled models/stories260K.gguf", false},
-    {R | E | B | S, G_MODEL, "--tokenizer", NULL, "FILE",
+    {Q, G_MODEL, "-m, --model", NULL, "FILE", "input GGUF model (F32, F16 or BF16 tensors)", K_STR, OFF(model), 0,
+     0, NULL, NULL, "", false},
+    {R | E | B | S | T, G_MODEL, "--tokenizer", NULL, "FILE",
      "tokenizer .bin for llama2.c checkpoints (default tok<vocab>.bin beside the model)", K_STR, OFF(tokenizer), 0,
      0, NULL, NULL, "", false},
     {R | E | S, G_MODEL, "--mmproj", NULL, "FILE", "vision tower (llama.cpp-style mmproj GGUF) for images", K_STR,
@@ -226,6 +230,10 @@ static const struct cli_opt k_opts[] = {
      0, NULL, NULL, NULL, false},
     {M, G_MKMODEL, "--vocab", NULL, "FILE", "copy tokenizer.* from this GGUF (vocabulary size follows it)", K_STR,
      OFF(vocab), 0, 0, NULL, NULL, "", false},
+    {Q, G_MKMODEL, "-o, --output", NULL, "FILE", "GGUF to write (must differ from the input)", K_STR, OFF(output), 0,
+     0, NULL, NULL, "", false},
+    {Q, G_MKMODEL, "--type", NULL, "T", "type of the matrices: q8_0, q4_0 or f16", K_STR, OFF(weight_type), 0, 0,
+     NULL, NULL, NULL, false},
     {M, G_MKMODEL, "--seed", NULL, "N", "random seed of the weights; same seed, same bytes", K_U64,
      OFF(weight_seed), 0, 0, NULL, NULL, NULL, false},
     {M, G_MKMODEL, "--n-layer", NULL, "N", "blocks to write (small test models of a real width)", K_LONG,
@@ -240,6 +248,23 @@ static const struct cli_opt k_opts[] = {
      OFF(rope_orig_ctx), 1, 1L << 24, NULL, NULL, "", false},
     {M, G_MKMODEL, "--sliding-window", NULL, "N", "write attention.sliding_window N (0: none written)", K_LONG,
      OFF(sliding_window), 0, 1L << 30, NULL, NULL, "the preset's", false},
+
+    /* tokenize */
+    {T, G_GEN, "-p, --prompt", NULL, "TEXT", "text to tokenize", K_STR, OFF(prompt), 0, 0, NULL, NULL, "", false},
+    {T, G_GEN, "-f, --file", NULL, "FILE", "read the text from a file ('-' = standard input)", K_STR,
+     OFF(prompt_file), 0, 0, NULL, NULL, NULL, false},
+    {T, G_GEN, "--no-bos", NULL, NULL, "do not add BOS even when the vocabulary asks for it", K_FLAG,
+     OFF(tok_no_bos), 0, 0, NULL, NULL, NULL, false},
+    {T, G_GEN, "--parse-special", NULL, NULL, "text of special tokens (\"<|endoftext|>\") becomes those tokens",
+     K_FLAG, OFF(tok_parse_special), 0, 0, NULL, NULL, NULL, false},
+    {T, G_OUT, "--ids", NULL, NULL, "print only the ids, as [1, 2, 3]", K_FLAG, OFF(tok_ids), 0, 0, NULL, NULL,
+     NULL, false},
+    {T, G_OUT, "--json", NULL, NULL,
+     "print {\"n_tokens\": N, \"ids\": [...], \"offsets\": [...], \"n_bytes\": B}; offsets[i]\nis the byte "
+     "offset of token i in the detokenised text (the concatenation\nof the pieces; for byte-level BPE the input itself)",
+     K_FLAG, OFF(json), 0, 0, NULL, NULL, NULL, false},
+    {T, G_OUT, "--show-count", NULL, NULL, "print the number of tokens at the end (plain and --ids output)", K_FLAG,
+     OFF(tok_show_count), 0, 0, NULL, NULL, NULL, false},
 
     /* info */
     {I, G_INFO, "--no-tensors", NULL, NULL, "do not list tensors", K_NOFLAG, OFF(tensors), 0, 0, NULL, NULL, NULL,
@@ -317,6 +342,8 @@ static const struct cli_opt k_opts[] = {
 #undef I
 #undef M
 #undef S
+#undef Q
+#undef T
 
 /* ------------------------------------------------------------------ */
 /* checks and custom handlers                                           */
@@ -741,6 +768,7 @@ void cli_params_init(struct cli_params *p, unsigned tool) {
     p->timeout = 60;
     p->prefill_chunk = 256;
     if (tool == CLI_SERVE) p->n_predict = -1;
+    if (tool == CLI_QUANTIZE) p->weight_type = "q8_0";
     if (tool == CLI_EVAL) {
         static const char *const pol[] = {"full", "local", "h2o", "elastic"};
         static const double bud[] = {0.2, 0.5, 1.0};
