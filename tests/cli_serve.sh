@@ -51,6 +51,14 @@ kb=$(jget usage.kv.bytes < "$T/r"); kf=$(jget usage.kv.bytes_full < "$T/r"); ke=
 post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "kv_policy": "h2o", "kv_budget": 0.3}' > /dev/null
 [ "$(jget choices.0.text < "$T/r")" = "$want_h" ] && [ "$(jget usage.kv.budget < "$T/r")" = 0.3 ] && ok || bad "kv_* fields"
 
+# ---- /tokenize (llama.cpp's): the tokens a completion counts ----
+n_tok=$(curl -s "$URL/tokenize" -d '{"content": "Once upon a time"}' | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).tokens.length))')
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 1}' > /dev/null
+[ "$n_tok" = "$(jget usage.prompt_tokens < "$T/r")" ] && ok || bad "/tokenize gives $n_tok tokens"
+toks=$(curl -s "$URL/tokenize" -d '{"content": "Once upon a time"}' | jget tokens)
+post /v1/completions '{"prompt": '"$toks"', "max_tokens": 40, "temperature": 0}' > /dev/null
+[ "$(jget choices.0.text < "$T/r")" = "$want" ] && ok || bad "token-id prompt"
+
 # ---- chat (template none: the content as the prompt) ----
 code=$(post /v1/chat/completions '{"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 40, "temperature": 0}')
 [ "$code" = 200 ] && [ "$(jget choices.0.message.content < "$T/r")" = "$want" ] && ok || bad "chat content"
