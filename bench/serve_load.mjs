@@ -14,6 +14,7 @@
 // "context" field of each line), tokenized by the server (POST /tokenize),
 // their lengths drawn uniformly in the token range, sent as token ids.
 import { readFileSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
 
 function args() {
   const a = { concurrency: '1,8,32', 'prompt-tokens': '2048-3584', 'max-tokens': '128', duration: '120', label: '' };
@@ -35,12 +36,28 @@ const kv = A.kv ? JSON.parse(A.kv) : null;
 let seed = 12345;
 const rnd = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648);
 
-async function post(body) {
-  const r = await fetch(`${url}/v1/completions`, {
-    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+// node:http rather than fetch: a request may wait in the server's queue for minutes, and
+// fetch (undici) gives up after 300 s without a byte
+const agent = new http.Agent({ keepAlive: true, maxSockets: 1024 });
+function postRaw(path, body) {
+  return new Promise((resolve, reject) => {
+    const u = new URL(path, url);
+    const data = Buffer.from(JSON.stringify(body));
+    const req = http.request({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', agent,
+      headers: { 'Content-Type': 'application/json', 'Content-Length': data.length } }, resolve);
+    req.on('error', reject);
+    req.end(data);
   });
-  if (r.status !== 200) throw new Error(`${r.status}: ${(await r.text()).slice(0, 300)}`);
-  return r;
+}
+async function readAll(res) {
+  const parts = [];
+  for await (const c of res) parts.push(c);
+  return Buffer.concat(parts).toString('utf8');
+}
+async function post(body) {
+  const res = await postRaw('/v1/completions', body);
+  if (res.statusCode !== 200) throw new Error(`${res.statusCode}: ${(await readAll(res)).slice(0, 300)}`);
+  return res;
 }
 
 // ---- prompts ----
@@ -64,10 +81,10 @@ async function makePrompts(n) {
   // it), cut into token slices of the wanted lengths: every prompt has an exact length
   const text = loadText(A.text);
   const tokenize = async (content, add_special) => {
-    const r = await fetch(`${url}/tokenize`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ content, add_special }) });
-    if (r.status !== 200) throw new Error(`/tokenize: ${r.status} ${await r.text()}`);
-    return (await r.json()).tokens;
+    const res = await postRaw('/tokenize', { content, add_special });
+    const text = await readAll(res);
+    if (res.statusCode !== 200) throw new Error(`/tokenize: ${res.statusCode} ${text}`);
+    return JSON.parse(text).tokens;
   };
   const bos = await tokenize('', true);
   const all = [];
@@ -91,7 +108,7 @@ async function one(prompt, rec) {
   let buf = '';
   let last = null;
   let n = 0;
-  for await (const chunk of r.body) {
+  for await (const chunk of r) {
     buf += dec.decode(chunk, { stream: true });
     let k;
     while ((k = buf.indexOf('\n\n')) >= 0) {
@@ -157,7 +174,10 @@ async function level(C, prompts) {
   async function client() {
     while (performance.now() < tEnd) {
       const p = prompts[next++ % prompts.length];
-      try { await one(p, rec); } catch (e) { rec.errors++; console.error(`request failed: ${e.message}`); await new Promise((r) => setTimeout(r, 200)); }
+      try { await one(p, rec); } catch (e) {
+        if (rec.errors++ < 3) console.error(`request failed: ${e.message}`);
+        await new Promise((r) => setTimeout(r, 200));
+      }
     }
   }
   await Promise.all(Array.from({ length: C }, client));
