@@ -146,7 +146,18 @@ stop_server mem && ok || bad "mem server exit"
 
 # ---- on real weights with a slow decode: queue full -> 503, hang-up -> cancelled ----
 if [ -f "$SHARED/models/ekv-ref-28m-f16.gguf" ]; then
-  start_server ref -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --parallel 1 --queue 1 || exit 1
+  start_server ref -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --parallel 1 --queue 1 --timeout 1 || exit 1
+  # --timeout is for idle clients: a request that takes longer (here seconds) is not cut off
+  code=$(post /v1/completions '{"prompt": "static int", "max_tokens": 300, "ignore_eos": true}')
+  [ "$code" = 200 ] && [ "$(jget usage.completion_tokens < "$T/r")" = 300 ] && ok || bad "a long request was cut off by --timeout: $code"
+  curl -sN "$URL/v1/completions" -d '{"prompt": "static int", "max_tokens": 300, "ignore_eos": true, "stream": true}' > "$T/s"
+  [ "$(jget --sse finish < "$T/s")" = length ] && ok || bad "a long stream was cut off by --timeout"
+  # nor one that waits in the queue longer than --timeout (streamed: no byte until admitted)
+  curl -s -o /dev/null "$URL/v1/completions" -d '{"prompt": "static int", "max_tokens": 300, "ignore_eos": true}' & c0=$!
+  sleep 0.5
+  curl -sN "$URL/v1/completions" -d '{"prompt": "static int", "max_tokens": 20, "ignore_eos": true, "stream": true}' > "$T/s"
+  wait $c0
+  [ "$(jget --sse finish < "$T/s" 2>/dev/null)" = length ] && ok || bad "a queued stream was cut off by --timeout"
   long='{"prompt": "static int", "max_tokens": 4000, "ignore_eos": true, "temperature": 0}'
   curl -s -o /dev/null "$URL/v1/completions" -d "$long" & c1=$!
   for _ in $(seq 1 300); do curl -s "$URL/metrics" | grep -q '^ekv_requests_running 1$' && break; sleep 0.1; done

@@ -41,6 +41,7 @@ struct conn {
     char *body;
     size_t len, cap;
     bool too_big;
+    bool timeout_off; /* the idle timeout is suspended while the request runs */
 };
 
 static enum route find_route(const char *url) {
@@ -289,6 +290,10 @@ static enum MHD_Result start_stream(struct srv *srv, struct MHD_Connection *c, s
 /* ---- completions ---- */
 
 static enum MHD_Result completions(struct srv *srv, struct MHD_Connection *c, struct conn *cs) {
+    /* --timeout is for idle clients, not for one waiting in the queue or for its text:
+     * none until the request is done (on_completed sets it again, which restarts it) */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    cs->timeout_off = true;
     struct srv_request req;
     struct srv_error e = {0};
     enum srv_kind kind = cs->route == R_CHAT ? SRV_CHAT : SRV_COMPLETION;
@@ -394,10 +399,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)c;
-    (void)toe;
+    const struct srv *srv = cls;
     struct conn *cs = *con_cls;
+    if (cs && cs->timeout_off && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, srv->cfg.timeout);
     if (cs) {
         free(cs->body);
         free(cs);
