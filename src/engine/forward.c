@@ -50,10 +50,10 @@ enum ekv_status ekv_forward_layer(struct ekv_context *ctx, struct ekv_fwd_part *
     enum ekv_status s;
     for (int32_t r = 0; r < n_rows; r++)
         ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)r * D, L->attn_norm, D, in->norm_eps);
-    if ((s = ekv_matmul(pool, &L->wq, ctx->xb, n_rows, ctx->q)) ||
-        (s = ekv_matmul(pool, &L->wk, ctx->xb, n_rows, ctx->k)) ||
-        (s = ekv_matmul(pool, &L->wv, ctx->xb, n_rows, ctx->v)))
-        return s;
+    /* Q, K and V: one quantisation of xb, one pool job */
+    const struct ekv_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    float *qkv_out[3] = {ctx->q, ctx->k, ctx->v};
+    if ((s = ekv_matmul_multi(pool, qkv, 3, ctx->xb, n_rows, qkv_out))) return s;
     add_bias(ctx->q, L->bq, n_rows, QD);
     add_bias(ctx->k, L->bk, n_rows, KVD);
     add_bias(ctx->v, L->bv, n_rows, KVD);
@@ -85,8 +85,9 @@ enum ekv_status ekv_forward_layer(struct ekv_context *ctx, struct ekv_fwd_part *
     for (int32_t r0 = 0; r0 < n_rows; r0 += EKV_FFN_ROWS) {
         int32_t nr = EKV_MIN(EKV_FFN_ROWS, n_rows - r0);
         const float *xb = ctx->xb + (size_t)r0 * D;
-        if ((s = ekv_matmul(pool, &L->w_gate, xb, nr, ctx->gate)) || (s = ekv_matmul(pool, &L->w_up, xb, nr, ctx->up)))
-            return s;
+        const struct ekv_weight *gu[2] = {&L->w_gate, &L->w_up};
+        float *gu_out[2] = {ctx->gate, ctx->up};
+        if ((s = ekv_matmul_multi(pool, gu, 2, xb, nr, gu_out))) return s;
         if (in->ffn_gelu) { /* Gemma: GeGLU */
             ekv_gelu(ctx->gate, (int64_t)nr * FF);
             for (int64_t i = 0; i < (int64_t)nr * FF; i++) ctx->gate[i] *= ctx->up[i];

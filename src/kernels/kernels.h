@@ -109,6 +109,13 @@ enum ekv_status ekv_matvec(struct ekv_pool *p, const struct ekv_weight *w, const
 enum ekv_status ekv_matmul(struct ekv_pool *p, const struct ekv_weight *w, const float *x, int64_t n,
                            float *y);
 
+/* Several products of the same input, Y_i = X W_i^T for i < n_w (e.g. the
+ * Q, K and V projections): X is quantised once and all products run as one
+ * pool job. Results equal n_w ekv_matmul calls bit for bit. Weights whose
+ * activation format differs from the first's run as separate products. */
+enum ekv_status ekv_matmul_multi(struct ekv_pool *p, const struct ekv_weight *const *w, int n_w, const float *x,
+                                 int64_t n, float *const *y);
+
 /* Row r of w as floats (embedding lookup). dst: [ne0]. */
 enum ekv_status ekv_weight_get_row(const struct ekv_weight *w, int64_t r, float *dst);
 

@@ -748,6 +748,7 @@ uint64_t ekv_kv_bytes(const struct ekv_kv *kv) {
 uint64_t ekv_kv_bytes_full(const struct ekv_kv *kv, int64_t n) {
     const uint64_t per = ekv_store_full_bytes(&kv->fk, n) + ekv_store_full_bytes(&kv->fv, n);
     return per * (uint64_t)kv->n_layer * (uint64_t)kv->n_head_kv;
+}
 
 int32_t ekv_kv_prompt_chunk(const struct ekv_kv *kv) {
     return kv && kv->params.chunk > 0 ? kv->params.chunk : 0;
