@@ -85,6 +85,12 @@ for args in "--kv-budget 0.5,abc" "--kv-budget 0,0.5" "--kv-budget 1.5" "--kv-bu
 done
 "$EKV" eval -f "$SHARED/data/perplexity/tinystories_sample.txt" --metric rouge -o "$T/bad" > /dev/null 2> "$T/bad.err"
 [ $? -eq 1 ] && grep -q "JSONL" "$T/bad.err" && ok || bad "rouge on text must exit 1"
+# --kv-compat ref belongs to elastic: refused before any work for other policies
+"$EKV" eval --limit 1 -c 512 --kv-policy elastic,h2o --kv-compat ref -o "$T/bad" --no-plot > /dev/null 2> "$T/bad.err"
+[ $? -eq 1 ] && grep -q "h2o.*elastic only" "$T/bad.err" && ! grep -q "unit 0" "$T/bad.err" && ok \
+  || bad "--kv-compat ref with h2o must be refused up front"
+"$EKV" eval --limit 1 -c 512 -n 8 --kv-policy elastic --kv-budget 0.5 --kv-compat ref -o "$T/cref" --no-plot \
+  > /dev/null 2>&1 && grep -q "^elastic,[a-z0-9_/]*,0.5,ppl," "$T/cref/results.csv" && ok || bad "elastic --kv-compat ref"
 
 echo "cli_eval: $pass passed, $fail failed"
 [ $fail -eq 0 ]

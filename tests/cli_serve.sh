@@ -51,6 +51,14 @@ kb=$(jget usage.kv.bytes < "$T/r"); kf=$(jget usage.kv.bytes_full < "$T/r"); ke=
 post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "kv_policy": "h2o", "kv_budget": 0.3}' > /dev/null
 [ "$(jget choices.0.text < "$T/r")" = "$want_h" ] && [ "$(jget usage.kv.budget < "$T/r")" = 0.3 ] && ok || bad "kv_* fields"
 
+# ---- /tokenize (llama.cpp's): the tokens a completion counts ----
+n_tok=$(curl -s "$URL/tokenize" -d '{"content": "Once upon a time"}' | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).tokens.length))')
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 1}' > /dev/null
+[ "$n_tok" = "$(jget usage.prompt_tokens < "$T/r")" ] && ok || bad "/tokenize gives $n_tok tokens"
+toks=$(curl -s "$URL/tokenize" -d '{"content": "Once upon a time"}' | jget tokens)
+post /v1/completions '{"prompt": '"$toks"', "max_tokens": 40, "temperature": 0}' > /dev/null
+[ "$(jget choices.0.text < "$T/r")" = "$want" ] && ok || bad "token-id prompt"
+
 # ---- chat (template none: the content as the prompt) ----
 code=$(post /v1/chat/completions '{"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 40, "temperature": 0}')
 [ "$code" = 200 ] && [ "$(jget choices.0.message.content < "$T/r")" = "$want" ] && ok || bad "chat content"
@@ -138,7 +146,18 @@ stop_server mem && ok || bad "mem server exit"
 
 # ---- on real weights with a slow decode: queue full -> 503, hang-up -> cancelled ----
 if [ -f "$SHARED/models/ekv-ref-28m-f16.gguf" ]; then
-  start_server ref -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --parallel 1 --queue 1 || exit 1
+  start_server ref -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --parallel 1 --queue 1 --timeout 1 || exit 1
+  # --timeout is for idle clients: a request that takes longer (here seconds) is not cut off
+  code=$(post /v1/completions '{"prompt": "static int", "max_tokens": 300, "ignore_eos": true}')
+  [ "$code" = 200 ] && [ "$(jget usage.completion_tokens < "$T/r")" = 300 ] && ok || bad "a long request was cut off by --timeout: $code"
+  curl -sN "$URL/v1/completions" -d '{"prompt": "static int", "max_tokens": 300, "ignore_eos": true, "stream": true}' > "$T/s"
+  [ "$(jget --sse finish < "$T/s")" = length ] && ok || bad "a long stream was cut off by --timeout"
+  # nor one that waits in the queue longer than --timeout (streamed: no byte until admitted)
+  curl -s -o /dev/null "$URL/v1/completions" -d '{"prompt": "static int", "max_tokens": 300, "ignore_eos": true}' & c0=$!
+  sleep 0.5
+  curl -sN "$URL/v1/completions" -d '{"prompt": "static int", "max_tokens": 20, "ignore_eos": true, "stream": true}' > "$T/s"
+  wait $c0
+  [ "$(jget --sse finish < "$T/s" 2>/dev/null)" = length ] && ok || bad "a queued stream was cut off by --timeout"
   long='{"prompt": "static int", "max_tokens": 4000, "ignore_eos": true, "temperature": 0}'
   curl -s -o /dev/null "$URL/v1/completions" -d "$long" & c1=$!
   for _ in $(seq 1 300); do curl -s "$URL/metrics" | grep -q '^ekv_requests_running 1$' && break; sleep 0.1; done

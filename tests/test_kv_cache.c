@@ -531,7 +531,7 @@ static void test_forward(void) {
     struct ekv_kv *kv = NULL;
     CHECK_OK(ekv_kv_new(L, H, G, DD, f32_params(), &kv));
     if (!kv) return;
-    kv->stats = EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_WINSUM | EKV_STAT_BINCOUNT |
+    kv->extra_stats = EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_WINSUM | EKV_STAT_BINCOUNT |
                 EKV_STAT_SPARSITY;
     kv->win_start = 4;
     kv->params.sparsity_p = 0.1;

@@ -28,6 +28,8 @@ struct ekv_context {
     float *proj;   /* [rows][n_embd] */
     float *gate;   /* [ffn_rows][n_ff] */
     float *up;     /* [ffn_rows][n_ff] */
+    float *rope_cs;/* [rows][rope_dim] {cos, sin} pairs of each row's position */
+    struct ekv_rope_params rope; /* the model's RoPE for this context's n_ctx */
 };
 
 struct ekv_seq {
@@ -83,6 +85,10 @@ void ekv_prefill_detach(struct ekv_prefill *p);
 enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_context *ctx,
                                         const struct ekv_image_input *in, int32_t index, float **out,
                                         int32_t *n_rows);
+
+/* The input row of a token: its embedding, times the model's embd_scale
+ * (Gemma). Image embeddings are used as given. */
+enum ekv_status ekv_forward_embed(const struct ekv_model *m, int32_t token, float *dst);
 
 /* Makes the scratch hold at least `rows` positions. */
 enum ekv_status ekv_context_reserve(struct ekv_context *ctx, int32_t rows);

@@ -486,6 +486,11 @@ struct ekv_eval_grid_cell {
 enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const double *budgets,
                               size_t n_budgets, struct ekv_eval_grid_cell **cells, size_t *n_cells);
 
+/* Checks that every cell's parameters (base with the cell's policy and
+ * budget) make a sequence, before any work; the error names the cell. */
+enum ekv_status ekv_eval_grid_check(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
+                                    const struct ekv_eval_grid_cell *cells, size_t n_cells);
+
 /* Progress callback: units done (of total) after each (unit, all cells). */
 typedef void (*ekv_eval_progress_fn)(void *user, size_t done, size_t total, size_t unit);
 

@@ -15,9 +15,8 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "engine/engine.h"
+#include "ekv.h"
 #include "eval/eval.h"
-#include "kv/kv.h"
 
 struct ekv_eval_cfg ekv_eval_default_cfg(void) {
     struct ekv_eval_cfg c = {
@@ -263,7 +262,7 @@ enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_conte
     r->cur = SIZE_MAX;
     if (!ctx || !ds || !cfg) return ekv_err(EKV_ERR_INVALID_ARG, "eval runner: NULL argument");
     r->ctx = ctx;
-    r->model = ctx->model;
+    r->model = ekv_context_model(ctx);
     r->ds = ds;
     r->cfg = *cfg;
     const unsigned all = EKV_METRIC_PPL | EKV_METRIC_ROUGE | EKV_METRIC_KL | EKV_METRIC_HITRATE;
@@ -273,7 +272,7 @@ enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_conte
     if (cfg->stride < 1) return ekv_err(EKV_ERR_INVALID_ARG, "eval: stride %d < 1", cfg->stride);
     struct ekv_model_info mi;
     ekv_model_get_info(r->model, &mi);
-    r->n_ctx = ctx->params.n_ctx;
+    r->n_ctx = ekv_context_n_ctx(ctx);
     r->n_vocab = mi.n_vocab;
     r->n_layer = mi.n_layer;
     r->n_head_kv = mi.n_head_kv;
@@ -504,20 +503,21 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
             goto fail;
         }
         if ((s = ekv_seq_new(r->ctx, NULL, &seq)) != EKV_OK) goto fail;
-        seq->kv->extra_stats = EKV_STAT_LASTROW;
-        s = prefill_unit(r, seq, u, NULL);
+        s = ekv_seq_kv_record_attention(seq, true);
+        if (s == EKV_OK) s = prefill_unit(r, seq, u, NULL);
         if (s == EKV_OK) s = ekv_seq_decode(seq, u->tokens[u->n_prompt], NULL);
+        float *row = s == EKV_OK ? malloc((P + 1) * sizeof *row) : NULL;
+        if (s == EKV_OK && !row) s = ekv_err(EKV_ERR_NOMEM, "eval: no memory for an attention row");
         for (int32_t l = 0; s == EKV_OK && l < r->n_layer; l++)
             for (int32_t h = 0; s == EKV_OK && h < r->n_head_kv; h++) {
-                const struct ekv_kv_head *hd = &seq->kv->layers[l].heads[h];
-                if (!hd->lastrow || (size_t)hd->len != P + 1) {
-                    s = ekv_err(EKV_ERR_INTERNAL, "eval: full cache holds %d entries, expected %zu, or no attention row",
-                                hd->len, P + 1);
-                    break;
-                }
-                memcpy(r->ref_attn + ((size_t)l * (size_t)r->n_head_kv + (size_t)h) * P, hd->lastrow,
-                       P * sizeof(float));
+                size_t len = 0;
+                s = ekv_seq_kv_last_attention(seq, l, h, row, P + 1, &len);
+                if (s == EKV_OK && len != P + 1)
+                    s = ekv_err(EKV_ERR_INTERNAL, "eval: full cache holds %zu entries, expected %zu", len, P + 1);
+                if (s == EKV_OK)
+                    memcpy(r->ref_attn + ((size_t)l * (size_t)r->n_head_kv + (size_t)h) * P, row, P * sizeof(float));
             }
+        free(row);
         ekv_seq_free(seq);
         if (s != EKV_OK) goto fail;
     }
@@ -690,10 +690,27 @@ enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const do
     return EKV_OK;
 }
 
+enum ekv_status ekv_eval_grid_check(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
+                                    const struct ekv_eval_grid_cell *cells, size_t n_cells) {
+    if (!r || !base || (!cells && n_cells)) return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
+    for (size_t c = 0; c < n_cells; c++) {
+        struct ekv_kv_params kv = *base;
+        kv.policy = cells[c].policy;
+        kv.budget = cells[c].budget;
+        struct ekv_seq *seq = NULL;
+        enum ekv_status s = ekv_seq_new(r->ctx, &kv, &seq);
+        ekv_seq_free(seq);
+        if (s != EKV_OK) return ekv_err_prefix(s, "%s at budget %g", cells[c].policy, cells[c].budget);
+    }
+    return EKV_OK;
+}
+
 enum ekv_status ekv_eval_run_grid(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
                                   const struct ekv_eval_grid_cell *cells, size_t n_cells, struct ekv_eval_cell *out,
                                   ekv_eval_progress_fn progress, void *user) {
     if (!r || !base || !cells || !out) return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
+    enum ekv_status s0 = ekv_eval_grid_check(r, base, cells, n_cells);
+    if (s0 != EKV_OK) return s0;
     for (size_t c = 0; c < n_cells; c++) ekv_eval_cell_init(&out[c]);
     for (size_t u = 0; u < r->n_units; u++) {
         enum ekv_status s = ekv_eval_unit_prepare(r, u);

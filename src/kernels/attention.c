@@ -100,7 +100,7 @@ static void axpy_rows(float *restrict o, const float *restrict p, const float *r
  * else decoded into buf. */
 static const float *view_block(const struct ekv_kv_view *vw, int32_t j0, int32_t j1, float *buf,
                                struct ekv_kv_cursor *cur, bool simd) {
-    if (vw->type == EKV_KV_F32) return (const float *)(const void *)vw->data + (size_t)j0 * (size_t)vw->d;
+    if (vw->type == EKV_KV_F32) return (const float *)(const void *)vw->data + ((size_t)vw->first + (size_t)j0) * (size_t)vw->d;
     ekv_kv_view_rows(vw, j0, j1, buf, cur, simd);
     return buf;
 }

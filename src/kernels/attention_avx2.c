@@ -292,7 +292,7 @@ static void pv_block2(float *o0, float *o1, const float *p0, const float *p1, co
  * decoded into buf (SIMD codecs, bit-identical to the references). */
 static const float *view_block(const struct ekv_kv_view *vw, size_t j0, size_t j1, float *buf,
                                struct ekv_kv_cursor *cur) {
-    if (vw->type == EKV_KV_F32) return (const float *)(const void *)vw->data + j0 * (size_t)vw->d;
+    if (vw->type == EKV_KV_F32) return (const float *)(const void *)vw->data + ((size_t)vw->first + j0) * (size_t)vw->d;
     ekv_kv_view_rows(vw, (int32_t)j0, (int32_t)j1, buf, cur, true);
     return buf;
 }

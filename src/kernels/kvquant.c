@@ -225,6 +225,8 @@ static void quant_rows(const struct ekv_kv_view *v, int32_t j0, int32_t j1, floa
 void ekv_kv_view_rows(const struct ekv_kv_view *v, int32_t j0, int32_t j1, float *dst, struct ekv_kv_cursor *cur,
                       bool simd) {
     if (j1 <= j0) return;
+    j0 += v->first;
+    j1 += v->first;
     const size_t d = (size_t)v->d;
     const int32_t qe = EKV_MIN(j1, v->nq);
     if (j0 < qe) {

@@ -96,6 +96,8 @@ struct ekv_kv_view {
     const uint16_t *tail;  /* KIVI: entries [nq, n) as fp16 rows [n - nq][d] */
     int32_t ng;            /* KIVI keys: groups in data */
     const int32_t *gn;     /* KIVI keys: [ng] entries per group, in order */
+    int32_t first;         /* row j of the view is stored entry first + j (a sliding window hides the entries
+                              before it); 0 = all */
 };
 
 /* Sequential position in a view's KIVI key groups (zero-initialise). */

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/util.h"
 #include "kernels/kvquant.h"
@@ -28,6 +29,7 @@ enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) 
         return ekv_err(EKV_ERR_INVALID_ARG, "kv step: prompt length %d at %lld is invalid",
                        (int)step->prompt_len, (long long)step->prompt_pos0);
     kv->n_seen = step->pos0 + step->n_new;
+    kv->stats = kv->ops ? kv->ops->stats : 0;
     if (kv->ops && kv->ops->begin) {
         enum ekv_status s = kv->ops->begin(kv, step);
         if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s", kv->policy_name);
@@ -60,6 +62,31 @@ struct attend_task {
     atomic_int failed;
 };
 
+/* First of the n entries whose position is >= min_pos (positions increase). */
+static int32_t swa_first(const struct ekv_kv_head *h, int32_t n, int64_t min_pos) {
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (h->pos[mid] < min_pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Statistics of a row that sees entries [lo, n) only: the per-entry arrays
+ * start at lo; the latest row's attention of the entries before is 0. */
+static void shift_stats(struct ekv_attn_stats *s, const struct ekv_kv_head *h, int32_t lo) {
+    if (s->colsum) s->colsum += lo;
+    if (s->count) s->count += lo;
+    if (s->sumsq) s->sumsq += lo;
+    if (s->winsum) s->winsum += lo;
+    if (s->bincount) s->bincount += lo;
+    if (s->lastrow) {
+        if (s->flags & EKV_STAT_LASTROW) memset(h->lastrow, 0, (size_t)lo * sizeof *h->lastrow);
+        s->lastrow += lo;
+    }
+}
+
 /* probs: [R][len] scratch followed by the row buffer [EKV_ATTN_ROWS][head_dim]. */
 static void attend_head(struct attend_task *t, int hk, float *probs) {
     const struct ekv_kv *kv = t->kv;
@@ -87,8 +114,20 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
         const int64_t pos = t->step->pos0 + i;
         st.flags = t->row_flags | (pos >= kv->win_start ? t->win_flags : 0u);
         const size_t qoff = ((size_t)i * (size_t)kv->n_head + (size_t)hk * (size_t)R) * (size_t)d;
-        ekv_attn_row_kv(t->q + qoff, R, &kview, &vview, len0 + i + 1, t->scale, t->out + qoff, probs, rowbuf,
-                        st.flags ? &st : NULL);
+        const int32_t n_keys = len0 + i + 1;
+        const int32_t lo = kv->swa_window > 0 ? swa_first(h, n_keys, pos - kv->swa_window + 1) : 0;
+        if (lo == 0) {
+            ekv_attn_row_kv(t->q + qoff, R, &kview, &vview, n_keys, t->scale, t->out + qoff, probs, rowbuf,
+                            st.flags ? &st : NULL);
+        } else { /* the entries before lo are outside the window: they get no attention */
+            struct ekv_attn_stats sw = st;
+            shift_stats(&sw, h, lo);
+            struct ekv_kv_view kw = kview, vw = vview;
+            kw.first = lo;
+            vw.first = lo;
+            ekv_attn_row_kv(t->q + qoff, R, &kw, &vw, n_keys - lo, t->scale, t->out + qoff, probs, rowbuf,
+                            st.flags ? &sw : NULL);
+        }
     }
     if (t->sparse) {
         t->sparse[2 * hk] = sparse_zero;

@@ -230,6 +230,10 @@ enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, i
     struct ekv_store_fmt fk, fv;
     enum ekv_status ts = resolve_storage(&p, head_dim, &fk, &fv);
     if (ts != EKV_OK) return ts;
+    if (p.compat_ref && !ops->has_compat_ref)
+        return ekv_err(EKV_ERR_INVALID_ARG,
+                       "kv policy %s has no reference-compatibility mode (--kv-compat ref applies to elastic only)",
+                       ops->name);
 
     struct ekv_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return ekv_err(EKV_ERR_NOMEM, "kv cache: out of memory");
@@ -243,6 +247,7 @@ enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, i
     snprintf(kv->policy_name, sizeof kv->policy_name, "%s", ops->name);
     p.policy = kv->policy_name;
     kv->params = p;
+    kv->stats = ops->stats;
     kv->layers = calloc((size_t)n_layer, sizeof *kv->layers);
     if (!kv->layers) {
         free(kv);
@@ -676,19 +681,38 @@ void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which) {
     }
 }
 
+int64_t ekv_kv_budget_tokens(const struct ekv_kv *kv) {
+    if (!kv) return 1;
+    /* the -1e-9 keeps budget * n_seen that is an integer up to rounding
+     * (budget 1.0 in particular) from rounding up */
+    const double c = ceil(kv->params.budget * (double)kv->n_seen - 1e-9);
+    int64_t t = c > (double)INT64_MAX / 2 ? INT64_MAX / 2 : (int64_t)c;
+    if (kv->params.max_tokens > 0 && kv->params.max_tokens < t) t = kv->params.max_tokens;
+    return t < 1 ? 1 : t;
+}
+
+double ekv_kv_budget_frac(const struct ekv_kv *kv) {
+    if (!kv) return 1.0;
+    double a = kv->params.budget;
+    if (kv->params.max_tokens > 0 && kv->n_seen > 0 && (double)kv->params.max_tokens < a * (double)kv->n_seen)
+        a = (double)kv->params.max_tokens / (double)kv->n_seen;
+    return a;
+}
+
 int32_t ekv_kv_target(const struct ekv_kv *kv, int il) {
     if (!kv || il < 0 || il >= kv->n_layer) return 1;
     const struct ekv_kv_layer *L = &kv->layers[il];
     int64_t t = 0;
     for (int hk = 0; hk < kv->n_head_kv; hk++)
         if (L->heads[hk].len > t) t = L->heads[hk].len;
-    /* the -1e-9 keeps budget * n_seen that is an integer up to rounding
-     * (budget 1.0 in particular) from rounding up */
     /* a per-layer budget set by the policy (PyramidKV, VL-Cache) replaces
-     * the uniform ceil(budget * n_seen): lower layers may keep more */
-    const double c = L->budget >= 0 ? (double)L->budget : ceil(kv->params.budget * (double)kv->n_seen - 1e-9);
-    if (c < (double)t) t = (int64_t)c;
-    if (kv->params.max_tokens > 0 && kv->params.max_tokens < t) t = kv->params.max_tokens;
+     * the uniform cap: lower layers may keep more */
+    int64_t c = ekv_kv_budget_tokens(kv);
+    if (L->budget >= 0) {
+        c = L->budget;
+        if (kv->params.max_tokens > 0 && kv->params.max_tokens < c) c = kv->params.max_tokens;
+    }
+    if (c < t) t = c;
     if (t < 1) t = 1;
     return (int32_t)t;
 }
@@ -724,4 +748,14 @@ uint64_t ekv_kv_bytes(const struct ekv_kv *kv) {
 uint64_t ekv_kv_bytes_full(const struct ekv_kv *kv, int64_t n) {
     const uint64_t per = ekv_store_full_bytes(&kv->fk, n) + ekv_store_full_bytes(&kv->fv, n);
     return per * (uint64_t)kv->n_layer * (uint64_t)kv->n_head_kv;
+}
+
+int32_t ekv_kv_prompt_chunk(const struct ekv_kv *kv) {
+    return kv && kv->params.chunk > 0 ? kv->params.chunk : 0;
+}
+
+int64_t ekv_kv_rope_pos(const struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    if (!kv || !step) return 0;
+    if (kv->ops && kv->ops->rope_pos) return kv->ops->rope_pos(kv, step);
+    return step->pos0;
 }

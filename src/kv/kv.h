@@ -78,6 +78,13 @@ struct ekv_kv_step {
 struct ekv_policy_ops {
     const char *name;
     const char *summary;      /* one line for --help */
+    /* EKV_STAT_* flags the policy needs at every forward. ekv_kv_begin sets
+     * kv->stats to them before begin(), which may change them per step
+     * (e.g. prompt-only statistics). */
+    unsigned stats;
+    /* The policy has a reference-compatibility mode (params.compat_ref,
+     * `--kv-compat ref`); ekv_kv_new refuses compat_ref for the others. */
+    bool has_compat_ref;
     /* Fills defaults (-1/NaN fields of kv->params) and validates; optional. */
     enum ekv_status (*configure)(struct ekv_kv *kv);
     /* Allocates kv->pstate; optional. */
@@ -93,6 +100,10 @@ struct ekv_policy_ops {
      * generated token afterwards (SnapKV, PyramidKV, VL-Cache). Memory
      * projections (ekv_kv_project) need it. */
     bool prompt_only;
+    /* RoPE position of the first new token of a forward, when the policy
+     * changes it (Elastic Cache's reference mode, POLICIES.md 0.6); called
+     * before begin(). Optional: NULL = the true position step->pos0. */
+    int64_t (*rope_pos)(const struct ekv_kv *kv, const struct ekv_kv_step *step);
 };
 
 struct ekv_kv {
@@ -106,6 +117,8 @@ struct ekv_kv {
     unsigned extra_stats; /* EKV_STAT_* flags collected on top of the policy's (set by
                              evaluation code, e.g. LASTROW for cache hit rates); 0 by default */
     int64_t win_start;    /* queries at positions >= win_start feed winsum / sparsity */
+    int32_t swa_window;   /* sliding-window attention (Mistral): a query at position p sees
+                             the entries at positions > p - swa_window; 0 = all before it */
     struct ekv_kv_params params;  /* defaults resolved by configure() */
     char policy_name[32];
     const struct ekv_policy_ops *ops;
@@ -202,12 +215,31 @@ uint64_t ekv_kv_bytes_full(const struct ekv_kv *kv, int64_t n);
 /* Zeroes the statistics arrays of every head. */
 void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
 
-/* Entries to keep now for layer il: min(len, B, max_tokens when > 0), at
- * least 1, where B is the layer budget when a policy set one (>= 0) and
- * ceil(budget * n_seen - 1e-9) otherwise; len is the
- * longest head of the layer. The 1e-9 keeps budget 1.0 (and any product
- * that is an integer up to rounding) from rounding up. */
+/* The budget rule every policy uses (POLICIES.md "Budget in ekv").
+ *
+ * ekv_kv_budget_tokens: the uniform cap of entries per layer and KV head
+ * now, min(ceil(budget * n_seen - 1e-9), max_tokens when > 0), at least 1.
+ * The 1e-9 keeps budget 1.0 (and any product that is an integer up to
+ * rounding) from rounding up.
+ *
+ * ekv_kv_budget_frac: the kept fraction in effect, min(budget,
+ * max_tokens / n_seen when max_tokens > 0) (VL-Cache's alpha).
+ *
+ * ekv_kv_target: entries to keep now for layer il: min(len, B), at least 1,
+ * where len is the longest head of the layer and B the layer budget when a
+ * policy set one (kv->layers[il].budget >= 0, PyramidKV and VL-Cache; then
+ * capped by max_tokens when > 0) and ekv_kv_budget_tokens otherwise. */
+int64_t ekv_kv_budget_tokens(const struct ekv_kv *kv);
+double ekv_kv_budget_frac(const struct ekv_kv *kv);
 int32_t ekv_kv_target(const struct ekv_kv *kv, int il);
+
+/* Prompt tokens per block-wise prefill chunk (params.chunk > 0), or 0 for
+ * the whole prompt at once. The engine splits prompts with it. */
+int32_t ekv_kv_prompt_chunk(const struct ekv_kv *kv);
+
+/* RoPE position of the first new token of the coming forward: step->pos0,
+ * unless the policy moves it (ops->rope_pos). Call before ekv_kv_begin. */
+int64_t ekv_kv_rope_pos(const struct ekv_kv *kv, const struct ekv_kv_step *step);
 
 /* ---- one forward through the cache (src/kv/attend.c) ---- */
 

@@ -135,11 +135,14 @@ for (const extra of [1, 10, 1000, maxBody]) {
   add(`oversized chunked +${extra}`, { path: H, body, chunked: true }, 413);
 }
 add('no body', { path: C, body: '' });
+for (const b of ['', '[]', '{}', '{"content": 5}', '{"content": "x", "add_special": "yes"}', '{"content": "x"'])
+  add(`tokenize ${b}`, { path: '/tokenize', body: b });
+add('tokenize invalid UTF-8', { path: '/tokenize', body: Buffer.concat([Buffer.from('{"content": "'), Buffer.from([0xff]), Buffer.from('"}')]) });
 
 // 6. wrong paths and methods
 for (const [method, path, want] of [['GET', C, 405], ['GET', H, 405], ['POST', '/v1/models', 405], ['POST', '/health', 405],
   ['DELETE', '/v1/models', 405], ['POST', '/v2/completions', 404], ['GET', '/', 404], ['PUT', C, 405],
-  ['POST', '/v1/completions/', 404], ['GET', '/v1/embeddings', 404], ['POST', '/v1/embeddings', 404]])
+  ['POST', '/v1/completions/', 404], ['GET', '/v1/embeddings', 404], ['GET', '/tokenize', 405], ['POST', '/v1/embeddings', 404]])
   add(`${method} ${path}`, { method, path, body: method === 'GET' ? '' : '{}' }, want);
 
 // 7. bad images, on a server with a vision tower

@@ -223,6 +223,7 @@ static bool eval_setup(struct eval *e) {
     fprintf(stderr, "ekv eval: %s on %s: %zu items (%zu units, %zu skipped) x %zu cells, context %d, threads %d\n",
             basename_of(e->model_path), basename_of(e->data_path), e->ds.n_items, e->run.n_units, e->run.n_skipped,
             e->n_cells * e->n_types, e->run.n_ctx, e->n_threads);
+    if ((s = ekv_eval_grid_check(&e->run, &e->p.kv, e->cells, e->n_cells)) != EKV_OK) return cli_fail(CMD, s), false;
     e->acc = calloc(e->n_cells * e->n_types, sizeof *e->acc);
     e->cell_s = calloc(e->n_cells * e->n_types, sizeof *e->cell_s);
     if (!e->acc || !e->cell_s) return cli_fail(CMD, EKV_ERR_NOMEM), false;

@@ -139,6 +139,8 @@ struct srv_stats {
     uint64_t evicted, merged;     /* summed over finished jobs */
     uint64_t decode_steps, decode_rows;
     double prompt_seconds, decode_seconds;
+    double engine_decode_seconds;  /* engine time in batched decode steps */
+    double engine_prefill_seconds; /* engine time reading prompts */
     int running_max;              /* most sequences admitted at once */
     uint64_t cancelled;
 };
@@ -174,6 +176,9 @@ struct srv {
  * false with e set (4xx) on any problem. Tokenizes with srv's model. */
 bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *body, size_t len,
                        struct srv_request *r, struct srv_error *e);
+/* POST /tokenize (llama.cpp's): {"content": "...", "add_special": true} ->
+ * {"tokens": [...]}; NULL with e set on a bad request. */
+char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e);
 /* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)? */
 bool srv_utf8_valid(const char *s, size_t n);
 /* Length of the longest prefix of s[0..n) that ends on a whole UTF-8 character. */

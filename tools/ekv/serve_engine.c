@@ -482,18 +482,23 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&srv->mu);
 
         int n_out = 0;
+        double t0 = cli_now(), t1 = t0, t2;
         if (n_run > 0) {
             step_decode(srv, &b, n_run);
             n_out = n_run;
+            t1 = cli_now();
         }
         /* the prompt's logits go after the decode rows' */
         if (pre && step_prefill(srv, pre, b.logits + (size_t)b.cap * srv->mi.n_vocab, &b.outs[n_out])) n_out++;
+        t2 = cli_now();
 
         pthread_mutex_lock(&srv->mu);
         if (n_run > 0) {
             srv->st.decode_steps++;
             srv->st.decode_rows += (uint64_t)n_run;
+            srv->st.engine_decode_seconds += t1 - t0;
         }
+        if (pre) srv->st.engine_prefill_seconds += t2 - t1;
         for (int i = 0; i < n_out; i++) {
             struct token_out *o = &b.outs[i];
             struct srv_job *j = o->job;

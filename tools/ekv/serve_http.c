@@ -33,7 +33,7 @@ struct srv_http {
     struct srv *srv;
 };
 
-enum route { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS };
+enum route { R_NONE, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_MODELS, R_HEALTH, R_METRICS };
 
 /* Per-request state of a connection (MHD's con_cls). */
 struct conn {
@@ -41,6 +41,7 @@ struct conn {
     char *body;
     size_t len, cap;
     bool too_big;
+    bool timeout_off; /* the idle timeout is suspended while the request runs */
 };
 
 static enum route find_route(const char *url) {
@@ -49,7 +50,7 @@ static enum route find_route(const char *url) {
         {"/v1/completions", R_COMPLETIONS}, {"/completions", R_COMPLETIONS},
         {"/v1/models", R_MODELS}, {"/models", R_MODELS},
         {"/health", R_HEALTH}, {"/v1/health", R_HEALTH},
-        {"/metrics", R_METRICS},
+        {"/metrics", R_METRICS}, {"/tokenize", R_TOKENIZE},
     };
     for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
         if (!strcmp(url, k_routes[i].path)) return k_routes[i].r;
@@ -289,6 +290,10 @@ static enum MHD_Result start_stream(struct srv *srv, struct MHD_Connection *c, s
 /* ---- completions ---- */
 
 static enum MHD_Result completions(struct srv *srv, struct MHD_Connection *c, struct conn *cs) {
+    /* --timeout is for idle clients, not for one waiting in the queue or for its text:
+     * none until the request is done (on_completed sets it again, which restarts it) */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    cs->timeout_off = true;
     struct srv_request req;
     struct srv_error e = {0};
     enum srv_kind kind = cs->route == R_CHAT ? SRV_CHAT : SRV_COMPLETION;
@@ -336,7 +341,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (cs->route != R_HEALTH && !authorized(srv, c))
             return fail(srv, c, 401, "invalid_request_error", "invalid_api_key",
                         "missing or incorrect API key (send 'Authorization: Bearer KEY')");
-        const bool wants_post = cs->route == R_CHAT || cs->route == R_COMPLETIONS;
+        const bool wants_post = cs->route == R_CHAT || cs->route == R_COMPLETIONS || cs->route == R_TOKENIZE;
         if ((wants_post && !post) || (!wants_post && !get))
             return fail(srv, c, 405, "invalid_request_error", "method_not_allowed", "%.200s does not take %.16s",
                         url, method);
@@ -384,15 +389,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_MODELS: return send_body(srv, c, 200, srv_models_json(srv), "application/json", 0);
     case R_HEALTH: return send_body(srv, c, 200, srv_health_json(srv), "application/json", 0);
     case R_METRICS: return send_body(srv, c, 200, srv_metrics_text(srv), "text/plain; version=0.0.4", 0);
+    case R_TOKENIZE: {
+        struct srv_error e = {0};
+        char *body = srv_tokenize_json(srv, cs->body ? cs->body : "", cs->len, &e);
+        return body ? send_body(srv, c, 200, body, "application/json", 0) : send_error(srv, c, &e);
+    }
     default: return MHD_NO;
     }
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)c;
-    (void)toe;
+    const struct srv *srv = cls;
     struct conn *cs = *con_cls;
+    if (cs && cs->timeout_off && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, srv->cfg.timeout);
     if (cs) {
         free(cs->body);
         free(cs);

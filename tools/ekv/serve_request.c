@@ -587,3 +587,32 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
     cJSON_Delete(root);
     return ok;
 }
+
+char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e) {
+    if (len == 0 || !srv_utf8_valid(body, len)) return BAD(NULL, "the body must be a JSON object in UTF-8"), NULL;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    const cJSON *content = root && cJSON_IsObject(root) ? field(root, "content") : NULL;
+    bool add_special = true;
+    char *out = NULL;
+    int32_t *tok = NULL;
+    if (!root || !cJSON_IsObject(root)) BAD(NULL, "the body must be a JSON object");
+    else if (!content || !cJSON_IsString(content)) BAD("content", "'content' (a string) is required");
+    else if (get_bool(e, root, "add_special", &add_special)) {
+        size_t n = strlen(content->valuestring), got = 0, cap = 3 * n + 16;
+        tok = malloc(cap * sizeof *tok);
+        enum ekv_status s = tok ? ekv_tokenize(srv->model, content->valuestring, n, add_special, true, tok, cap, &got)
+                                : EKV_ERR_NOMEM;
+        if (s != EKV_OK) {
+            BAD("content", "cannot tokenize: %s", ekv_last_error());
+        } else {
+            cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "tokens");
+            for (size_t i = 0; a && i < got; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(tok[i]));
+            out = o ? cJSON_PrintUnformatted(o) : NULL;
+            cJSON_Delete(o);
+            if (!out) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+    }
+    free(tok);
+    cJSON_Delete(root);
+    return out;
+}

@@ -313,6 +313,8 @@ char *srv_metrics_text(struct srv *srv) {
            st.decode_seconds);
     metric(&t, "decode_steps_total", "counter", "batched decode steps", (double)st.decode_steps);
     metric(&t, "decode_rows_total", "counter", "sequences decoded, summed over steps", (double)st.decode_rows);
+    metric(&t, "engine_decode_seconds_total", "counter", "engine time in batched decode steps", st.engine_decode_seconds);
+    metric(&t, "engine_prefill_seconds_total", "counter", "engine time reading prompts", st.engine_prefill_seconds);
     metric(&t, "requests_running", "gauge", "sequences admitted (reading their prompt or generating)", active);
     metric(&t, "requests_prefilling", "gauge", "sequences reading their prompt", prefill);
     metric(&t, "requests_queued", "gauge", "requests waiting for admission", queued);
