@@ -23,7 +23,12 @@
  *     residual; KIVI keys in groups (which eviction may coalesce and
  *     merges re-quantise, POLICIES.md §11) within two quantisation steps
  *     of the channel's range (seen: one). An entry that reads back another token's row
- *     fails this for every type.
+ *     fails this for every type;
+ *   - sliding-window attention (Mistral, kv->swa_window) on every type: a
+ *     decode row equals f32 attention over exactly the rows it may see
+ *     (stored rows of the window, read back before the step, plus the new
+ *     token's row through the type), bit for bit, with the window's first
+ *     entry inside KIVI key groups or in the fp16 residual.
  */
 #include <math.h>
 #include <stdio.h>
@@ -277,6 +282,70 @@ static void compare_full(const char *name, struct combo c) {
     ekv_kv_free(b);
 }
 
+/* Sliding-window attention (kv->swa_window, Mistral) on every storage type,
+ * through attend.c: a decode step's output equals ekv_attn_row (f32) over
+ * the rows a query may see — the stored rows of the entries at positions >
+ * p - W, read back dequantised before the step, plus the new token's row
+ * through the type — bit for bit. The window's first entry falls inside
+ * KIVI key groups and in the residual as the steps advance. */
+static void test_window(struct combo c) {
+    enum { W = 21 };
+    struct ekv_kv *kv = new_cache("full", 1.0, c);
+    if (!kv) return;
+    kv->swa_window = W;
+    static float out[NL * PROMPT * NH * HD], rk[(NPOS + 1) * HD], rv[(NPOS + 1) * HD], want[NH / NKV * HD];
+    static float probs[NH / NKV * (NPOS + 1)];
+    int bad = 0, cases = 0;
+    g_rng = 0x3141;
+    CHECK_OK(forward(kv, 0, out));
+    for (int stepi = 1; stepi <= DECODE; stepi++) {
+        /* the rows every head holds before this step */
+        static float before[NL][NKV][NPOS * HD * 2];
+        int32_t len0[NL][NKV];
+        for (int il = 0; il < NL; il++)
+            for (int hk = 0; hk < NKV; hk++) {
+                const struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+                len0[il][hk] = h->len;
+                CHECK_OK(ekv_kv_head_gather(kv, h, NULL, h->len, before[il][hk], before[il][hk] + NPOS * HD));
+            }
+        const uint64_t rng0 = g_rng;
+        CHECK_OK(forward(kv, stepi, out));
+        /* replay the inputs: q of each layer comes first, then k and v (see forward) */
+        uint64_t save = g_rng;
+        g_rng = rng0;
+        const int64_t p = PROMPT + stepi - 1;
+        for (int il = 0; il < NL; il++) {
+            float q[NH * HD];
+            for (int i = 0; i < NH * HD; i++) q[i] = 2.0f * frand();
+            for (int i = 0; i < NKV * HD * 2; i++) (void)frand();
+            for (int hk = 0; hk < NKV; hk++) {
+                const struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+                int32_t lo = 0, n = len0[il][hk];
+                while (lo < n && h->pos[lo] <= p - W) lo++;
+                for (int32_t j = lo; j < n; j++) {
+                    memcpy(rk + (size_t)(j - lo) * HD, before[il][hk] + (size_t)j * HD, HD * sizeof(float));
+                    memcpy(rv + (size_t)(j - lo) * HD, before[il][hk] + NPOS * HD + (size_t)j * HD, HD * sizeof(float));
+                }
+                /* the new row as appended: row types quantise it, KIVI keeps it in fp16 */
+                float *nk = rk + (size_t)(n - lo) * HD, *nv = rv + (size_t)(n - lo) * HD;
+                if (ekv_kv_type_is_kivi(c.k)) fp16_rt(g_k[il][p][hk], nk);
+                else row_rt(c.k, g_k[il][p][hk], nk);
+                if (ekv_kv_type_is_kivi(c.v)) fp16_rt(g_v[il][p][hk], nv);
+                else row_rt(c.v, g_v[il][p][hk], nv);
+                ekv_attn_row(q + (size_t)hk * (NH / NKV) * HD, NH / NKV, HD, rk, rv, n - lo + 1,
+                             1.0f / sqrtf((float)HD), want, probs, NULL);
+                cases++;
+                bad += memcmp(want, out + (size_t)il * PROMPT * NH * HD + (size_t)hk * (NH / NKV) * HD,
+                              sizeof want) != 0;
+            }
+        }
+        g_rng = save;
+    }
+    CHECK_MSG(bad == 0, "sliding window on K %s / V %s: %d of %d decode rows differ from f32 attention over the visible rows",
+              ekv_kv_type_name(c.k), ekv_kv_type_name(c.v), bad, cases);
+    ekv_kv_free(kv);
+}
+
 int main(void) {
     int n_pol = 0;
     for (int i = 0; i < ekv_policy_count(); i++) {
@@ -288,6 +357,7 @@ int main(void) {
             drive_invariants(o->name, k_combos[ci]);
         }
     }
+    for (int ci = 0; ci < N_COMBOS; ci++) test_window(k_combos[ci]);
     printf("test_kv_types_policies: %d policies x %d storage combinations\n", n_pol, N_COMBOS);
     CHECK(n_pol >= 11);
     return test_finish("test_kv_types_policies");
