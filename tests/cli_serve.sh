@@ -19,8 +19,8 @@ cd "$REPO"
 T=$(mktemp -d /tmp/ekv_cli_serve.XXXXXX)
 . "$REPO/tests/serve_lib.sh"
 trap 'stop_all; rm -rf "$T"' EXIT
-command -v curl > /dev/null || { echo "cli_serve: curl is missing: run scripts/setup.sh" >&2; exit 1; }
-command -v node > /dev/null || { echo "cli_serve: node is missing: run scripts/setup.sh" >&2; exit 1; }
+command -v curl > /dev/null || { echo "cli_serve: curl is missing: run scripts/setup.sh --test" >&2; exit 1; }
+command -v node > /dev/null || { echo "cli_serve: node is missing: run scripts/setup.sh --test" >&2; exit 1; }
 
 post() { # post PATH BODY -> body in $T/r, status echoed
     curl -s -o "$T/r" -w '%{http_code}' -H 'Content-Type: application/json' "$URL$1" -d "$2"
