@@ -25,15 +25,39 @@ static double now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Eight independent sums so the loop is bound by loads, not by adds. */
+/* 64-byte vectors (GCC splits them into what the target has), four
+ * independent sums so the loop is bound by loads, not by adds; cloned for
+ * AVX-512 and AVX2 and picked at run time, as the kernels are: a scalar
+ * loop of 8-byte loads reads only ~2/3 of the bandwidth wide loads reach. */
+typedef uint64_t v8u64 __attribute__((vector_size(64)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static uint64_t sum_range(const uint64_t *p, size_t n) {
+    v8u64 a = {0}, b = {0}, c = {0}, d = {0};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        v8u64 x0, x1, x2, x3;
+        memcpy(&x0, p + i, 64);
+        memcpy(&x1, p + i + 8, 64);
+        memcpy(&x2, p + i + 16, 64);
+        memcpy(&x3, p + i + 24, 64);
+        a += x0;
+        b += x1;
+        c += x2;
+        d += x3;
+    }
+    v8u64 t = a + b + c + d;
+    uint64_t s = 0;
+    for (int l = 0; l < 8; l++) s += t[l];
+    for (; i < n; i++) s += p[i];
+    return s;
+}
+
 static void *reader(void *arg) {
     struct part *pt = arg;
-    uint64_t s[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= pt->n; i += 8)
-        for (int l = 0; l < 8; l++) s[l] += pt->p[i + l];
-    for (; i < pt->n; i++) s[0] += pt->p[i];
-    pt->sum = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+    pt->sum = sum_range(pt->p, pt->n);
     return NULL;
 }
 

@@ -102,11 +102,61 @@ struct ekv_model_info {
     float norm_eps;
     bool rope_neox;          /* rotate halves (qwen2) instead of pairs */
     bool tied_output;        /* output projection shares token_embd */
+    /* RoPE scaling, read as llama.cpp reads it (<arch>.rope.scaling.* and
+     * the factor tensors) */
+    const char *rope_scaling;    /* "none", "linear", "yarn" or "longrope" (static) */
+    float rope_scale_factor;     /* rope.scaling.factor (or rope.scale_linear); 1 when absent */
+    int32_t rope_orig_ctx;       /* rope.scaling.original_context_length; n_ctx_train when absent */
+    float rope_attn_factor;      /* rope.scaling.attn_factor; 1 when absent */
+    float yarn_beta_fast;        /* rope.scaling.yarn_beta_fast; 32 when absent */
+    float yarn_beta_slow;        /* rope.scaling.yarn_beta_slow; 1 when absent */
+    float yarn_ext_factor;       /* rope.scaling.yarn_ext_factor; -1 (absent) = 1 for yarn, else 0 */
+    float yarn_log_mul;          /* rope.scaling.yarn_log_multiplier; 0 = none */
+    bool rope_freqs;             /* per-dimension factors rope_freqs.weight (Llama 3) */
+    bool rope_long_short;        /* rope_factors_long/short.weight (Phi-3 longrope): long when the
+                                    context is longer than rope_orig_ctx */
+    /* architecture details (one forward, a branch per detail) */
+    bool fused_qkv;              /* blk.N.attn_qkv holds Q, K and V rows (Phi-3) */
+    bool fused_gate_up;          /* blk.N.ffn_up holds gate then up rows (Phi-3) */
+    bool ffn_gelu;               /* GeGLU feed-forward (Gemma) instead of SwiGLU */
+    float embd_scale;            /* token embeddings are multiplied by it: sqrt(n_embd) for
+                                    Gemma, else 1 */
+    int32_t sliding_window;      /* <arch>.attention.sliding_window: a query sees the last
+                                    sliding_window positions (itself included); 0 = all */
     uint64_t n_params;
     uint64_t weight_bytes;
-    uint64_t kv_bytes_per_token; /* full-cache bytes per token (K+V, all layers) */
+    uint64_t kv_bytes_per_token; /* full-cache bytes per token (K+V, all layers) in the default
+                                    storage type (ekv_kv_type_default(); other types: ekv_kv_project) */
 };
 void ekv_model_get_info(const struct ekv_model *model, struct ekv_model_info *info);
+
+/* Conversion of a GGUF model to another weight type (`ekv quantize`). */
+struct ekv_quantize_params {
+    const char *type;   /* "q8_0" (default), "q4_0" or "f16" */
+};
+struct ekv_quantize_params ekv_quantize_default_params(void);
+
+struct ekv_quantize_result {
+    int32_t n_tensors;   /* tensors written */
+    int32_t n_converted; /* matrices converted to the requested type */
+    int32_t n_fallback;  /* matrices whose rows are not a multiple of the type's
+                            block (32): written as F16 instead */
+    uint64_t bytes_in;   /* tensor bytes read */
+    uint64_t bytes_out;  /* tensor bytes written */
+};
+
+/* Converts the GGUF model at in_path (tensors F32, F16 or BF16) into
+ * out_path: every matrix (a "*weight" tensor of two or more dimensions)
+ * becomes params->type (NULL params = defaults), 1-D tensors (norms,
+ * biases) stay as they are, metadata is copied with general.file_type (and
+ * general.quantization_version) updated. Errors: an unknown type or output
+ * path equal to the input (EKV_ERR_INVALID_ARG), a quantised input
+ * (EKV_ERR_UNSUPPORTED, naming the tensor), an unreadable or malformed
+ * input (EKV_ERR_IO / EKV_ERR_FORMAT). The output is written to
+ * "<out_path>.tmp" and renamed, so no partial file is left on failure.
+ * result (may be NULL) receives counts on success. */
+enum ekv_status ekv_model_quantize(const char *in_path, const char *out_path, const struct ekv_quantize_params *params,
+                                   struct ekv_quantize_result *result);
 
 /* ------------------------------------------------------------------------ */
 /* Tokenizer                                                                  */
@@ -153,6 +203,34 @@ enum ekv_tag {
 
 enum ekv_pool_kind { EKV_POOL_AVG = 0, EKV_POOL_MAX = 1 };
 
+/* Storage type of cached keys or values (--kv-type, --kv-type-k/-ctk,
+ * --kv-type-v/-ctv), independent of the policy. Bytes reported anywhere
+ * (ekv_kv_stats, ekv_kv_project) are the real bytes of the types.
+ *   f32, f16: one float / half per element;
+ *   q8_0, q4_0: GGML's blocks of 32 (8.5 and 4.5 bits per element; head_dim % 32 == 0);
+ *   kivi2, kivi4: KIVI (POLICIES.md §11): keys per channel over groups of
+ *     kv_group entries, values per entry over groups of kv_group channels
+ *     (head_dim % kv_group == 0), asymmetric (fp16 scale and minimum), the
+ *     most recent kv_residual entries in fp16 until a group fills. */
+enum ekv_kv_type {
+    EKV_KV_DEFAULT = 0,    /* the library's default storage type */
+    EKV_KV_F32,
+    EKV_KV_F16,
+    EKV_KV_Q8_0,
+    EKV_KV_Q4_0,
+    EKV_KV_KIVI2,
+    EKV_KV_KIVI4,
+    EKV_KV_TYPE_COUNT
+};
+/* "f32", "f16", "q8_0", "q4_0", "kivi2", "kivi4" ("default" for
+ * EKV_KV_DEFAULT, "unknown" otherwise); static strings. */
+const char *ekv_kv_type_name(enum ekv_kv_type t);
+/* Parses a type name (case-insensitive); EKV_ERR_INVALID_ARG naming the
+ * known types when it is not one. */
+enum ekv_status ekv_kv_type_parse(const char *name, enum ekv_kv_type *out);
+/* What EKV_KV_DEFAULT stands for. */
+enum ekv_kv_type ekv_kv_type_default(void);
+
 /* Policy selection and parameters. A value of -1 (or NaN for floats) means
  * "the policy's default from POLICIES.md". */
 struct ekv_kv_params {
@@ -172,6 +250,10 @@ struct ekv_kv_params {
     double recent_ratio;    /* VL-Cache/RoCo recent share of the budget */
     uint64_t seed;          /* random policy */
     bool compat_ref;        /* reproduce the authors' reference code (Elastic, --kv-compat ref) */
+    enum ekv_kv_type type_k;  /* storage type of keys (EKV_KV_DEFAULT: ekv_kv_type_default()) */
+    enum ekv_kv_type type_v;  /* storage type of values */
+    int32_t kv_group;       /* KIVI group G (default 32; <= 0 = default) */
+    int32_t kv_residual;    /* KIVI full-precision recent entries R, a multiple of G (default 128; -1 = default) */
 };
 struct ekv_kv_params ekv_kv_default_params(void);
 
@@ -201,6 +283,11 @@ struct ekv_context_params ekv_context_default_params(void);
 enum ekv_status ekv_context_new(const struct ekv_model *model, const struct ekv_context_params *params,
                                 struct ekv_context **out);
 void ekv_context_free(struct ekv_context *ctx);
+
+/* The model a context runs (borrowed from the caller of ekv_context_new)
+ * and its positions per sequence (the resolved n_ctx). */
+const struct ekv_model *ekv_context_model(const struct ekv_context *ctx);
+int32_t ekv_context_n_ctx(const struct ekv_context *ctx);
 
 /* New empty sequence with the given KV policy (NULL = full cache). The
  * context must outlive the sequence. *out is owned by the caller. */
@@ -301,14 +388,18 @@ struct ekv_kv_stats {
     int64_t n_seen;          /* tokens seen */
     int64_t entries;         /* cached entries summed over layers and KV heads */
     int64_t entries_full;    /* what a full cache would hold (n_seen x layers x heads) */
-    uint64_t bytes;          /* bytes of the cached K/V entries now */
-    uint64_t bytes_full;     /* bytes a full cache would hold now */
+    uint64_t bytes;          /* bytes of the cached K/V entries now, in their storage types */
+    uint64_t bytes_full;     /* bytes a full cache of the same types would hold now */
+    uint64_t bytes_full_f32; /* bytes a full f32 cache would hold now (the 1x of type x policy ratios) */
     uint64_t bytes_alloc;    /* bytes allocated for entries and statistics */
     uint64_t peak_bytes_alloc;
     int64_t evicted;         /* tokens dropped (summed over layers and heads) */
     int64_t merged;          /* tokens merged into another entry (summed) */
+    enum ekv_kv_type type_k; /* storage types of keys and values (resolved, never DEFAULT) */
+    enum ekv_kv_type type_v;
 };
 void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st);
+
 
 /* Entries of one layer (0 if out of range). */
 int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head);
@@ -326,8 +417,15 @@ enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int
 /* Where an image goes in a prompt. */
 #define EKV_IMAGE_MARKER "<image>"
 
-/* Known templates: "none" (system + "\n" + text), "llava-1.5" ("<system>
- * USER: <image>\n<text> ASSISTANT:"), "chatml" (Qwen2). */
+/* Known templates (docs/chat-templates.md gives each rendering):
+ * "none" (contents one per line), "llava-1.5" and "vicuna" (FastChat's
+ * "SYSTEM USER: q ASSISTANT: a</s>USER: ..."), "chatml" (Qwen2, SmolLM),
+ * "llama-2", "llama-3", "mistral-v1", "mistral-v3", "mistral-v3-tekken",
+ * "mistral-v7", "phi-3", "zephyr", "gemma". llama.cpp's spellings
+ * ("llama2", "llama3", "phi3") are accepted wherever a name is taken.
+ * Rendered texts never start with BOS (the tokenizer adds it); BOS/EOS
+ * texts inside a history ("</s><s>[INST]") are meant to be tokenized with
+ * special tokens parsed. */
 int ekv_chat_template_count(void);
 const char *ekv_chat_template_name(int i);
 
@@ -455,6 +553,20 @@ enum ekv_status ekv_prompt_segments(const struct ekv_prompt *p, const struct ekv
  * when read; block-wise when the policy's chunk is set); logits of its
  * last position to `logits` when not NULL. Every image must be set. */
 enum ekv_status ekv_seq_eval_prompt(struct ekv_seq *seq, const struct ekv_prompt *p, float *logits);
+
+/* Recording of the latest query's attention, on top of what the policy
+ * collects (for cache hit rates and diagnostics; costs one float per cached
+ * entry). Off by default; takes effect from the next forward. */
+enum ekv_status ekv_seq_kv_record_attention(struct ekv_seq *seq, bool on);
+
+/* After a forward with recording on: the attention of its last query over
+ * the entries of one (layer, KV head), in entry order (as
+ * ekv_seq_kv_entries), averaged over the query heads that read the KV head.
+ * Writes at most n floats to out (caller-owned) and the entry count to
+ * *n_out; EKV_ERR_INVALID_ARG when n is too small (with *n_out set), the
+ * layer or head is out of range, or recording is off. */
+enum ekv_status ekv_seq_kv_last_attention(const struct ekv_seq *seq, int32_t layer, int32_t kv_head, float *out,
+                                          size_t n, size_t *n_out);
 
 /* First position whose queries feed the policy's observation-window
  * statistics (VL-Cache's post-vision window, SnapKV's window); -1 if the

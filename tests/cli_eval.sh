@@ -21,14 +21,14 @@ grep -q -- "--kv-budget LIST" "$T/help" && grep -q "meaningless" "$T/help" && ok
   -o "$T/a" --no-plot > "$T/a.md" 2> "$T/a.err"
 [ $? -eq 0 ] && ok || { bad "tiny sweep failed"; cat "$T/a.err" >&2; }
 [ -s "$T/a/results.csv" ] && [ -s "$T/a/results.json" ] && [ -s "$T/a/results.md" ] && ok || bad "result files missing"
-head -1 "$T/a/results.csv" | grep -qx "policy,budget,metric,value,n" && ok || bad "CSV header"
-# 3 cells (full once) x 9 metrics + header
-[ "$(wc -l < "$T/a/results.csv")" -eq 28 ] && ok || bad "CSV rows: $(wc -l < "$T/a/results.csv")"
-grep -q "^full,1,kl,0," "$T/a/results.csv" && grep -q "^h2o,1,kl,0," "$T/a/results.csv" && ok || bad "KL at budget 1 must be 0"
-fp=$(grep "^full,1,ppl," "$T/a/results.csv" | cut -d, -f4-); hp=$(grep "^h2o,1,ppl," "$T/a/results.csv" | cut -d, -f4-)
+head -1 "$T/a/results.csv" | grep -qx "policy,kv_type,budget,metric,value,n" && ok || bad "CSV header"
+# 3 cells (full once) x 11 metrics + header
+[ "$(wc -l < "$T/a/results.csv")" -eq 34 ] && ok || bad "CSV rows: $(wc -l < "$T/a/results.csv")"
+grep -q "^full,f16,1,kl,0," "$T/a/results.csv" && grep -q "^h2o,f16,1,kl,0," "$T/a/results.csv" && ok || bad "KL at budget 1 must be 0"
+fp=$(grep "^full,f16,1,ppl," "$T/a/results.csv" | cut -d, -f5-); hp=$(grep "^h2o,f16,1,ppl," "$T/a/results.csv" | cut -d, -f5-)
 [ -n "$fp" ] && [ "$fp" = "$hp" ] && ok || bad "h2o at 1 ppl '$hp' differs from full '$fp'"
-grep -q "^h2o,0.3,rouge_l_f," "$T/a/results.csv" && ok || bad "no ROUGE row for h2o 0.3"
-grep -q "| h2o | 0.3 |" "$T/a.md" && cmp -s "$T/a.md" "$T/a/results.md" && ok || bad "Markdown on stdout"
+grep -q "^h2o,f16,0.3,rouge_l_f," "$T/a/results.csv" && ok || bad "no ROUGE row for h2o 0.3"
+grep -q "| h2o | f16 | 0.3 |" "$T/a.md" && cmp -s "$T/a.md" "$T/a/results.md" && ok || bad "Markdown on stdout"
 grep -q "100.0%" "$T/a.err" && grep -q "ETA" "$T/a.err" && ok || bad "progress on stderr"
 grep -q '"timings"' "$T/a/results.json" && ok || bad "timings in JSON"
 grep -qi "second" "$T/a/results.csv" && bad "timings in CSV" || ok
@@ -39,10 +39,22 @@ grep -qi "second" "$T/a/results.csv" && bad "timings in CSV" || ok
 [ $? -eq 0 ] && cmp -s "$T/a/results.csv" "$T/b/results.csv" && ok || bad "CSV differs on a rerun"
 grep -q '"results"' "$T/b.json" && cmp -s "$T/b.json" "$T/b/results.json" && ok || bad "--json stdout"
 
+# storage types as a grid axis: kv_type column, real bytes (f16 half of f32), the Pareto plot script
+"$EKV" eval --limit 2 -c 512 --metric ppl --kv-policy full,h2o --kv-budget 0.5 --kv-type f32,f16 -o "$T/t" \
+  > "$T/t.md" 2> "$T/t.err"
+rc=$?
+[ $rc -eq 0 ] || [ $rc -eq 2 ] && ok || { bad "kv-type sweep failed"; cat "$T/t.err" >&2; }
+b32=$(grep "^full,f32,1,kv_bytes," "$T/t/results.csv" | cut -d, -f5); b16=$(grep "^full,f16,1,kv_bytes," "$T/t/results.csv" | cut -d, -f5)
+[ -n "$b32" ] && [ -n "$b16" ] && awk -v a="$b32" -v b="$b16" 'BEGIN { exit !(a == 2 * b) }' && ok || bad "kv_bytes f32 '$b32' vs f16 '$b16'"
+grep -q "^h2o,f16,0.5,kv_bytes_frac,0.2" "$T/t/results.csv" && grep -q "| h2o | f32 | 0.5 |" "$T/t.md" && ok || bad "h2o rows by type"
+[ -s "$T/t/pareto_ppl.gp" ] && grep -q "kv_bytes_frac\|fraction of a full f32 cache" "$T/t/pareto_ppl.gp" && ok || bad "no Pareto plot script"
+"$EKV" eval --kv-type f16,bogus -o "$T/bad" --no-plot > /dev/null 2> "$T/bad.err"
+[ $? -eq 1 ] && grep -q "bogus" "$T/bad.err" && ok || bad "unknown --kv-type must exit 1 naming it"
+
 # text format: streaming ppl over the TinyStories sample
 "$EKV" eval -f "$SHARED/data/perplexity/tinystories_sample.txt" --doc-sep '<|endoftext|>' --limit 1 -c 512 \
   --metric ppl,kl --stride 64 --kv-policy local --kv-budget 0.5 -o "$T/c" --no-plot > /dev/null 2>&1
-[ $? -eq 0 ] && grep -q "^local,0.5,ppl," "$T/c/results.csv" && ok || bad "text ppl"
+[ $? -eq 0 ] && grep -q "^local,f16,0.5,ppl," "$T/c/results.csv" && ok || bad "text ppl"
 
 # images: the tiny-vlm preset (random weights of a real layout) with its mmproj;
 # an image item without --mmproj is refused, with it every metric runs and
@@ -59,9 +71,9 @@ JSONL
   -n 8 --metric ppl,rouge,kl,hitrate --kv-policy full,vlcache,h2o --kv-budget 0.5,1 -o "$T/img" --no-plot \
   > /dev/null 2> "$T/img.err"
 [ $? -eq 0 ] && ok || { bad "image eval failed"; cat "$T/img.err" >&2; }
-fp=$(grep "^full,1,ppl," "$T/img/results.csv" | cut -d, -f4-); vp=$(grep "^vlcache,1,ppl," "$T/img/results.csv" | cut -d, -f4-)
-[ -n "$fp" ] && [ "$fp" = "$vp" ] && grep -q "^vlcache,1,kl,0," "$T/img/results.csv" && ok || bad "vlcache at 1 with an image: '$vp' vs '$fp'"
-grep -q "^vlcache,0.5,hit_rate," "$T/img/results.csv" && ok || bad "no hit rate with images"
+fp=$(grep "^full,f16,1,ppl," "$T/img/results.csv" | cut -d, -f5-); vp=$(grep "^vlcache,f16,1,ppl," "$T/img/results.csv" | cut -d, -f5-)
+[ -n "$fp" ] && [ "$fp" = "$vp" ] && grep -q "^vlcache,f16,1,kl,0," "$T/img/results.csv" && ok || bad "vlcache at 1 with an image: '$vp' vs '$fp'"
+grep -q "^vlcache,f16,0.5,hit_rate," "$T/img/results.csv" && ok || bad "no hit rate with images"
 
 # bad input: exit 1 with a message
 for args in "--kv-budget 0.5,abc" "--kv-budget 0,0.5" "--kv-budget 1.5" "--kv-budget 0.5,0.5" \
@@ -73,6 +85,12 @@ for args in "--kv-budget 0.5,abc" "--kv-budget 0,0.5" "--kv-budget 1.5" "--kv-bu
 done
 "$EKV" eval -f "$SHARED/data/perplexity/tinystories_sample.txt" --metric rouge -o "$T/bad" > /dev/null 2> "$T/bad.err"
 [ $? -eq 1 ] && grep -q "JSONL" "$T/bad.err" && ok || bad "rouge on text must exit 1"
+# --kv-compat ref belongs to elastic: refused before any work for other policies
+"$EKV" eval --limit 1 -c 512 --kv-policy elastic,h2o --kv-compat ref -o "$T/bad" --no-plot > /dev/null 2> "$T/bad.err"
+[ $? -eq 1 ] && grep -q "h2o.*elastic only" "$T/bad.err" && ! grep -q "unit 0" "$T/bad.err" && ok \
+  || bad "--kv-compat ref with h2o must be refused up front"
+"$EKV" eval --limit 1 -c 512 -n 8 --kv-policy elastic --kv-budget 0.5 --kv-compat ref -o "$T/cref" --no-plot \
+  > /dev/null 2>&1 && grep -q "^elastic,[a-z0-9_/]*,0.5,ppl," "$T/cref/results.csv" && ok || bad "elastic --kv-compat ref"
 
 echo "cli_eval: $pass passed, $fail failed"
 [ $fail -eq 0 ]

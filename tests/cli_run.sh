@@ -39,7 +39,7 @@ done
 "$EKV" run --kv-budget 1.5 >/dev/null 2>&1; [ $? -eq 1 ] && ok || bad "--kv-budget 1.5 must exit 1"
 "$EKV" run --kv-policy nonsense -n 1 >/dev/null 2>/tmp/ekv_cli_err.$$; [ $? -eq 1 ] && grep -q nonsense /tmp/ekv_cli_err.$$ && ok || bad "unknown policy must exit 1 naming it"
 "$EKV" run -m /nonexistent.gguf -n 1 >/dev/null 2>&1; [ $? -eq 1 ] && ok || bad "missing model must exit 1"
-"$EKV" info >/tmp/ekv_cli_out.$$ 2>&1 && grep -q "token_embd.weight" /tmp/ekv_cli_out.$$ && grep -q "KV cache: 1280 bytes per token" /tmp/ekv_cli_out.$$ && ok || bad "ekv info"
+"$EKV" info >/tmp/ekv_cli_out.$$ 2>&1 && grep -q "token_embd.weight" /tmp/ekv_cli_out.$$ && grep -q "KV cache: 640 bytes per token (K+V, f16" /tmp/ekv_cli_out.$$ && ok || bad "ekv info"
 for v in llama-spm gpt-2 phi-3; do
   "$EKV" info -m "$SHARED/models/vocab/ggml-vocab-$v.gguf" >/dev/null 2>&1 && ok || bad "ekv info on vocab $v"
 done

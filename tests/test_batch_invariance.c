@@ -8,6 +8,9 @@
  * so that every tile shape and remainder of every GEMM is reached) and
  * 1, 2 and 3 threads.
  *
+ * ekv_matmul_multi (one quantisation, one job for Q/K/V or gate/up) equals
+ * separate products bit for bit.
+ *
  * Element-wise ops: SwiGLU over several rows equals SwiGLU of each row.
  *
  * Engine: decoding several sequences together (ekv_decode_batch, batch
@@ -44,9 +47,10 @@ static float frand(void) {
 static const enum ekv_dtype k_types[] = {EKV_F32, EKV_F16, EKV_BF16, EKV_Q8_0, EKV_Q4_0,
                                          EKV_Q4_K, EKV_Q5_K, EKV_Q6_K};
 
-/* Every n in [1, 40] plus sizes past the GEMM's token blocks. */
-static const int64_t k_ns[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
-                               22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 47, 64, 67, 100};
+/* Every n up to 20 (every remainder of the row tiles), then sizes around
+ * the token blocks of the GEMMs (48, 64). */
+static const int64_t k_ns[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14,
+                               15, 16, 17, 18, 19, 20, 31, 33, 47, 49, 64, 67, 100};
 
 static void check_type(enum ekv_dtype t, struct ekv_pool **pools, int n_pools) {
     const int bs = (int)ekv_dtype_get(t)->block_size;
@@ -97,10 +101,60 @@ static void check_type(enum ekv_dtype t, struct ekv_pool **pools, int n_pools) {
     free(wq); free(wf); free(x); free(y); free(ref);
 }
 
+/* ekv_matmul_multi: one quantisation and one job for several weights,
+ * the results of separate products bit for bit (mixed types and layouts). */
+static void test_multi(struct ekv_pool **pools) {
+    const enum ekv_dtype types[] = {EKV_Q8_0, EKV_Q4_0, EKV_F16, EKV_Q8_0};
+    const int64_t ne0 = 256, ne1s[] = {48, 32, 40, 16};
+    struct ekv_weight ws[4];
+    void *data[4];
+    float *x = malloc(7 * ne0 * sizeof(float)), *row = malloc(ne0 * sizeof(float));
+    for (int i = 0; i < 7 * ne0; i++) x[i] = frand();
+    for (int i = 0; i < 4; i++) {
+        size_t rb;
+        CHECK(ekv_dtype_row_bytes(types[i], ne0, &rb));
+        data[i] = malloc(rb * (size_t)ne1s[i]);
+        for (int64_t r = 0; r < ne1s[i]; r++) {
+            for (int64_t c = 0; c < ne0; c++) row[c] = frand();
+            CHECK_OK(ekv_quantize_row(types[i], row, (char *)data[i] + r * rb, ne0));
+        }
+        ws[i] = (struct ekv_weight){.type = types[i], .ne0 = ne0, .ne1 = ne1s[i], .row_bytes = rb, .data = data[i]};
+    }
+    CHECK_OK(ekv_weight_repack(&ws[0], data[0])); /* one X16, one rows-layout Q8_0 */
+    for (int simd = 0; simd < 2; simd++) {
+        ekv_kernels_use_reference(!simd);
+        for (int pi = 0; pi < 3; pi++)
+            for (int64_t n = 1; n <= 7; n += 3) {
+                float *sep[4], *mul[4];
+                const struct ekv_weight *wp[4];
+                for (int i = 0; i < 4; i++) {
+                    sep[i] = malloc((size_t)(n * ne1s[i]) * sizeof(float));
+                    mul[i] = malloc((size_t)(n * ne1s[i]) * sizeof(float));
+                    wp[i] = &ws[i];
+                    CHECK_OK(ekv_matmul(pools[pi], &ws[i], x, n, sep[i]));
+                }
+                CHECK_OK(ekv_matmul_multi(pools[pi], wp, 4, x, n, mul));
+                int bad = 0;
+                for (int i = 0; i < 4; i++) {
+                    bad += memcmp(sep[i], mul[i], (size_t)(n * ne1s[i]) * sizeof(float)) != 0;
+                    free(sep[i]);
+                    free(mul[i]);
+                }
+                CHECK_MSG(bad == 0, "matmul_multi %s n=%lld: %d products differ", ekv_kernels_isa(), (long long)n, bad);
+            }
+    }
+    ekv_kernels_use_reference(false);
+    CHECK(ekv_matmul_multi(NULL, NULL, 2, x, 1, NULL) == EKV_ERR_INVALID_ARG);
+    for (int i = 0; i < 4; i++) free(data[i]);
+    free(x);
+    free(row);
+}
+
 static void test_kernels(void) {
     struct ekv_pool *pools[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) CHECK_OK(ekv_pool_new(i + 1, &pools[i]));
     for (size_t i = 0; i < EKV_ARRAY_LEN(k_types); i++) check_type(k_types[i], pools, 3);
+    test_multi(pools);
     for (int i = 0; i < 3; i++) ekv_pool_free(pools[i]);
 }
 
@@ -323,7 +377,7 @@ int main(void) {
     ekv_kernels_use_reference(false);
     const char *ref = tu_shared("models/ekv-ref-28m-f16.gguf");
     if (access(ref, R_OK) == 0) {
-        check_model(ref, "ekv-ref-28m-f16", NSEQ, STEPS, 1);
+        check_model(ref, "ekv-ref-28m-f16", 4, 2, 2);
         check_quantised(ref, EKV_Q8_0);
         check_quantised(ref, EKV_Q4_0);
     } else {

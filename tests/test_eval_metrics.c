@@ -672,12 +672,12 @@ static void test_report(void) {
     const char *csv = tmp_path("results.csv");
     CHECK_OK(ekv_report_write_csv(&rep, csv));
     char *s = tu_read_file(csv, NULL);
-    CHECK(s && strcmp(s, "policy,budget,metric,value,n\n"
-                         "full,1,ppl,12.5,100\n"
-                         "h2o,0.5,ppl,13.25,100\n"
-                         "h2o,0.5,rouge_l_f,0.75,5\n"
-                         "h2o,0.2,ppl,20,100\n"
-                         "elastic,0.2,rouge_l_f,nan,0\n") == 0);
+    CHECK(s && strcmp(s, "policy,kv_type,budget,metric,value,n\n"
+                         "full,,1,ppl,12.5,100\n"
+                         "h2o,,0.5,ppl,13.25,100\n"
+                         "h2o,,0.5,rouge_l_f,0.75,5\n"
+                         "h2o,,0.2,ppl,20,100\n"
+                         "elastic,,0.2,rouge_l_f,nan,0\n") == 0);
     free(s);
 
     char *md = NULL;
@@ -733,6 +733,30 @@ static void test_report(void) {
     }
     CHECK(ekv_report_plot(&rep, "", NULL) == EKV_ERR_INVALID_ARG);
     ekv_report_free(&rep);
+
+    /* a storage-type axis: the type is part of a cell's key and a column */
+    ekv_report_init(&rep);
+    CHECK_OK(ekv_report_add_kv(&rep, "h2o", "f16", 0.5, "ppl", 13.0, 10));
+    CHECK_OK(ekv_report_add_kv(&rep, "h2o", "q8_0/kivi4", 0.5, "ppl", 13.5, 10));
+    CHECK_OK(ekv_report_add_kv(&rep, "h2o", "f16", 0.5, "kv_bytes_frac", 0.25, 1));
+    CHECK_OK(ekv_report_add_kv(&rep, "h2o", "q8_0/kivi4", 0.5, "kv_bytes_frac", 0.1, 1));
+    CHECK(ekv_report_add_kv(&rep, "h2o", "f16", 0.5, "ppl", 1.0, 1) == EKV_ERR_INVALID_ARG); /* duplicate */
+    CHECK(ekv_report_add_kv(&rep, "h2o", "a,b", 0.5, "ppl", 1.0, 1) == EKV_ERR_INVALID_ARG);
+    CHECK_OK(ekv_report_write_csv(&rep, csv));
+    s = tu_read_file(csv, NULL);
+    CHECK(s && strstr(s, "policy,kv_type,budget,metric,value,n\nh2o,f16,0.5,ppl,13,10\nh2o,q8_0/kivi4,0.5,ppl,13.5,10\n"));
+    free(s);
+    CHECK_OK(ekv_report_markdown(&rep, &md));
+    CHECK_MSG(md && strstr(md, "| policy | kv_type | budget | ppl | kv_bytes_frac |\n|---|---|---:|---:|---:|\n"
+                               "| h2o | f16 | 0.5 | 13 | 0.25 |\n| h2o | q8_0/kivi4 | 0.5 | 13.5 | 0.1 |\n"),
+              "%s", md ? md : "(null)");
+    free(md);
+    CHECK(ekv_report_plot(&rep, g_tmp, &po) == EKV_ERR_NOT_FOUND); /* scripts written, no gnuplot */
+    s = tu_read_file(tmp_path("pareto_ppl.gp"), NULL);
+    CHECK(s && strstr(s, "$d1 << EOD\n0.1 13.5\nEOD\n") && strstr(s, "title \"h2o q8_0/kivi4\"") &&
+          strstr(s, "set logscale x"));
+    free(s);
+    ekv_report_free(&rep);
 }
 
 int main(void) {
@@ -756,7 +780,7 @@ int main(void) {
     test_report();
     /* clean up the temporary directory */
     static const char *names[] = {"all.jsonl", "bad.jsonl", "nul.txt", "results.csv", "results.md",
-                                  "results.json", "ppl.gp", "ppl.png", "rouge_l_f.gp",
+                                  "results.json", "ppl.gp", "ppl.png", "rouge_l_f.gp", "pareto_ppl.gp", "kv_bytes_frac.gp",
                                   "rouge_l_f.png", "gnuplot.log"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unlink(tmp_path(names[i]));
     rmdir(g_tmp);

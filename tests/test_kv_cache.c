@@ -87,6 +87,15 @@ enum { D = 4 };
 /* bytes per entry without statistics: K + V + pos + tag + weight */
 static const uint64_t BASE = 2 * D * 4 + 4 + 1 + 4;
 
+/* Storage tests check exact floats and byte counts of f32 rows; the other
+ * storage types have their own tests (test_kv_types.c). */
+static const struct ekv_kv_params *f32_params(void) {
+    static struct ekv_kv_params p;
+    p = ekv_kv_default_params();
+    p.type_k = p.type_v = EKV_KV_F32;
+    return &p;
+}
+
 /* Element c of entry j's key / value, read through the access API. */
 static float key_at(const struct ekv_kv *kv, const struct ekv_kv_head *h, int j, int c) {
     float row[1024];
@@ -113,7 +122,7 @@ static void fill(struct ekv_kv *kv, struct ekv_kv_head *h, int n, int pos_step) 
 
 static void test_storage(void) {
     struct ekv_kv *kv = NULL;
-    CHECK_OK(ekv_kv_new(1, 2, 1, D, NULL, &kv));
+    CHECK_OK(ekv_kv_new(1, 2, 1, D, f32_params(), &kv));
     if (!kv) return;
     struct ekv_kv_head *h = &kv->layers[0].heads[0];
     CHECK_OK(ekv_kv_reserve(kv, 0, 10));
@@ -199,7 +208,7 @@ static void test_storage(void) {
 
 static void test_merge(void) {
     struct ekv_kv *kv = NULL;
-    CHECK_OK(ekv_kv_new(1, 1, 1, 2, NULL, &kv));
+    CHECK_OK(ekv_kv_new(1, 1, 1, 2, f32_params(), &kv));
     if (!kv) return;
     kv->stats = EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_WINSUM | EKV_STAT_BINCOUNT;
     CHECK_OK(ekv_kv_ensure_stats(kv));
@@ -280,7 +289,7 @@ static void test_merge(void) {
  * merge_set's caller-given rows. */
 static void test_access(void) {
     struct ekv_kv *kv = NULL;
-    CHECK_OK(ekv_kv_new(1, 2, 1, D, NULL, &kv));
+    CHECK_OK(ekv_kv_new(1, 2, 1, D, f32_params(), &kv));
     if (!kv) return;
     struct ekv_kv_head *h = &kv->layers[0].heads[0];
     CHECK_OK(ekv_kv_reserve(kv, 0, 6));
@@ -520,9 +529,9 @@ static void test_stats_direct(void) {
 static void test_forward(void) {
     enum { L = 2, H = 4, G = 2, DD = 8, P = 6, T = 8 };
     struct ekv_kv *kv = NULL;
-    CHECK_OK(ekv_kv_new(L, H, G, DD, NULL, &kv));
+    CHECK_OK(ekv_kv_new(L, H, G, DD, f32_params(), &kv));
     if (!kv) return;
-    kv->stats = EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_WINSUM | EKV_STAT_BINCOUNT |
+    kv->extra_stats = EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_WINSUM | EKV_STAT_BINCOUNT |
                 EKV_STAT_SPARSITY;
     kv->win_start = 4;
     kv->params.sparsity_p = 0.1;

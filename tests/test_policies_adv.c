@@ -43,6 +43,7 @@ static struct ekv_kv_params params_for(const char *policy, double budget) {
     struct ekv_kv_params p = ekv_kv_default_params();
     p.policy = policy;
     p.budget = budget;
+    p.type_k = p.type_v = EKV_KV_F32; /* the vectors' means are exact in f32 */
     return p;
 }
 
@@ -705,6 +706,10 @@ static void elastic_long(bool compat) {
     CHECK_MSG(bad == 0, "%s: %d mismatches over 100 decode steps", compat ? "reference" : "paper", bad);
     /* the cache tracks 0.8 n (paper) */
     if (!compat) CHECK(h->len == 480 + 100 - 20);
+    /* RoPE position of the next token: the true one (paper), the compressed
+     * length (reference, §0.6) */
+    struct ekv_kv_step next = {.is_prompt = false, .pos0 = T + 100, .n_new = 1};
+    CHECK(ekv_kv_rope_pos(kv, &next) == (compat ? h->len : T + 100));
     ekv_kv_free(kv);
 }
 

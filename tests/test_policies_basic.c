@@ -187,7 +187,9 @@ static void test_random(void) {
         for (int j = 0; j < 4; j++) {
             CHECK(ha->pos[j] == hb->pos[j]); /* fixed seed: fixed output */
             if (j) CHECK(ha->pos[j] > ha->pos[j - 1]);
-            CHECK(ha->k[j] == (float)ha->pos[j]);
+            float kj = NAN;
+            CHECK_OK(ekv_kv_head_get(a, ha, j, &kj, NULL));
+            CHECK(kj == (float)ha->pos[j]);
             if (seed == 1) first[j] = ha->pos[j];
             same = same && ha->pos[j] == first[j];
         }
@@ -260,19 +262,39 @@ static void test_helpers(void) {
     CHECK(asc);
 }
 
+/* Walks the registry: every entry is complete, findable by its unique
+ * name, listed by the public calls, and builds a cache with its defaults;
+ * the policies POLICIES.md specifies are all there. */
 static void test_registry(void) {
-    const char *names[] = {"full", "random", "local", "h2o", "scissorhands", "tova",
-                           "roco", "snapkv", "pyramidkv", "vlcache", "elastic"};
-    CHECK(ekv_policy_count() == (int)EKV_ARRAY_LEN(names));
-    CHECK(ekv_kv_policy_count() == ekv_policy_count());
-    for (size_t i = 0; i < EKV_ARRAY_LEN(names); i++) {
-        const struct ekv_policy_ops *o = ekv_policy_find(names[i]);
-        CHECK_MSG(o != NULL, "%s", names[i]);
-        if (o) CHECK(strcmp(o->name, names[i]) == 0);
-        CHECK(ekv_policy_at((int)i) == o);
-        CHECK(ekv_kv_policy_name((int)i) && strcmp(ekv_kv_policy_name((int)i), names[i]) == 0);
-        CHECK(ekv_kv_policy_summary((int)i) && ekv_kv_policy_summary((int)i)[0]);
+    const int n = ekv_policy_count();
+    CHECK(n >= 1 && ekv_kv_policy_count() == n);
+    for (int i = 0; i < n; i++) {
+        const struct ekv_policy_ops *o = ekv_policy_at(i);
+        CHECK_MSG(o && o->name && o->name[0] && strlen(o->name) < 32, "registry entry %d has no usable name", i);
+        if (!o || !o->name) continue;
+        CHECK_MSG(o->summary && o->summary[0], "%s has no summary", o->name);
+        CHECK_MSG(ekv_policy_find(o->name) == o, "%s is not found by its name", o->name);
+        for (int j = 0; j < i; j++) CHECK_MSG(strcmp(ekv_policy_at(j)->name, o->name) != 0, "%s registered twice", o->name);
+        CHECK(ekv_kv_policy_name(i) && strcmp(ekv_kv_policy_name(i), o->name) == 0);
+        CHECK(ekv_kv_policy_summary(i) && strcmp(ekv_kv_policy_summary(i), o->summary) == 0);
+        struct ekv_kv_params p = ekv_kv_default_params();
+        p.policy = o->name;
+        p.budget = 0.5;
+        struct ekv_kv *kv = NULL;
+        CHECK_MSG(ekv_kv_new(2, 4, 2, 8, &p, &kv) == EKV_OK, "%s with defaults: %s", o->name, ekv_last_error());
+        if (kv) CHECK_MSG(kv->stats == o->stats, "%s: stats before the first forward", o->name);
+        ekv_kv_free(kv);
+        /* only policies with a reference mode accept --kv-compat ref */
+        p.compat_ref = true;
+        kv = NULL;
+        enum ekv_status s = ekv_kv_new(2, 4, 2, 8, &p, &kv);
+        CHECK_MSG((s == EKV_OK) == o->has_compat_ref, "%s: compat_ref %s", o->name, s == EKV_OK ? "accepted" : "refused");
+        if (s != EKV_OK) CHECK(strstr(ekv_last_error(), "elastic only") != NULL);
+        ekv_kv_free(kv);
     }
+    const char *spec[] = {"full", "random", "local", "h2o", "scissorhands", "tova",
+                          "roco", "snapkv", "pyramidkv", "vlcache", "elastic"};
+    for (size_t i = 0; i < EKV_ARRAY_LEN(spec); i++) CHECK_MSG(ekv_policy_find(spec[i]) != NULL, "%s missing", spec[i]);
     CHECK(ekv_policy_find("nope") == NULL);
     CHECK(ekv_policy_find(NULL) == NULL);
     CHECK(ekv_policy_at(-1) == NULL && ekv_policy_at(ekv_policy_count()) == NULL);

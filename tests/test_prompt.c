@@ -6,7 +6,11 @@
  * spans and segments sit where the markers are, feeding the prompt equals
  * feeding the same segments by hand bit for bit, policies see the image
  * tags, and wrong counts, unset slots and unreadable bytes give errors that
- * name the image. Then `ekv run` with two --image flags.
+ * name the image. Then `ekv run` with two --image flags, and LLaVA-1.6's
+ * anyres tiling (tiny-llava16: pinpoints 112x56, 56x112, 112x112 over a
+ * 56-pixel tower): grids chosen as worked out by hand, the overview and a
+ * tile equal to encoding those pictures alone, and a tower that asks for
+ * anyres without its pinpoints refused with the key named.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +20,10 @@
 #include <cjson/cJSON.h>
 
 #include "ekv.h"
+#include "model/gguf.h"
 #include "testutil.h"
+#include "vision/clip.h"
+#include "vision/image.h"
 
 static int run(const char *cmd) {
     int rc = system(cmd);
@@ -172,6 +179,110 @@ out:
     ekv_model_free(m);
 }
 
+/* Encodes a picture alone through the tower's stages: out [16][64]. */
+static void encode_alone(const struct ekv_clip *clip, const struct ekv_image *img, float *out) {
+    float px[3 * 56 * 56];
+    const struct ekv_clip_hparams *hp = ekv_clip_hparams(clip);
+    ekv_image_normalize(img, hp->image_mean, hp->image_std, px);
+    CHECK_OK(ekv_clip_encode_pixels(clip, NULL, px, out));
+}
+
+static void anyres_checks(const char *dir, const char *jpg) {
+    char lm[512], mm[512], cmd[2048];
+    snprintf(lm, sizeof lm, "%s/l16.gguf", dir);
+    snprintf(mm, sizeof mm, "%s/l16-mmproj.gguf", dir);
+    snprintf(cmd, sizeof cmd, "%s/ekv mkmodel --preset tiny-llava16 --seed 3 -o %s --mmproj-out %s >/dev/null 2>&1",
+             EKV_BINARY_DIR, lm, mm);
+    CHECK(run(cmd) == 0);
+    struct ekv_clip *clip = NULL;
+    CHECK_OK(ekv_clip_load(mm, &clip));
+    if (!clip) return;
+    /* 320x200: 112x56 keeps 89x56, 56x112 keeps 56x35, 112x112 keeps 112x70: 2x2 tiles + overview */
+    int w, h;
+    ekv_clip_anyres_grid(clip, 320, 200, &w, &h);
+    CHECK(w == 112 && h == 112 && ekv_clip_image_rows(clip, 320, 200) == 5 * 16);
+    /* 300x100: 112x56 and 112x112 both keep 112x37; 112x56 wastes less: 2 tiles + overview */
+    ekv_clip_anyres_grid(clip, 300, 100, &w, &h);
+    CHECK(w == 112 && h == 56 && ekv_clip_image_rows(clip, 300, 100) == 3 * 16);
+    /* 100x300 the other way round */
+    ekv_clip_anyres_grid(clip, 100, 300, &w, &h);
+    CHECK(w == 56 && h == 112);
+    /* no side above 56: the overview alone */
+    ekv_clip_anyres_grid(clip, 50, 40, &w, &h);
+    CHECK(w == 0 && ekv_clip_image_rows(clip, 50, 40) == 16);
+
+    /* the photo (320x200) through the public calls: 80 rows, laid out overview, tile (0,0), (1,0), (0,1), (1,1) */
+    struct ekv_vision *v = NULL;
+    struct ekv_model *m = NULL;
+    struct ekv_prompt *p = NULL;
+    CHECK_OK(ekv_vision_load(mm, &v));
+    CHECK_OK(ekv_model_load(lm, NULL, &m));
+    struct ekv_image_input in = {.path = jpg};
+    int32_t n = 0;
+    if (v) CHECK_OK(ekv_vision_image_tokens(v, &in, &n));
+    CHECK(n == 80);
+    float buf[16 * 64];
+    if (v) CHECK(ekv_vision_encode_file(v, NULL, jpg, buf) == EKV_ERR_UNSUPPORTED); /* 80 rows do not fit 16 */
+    if (m && v) {
+        CHECK_OK(ekv_prompt_new(m, "<image>\nWhat?", 14, true, &p));
+        CHECK_OK(ekv_prompt_set_images(p, v, NULL, &in, 1));
+        const struct ekv_segment *segs = NULL;
+        int32_t ns = 0;
+        CHECK_OK(ekv_prompt_segments(p, &segs, &ns));
+        const struct ekv_segment *img = NULL;
+        for (int32_t i = 0; i < ns; i++)
+            if (segs[i].tag == EKV_TAG_IMAGE) img = &segs[i];
+        CHECK(img && img->n == 80);
+        struct ekv_image photo = {0}, ov = {0}, fit = {0}, tile = {0};
+        CHECK_OK(ekv_image_load_file(jpg, &photo));
+        /* overview: the photo squeezed to 56x56 */
+        CHECK_OK(ekv_image_resize_bicubic(&photo, 56, 56, &ov));
+        encode_alone(clip, &ov, buf);
+        CHECK(img && !memcmp(img->embd, buf, sizeof buf));
+        /* tile (1,1): the photo at 112x70 (scale 0.35) centred 21 rows down on black; rows 56..111, columns 56..111 */
+        CHECK_OK(ekv_image_resize_bicubic(&photo, 112, 70, &fit));
+        const uint8_t black[3] = {0, 0, 0};
+        CHECK_OK(ekv_image_new(56, 56, black, &tile));
+        for (int y = 0; y < 56; y++) {
+            int fy = 56 + y - 21; /* row of the resized photo, when inside it */
+            if (fy >= 0 && fy < 70) memcpy(tile.rgb + (size_t)y * 56 * 3, fit.rgb + ((size_t)fy * 112 + 56) * 3, 56 * 3);
+        }
+        encode_alone(clip, &tile, buf);
+        CHECK(img && !memcmp(img->embd + (size_t)4 * 16 * 64, buf, sizeof buf));
+        ekv_image_free(&photo);
+        ekv_image_free(&ov);
+        ekv_image_free(&fit);
+        ekv_image_free(&tile);
+    }
+    ekv_prompt_free(p);
+    ekv_model_free(m);
+    ekv_vision_free(v);
+    ekv_clip_free(clip);
+
+    /* anyres asked for (spatial_unpad) without the pinpoints: the missing key is named */
+    char bad[512];
+    snprintf(bad, sizeof bad, "%s/nopins.gguf", dir);
+    struct ekv_gguf_file *f = NULL;
+    struct ekv_gguf_writer *wr = NULL;
+    CHECK_OK(ekv_gguf_open(mm, &f));
+    CHECK_OK(ekv_gguf_writer_new(&wr));
+    for (size_t i = 0; f && wr && i < ekv_gguf_n_kv(f); i++) {
+        const struct ekv_gguf_kv *kv = ekv_gguf_kv_at(f, i);
+        if (kv->key.len == 32 && !memcmp(kv->key.ptr, "clip.vision.image_grid_pinpoints", 32)) continue;
+        CHECK_OK(ekv_gguf_writer_copy_kv(wr, kv));
+    }
+    for (size_t i = 0; f && wr && i < ekv_gguf_n_tensors(f); i++) {
+        const struct ekv_gguf_tensor *t = ekv_gguf_tensor_at(f, i);
+        CHECK_OK(ekv_gguf_writer_add_tensor(wr, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL));
+    }
+    if (wr) CHECK_OK(ekv_gguf_writer_write(wr, bad));
+    ekv_gguf_writer_free(wr);
+    ekv_gguf_close(f);
+    struct ekv_vision *bv = NULL;
+    CHECK(ekv_vision_load(bad, &bv) == EKV_ERR_UNSUPPORTED && strstr(ekv_last_error(), "image_grid_pinpoints") &&
+          bv == NULL);
+}
+
 int main(void) {
     char dir[] = "/tmp/ekv_prompt_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -186,6 +297,7 @@ int main(void) {
              EKV_BINARY_DIR, lm, mm);
     CHECK(run(cmd) == 0);
     api_checks(lm, mm, jpg, png);
+    anyres_checks(dir, jpg);
 
     /* the CLI: two images, markers filled in order; images without markers go first */
     snprintf(cmd, sizeof cmd,

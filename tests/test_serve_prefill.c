@@ -117,7 +117,9 @@ static void compare(const char *policy, double budget, int32_t chunk, int n, int
 }
 
 static void check_projection(void) {
-    const uint64_t eb = 2ull * (uint64_t)g_mi.head_dim * sizeof(float) * (uint64_t)g_mi.n_head_kv; /* one position, one layer */
+    /* one position, one layer, in the default storage type (f16) */
+    const uint64_t eb = g_mi.kv_bytes_per_token / (uint64_t)g_mi.n_layer;
+    CHECK(eb == 2ull * (uint64_t)g_mi.head_dim * 2u * (uint64_t)g_mi.n_head_kv);
     const uint64_t L = (uint64_t)g_mi.n_layer;
     struct ekv_kv_params kv = ekv_kv_default_params();
     struct ekv_kv_projection pr;

@@ -20,8 +20,8 @@ struct ekv_context_params ekv_context_default_params(void) {
 
 static void free_scratch(struct ekv_context *c) {
     free(c->x); free(c->xb); free(c->q); free(c->k); free(c->v);
-    free(c->att); free(c->proj); free(c->gate); free(c->up);
-    c->x = c->xb = c->q = c->k = c->v = c->att = c->proj = c->gate = c->up = NULL;
+    free(c->att); free(c->proj); free(c->gate); free(c->up); free(c->rope_cs);
+    c->x = c->xb = c->q = c->k = c->v = c->att = c->proj = c->gate = c->up = c->rope_cs = NULL;
     c->scratch_rows = 0;
 }
 
@@ -54,6 +54,7 @@ enum ekv_status ekv_context_reserve(struct ekv_context *c, int32_t rows) {
     c->proj = alloc_rows(want, in->n_embd, &ok);
     c->gate = alloc_rows(ffn_rows, in->n_ff, &ok);
     c->up = alloc_rows(ffn_rows, in->n_ff, &ok);
+    c->rope_cs = alloc_rows(want, in->rope_dim, &ok);
     if (!ok) {
         free_scratch(c);
         return ekv_err(EKV_ERR_NOMEM, "out of memory for activations of %d positions", rows);
@@ -76,6 +77,7 @@ enum ekv_status ekv_context_new(const struct ekv_model *model, const struct ekv_
     if (!c) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     c->model = model;
     c->params = p;
+    ekv_model_rope_params(model, p.n_ctx, &c->rope);
     enum ekv_status s = ekv_pool_new(p.n_threads, &c->pool);
     if (s == EKV_OK) s = ekv_context_reserve(c, 1);
     if (s != EKV_OK) {
@@ -107,6 +109,7 @@ enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params 
         free(s);
         return st;
     }
+    s->kv->swa_window = in->sliding_window;
     *out = s;
     return EKV_OK;
 }
@@ -142,7 +145,7 @@ enum ekv_status ekv_input_rows(const struct ekv_context *ctx, const struct ekv_i
                 int32_t t = sg->tokens[j];
                 if (t < 0 || t >= m->info.n_vocab)
                     return ekv_err(EKV_ERR_INVALID_ARG, "token id %d out of range [0, %d)", t, m->info.n_vocab);
-                enum ekv_status s = ekv_weight_get_row(&m->tok_embd, t, dst);
+                enum ekv_status s = ekv_forward_embed(m, t, dst);
                 if (s != EKV_OK) return s;
             } else {
                 memcpy(dst, sg->embd + (size_t)j * D, (size_t)D * sizeof(float));
@@ -190,7 +193,7 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
         for (int32_t j = 0; j < in->segs[i].n; j++) tags[at++] = (uint8_t)in->segs[i].tag;
 
     int32_t chunk = n;
-    if (in->is_prompt && seq->kv->params.chunk > 0) chunk = seq->kv->params.chunk;
+    if (in->is_prompt && ekv_kv_prompt_chunk(seq->kv) > 0) chunk = ekv_kv_prompt_chunk(seq->kv);
     if (!in->is_prompt) chunk = 1; /* decode steps: the policy acts after each one */
     const int32_t V = ctx->model->info.n_vocab;
     int64_t prompt_pos0 = seq->n_seen;
@@ -254,7 +257,7 @@ enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const 
     if (!parts) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     static const uint8_t gen_tag = EKV_TAG_GENERATED;
     for (int32_t i = 0; i < n && s == EKV_OK; i++) {
-        s = ekv_weight_get_row(&m->tok_embd, tokens[i], ctx->x + (size_t)i * m->info.n_embd);
+        s = ekv_forward_embed(m, tokens[i], ctx->x + (size_t)i * m->info.n_embd);
         parts[i].seq = seqs[i];
         parts[i].row0 = i;
         parts[i].n = 1;
@@ -273,7 +276,6 @@ enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const 
 void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
     memset(st, 0, sizeof *st);
     const struct ekv_kv *kv = seq->kv;
-    uint64_t entry_bytes = 2ull * (uint64_t)kv->head_dim * sizeof(float);
     st->n_seen = seq->n_seen;
     for (int32_t l = 0; l < kv->n_layer; l++)
         for (int32_t h = 0; h < kv->n_head_kv; h++) {
@@ -283,10 +285,13 @@ void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
             st->merged += hd->n_merged;
         }
     st->entries_full = seq->n_seen * kv->n_layer * kv->n_head_kv;
-    st->bytes = (uint64_t)st->entries * entry_bytes;
-    st->bytes_full = (uint64_t)st->entries_full * entry_bytes;
+    st->bytes = ekv_kv_bytes(kv);
+    st->bytes_full = ekv_kv_bytes_full(kv, seq->n_seen);
+    st->bytes_full_f32 = (uint64_t)st->entries_full * 2u * (uint64_t)kv->head_dim * sizeof(float);
     st->bytes_alloc = kv->bytes_alloc;
     st->peak_bytes_alloc = kv->peak_bytes_alloc;
+    st->type_k = kv->params.type_k;
+    st->type_v = kv->params.type_v;
 }
 
 int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head) {
@@ -310,4 +315,33 @@ enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int
 int64_t ekv_seq_kv_window_start(const struct ekv_seq *seq) {
     if (!seq || !(seq->kv->stats & (EKV_STAT_WINSUM | EKV_STAT_SPARSITY))) return -1;
     return seq->kv->win_start;
+}
+
+const struct ekv_model *ekv_context_model(const struct ekv_context *ctx) { return ctx ? ctx->model : NULL; }
+
+int32_t ekv_context_n_ctx(const struct ekv_context *ctx) { return ctx ? ctx->params.n_ctx : 0; }
+
+enum ekv_status ekv_seq_kv_record_attention(struct ekv_seq *seq, bool on) {
+    if (!seq) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_kv_record_attention: NULL sequence");
+    if (on) seq->kv->extra_stats |= EKV_STAT_LASTROW;
+    else seq->kv->extra_stats &= ~(unsigned)EKV_STAT_LASTROW;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_seq_kv_last_attention(const struct ekv_seq *seq, int32_t layer, int32_t kv_head, float *out,
+                                          size_t n, size_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!seq || !n_out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_kv_last_attention: NULL argument");
+    const struct ekv_kv *kv = seq->kv;
+    if (layer < 0 || layer >= kv->n_layer || kv_head < 0 || kv_head >= kv->n_head_kv)
+        return ekv_err(EKV_ERR_INVALID_ARG, "layer %d / KV head %d out of range", layer, kv_head);
+    const struct ekv_kv_head *h = &kv->layers[layer].heads[kv_head];
+    if (!(kv->extra_stats & EKV_STAT_LASTROW) || !h->lastrow)
+        return ekv_err(EKV_ERR_INVALID_ARG, "attention is not recorded (ekv_seq_kv_record_attention before the forward)");
+    *n_out = (size_t)h->len;
+    if (n < (size_t)h->len)
+        return ekv_err(EKV_ERR_INVALID_ARG, "buffer of %zu floats for %d entries", n, (int)h->len);
+    if (h->len > 0 && !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_kv_last_attention: NULL out");
+    if (h->len > 0) memcpy(out, h->lastrow, (size_t)h->len * sizeof *out);
+    return EKV_OK;
 }

@@ -28,6 +28,8 @@ struct ekv_context {
     float *proj;   /* [rows][n_embd] */
     float *gate;   /* [ffn_rows][n_ff] */
     float *up;     /* [ffn_rows][n_ff] */
+    float *rope_cs;/* [rows][rope_dim] {cos, sin} pairs of each row's position */
+    struct ekv_rope_params rope; /* the model's RoPE for this context's n_ctx */
 };
 
 struct ekv_seq {
@@ -77,17 +79,16 @@ enum ekv_status ekv_seq_ready(const struct ekv_seq *seq, const char *fn);
 /* Cuts a prompt reader off its sequence (the sequence is being freed). */
 void ekv_prefill_detach(struct ekv_prefill *p);
 
-/* Bytes of one K/V entry (K and V, one KV head) in the storage type of p:
- * the one place admission and projections take entry sizes from
- * (project.c). */
-uint64_t ekv_kv_entry_bytes(const struct ekv_kv_params *p, int32_t head_dim);
-
 /* Decodes and encodes one image with the tower (vision_api.c): *out is a
  * malloc'd [*n_rows][n_embd_out] array owned by the caller. `index` names
  * an in-memory image in messages. ctx may be NULL. */
 enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_context *ctx,
                                         const struct ekv_image_input *in, int32_t index, float **out,
                                         int32_t *n_rows);
+
+/* The input row of a token: its embedding, times the model's embd_scale
+ * (Gemma). Image embeddings are used as given. */
+enum ekv_status ekv_forward_embed(const struct ekv_model *m, int32_t token, float *dst);
 
 /* Makes the scratch hold at least `rows` positions. */
 enum ekv_status ekv_context_reserve(struct ekv_context *ctx, int32_t rows);

@@ -1,9 +1,12 @@
 /*
  * forward.c — the Llama-family transformer forward (LLaMA, Mistral, SmolLM,
- * Qwen2): RMSNorm, Q/K/V projections (optional biases), RoPE, attention
+ * Qwen2, Phi-3, Gemma): RMSNorm, Q/K/V projections (optional biases; Phi-3's
+ * fused tensors are bound as views by the loader), RoPE with its scalings
+ * (one rotation per row for queries and keys), attention
  * through the KV cache (src/kv/attend.c, which also feeds the policy its
  * statistics and lets it compress the layer right away), output projection,
- * SwiGLU feed-forward. Rows of several sequences can share one forward
+ * SwiGLU feed-forward (GeGLU for Gemma, whose token embeddings are also
+ * scaled by sqrt(n_embd)). Rows of several sequences can share one forward
  * (batched decode): the weight products run over all rows at once, the
  * attention per sequence. One layer is one call (ekv_forward_layer), so a
  * prompt can also be read layer by layer in bounded pieces (prompt.c).
@@ -17,16 +20,23 @@
 /* Feed-forward rows per sub-batch: bounds the [rows][n_ff] scratch. */
 #define EKV_FFN_ROWS 256
 
+enum ekv_status ekv_forward_embed(const struct ekv_model *m, int32_t token, float *dst) {
+    enum ekv_status s = ekv_weight_get_row(&m->tok_embd, token, dst);
+    if (s != EKV_OK || m->info.embd_scale == 1.0f) return s;
+    /* Gemma: token embeddings times sqrt(n_embd) (ggml_scale in float) */
+    for (int64_t i = 0; i < m->info.n_embd; i++) dst[i] *= m->info.embd_scale;
+    return EKV_OK;
+}
+
 static void add_bias(float *y, const float *b, int32_t rows, int64_t dim) {
     if (!b) return;
     for (int32_t r = 0; r < rows; r++) ekv_add(y + (size_t)r * dim, b, dim);
 }
 
 int64_t ekv_forward_rope0(const struct ekv_fwd_part *part) {
-    /* the true position, or, in Elastic Cache's reference-compatibility
-     * mode, the compressed cache length (POLICIES.md 0.6) */
-    const struct ekv_kv *kv = part->seq->kv;
-    return kv->params.compat_ref ? kv->layers[0].heads[0].len : part->step.pos0;
+    /* the true position unless the policy moves it (Elastic Cache's
+     * reference mode: the compressed cache length, POLICIES.md 0.6) */
+    return ekv_kv_rope_pos(part->seq->kv, &part->step);
 }
 
 enum ekv_status ekv_forward_layer(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
@@ -40,20 +50,21 @@ enum ekv_status ekv_forward_layer(struct ekv_context *ctx, struct ekv_fwd_part *
     enum ekv_status s;
     for (int32_t r = 0; r < n_rows; r++)
         ekv_rmsnorm(ctx->xb + (size_t)r * D, ctx->x + (size_t)r * D, L->attn_norm, D, in->norm_eps);
-    if ((s = ekv_matmul(pool, &L->wq, ctx->xb, n_rows, ctx->q)) ||
-        (s = ekv_matmul(pool, &L->wk, ctx->xb, n_rows, ctx->k)) ||
-        (s = ekv_matmul(pool, &L->wv, ctx->xb, n_rows, ctx->v)))
-        return s;
+    /* Q, K and V: one quantisation of xb, one pool job */
+    const struct ekv_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    float *qkv_out[3] = {ctx->q, ctx->k, ctx->v};
+    if ((s = ekv_matmul_multi(pool, qkv, 3, ctx->xb, n_rows, qkv_out))) return s;
     add_bias(ctx->q, L->bq, n_rows, QD);
     add_bias(ctx->k, L->bk, n_rows, KVD);
     add_bias(ctx->v, L->bv, n_rows, KVD);
+    const int RD = in->rope_dim;
     for (int32_t p = 0; p < n_parts; p++) {
         for (int32_t i = 0; i < parts[p].n; i++) {
             int64_t r = parts[p].row0 + i;
-            ekv_rope(ctx->q + r * QD, in->n_head, (int)HD, in->rope_dim, rope0[p] + i, in->rope_freq_base,
-                     in->rope_neox);
-            ekv_rope(ctx->k + r * KVD, in->n_head_kv, (int)HD, in->rope_dim, rope0[p] + i, in->rope_freq_base,
-                     in->rope_neox);
+            float *cs = ctx->rope_cs + (size_t)r * RD; /* the context's RoPE, scaling included */
+            ekv_rope_sincos_ext(&ctx->rope, rope0[p] + i, cs);
+            ekv_rope_apply(ctx->q + r * QD, in->n_head, (int)HD, RD, cs, in->rope_neox);
+            ekv_rope_apply(ctx->k + r * KVD, in->n_head_kv, (int)HD, RD, cs, in->rope_neox);
         }
         size_t r0 = (size_t)parts[p].row0;
         kvp[p] = (struct ekv_kv_part){.kv = parts[p].seq->kv, .step = &parts[p].step, .q = ctx->q + r0 * QD,
@@ -74,9 +85,15 @@ enum ekv_status ekv_forward_layer(struct ekv_context *ctx, struct ekv_fwd_part *
     for (int32_t r0 = 0; r0 < n_rows; r0 += EKV_FFN_ROWS) {
         int32_t nr = EKV_MIN(EKV_FFN_ROWS, n_rows - r0);
         const float *xb = ctx->xb + (size_t)r0 * D;
-        if ((s = ekv_matmul(pool, &L->w_gate, xb, nr, ctx->gate)) || (s = ekv_matmul(pool, &L->w_up, xb, nr, ctx->up)))
-            return s;
-        ekv_swiglu(ctx->gate, ctx->gate, ctx->up, (int64_t)nr * FF);
+        const struct ekv_weight *gu[2] = {&L->w_gate, &L->w_up};
+        float *gu_out[2] = {ctx->gate, ctx->up};
+        if ((s = ekv_matmul_multi(pool, gu, 2, xb, nr, gu_out))) return s;
+        if (in->ffn_gelu) { /* Gemma: GeGLU */
+            ekv_gelu(ctx->gate, (int64_t)nr * FF);
+            for (int64_t i = 0; i < (int64_t)nr * FF; i++) ctx->gate[i] *= ctx->up[i];
+        } else {
+            ekv_swiglu(ctx->gate, ctx->gate, ctx->up, (int64_t)nr * FF);
+        }
         if ((s = ekv_matmul(pool, &L->w_down, ctx->gate, nr, ctx->proj))) return s;
         for (int32_t r = 0; r < nr; r++) ekv_add(ctx->x + (size_t)(r0 + r) * D, ctx->proj + (size_t)r * D, D);
     }

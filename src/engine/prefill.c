@@ -56,7 +56,7 @@ enum ekv_status ekv_prefill_new(struct ekv_seq *seq, const struct ekv_input *in,
     p->seq = seq;
     p->n = (int32_t)total;
     p->rows = rows;
-    p->block_len = seq->kv->params.chunk > 0 ? EKV_MIN(seq->kv->params.chunk, p->n) : p->n;
+    p->block_len = ekv_kv_prompt_chunk(seq->kv) > 0 ? EKV_MIN(ekv_kv_prompt_chunk(seq->kv), p->n) : p->n;
     size_t nx;
     if (!ekv_mul_ok((size_t)p->n, (size_t)mi->n_embd * sizeof(float), &nx) || !(p->x = malloc(nx)) ||
         !(p->tags = malloc((size_t)p->n))) {

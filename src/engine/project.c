@@ -16,8 +16,12 @@
  * L * T over the layers unevenly and may overshoot by its rounding (a few
  * entries per layer); admission should also look at the bytes in use.
  *
- * Bytes are those of the storage type (ekv_kv_entry_bytes): K and V of one
- * entry of one KV head.
+ * Bytes are those of the storage types: a layer of one KV head holding T
+ * entries takes ekv_store_full_bytes(T) for K and for V (rows of the type;
+ * for KIVI, full key groups plus the fp16 residual the cache keeps after T
+ * appends). A KIVI cache that evicts inside key groups may hold up to a
+ * group header and the codes of G/2 entries more per group than that (its
+ * groups stay more than half full); admission also counts bytes in use.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -25,9 +29,9 @@
 #include "core/util.h"
 #include "engine/engine.h"
 
-uint64_t ekv_kv_entry_bytes(const struct ekv_kv_params *p, int32_t head_dim) {
-    (void)p; /* f32 K and V today; quantised storage types change this */
-    return 2ull * (uint64_t)head_dim * sizeof(float);
+/* K and V bytes of one layer of one KV head holding t entries. */
+static uint64_t layer_bytes(const struct ekv_kv *kv, int64_t t) {
+    return ekv_store_full_bytes(&kv->fk, t) + ekv_store_full_bytes(&kv->fv, t);
 }
 
 /* T(n) of kv.h's budget rule. */
@@ -54,22 +58,28 @@ enum ekv_status ekv_kv_project(const struct ekv_model *model, const struct ekv_k
     const struct ekv_policy_ops *ops = kv->ops;
     const struct ekv_kv_params p = kv->params;
     const int64_t n = n_prompt + n_gen, L = mi->n_layer;
-    int64_t final, peak; /* entries of one KV head summed over layers */
+    uint64_t final, peak; /* bytes of one KV head summed over layers */
     if (!ops->layer && !ops->end) { /* keeps everything */
-        final = L * n;
+        final = (uint64_t)L * layer_bytes(kv, n);
         peak = final;
     } else {
-        final = ops->prompt_only ? L * (target(&p, n_prompt) + n_gen) : L * target(&p, n);
+        final = (uint64_t)L * layer_bytes(kv, ops->prompt_only ? target(&p, n_prompt) + n_gen : target(&p, n));
         /* block-wise prompts (chunk) hold the earlier blocks whole in the layers
-         * not yet reached when the policy acts only at the prompt's end */
+         * not yet reached when the policy acts only at the prompt's end; else
+         * the layers hold T(prompt) each, and the current one the whole prompt
+         * on top (a margin for per-layer rounding, as PyramidKV's) */
         const bool blocks = p.chunk > 0 && p.chunk < n_prompt;
-        peak = ops->layer && !blocks ? EKV_MIN(L * n_prompt, L * target(&p, n_prompt) + n_prompt) : L * n_prompt;
+        const uint64_t whole = (uint64_t)L * layer_bytes(kv, n_prompt);
+        const uint64_t layered = (uint64_t)L * layer_bytes(kv, target(&p, n_prompt)) + layer_bytes(kv, n_prompt);
+        peak = ops->layer && !blocks ? EKV_MIN(whole, layered) : whole;
     }
+    const uint64_t H = (uint64_t)mi->n_head_kv;
+    out->bytes_final = final * H;
+    out->bytes_peak = EKV_MAX(peak, final) * H;
+    out->bytes_full = (uint64_t)L * layer_bytes(kv, n) * H;
+    /* per position of a full cache: exact for row types; for KIVI the
+     * average over n positions (the residual is fp16), or one fp16 entry */
+    out->bytes_per_token = n > 0 ? out->bytes_full / (uint64_t)n : (uint64_t)L * layer_bytes(kv, 1) * H;
     ekv_kv_free(kv);
-    const uint64_t eb = ekv_kv_entry_bytes(&p, mi->head_dim) * (uint64_t)mi->n_head_kv;
-    out->bytes_final = (uint64_t)final * eb;
-    out->bytes_peak = (uint64_t)EKV_MAX(peak, final) * eb;
-    out->bytes_full = (uint64_t)(L * n) * eb;
-    out->bytes_per_token = (uint64_t)L * eb;
     return EKV_OK;
 }

@@ -292,6 +292,7 @@ void ekv_eval_format_progress(char *buf, size_t cap, size_t done, size_t total,
  * that a grid with several metrics per cell is several rows. */
 struct ekv_result_row {
     char *policy;
+    char *kv_type;      /* KV storage type label ("f16", "q8_0/kivi4"), NULL when the grid has none */
     double budget;      /* kept fraction, 1 = full cache */
     char *metric;       /* e.g. "ppl", "rouge_l_f", "kl", "top1", "hit_rate" */
     double value;
@@ -313,11 +314,16 @@ void ekv_report_free(struct ekv_report *rep);
 enum ekv_status ekv_report_add(struct ekv_report *rep, const char *policy,
                                double budget, const char *metric, double value,
                                size_t n);
+/* ekv_report_add for a grid with a storage-type axis: kv_type (NULL = none)
+ * is part of the cell's key and a column of every output. */
+enum ekv_status ekv_report_add_kv(struct ekv_report *rep, const char *policy, const char *kv_type, double budget,
+                                  const char *metric, double value, size_t n);
 enum ekv_status ekv_report_set_title(struct ekv_report *rep, const char *title);
 /* meta must parse as a JSON object. */
 enum ekv_status ekv_report_set_meta(struct ekv_report *rep, const char *meta_json);
 
-/* CSV, header "policy,budget,metric,value,n", one row per result. */
+/* CSV, header "policy,kv_type,budget,metric,value,n", one row per result
+ * (kv_type empty when the row has none). */
 enum ekv_status ekv_report_write_csv(const struct ekv_report *rep, const char *path);
 /* {"title":..., "meta":{...}, "results":[{"policy":..,"budget":..,"metric":..,
  *  "value":..,"n":..}, ...]}; non-finite values are written as null. */
@@ -372,6 +378,9 @@ struct ekv_eval_cell {
     struct ekv_mean_acc kv_frac;  /* cache entries / full-cache entries at the
                                      end of each teacher-forced (or greedy,
                                      or prompt-only) run, mean over units */
+    struct ekv_mean_acc kv_bytes; /* K/V bytes of the cache in its storage types
+                                     at the same moment (ekv_kv_stats.bytes), mean */
+    struct ekv_mean_acc kv_bytes_frac; /* those bytes / a full f32 cache's bytes, mean */
 };
 void ekv_eval_cell_init(struct ekv_eval_cell *c);
 
@@ -459,10 +468,13 @@ enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv
 
 /* Rows of one cell into a report: ppl (n = tokens), rouge_l_f, rouge_l_p,
  * rouge_l_r (n = items), kl, top1 (n = positions), hit_rate, jaccard
- * (n = layer-head pairs), kv_frac (n = units); only requested metrics with
- * at least one measurement. */
+ * (n = layer-head pairs), kv_frac, kv_bytes and kv_bytes_frac (n = units);
+ * only requested metrics with at least one measurement. */
 enum ekv_status ekv_eval_cell_report(const struct ekv_eval_cell *c, unsigned metrics,
                                      const char *policy, double budget, struct ekv_report *rep);
+/* ekv_eval_cell_report with a storage-type label on every row (NULL = none). */
+enum ekv_status ekv_eval_cell_report_kv(const struct ekv_eval_cell *c, unsigned metrics, const char *policy,
+                                        const char *kv_type, double budget, struct ekv_report *rep);
 
 /* One grid cell: a policy at a budget with the shared KV parameters. */
 struct ekv_eval_grid_cell {
@@ -473,6 +485,11 @@ struct ekv_eval_grid_cell {
  * *cells is malloc'd. Unknown policy names are EKV_ERR_INVALID_ARG. */
 enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const double *budgets,
                               size_t n_budgets, struct ekv_eval_grid_cell **cells, size_t *n_cells);
+
+/* Checks that every cell's parameters (base with the cell's policy and
+ * budget) make a sequence, before any work; the error names the cell. */
+enum ekv_status ekv_eval_grid_check(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
+                                    const struct ekv_eval_grid_cell *cells, size_t n_cells);
 
 /* Progress callback: units done (of total) after each (unit, all cells). */
 typedef void (*ekv_eval_progress_fn)(void *user, size_t done, size_t total, size_t unit);

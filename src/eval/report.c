@@ -1,7 +1,9 @@
 /*
  * report.c — what `ekv eval` hands to people and scripts: the result grid
- * (policy x budget x metric) as CSV, JSON and a Markdown table, one gnuplot
- * PNG per metric (metric against budget, one line per policy), plus the
+ * (policy x storage type x budget x metric) as CSV, JSON and a Markdown
+ * table, one gnuplot PNG per metric (metric against budget, one line per
+ * policy and type) and, when K/V bytes were measured, the Pareto view
+ * (pareto_<metric>.png: quality against bytes, a point per cell), plus the
  * small parsers for the comma-separated grid options and the progress line
  * formatter. Nothing here prints; gnuplot's own output goes to a log file.
  */
@@ -216,6 +218,7 @@ void ekv_report_free(struct ekv_report *rep) {
     for (size_t i = 0; i < rep->n_rows; i++) {
         free(rep->rows[i].policy);
         free(rep->rows[i].metric);
+        free(rep->rows[i].kv_type);
     }
     free(rep->rows);
     free(rep->title);
@@ -245,8 +248,31 @@ static bool metric_name_ok(const char *s) {
     return true;
 }
 
+/* NULL-safe equality of two optional labels. */
+static bool same_label(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
+
+/* Rows of one series (a line in a plot): the same policy and storage type. */
+static bool same_series(const struct ekv_result_row *a, const struct ekv_result_row *b) {
+    return strcmp(a->policy, b->policy) == 0 && same_label(a->kv_type, b->kv_type);
+}
+
+/* "policy" or "policy type" into buf. */
+static const char *series_label(const struct ekv_result_row *r, char *buf, size_t n) {
+    if (!r->kv_type) return r->policy;
+    snprintf(buf, n, "%s %s", r->policy, r->kv_type);
+    return buf;
+}
+
 enum ekv_status ekv_report_add(struct ekv_report *rep, const char *policy, double budget,
                                const char *metric, double value, size_t n) {
+    return ekv_report_add_kv(rep, policy, NULL, budget, metric, value, n);
+}
+
+enum ekv_status ekv_report_add_kv(struct ekv_report *rep, const char *policy, const char *kv_type, double budget,
+                                  const char *metric, double value, size_t n) {
+    if (kv_type && !policy_name_ok(kv_type))
+        return ekv_err(EKV_ERR_INVALID_ARG, "report: storage type '%s' is empty, too long or has "
+                       "spaces, quotes, ',' or '|'", kv_type);
     if (!policy_name_ok(policy))
         return ekv_err(EKV_ERR_INVALID_ARG, "report: policy name '%s' is empty, too long or has "
                        "spaces, quotes, ',' or '|'", policy ? policy : "(null)");
@@ -257,9 +283,10 @@ enum ekv_status ekv_report_add(struct ekv_report *rep, const char *policy, doubl
         return ekv_err(EKV_ERR_INVALID_ARG, "report: budget %g is not a non-negative number", budget);
     for (size_t i = 0; i < rep->n_rows; i++) {
         const struct ekv_result_row *r = &rep->rows[i];
-        if (r->budget == budget && strcmp(r->policy, policy) == 0 && strcmp(r->metric, metric) == 0)
-            return ekv_err(EKV_ERR_INVALID_ARG, "report: %s at budget %g already has a %s value",
-                           policy, budget, metric);
+        if (r->budget == budget && strcmp(r->policy, policy) == 0 && same_label(r->kv_type, kv_type) &&
+            strcmp(r->metric, metric) == 0)
+            return ekv_err(EKV_ERR_INVALID_ARG, "report: %s%s%s at budget %g already has a %s value", policy,
+                           kv_type ? " " : "", kv_type ? kv_type : "", budget, metric);
     }
     if (rep->n_rows == rep->cap) {
         size_t nc = rep->cap ? rep->cap * 2 : 16, bytes;
@@ -273,9 +300,11 @@ enum ekv_status ekv_report_add(struct ekv_report *rep, const char *policy, doubl
     struct ekv_result_row *r = &rep->rows[rep->n_rows];
     r->policy = strdup(policy);
     r->metric = strdup(metric);
-    if (!r->policy || !r->metric) {
+    r->kv_type = kv_type ? strdup(kv_type) : NULL;
+    if (!r->policy || !r->metric || (kv_type && !r->kv_type)) {
         free(r->policy);
         free(r->metric);
+        free(r->kv_type);
         return ekv_err(EKV_ERR_NOMEM, "report: no memory for a row");
     }
     r->budget = budget;
@@ -312,10 +341,10 @@ enum ekv_status ekv_report_set_meta(struct ekv_report *rep, const char *meta_jso
 
 enum ekv_status ekv_report_write_csv(const struct ekv_report *rep, const char *path) {
     struct sbuf b = {0};
-    sb_printf(&b, "policy,budget,metric,value,n\n");
+    sb_printf(&b, "policy,kv_type,budget,metric,value,n\n");
     for (size_t i = 0; i < rep->n_rows; i++) {
         const struct ekv_result_row *r = &rep->rows[i];
-        sb_printf(&b, "%s,", r->policy);
+        sb_printf(&b, "%s,%s,", r->policy, r->kv_type ? r->kv_type : "");
         sb_num(&b, r->budget, "%.9g");
         sb_printf(&b, ",%s,", r->metric);
         sb_num(&b, r->value, "%.9g");
@@ -348,6 +377,7 @@ enum ekv_status ekv_report_write_json(const struct ekv_report *rep, const char *
             break;
         }
         ok = cJSON_AddStringToObject(o, "policy", r->policy) &&
+             (!r->kv_type || cJSON_AddStringToObject(o, "kv_type", r->kv_type)) &&
              cJSON_AddNumberToObject(o, "budget", r->budget) &&
              cJSON_AddStringToObject(o, "metric", r->metric) &&
              (isfinite(r->value) ? cJSON_AddNumberToObject(o, "value", r->value) != NULL
@@ -389,7 +419,7 @@ static enum ekv_status make_pivot(const struct ekv_report *rep, struct pivot *pv
         bool seen = false;
         for (size_t k = 0; k < pv->n_keys && !seen; k++) {
             const struct ekv_result_row *q = &rep->rows[pv->keys[k]];
-            seen = q->budget == r->budget && strcmp(q->policy, r->policy) == 0;
+            seen = q->budget == r->budget && same_series(q, r);
         }
         if (!seen) pv->keys[pv->n_keys++] = i;
         seen = false;
@@ -400,14 +430,20 @@ static enum ekv_status make_pivot(const struct ekv_report *rep, struct pivot *pv
     return EKV_OK;
 }
 
-static const struct ekv_result_row *find_row(const struct ekv_report *rep, const char *policy,
-                                             double budget, const char *metric) {
+/* The value of `metric` in the grid cell of `key` (same policy, type, budget). */
+static const struct ekv_result_row *find_row(const struct ekv_report *rep, const struct ekv_result_row *key,
+                                             const char *metric) {
     for (size_t i = 0; i < rep->n_rows; i++) {
         const struct ekv_result_row *r = &rep->rows[i];
-        if (r->budget == budget && strcmp(r->policy, policy) == 0 && strcmp(r->metric, metric) == 0)
-            return r;
+        if (r->budget == key->budget && same_series(r, key) && strcmp(r->metric, metric) == 0) return r;
     }
     return NULL;
+}
+
+static bool any_kv_type(const struct ekv_report *rep) {
+    for (size_t i = 0; i < rep->n_rows; i++)
+        if (rep->rows[i].kv_type) return true;
+    return false;
 }
 
 enum ekv_status ekv_report_markdown(const struct ekv_report *rep, char **out) {
@@ -422,19 +458,20 @@ enum ekv_status ekv_report_markdown(const struct ekv_report *rep, char **out) {
             sb_printf(&b, "%c", (*p == '\n' || *p == '\r') ? ' ' : *p);
         sb_printf(&b, "**\n\n");
     }
-    sb_printf(&b, "| policy | budget |");
+    const bool types = any_kv_type(rep);
+    sb_printf(&b, types ? "| policy | kv_type | budget |" : "| policy | budget |");
     for (size_t m = 0; m < pv.n_metrics; m++) sb_printf(&b, " %s |", rep->rows[pv.metrics[m]].metric);
-    sb_printf(&b, "\n|---|---:|");
+    sb_printf(&b, types ? "\n|---|---|---:|" : "\n|---|---:|");
     for (size_t m = 0; m < pv.n_metrics; m++) sb_printf(&b, "---:|");
     sb_printf(&b, "\n");
     for (size_t k = 0; k < pv.n_keys; k++) {
         const struct ekv_result_row *key = &rep->rows[pv.keys[k]];
         sb_printf(&b, "| %s | ", key->policy);
+        if (types) sb_printf(&b, "%s | ", key->kv_type ? key->kv_type : "-");
         sb_num(&b, key->budget, "%.4g");
         sb_printf(&b, " |");
         for (size_t m = 0; m < pv.n_metrics; m++) {
-            const struct ekv_result_row *r =
-                find_row(rep, key->policy, key->budget, rep->rows[pv.metrics[m]].metric);
+            const struct ekv_result_row *r = find_row(rep, key, rep->rows[pv.metrics[m]].metric);
             sb_printf(&b, " ");
             if (r) sb_num(&b, r->value, "%.5g");
             else sb_printf(&b, "-");
@@ -492,9 +529,9 @@ static const int k_points[] = {7, 5, 9, 11, 13, 4, 6, 8, 10, 12, 14, 1, 2, 3};
 
 static enum ekv_status plot_script(const struct ekv_report *rep, const char *metric,
                                    const struct ekv_plot_opts *o, struct sbuf *b) {
-    /* policies with this metric, first-seen order */
+    /* series (policy, storage type) with this metric, first-seen order */
     const struct ekv_result_row **pts = malloc(rep->n_rows * sizeof *pts);
-    const char **pol = malloc(rep->n_rows * sizeof *pol);
+    const struct ekv_result_row **pol = malloc(rep->n_rows * sizeof *pol);
     if (!pts || !pol) {
         free(pts);
         free(pol);
@@ -504,8 +541,8 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
     for (size_t i = 0; i < rep->n_rows; i++) {
         if (strcmp(rep->rows[i].metric, metric) != 0) continue;
         bool seen = false;
-        for (size_t k = 0; k < np && !seen; k++) seen = strcmp(pol[k], rep->rows[i].policy) == 0;
-        if (!seen) pol[np++] = rep->rows[i].policy;
+        for (size_t k = 0; k < np && !seen; k++) seen = same_series(pol[k], &rep->rows[i]);
+        if (!seen) pol[np++] = &rep->rows[i];
     }
     int w = o && o->width > 0 ? o->width : 800, h = o && o->height > 0 ? o->height : 500;
     sb_printf(b, "# ekv eval: %s against KV budget, one line per policy.\n", metric);
@@ -544,8 +581,7 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
         size_t n = 0;
         for (size_t i = 0; i < rep->n_rows; i++) {
             const struct ekv_result_row *r = &rep->rows[i];
-            if (strcmp(r->metric, metric) == 0 && strcmp(r->policy, pol[k]) == 0 && isfinite(r->value))
-                pts[n++] = r;
+            if (strcmp(r->metric, metric) == 0 && same_series(r, pol[k]) && isfinite(r->value)) pts[n++] = r;
         }
         qsort(pts, n, sizeof *pts, cmp_row_budget);
         single[k] = n == 1 ? pts[0]->value : NAN;
@@ -555,18 +591,99 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
     }
     sb_printf(b, "plot ");
     for (size_t k = 0; k < np; k++) {
+        char lab[160];
+        const char *title = series_label(pol[k], lab, sizeof lab);
         sb_printf(b, "%s", k ? ", \\\n     " : "");
         if (isfinite(single[k]))
-            sb_printf(b, "%.9g with lines dt 2 lw 2 title \"%s\"", single[k], pol[k]);
+            sb_printf(b, "%.9g with lines dt 2 lw 2 title \"%s\"", single[k], title);
         else
             sb_printf(b, "$d%zu using 1:2 with linespoints lw 2 lc rgb \"%s\" pt %d title \"%s\"", k,
-                      k_colors[k % EKV_ARRAY_LEN_(k_colors)], k_points[k % EKV_ARRAY_LEN_(k_points)], pol[k]);
+                      k_colors[k % EKV_ARRAY_LEN_(k_colors)], k_points[k % EKV_ARRAY_LEN_(k_points)], title);
     }
     sb_printf(b, "\n");
     free(single);
     free(pts);
     free(pol);
     return b->oom ? ekv_err(EKV_ERR_NOMEM, "plot: no memory for the script") : EKV_OK;
+}
+
+/* The x axis of the Pareto view: K/V bytes at the end of each unit as a
+ * fraction of a full f32 cache (ekv_eval_cell_report's kv_bytes_frac). */
+#define EKV_PARETO_X "kv_bytes_frac"
+
+/* Quality metrics drawn against KV bytes, and whether lower is better. */
+static const struct {
+    const char *metric;
+    bool lower;
+} k_pareto[] = {{"ppl", true}, {"kl", true}, {"rouge_l_f", false}};
+
+/* The gnuplot script of "pareto_<metric>": metric against K/V bytes, one
+ * point per grid cell (policy x type x budget), the budgets of a series
+ * joined; output "pareto_<metric>.png". */
+static enum ekv_status pareto_script(const struct ekv_report *rep, const char *metric, bool lower,
+                                     const struct ekv_plot_opts *o, struct sbuf *b) {
+    const struct ekv_result_row **pol = malloc(rep->n_rows * sizeof *pol);
+    const struct ekv_result_row **pts = malloc(rep->n_rows * sizeof *pts);
+    if (!pol || !pts) {
+        free(pol);
+        free(pts);
+        return ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+    }
+    size_t np = 0;
+    for (size_t i = 0; i < rep->n_rows; i++) {
+        if (strcmp(rep->rows[i].metric, metric) != 0) continue;
+        bool seen = false;
+        for (size_t k = 0; k < np && !seen; k++) seen = same_series(pol[k], &rep->rows[i]);
+        if (!seen) pol[np++] = &rep->rows[i];
+    }
+    int w = o && o->width > 0 ? o->width : 900, h = o && o->height > 0 ? o->height : 560;
+    sb_printf(b, "# ekv eval: %s against the KV cache's bytes (Pareto view), one point per policy x type x budget.\n",
+              metric);
+    sb_printf(b, "# Written by ekv; run it with: cd <this directory> && gnuplot pareto_%s.gp\n", metric);
+    sb_printf(b, "if (strstrt(GPVAL_TERMINALS, \"pngcairo\") > 0) {\n"
+                 "    set terminal pngcairo size %d,%d noenhanced\n"
+                 "} else {\n"
+                 "    set terminal png size %d,%d noenhanced\n"
+                 "}\n", w, h, w, h);
+    sb_printf(b, "set output \"pareto_%s.png\"\nset title \"", metric);
+    if (rep->title) {
+        sb_gp_str(b, rep->title);
+        sb_printf(b, ": ");
+    }
+    sb_printf(b, "%s against KV bytes (%s is better)\"\n", metric, lower ? "lower" : "higher");
+    sb_printf(b, "set xlabel \"K/V bytes at the end of each item, fraction of a full f32 cache (log scale)\"\n");
+    sb_printf(b, "set ylabel \"%s\"\nset logscale x 2\nset grid\nset key outside right top\n", metric);
+    sb_printf(b, "set offsets graph 0.02, graph 0.02, graph 0.05, graph 0.05\n");
+    size_t drawn = 0;
+    for (size_t k = 0; k < np; k++) {
+        size_t n = 0;
+        for (size_t i = 0; i < rep->n_rows; i++) {
+            const struct ekv_result_row *r = &rep->rows[i];
+            if (strcmp(r->metric, metric) == 0 && same_series(r, pol[k]) && isfinite(r->value)) pts[n++] = r;
+        }
+        qsort(pts, n, sizeof *pts, cmp_row_budget);
+        sb_printf(b, "$d%zu << EOD\n", k);
+        for (size_t i = 0; i < n; i++) {
+            const struct ekv_result_row *x = find_row(rep, pts[i], EKV_PARETO_X);
+            if (x && isfinite(x->value) && x->value > 0) {
+                sb_printf(b, "%.9g %.9g\n", x->value, pts[i]->value);
+                drawn++;
+            }
+        }
+        sb_printf(b, "EOD\n");
+    }
+    sb_printf(b, "plot ");
+    for (size_t k = 0; k < np; k++) {
+        char lab[160];
+        sb_printf(b, "%s$d%zu using 1:2 with linespoints lw 2 lc rgb \"%s\" pt %d ps 1.3 title \"%s\"",
+                  k ? ", \\\n     " : "", k, k_colors[k % EKV_ARRAY_LEN_(k_colors)],
+                  k_points[(k / EKV_ARRAY_LEN_(k_colors)) % EKV_ARRAY_LEN_(k_points)], series_label(pol[k], lab, sizeof lab));
+    }
+    sb_printf(b, "\n");
+    free(pol);
+    free(pts);
+    if (b->oom) return ekv_err(EKV_ERR_NOMEM, "plot: no memory for the script");
+    return drawn ? EKV_OK : EKV_ERR_NOT_FOUND;
 }
 
 static char *path_join(const char *dir, const char *name, const char *ext) {
@@ -656,6 +773,26 @@ enum ekv_status ekv_report_plot(const struct ekv_report *rep, const char *dir,
         free(path);
         free(b.s);
     }
+    /* 1b. the Pareto view: quality against KV bytes, when the grid measured them */
+    const char *pareto[EKV_ARRAY_LEN_(k_pareto)];
+    size_t n_pareto = 0;
+    bool have_x = false;
+    for (size_t m = 0; m < pv.n_metrics; m++) have_x |= strcmp(rep->rows[pv.metrics[m]].metric, EKV_PARETO_X) == 0;
+    for (size_t q = 0; have_x && q < EKV_ARRAY_LEN_(k_pareto) && st == EKV_OK; q++) {
+        struct sbuf b = {0};
+        char name[80];
+        snprintf(name, sizeof name, "pareto_%s", k_pareto[q].metric);
+        enum ekv_status ps = pareto_script(rep, k_pareto[q].metric, k_pareto[q].lower, opts, &b);
+        if (ps == EKV_OK) {
+            char *path = path_join(dir, name, ".gp");
+            st = path ? write_file(path, b.s, b.n) : ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+            free(path);
+            if (st == EKV_OK) pareto[n_pareto++] = k_pareto[q].metric;
+        } else if (ps != EKV_ERR_NOT_FOUND) {
+            st = ps;
+        }
+        free(b.s);
+    }
     /* 2. gnuplot */
     char *log_path = path_join(dir, "gnuplot", ".log");
     if (st == EKV_OK && !log_path) st = ekv_err(EKV_ERR_NOMEM, "plot: no memory");
@@ -664,8 +801,10 @@ enum ekv_status ekv_report_plot(const struct ekv_report *rep, const char *dir,
         log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (log_fd < 0) st = ekv_err(EKV_ERR_IO, "%s: cannot create: %s", log_path, strerror(errno));
     }
-    for (size_t m = 0; m < pv.n_metrics && st == EKV_OK; m++) {
-        const char *metric = rep->rows[pv.metrics[m]].metric;
+    for (size_t m = 0; m < pv.n_metrics + n_pareto && st == EKV_OK; m++) {
+        char pname[80];
+        if (m >= pv.n_metrics) snprintf(pname, sizeof pname, "pareto_%s", pareto[m - pv.n_metrics]);
+        const char *metric = m < pv.n_metrics ? rep->rows[pv.metrics[m]].metric : pname;
         char *png = path_join(dir, metric, ".png");
         struct stat sb;
         if (!png) st = ekv_err(EKV_ERR_NOMEM, "plot: no memory");

@@ -15,9 +15,8 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "engine/engine.h"
+#include "ekv.h"
 #include "eval/eval.h"
-#include "kv/kv.h"
 
 struct ekv_eval_cfg ekv_eval_default_cfg(void) {
     struct ekv_eval_cfg c = {
@@ -263,7 +262,7 @@ enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_conte
     r->cur = SIZE_MAX;
     if (!ctx || !ds || !cfg) return ekv_err(EKV_ERR_INVALID_ARG, "eval runner: NULL argument");
     r->ctx = ctx;
-    r->model = ctx->model;
+    r->model = ekv_context_model(ctx);
     r->ds = ds;
     r->cfg = *cfg;
     const unsigned all = EKV_METRIC_PPL | EKV_METRIC_ROUGE | EKV_METRIC_KL | EKV_METRIC_HITRATE;
@@ -273,7 +272,7 @@ enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_conte
     if (cfg->stride < 1) return ekv_err(EKV_ERR_INVALID_ARG, "eval: stride %d < 1", cfg->stride);
     struct ekv_model_info mi;
     ekv_model_get_info(r->model, &mi);
-    r->n_ctx = ctx->params.n_ctx;
+    r->n_ctx = ekv_context_n_ctx(ctx);
     r->n_vocab = mi.n_vocab;
     r->n_layer = mi.n_layer;
     r->n_head_kv = mi.n_head_kv;
@@ -504,20 +503,21 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
             goto fail;
         }
         if ((s = ekv_seq_new(r->ctx, NULL, &seq)) != EKV_OK) goto fail;
-        seq->kv->extra_stats = EKV_STAT_LASTROW;
-        s = prefill_unit(r, seq, u, NULL);
+        s = ekv_seq_kv_record_attention(seq, true);
+        if (s == EKV_OK) s = prefill_unit(r, seq, u, NULL);
         if (s == EKV_OK) s = ekv_seq_decode(seq, u->tokens[u->n_prompt], NULL);
+        float *row = s == EKV_OK ? malloc((P + 1) * sizeof *row) : NULL;
+        if (s == EKV_OK && !row) s = ekv_err(EKV_ERR_NOMEM, "eval: no memory for an attention row");
         for (int32_t l = 0; s == EKV_OK && l < r->n_layer; l++)
             for (int32_t h = 0; s == EKV_OK && h < r->n_head_kv; h++) {
-                const struct ekv_kv_head *hd = &seq->kv->layers[l].heads[h];
-                if (!hd->lastrow || (size_t)hd->len != P + 1) {
-                    s = ekv_err(EKV_ERR_INTERNAL, "eval: full cache holds %d entries, expected %zu, or no attention row",
-                                hd->len, P + 1);
-                    break;
-                }
-                memcpy(r->ref_attn + ((size_t)l * (size_t)r->n_head_kv + (size_t)h) * P, hd->lastrow,
-                       P * sizeof(float));
+                size_t len = 0;
+                s = ekv_seq_kv_last_attention(seq, l, h, row, P + 1, &len);
+                if (s == EKV_OK && len != P + 1)
+                    s = ekv_err(EKV_ERR_INTERNAL, "eval: full cache holds %zu entries, expected %zu", len, P + 1);
+                if (s == EKV_OK)
+                    memcpy(r->ref_attn + ((size_t)l * (size_t)r->n_head_kv + (size_t)h) * P, row, P * sizeof(float));
             }
+        free(row);
         ekv_seq_free(seq);
         if (s != EKV_OK) goto fail;
     }
@@ -580,6 +580,8 @@ static void add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq) {
     struct ekv_kv_stats st;
     ekv_seq_kv_stats(seq, &st);
     if (st.entries_full > 0) ekv_mean_add(&cell->kv_frac, (double)st.entries / (double)st.entries_full);
+    ekv_mean_add(&cell->kv_bytes, (double)st.bytes);
+    if (st.bytes_full_f32 > 0) ekv_mean_add(&cell->kv_bytes_frac, (double)st.bytes / (double)st.bytes_full_f32);
 }
 
 enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv,
@@ -625,27 +627,36 @@ enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv
 
 enum ekv_status ekv_eval_cell_report(const struct ekv_eval_cell *c, unsigned m, const char *policy, double budget,
                                      struct ekv_report *rep) {
+    return ekv_eval_cell_report_kv(c, m, policy, NULL, budget, rep);
+}
+
+enum ekv_status ekv_eval_cell_report_kv(const struct ekv_eval_cell *c, unsigned m, const char *policy,
+                                        const char *kv_type, double budget, struct ekv_report *rep) {
     enum ekv_status s = EKV_OK;
     if ((m & EKV_METRIC_PPL) && c->ppl.n_tokens) {
         double v;
-        if ((s = ekv_ppl_value(&c->ppl, &v)) == EKV_OK) s = ekv_report_add(rep, policy, budget, "ppl", v, c->ppl.n_tokens);
+        if ((s = ekv_ppl_value(&c->ppl, &v)) == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "ppl", v, c->ppl.n_tokens);
     }
     if (s == EKV_OK && (m & EKV_METRIC_ROUGE) && c->rouge_f.n) {
-        s = ekv_report_add(rep, policy, budget, "rouge_l_f", ekv_mean_value(&c->rouge_f), c->rouge_f.n);
-        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "rouge_l_p", ekv_mean_value(&c->rouge_p), c->rouge_p.n);
-        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "rouge_l_r", ekv_mean_value(&c->rouge_r), c->rouge_r.n);
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "rouge_l_f", ekv_mean_value(&c->rouge_f), c->rouge_f.n);
+        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "rouge_l_p", ekv_mean_value(&c->rouge_p), c->rouge_p.n);
+        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "rouge_l_r", ekv_mean_value(&c->rouge_r), c->rouge_r.n);
     }
     if (s == EKV_OK && (m & EKV_METRIC_KL) && c->kl.n_positions) {
         double kl, top1;
-        if ((s = ekv_kl_result(&c->kl, &kl, &top1)) == EKV_OK) s = ekv_report_add(rep, policy, budget, "kl", kl, c->kl.n_positions);
-        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "top1", top1, c->kl.n_positions);
+        if ((s = ekv_kl_result(&c->kl, &kl, &top1)) == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "kl", kl, c->kl.n_positions);
+        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "top1", top1, c->kl.n_positions);
     }
     if (s == EKV_OK && (m & EKV_METRIC_HITRATE) && c->hit_rate.n) {
-        s = ekv_report_add(rep, policy, budget, "hit_rate", ekv_mean_value(&c->hit_rate), c->hit_rate.n);
-        if (s == EKV_OK) s = ekv_report_add(rep, policy, budget, "jaccard", ekv_mean_value(&c->jaccard), c->jaccard.n);
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "hit_rate", ekv_mean_value(&c->hit_rate), c->hit_rate.n);
+        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "jaccard", ekv_mean_value(&c->jaccard), c->jaccard.n);
     }
     if (s == EKV_OK && c->kv_frac.n)
-        s = ekv_report_add(rep, policy, budget, "kv_frac", ekv_mean_value(&c->kv_frac), c->kv_frac.n);
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "kv_frac", ekv_mean_value(&c->kv_frac), c->kv_frac.n);
+    if (s == EKV_OK && c->kv_bytes.n)
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "kv_bytes", ekv_mean_value(&c->kv_bytes), c->kv_bytes.n);
+    if (s == EKV_OK && c->kv_bytes_frac.n)
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "kv_bytes_frac", ekv_mean_value(&c->kv_bytes_frac), c->kv_bytes_frac.n);
     return s;
 }
 
@@ -679,10 +690,27 @@ enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const do
     return EKV_OK;
 }
 
+enum ekv_status ekv_eval_grid_check(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
+                                    const struct ekv_eval_grid_cell *cells, size_t n_cells) {
+    if (!r || !base || (!cells && n_cells)) return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
+    for (size_t c = 0; c < n_cells; c++) {
+        struct ekv_kv_params kv = *base;
+        kv.policy = cells[c].policy;
+        kv.budget = cells[c].budget;
+        struct ekv_seq *seq = NULL;
+        enum ekv_status s = ekv_seq_new(r->ctx, &kv, &seq);
+        ekv_seq_free(seq);
+        if (s != EKV_OK) return ekv_err_prefix(s, "%s at budget %g", cells[c].policy, cells[c].budget);
+    }
+    return EKV_OK;
+}
+
 enum ekv_status ekv_eval_run_grid(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
                                   const struct ekv_eval_grid_cell *cells, size_t n_cells, struct ekv_eval_cell *out,
                                   ekv_eval_progress_fn progress, void *user) {
     if (!r || !base || !cells || !out) return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
+    enum ekv_status s0 = ekv_eval_grid_check(r, base, cells, n_cells);
+    if (s0 != EKV_OK) return s0;
     for (size_t c = 0; c < n_cells; c++) ekv_eval_cell_init(&out[c]);
     for (size_t u = 0; u < r->n_units; u++) {
         enum ekv_status s = ekv_eval_unit_prepare(r, u);

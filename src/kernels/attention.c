@@ -6,6 +6,11 @@
  * KV-cache policies rank entries by (column sums, squares, last row, window
  * sums, ScissorHands bin counts, VL-Cache sparsity counts).
  *
+ * ekv_attn_row_kv reads typed storage (kvquant.h views: f16, q8_0, q4_0,
+ * KIVI groups and residual): blocks of EKV_ATTN_ROWS entries are decoded
+ * once for all R heads (the reference codecs here, the SIMD ones in
+ * attention_avx2.c) and attended as f32; ekv_attn_row is the f32 case.
+ *
  * ekv_attn_row and ekv_attn_accumulate dispatch at run time to the AVX2
  * versions in attention_avx2.c (same statistics bit for bit; attention
  * outputs within the error bounds tests/test_attention.c states).
@@ -18,6 +23,7 @@
 #include <stddef.h>
 
 #include "kernels/attention.h"
+#include "kernels/kvquant.h"
 #include "kernels/quant.h"
 
 void ekv_attn_accumulate_ref(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st) {
@@ -90,26 +96,41 @@ static void axpy_rows(float *restrict o, const float *restrict p, const float *r
     }
 }
 
-void ekv_attn_row_ref(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys,
-                      float scale, float *out, float *probs, const struct ekv_attn_stats *st) {
+/* Rows [j0, j1) of a view as floats: the stored rows themselves for f32,
+ * else decoded into buf. */
+static const float *view_block(const struct ekv_kv_view *vw, int32_t j0, int32_t j1, float *buf,
+                               struct ekv_kv_cursor *cur, bool simd) {
+    if (vw->type == EKV_KV_F32) return (const float *)(const void *)vw->data + ((size_t)vw->first + (size_t)j0) * (size_t)vw->d;
+    ekv_kv_view_rows(vw, j0, j1, buf, cur, simd);
+    return buf;
+}
+
+void ekv_attn_row_kv_ref(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
+                         int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
+                         const struct ekv_attn_stats *st) {
+    const int d = k->d;
     if (R <= 0 || d <= 0) return;
     const size_t n = n_keys > 0 ? (size_t)n_keys : 0;
     const size_t dd = (size_t)d;
-    for (int h = 0; h < R; h++) {
-        const float *qh = q + (size_t)h * dd;
-        float *ph = probs + (size_t)h * n;
-        float *oh = out + (size_t)h * dd;
-        for (size_t c = 0; c < dd; c++) oh[c] = 0.0f;
-        if (n == 0) continue;
+    for (size_t c = 0; c < (size_t)R * dd; c++) out[c] = 0.0f;
+    if (n == 0) return;
 
-        /* scores and their maximum */
-        float mx = -INFINITY;
-        for (size_t j = 0; j < n; j++) {
-            const float s = dot8(qh, k + j * dd, dd) * scale;
-            ph[j] = s;
-            mx = s > mx ? s : mx;
+    /* scores, a block of keys decoded once for the R heads */
+    struct ekv_kv_cursor kc = {0, 0, 0}, vc = {0, 0, 0};
+    for (size_t j0 = 0; j0 < n; j0 += EKV_ATTN_ROWS) {
+        const size_t j1 = j0 + EKV_ATTN_ROWS < n ? j0 + EKV_ATTN_ROWS : n;
+        const float *kb = view_block(k, (int32_t)j0, (int32_t)j1, rowbuf, &kc, false);
+        for (int h = 0; h < R; h++) {
+            const float *qh = q + (size_t)h * dd;
+            float *ph = probs + (size_t)h * n;
+            for (size_t j = j0; j < j1; j++) ph[j] = dot8(qh, kb + (j - j0) * dd, dd) * scale;
         }
-        /* exp with the maximum subtracted, normalised */
+    }
+    /* softmax per head: exp with the maximum subtracted, normalised */
+    for (int h = 0; h < R; h++) {
+        float *ph = probs + (size_t)h * n;
+        float mx = -INFINITY;
+        for (size_t j = 0; j < n; j++) mx = ph[j] > mx ? ph[j] : mx;
         float sum = 0.0f;
         for (size_t j = 0; j < n; j++) {
             float e = expf(ph[j] - mx);
@@ -118,11 +139,34 @@ void ekv_attn_row_ref(const float *q, int R, int d, const float *k, const float 
         }
         const float inv = 1.0f / sum;
         for (size_t j = 0; j < n; j++) ph[j] *= inv;
-
-        /* out = sum_j p_j v_j */
-        axpy_rows(oh, ph, v, n, dd);
     }
-    if (st && n) ekv_attn_accumulate_ref(probs, R, n_keys, st);
+    /* out = sum_j p_j v_j, a block of values decoded once for the R heads */
+    for (size_t j0 = 0; j0 < n; j0 += EKV_ATTN_ROWS) {
+        const size_t j1 = j0 + EKV_ATTN_ROWS < n ? j0 + EKV_ATTN_ROWS : n;
+        const float *vb = view_block(v, (int32_t)j0, (int32_t)j1, rowbuf, &vc, false);
+        for (int h = 0; h < R; h++) axpy_rows(out + (size_t)h * dd, probs + (size_t)h * n + j0, vb, j1 - j0, dd);
+    }
+    if (st) ekv_attn_accumulate_ref(probs, R, n_keys, st);
+}
+
+/* An f32 view of n rows of d floats. */
+static struct ekv_kv_view f32_view(const float *x, int d, int32_t n) {
+    return (struct ekv_kv_view){.type = EKV_KV_F32, .d = d, .n = n, .nq = n, .data = (const uint8_t *)(const void *)x,
+                                .row_bytes = (size_t)d * sizeof(float)};
+}
+
+void ekv_attn_row_ref(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys,
+                      float scale, float *out, float *probs, const struct ekv_attn_stats *st) {
+    const int32_t n = n_keys > 0 ? n_keys : 0;
+    const struct ekv_kv_view kv = f32_view(k, d, n), vv = f32_view(v, d, n);
+    ekv_attn_row_kv_ref(q, R, &kv, &vv, n_keys, scale, out, probs, NULL, st);
+}
+
+void ekv_attn_row_avx2(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys, float scale,
+                       float *out, float *probs, const struct ekv_attn_stats *st) {
+    const int32_t n = n_keys > 0 ? n_keys : 0;
+    const struct ekv_kv_view kv = f32_view(k, d, n), vv = f32_view(v, d, n);
+    ekv_attn_row_kv_avx2(q, R, &kv, &vv, n_keys, scale, out, probs, NULL, st);
 }
 
 /* Run-time choice: the AVX2 path (attention_avx2.c) when the kernels use
@@ -133,6 +177,15 @@ void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, 
         ekv_attn_row_avx2(q, R, d, k, v, n_keys, scale, out, probs, st);
     else
         ekv_attn_row_ref(q, R, d, k, v, n_keys, scale, out, probs, st);
+}
+
+void ekv_attn_row_kv(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
+                     int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
+                     const struct ekv_attn_stats *st) {
+    if (k->d > 0 && k->d % 8 == 0 && ekv_kernels_simd())
+        ekv_attn_row_kv_avx2(q, R, k, v, n_keys, scale, out, probs, rowbuf, st);
+    else
+        ekv_attn_row_kv_ref(q, R, k, v, n_keys, scale, out, probs, rowbuf, st);
 }
 
 void ekv_attn_mean_stats_ref(const float *probs, int R, size_t n, size_t j0, double *colsum, int32_t *count,

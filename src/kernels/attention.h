@@ -47,6 +47,25 @@ void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, 
  * does. Exposed so tests can feed hand-written attention matrices. */
 void ekv_attn_accumulate(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
 
+/* One query position over typed storage (kvquant.h views; K and V types
+ * may differ): the attention of ekv_attn_row over the dequantised rows,
+ * with the same statistics. Rows are decoded EKV_ATTN_ROWS at a time into
+ * rowbuf [EKV_ATTN_ROWS][d] (may be NULL when both views are f32), each
+ * block of K and of V once for all R heads, so a row streams the cache
+ * once. n_keys <= k->n == v->n. */
+#define EKV_ATTN_ROWS 64
+struct ekv_kv_view;
+void ekv_attn_row_kv(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
+                     int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
+                     const struct ekv_attn_stats *st);
+void ekv_attn_row_kv_ref(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
+                         int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
+                         const struct ekv_attn_stats *st);
+/* needs d % 8 == 0 and a CPU with AVX2+FMA+F16C */
+void ekv_attn_row_kv_avx2(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
+                          int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
+                          const struct ekv_attn_stats *st);
+
 /* The plain-C references and the AVX2/FMA versions behind the two calls
  * above (ekv_attn_row_avx2 needs d % 8 == 0 and a CPU with AVX2+FMA; the
  * statistics of ekv_attn_accumulate_avx2 equal the reference's bit for bit). */

@@ -15,9 +15,19 @@
  *   3. out_h = sum_j p_hj v_j with the head's output held in registers.
  * Steps 1 and 3 walk the keys in blocks of EKV_ATT_KB, all R heads per
  * block, so a block of K or V is read from memory once for the R heads;
- * within a block, heads go in pairs (qk_block2, pv_block2) so that each
- * key or value vector loaded from cache feeds two FMAs, with per-element
- * operations identical to the one-head kernels.
+ * within a block, heads go in fours for scores (qk_block4) and in pairs
+ * (qk_block2, pv_block2) so that each key or value vector loaded from
+ * cache feeds several FMAs, with per-element operations identical to the
+ * one-head kernels.
+ *
+ * Typed storage (ekv_attn_row_kv_avx2, kvquant.h): f32 rows are read in
+ * place; any other type is decoded EKV_ATTN_ROWS entries at a time into
+ * the caller's row buffer by the SIMD codecs (F16C for f16, exact int8 /
+ * nibble / KIVI-code conversions), then the same f32 block kernels run on
+ * it, so each block of K and of V is read from the cache once for all R
+ * heads and the result equals the f32 path over the dequantised rows bit
+ * for bit (a key's score and a value's FMA chain do not depend on block
+ * boundaries).
  *
  * The statistics (ekv_attn_accumulate_avx2) are vectorised across keys
  * and perform, per key, exactly the operations of the reference in the
@@ -29,6 +39,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/avx2_util.h"
+#include "kernels/kvquant.h"
 
 /* keys per block: 128 keys x 64 dims x 4 bytes = 32 KiB of K or V */
 #define EKV_ATT_KB 128
@@ -44,11 +55,11 @@ static inline __m256 reduce8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m25
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* s[j] = scale * (q . k_j) for j in [j0, j1). */
-static void qk_block(const float *q, size_t d, const float *k, size_t j0, size_t j1, float scale, float *s) {
+/* s[j] = scale * (q . k_j) for the nk rows k_j = k + j * d. */
+static void qk_block(const float *q, size_t d, const float *k, size_t nk, float scale, float *s) {
     const __m256 vs = _mm256_set1_ps(scale);
-    for (size_t j = j0; j < j1; j += 8) {
-        const size_t m = j1 - j < 8 ? j1 - j : 8;
+    for (size_t j = 0; j < nk; j += 8) {
+        const size_t m = nk - j < 8 ? nk - j : 8;
         const float *kp[8];
         for (size_t i = 0; i < 8; i++) kp[i] = k + (j + (i < m ? i : m - 1)) * d;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
@@ -83,11 +94,11 @@ static inline __m128 reduce4x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 /* qk_block for two query heads at once: four keys per step, each key
  * vector loaded once for both heads (the loop is bound by loads). A key's
  * score gets exactly the operations of qk_block. */
-static void qk_block2(const float *q0, const float *q1, size_t d, const float *k, size_t j0, size_t j1,
-                      float scale, float *s0, float *s1) {
+static void qk_block2(const float *q0, const float *q1, size_t d, const float *k, size_t nk, float scale, float *s0,
+                      float *s1) {
     const __m128 vs = _mm_set1_ps(scale);
-    for (size_t j = j0; j < j1; j += 4) {
-        const size_t m = j1 - j < 4 ? j1 - j : 4;
+    for (size_t j = 0; j < nk; j += 4) {
+        const size_t m = nk - j < 4 ? nk - j : 4;
         const float *kp[4];
         for (size_t i = 0; i < 4; i++) kp[i] = k + (j + (i < m ? i : m - 1)) * d;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
@@ -118,6 +129,41 @@ static void qk_block2(const float *q0, const float *q1, size_t d, const float *k
             memcpy(s0 + j, t0, m * sizeof(float));
             memcpy(s1 + j, t1, m * sizeof(float));
         }
+    }
+}
+
+/* qk_block for four query heads at once, two keys per step: each key
+ * vector loaded once for the four heads (for GQA groups of 4 or 8 the
+ * loop is then bound by FMAs, not loads). A key's score gets exactly the
+ * operations of qk_block (an 8-lane FMA chain over the head dimension,
+ * then reduce8x8's fixed-order horizontal sum). q: [4][d]; s: head h's
+ * scores at s + h * sn. */
+static void qk_block4(const float *q, size_t d, const float *k, size_t nk, float scale, float *s, size_t sn) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (size_t j = 0; j < nk; j += 2) {
+        const size_t m = nk - j < 2 ? 1 : 2;
+        const float *k0 = k + j * d, *k1 = k + (j + m - 1) * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (size_t c = 0; c < d; c += 8) {
+            const __m256 x0 = _mm256_loadu_ps(k0 + c), x1 = _mm256_loadu_ps(k1 + c);
+            __m256 qq = _mm256_loadu_ps(q + c);
+            a0 = _mm256_fmadd_ps(qq, x0, a0);
+            b0 = _mm256_fmadd_ps(qq, x1, b0);
+            qq = _mm256_loadu_ps(q + d + c);
+            a1 = _mm256_fmadd_ps(qq, x0, a1);
+            b1 = _mm256_fmadd_ps(qq, x1, b1);
+            qq = _mm256_loadu_ps(q + 2 * d + c);
+            a2 = _mm256_fmadd_ps(qq, x0, a2);
+            b2 = _mm256_fmadd_ps(qq, x1, b2);
+            qq = _mm256_loadu_ps(q + 3 * d + c);
+            a3 = _mm256_fmadd_ps(qq, x0, a3);
+            b3 = _mm256_fmadd_ps(qq, x1, b3);
+        }
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_mul_ps(reduce8x8(a0, a1, a2, a3, b0, b1, b2, b3), vs));
+        for (size_t h = 0; h < 4; h++) s[h * sn + j] = t[h];
+        if (m == 2)
+            for (size_t h = 0; h < 4; h++) s[h * sn + j + 1] = t[4 + h];
     }
 }
 
@@ -155,9 +201,10 @@ static void softmax_row(float *p, size_t n) {
     for (; j < n; j++) p[j] *= _mm256_cvtss_f32(inv);
 }
 
-/* o[0:d] += sum_{j in [j0, j1)} p[j] * v_j[0:d]; 64 columns in registers at
- * a time, then single 8-column chunks. */
-static void pv_block(float *o, const float *p, const float *v, size_t d, size_t j0, size_t j1) {
+/* o[0:d] += sum_{j < nv} p[j] * v_j[0:d] with v_j = v + j * d; 64 columns in
+ * registers at a time, then single 8-column chunks. */
+static void pv_block(float *o, const float *p, const float *v, size_t d, size_t nv) {
+    const size_t j0 = 0, j1 = nv;
     size_t c0 = 0;
     for (; c0 + 64 <= d; c0 += 64) {
         __m256 a0 = _mm256_loadu_ps(o + c0), a1 = _mm256_loadu_ps(o + c0 + 8);
@@ -196,8 +243,8 @@ static void pv_block(float *o, const float *p, const float *v, size_t d, size_t 
 /* pv_block for two heads: each value vector loaded once for both; 32
  * columns of each head in registers. Every output element gets the FMA
  * chain of pv_block. */
-static void pv_block2(float *o0, float *o1, const float *p0, const float *p1, const float *v, size_t d, size_t j0,
-                      size_t j1) {
+static void pv_block2(float *o0, float *o1, const float *p0, const float *p1, const float *v, size_t d, size_t nv) {
+    const size_t j0 = 0, j1 = nv;
     size_t c0 = 0;
     for (; c0 + 32 <= d; c0 += 32) {
         __m256 a0 = _mm256_loadu_ps(o0 + c0), a1 = _mm256_loadu_ps(o0 + c0 + 8);
@@ -241,29 +288,47 @@ static void pv_block2(float *o0, float *o1, const float *p0, const float *p1, co
     }
 }
 
-void ekv_attn_row_avx2(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys, float scale,
-                       float *out, float *probs, const struct ekv_attn_stats *st) {
+/* Rows [j0, j1) of a view as floats: the stored rows for f32, else
+ * decoded into buf (SIMD codecs, bit-identical to the references). */
+static const float *view_block(const struct ekv_kv_view *vw, size_t j0, size_t j1, float *buf,
+                               struct ekv_kv_cursor *cur) {
+    if (vw->type == EKV_KV_F32) return (const float *)(const void *)vw->data + ((size_t)vw->first + j0) * (size_t)vw->d;
+    ekv_kv_view_rows(vw, (int32_t)j0, (int32_t)j1, buf, cur, true);
+    return buf;
+}
+
+void ekv_attn_row_kv_avx2(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
+                          int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
+                          const struct ekv_attn_stats *st) {
+    const int d = k->d;
     if (R <= 0 || d <= 0) return;
     const size_t n = n_keys > 0 ? (size_t)n_keys : 0;
     const size_t dd = (size_t)d;
     memset(out, 0, (size_t)R * dd * sizeof(float));
     if (n == 0) return;
-    for (size_t j0 = 0; j0 < n; j0 += EKV_ATT_KB) {
-        const size_t j1 = j0 + EKV_ATT_KB < n ? j0 + EKV_ATT_KB : n;
+    struct ekv_kv_cursor kc = {0, 0, 0}, vc = {0, 0, 0};
+    const size_t kb_rows = k->type == EKV_KV_F32 ? EKV_ATT_KB : EKV_ATTN_ROWS;
+    for (size_t j0 = 0; j0 < n; j0 += kb_rows) {
+        const size_t j1 = j0 + kb_rows < n ? j0 + kb_rows : n;
+        const float *kb = view_block(k, j0, j1, rowbuf, &kc);
         int h = 0;
+        for (; h + 4 <= R; h += 4)
+            qk_block4(q + (size_t)h * dd, dd, kb, j1 - j0, scale, probs + (size_t)h * n + j0, n);
         for (; h + 2 <= R; h += 2)
-            qk_block2(q + (size_t)h * dd, q + (size_t)(h + 1) * dd, dd, k, j0, j1, scale, probs + (size_t)h * n,
-                      probs + (size_t)(h + 1) * n);
-        if (h < R) qk_block(q + (size_t)h * dd, dd, k, j0, j1, scale, probs + (size_t)h * n);
+            qk_block2(q + (size_t)h * dd, q + (size_t)(h + 1) * dd, dd, kb, j1 - j0, scale, probs + (size_t)h * n + j0,
+                      probs + (size_t)(h + 1) * n + j0);
+        if (h < R) qk_block(q + (size_t)h * dd, dd, kb, j1 - j0, scale, probs + (size_t)h * n + j0);
     }
     for (int h = 0; h < R; h++) softmax_row(probs + (size_t)h * n, n);
-    for (size_t j0 = 0; j0 < n; j0 += EKV_ATT_KB) {
-        const size_t j1 = j0 + EKV_ATT_KB < n ? j0 + EKV_ATT_KB : n;
+    const size_t vb_rows = v->type == EKV_KV_F32 ? EKV_ATT_KB : EKV_ATTN_ROWS;
+    for (size_t j0 = 0; j0 < n; j0 += vb_rows) {
+        const size_t j1 = j0 + vb_rows < n ? j0 + vb_rows : n;
+        const float *vb = view_block(v, j0, j1, rowbuf, &vc);
         int h = 0;
         for (; h + 2 <= R; h += 2)
-            pv_block2(out + (size_t)h * dd, out + (size_t)(h + 1) * dd, probs + (size_t)h * n,
-                      probs + (size_t)(h + 1) * n, v, dd, j0, j1);
-        if (h < R) pv_block(out + (size_t)h * dd, probs + (size_t)h * n, v, dd, j0, j1);
+            pv_block2(out + (size_t)h * dd, out + (size_t)(h + 1) * dd, probs + (size_t)h * n + j0,
+                      probs + (size_t)(h + 1) * n + j0, vb, dd, j1 - j0);
+        if (h < R) pv_block(out + (size_t)h * dd, probs + (size_t)h * n + j0, vb, dd, j1 - j0);
     }
     if (st) ekv_attn_accumulate_avx2(probs, R, n_keys, st);
 }

@@ -52,9 +52,14 @@ EKV_INLINE float wscalar(enum fkind k, const void *row, int64_t i) {
     }
 }
 
-/* R weight rows x T activation rows: out[t * ldo + r]. */
+/* R weight rows x T activation rows: out[t * ldo + r]. pf > 0 (decode):
+ * the rows pf bytes further on (two tiles ahead) are prefetched as these
+ * stream: short rows (512 columns of F16 = 1 KiB) end before the hardware
+ * prefetcher has ramped up, so each tile would otherwise start with a
+ * full memory latency per row. */
 EKV_INLINE void ftile(enum fkind k, int R, int T, int64_t n, const void *const *w, const float *const *x, float *out,
-                      int64_t ldo) {
+                      int64_t ldo, size_t pf) {
+    const size_t esz = k == FK_F32 ? 4 : 2;
     __m512 acc[RMAX][TMAX];
     #pragma GCC unroll 16
     for (int r = 0; r < R; r++)
@@ -62,6 +67,10 @@ EKV_INLINE void ftile(enum fkind k, int R, int T, int64_t n, const void *const *
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        if (pf && (i * esz) % 64 == 0) {
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)w[r] + pf + (size_t)i * esz, _MM_HINT_T0);
+        }
         __m512 xv[TMAX];
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(x[t] + i);
@@ -95,10 +104,10 @@ EKV_INLINE void ftile(enum fkind k, int R, int T, int64_t n, const void *const *
 }
 
 #define FT_CASE(R, T) \
-    case (R) * 8 + (T): ftile(k, R, T, n, w, x, out, ldo); break;
+    case (R) * 8 + (T): ftile(k, R, T, n, w, x, out, ldo, pf); break;
 
 EKV_INLINE void ftile_n(enum fkind k, int R, int T, int64_t n, const void *const *w, const float *const *x, float *out,
-                        int64_t ldo) {
+                        int64_t ldo, size_t pf) {
     switch (R * 8 + T) {
         FT_CASE(1, 1) FT_CASE(1, 2) FT_CASE(1, 3) FT_CASE(1, 4) FT_CASE(1, 5) FT_CASE(1, 6)
         FT_CASE(2, 1) FT_CASE(2, 2) FT_CASE(2, 3) FT_CASE(2, 4) FT_CASE(2, 5) FT_CASE(2, 6)
@@ -122,7 +131,7 @@ EKV_INLINE void fgemm(enum fkind k, const struct ekv_weight *w, int64_t r0, int6
                 const int T = (int)EKV_MIN((int64_t)TMAX, t1 - t);
                 #pragma GCC unroll 16
                 for (int i = 0; i < T; i++) xr[i] = (const float *)(const void *)((const char *)xa + (size_t)(t + i) * xs);
-                ftile_n(k, R, T, w->ne0, wr, xr, y + t * ldy + r, ldy);
+                ftile_n(k, R, T, w->ne0, wr, xr, y + t * ldy + r, ldy, n == 1 ? 2 * RMAX * w->row_bytes : 0);
             }
         }
     }
@@ -136,7 +145,7 @@ EKV_INLINE void fgemm(enum fkind k, const struct ekv_weight *w, int64_t r0, int6
     static void dot_##name(int64_t n, float *s, const void *wrow, const void *xa) {                        \
         const void *wr[1] = {wrow};                                                                        \
         const float *xr[1] = {xa};                                                                         \
-        ftile(K, 1, 1, n, wr, xr, s, 1);                                                                   \
+        ftile(K, 1, 1, n, wr, xr, s, 1, 0);                                                                   \
     }
 
 DEFINE_FLOAT(f32, FK_F32)

@@ -109,6 +109,13 @@ enum ekv_status ekv_matvec(struct ekv_pool *p, const struct ekv_weight *w, const
 enum ekv_status ekv_matmul(struct ekv_pool *p, const struct ekv_weight *w, const float *x, int64_t n,
                            float *y);
 
+/* Several products of the same input, Y_i = X W_i^T for i < n_w (e.g. the
+ * Q, K and V projections): X is quantised once and all products run as one
+ * pool job. Results equal n_w ekv_matmul calls bit for bit. Weights whose
+ * activation format differs from the first's run as separate products. */
+enum ekv_status ekv_matmul_multi(struct ekv_pool *p, const struct ekv_weight *const *w, int n_w, const float *x,
+                                 int64_t n, float *const *y);
+
 /* Row r of w as floats (embedding lookup). dst: [ne0]. */
 enum ekv_status ekv_weight_get_row(const struct ekv_weight *w, int64_t r, float *dst);
 
@@ -147,6 +154,32 @@ void ekv_rope(float *x, int n_heads, int head_dim, int rope_dim, int64_t pos, fl
  * cs: [rope_dim/2][2] = {cos, sin} of theta_i = pos * base^(-2i/rope_dim). */
 void ekv_rope_sincos(float *cs, int rope_dim, int64_t pos, float freq_base);
 void ekv_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const float *cs, bool neox);
+
+/* RoPE with the scalings llama.cpp reads from GGUF (ggml_rope_ext), in
+ * double: theta_i = pos * base^(-2i/dim) / freq_factors[i] (the "extrapolated"
+ * angle); freq_scale * theta_i is the interpolated one (linear scaling:
+ * freq_scale = 1/factor). YaRN (ext_factor != 0) mixes them per pair i with
+ * a ramp falling from 1 at corr_lo to 0 at corr_hi (times ext_factor) and
+ * scales cos/sin by attn_factor * (1 + 0.1 ln(1/freq_scale)); otherwise by
+ * attn_factor alone. With every factor 1 it equals ekv_rope_sincos bit for
+ * bit. */
+struct ekv_rope_params {
+    int dim;                   /* rotated dimensions (even) */
+    bool neox;                 /* halves (i, i + dim/2) instead of pairs (2i, 2i+1) */
+    double freq_base;
+    double freq_scale;         /* 1 = none */
+    double ext_factor;         /* 0 = no YaRN mixing */
+    double attn_factor;        /* cos/sin multiplier (1 = none) */
+    double corr_lo, corr_hi;   /* YaRN ramp, from ekv_rope_yarn_corr_dims */
+    const float *freq_factors; /* [dim/2] divisors of theta, or NULL */
+};
+/* cs: [dim/2][2] = {cos, sin} for position pos. */
+void ekv_rope_sincos_ext(const struct ekv_rope_params *p, int64_t pos, float *cs);
+/* YaRN's correction range: the pair indices whose rotation at the original
+ * context makes beta_fast (lo, floored) and beta_slow (hi, ceiled) turns,
+ * clamped to [0, dim - 1]. */
+void ekv_rope_yarn_corr_dims(int dim, int n_ctx_orig, double freq_base, double beta_fast, double beta_slow,
+                             double out[2]);
 /* out[i] = silu(gate[i]) * up[i] */
 void ekv_swiglu(float *out, const float *gate, const float *up, int64_t n);
 /* tanh approximation of GELU, in place */

@@ -190,47 +190,61 @@ static enum ekv_status check_weight(const struct ekv_weight *w, const char *what
     return EKV_OK;
 }
 
-struct mm_ctx {
+#define MM_MAX 4 /* weights of one multi-product */
+
+/* One weight of a product job: its rows are cut into chunks of `chunk`
+ * rows (whole groups of 16), numbered from `first` in the job. */
+struct mm_part {
     const struct ekv_weight *w;
     const struct ekv_type_kernels *k;
-    struct ekv_pool *pool;
-    const float *x;        /* [n][ne0] float activations (for quantising) */
-    const void *xa;        /* activations in the kernel's format */
-    size_t xa_stride;      /* bytes between activation rows */
-    int64_t n;             /* activation rows */
     float *y;              /* [n][ne1] */
-    int64_t chunk;         /* rows per claimed chunk (a multiple of 16) */
-    int64_t n_chunks;
-    atomic_llong next;     /* next chunk to claim */
+    int64_t chunk;
+    int64_t first;
 };
 
-/* Rows [r0, r1) of one kernel call: the product of an output never
- * depends on which call computes it, so chunks go to whichever thread
- * claims them (a descheduled thread does not hold up the others). */
-static void run_rows(const struct mm_ctx *c, int ith, int64_t r0, int64_t r1) {
-    const struct ekv_weight *w = c->w;
-    const struct ekv_type_kernels *k = c->k;
+struct mm_ctx {
+    struct mm_part parts[MM_MAX];
+    int n_parts;
+    struct ekv_pool *pool;
+    const void *xa;        /* activations in the kernels' format */
+    size_t xa_stride;      /* bytes between activation rows */
+    int64_t n;             /* activation rows */
+    int64_t n_chunks;      /* over all parts */
+    atomic_llong next;     /* next chunk to claim */
+    /* quantisation */
+    const float *x;        /* [n][ne0] float activations */
+    int64_t ne0;
+    void (*quantize)(const float *src, void *dst, int64_t n);
+};
+
+/* Rows [r0, r1) of one weight: the product of an output never depends on
+ * which call computes it, so chunks go to whichever thread claims them (a
+ * descheduled thread does not hold up the others). */
+static void run_rows(const struct mm_ctx *c, const struct mm_part *pt, int ith, int64_t r0, int64_t r1) {
+    const struct ekv_weight *w = pt->w;
+    const struct ekv_type_kernels *k = pt->k;
+    float *y = pt->y;
     if (w->layout == EKV_LAYOUT_X16) {
         if (k->gemm_x16) {
-            k->gemm_x16(w, r0, r1, c->xa, c->xa_stride, c->n, c->y, w->ne1);
+            k->gemm_x16(w, r0, r1, c->xa, c->xa_stride, c->n, y, w->ne1);
             return;
         }
         /* no X16 kernel on this path: each row unpacked, then dotted */
         char *row = ekv_pool_scratch(c->pool, ith, w->row_bytes);
-        if (!row) return; /* cannot happen after the pre-allocation in product() */
+        if (!row) return; /* cannot happen after the pre-allocation in run_job() */
         for (int64_t r = r0; r < r1; r++) {
             ekv_x16_unpack_row(w, r, row);
             for (int64_t t = 0; t < c->n; t++)
-                k->vec_dot(w->ne0, &c->y[t * w->ne1 + r], row, (const char *)c->xa + (size_t)t * c->xa_stride);
+                k->vec_dot(w->ne0, &y[t * w->ne1 + r], row, (const char *)c->xa + (size_t)t * c->xa_stride);
         }
         return;
     }
     if (c->n == 1 && k->gemv) {
-        k->gemv(w, r0, r1, c->xa, c->y);
+        k->gemv(w, r0, r1, c->xa, y);
         return;
     }
     if (k->gemm) {
-        k->gemm(w, r0, r1, c->xa, c->xa_stride, c->n, c->y, w->ne1);
+        k->gemm(w, r0, r1, c->xa, c->xa_stride, c->n, y, w->ne1);
         return;
     }
     /* blocks of activation rows stay in cache while the weight rows stream */
@@ -240,8 +254,7 @@ static void run_rows(const struct mm_ctx *c, int ith, int64_t r0, int64_t r1) {
         const int64_t t1 = EKV_MIN(c->n, t0 + 16);
         for (int64_t r = r0; r < r1; r++)
             for (int64_t t = t0; t < t1; t++)
-                k->vec_dot(w->ne0, &c->y[t * w->ne1 + r], base + (size_t)r * w->row_bytes,
-                           xa + (size_t)t * c->xa_stride);
+                k->vec_dot(w->ne0, &y[t * w->ne1 + r], base + (size_t)r * w->row_bytes, xa + (size_t)t * c->xa_stride);
     }
 }
 
@@ -251,24 +264,28 @@ static void product_task(void *arg, int ith, int nth) {
     for (;;) {
         const int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
         if (i >= c->n_chunks) return;
-        const int64_t r0 = i * c->chunk;
-        run_rows(c, ith, r0, EKV_MIN(c->w->ne1, r0 + c->chunk));
+        int p = 0;
+        while (p + 1 < c->n_parts && i >= c->parts[p + 1].first) p++;
+        const struct mm_part *pt = &c->parts[p];
+        const int64_t r0 = (i - pt->first) * pt->chunk;
+        run_rows(c, pt, ith, r0, EKV_MIN(pt->w->ne1, r0 + pt->chunk));
     }
 }
 
 static void quantize_task(void *arg, int ith, int nth) {
     const struct mm_ctx *c = arg;
     for (int64_t t = ith; t < c->n; t += nth)
-        c->k->quantize_act(c->x + t * c->w->ne0, (char *)c->xa + (size_t)t * c->xa_stride, c->w->ne0);
+        c->quantize(c->x + t * c->ne0, (char *)c->xa + (size_t)t * c->xa_stride, c->ne0);
 }
 
 /* Small products are not worth waking the workers for. */
-static struct ekv_pool *pool_for(struct ekv_pool *p, const struct ekv_weight *w, int64_t n) {
-    return (double)w->ne0 * (double)w->ne1 * (double)n < 16384.0 ? NULL : p;
-}
+static struct ekv_pool *pool_for(struct ekv_pool *p, double macs) { return macs < 16384.0 ? NULL : p; }
 
-static enum ekv_status product(struct ekv_pool *p, const struct ekv_weight *w, const float *x, int64_t n,
-                               float *y, const char *what) {
+/* Checks the arguments of a product of n rows x through w; *skip when
+ * there is nothing to compute (zero-sized, outputs cleared). */
+static enum ekv_status check_product(const struct ekv_weight *w, const float *x, int64_t n, float *y, bool *skip,
+                                     const char *what) {
+    *skip = true;
     enum ekv_status s = check_weight(w, what);
     if (s != EKV_OK) return s;
     if (n < 0) return ekv_err(EKV_ERR_INVALID_ARG, "%s: negative row count %lld", what, (long long)n);
@@ -278,39 +295,90 @@ static enum ekv_status product(struct ekv_pool *p, const struct ekv_weight *w, c
         memset(y, 0, (size_t)n * (size_t)w->ne1 * sizeof(float));
         return EKV_OK;
     }
-    struct ekv_pool *pp = pool_for(p, w, n);
-    struct mm_ctx c = {.w = w, .k = kernels_for(w->type), .pool = pp, .x = x, .n = n, .y = y};
-    if (c.k->quantize_act) {
+    *skip = false;
+    return EKV_OK;
+}
+
+/* Products of the n rows of x through the weights ws[0..nw), all with the
+ * same ne0 and activation format: x quantised once, one pool job. */
+static enum ekv_status run_job(struct ekv_pool *p, const struct ekv_weight *const *ws, float *const *ys, int nw,
+                               const float *x, int64_t n, const char *what) {
+    const struct ekv_type_kernels *k0 = kernels_for(ws[0]->type);
+    double macs = 0;
+    for (int i = 0; i < nw; i++) macs += (double)ws[i]->ne0 * (double)ws[i]->ne1 * (double)n;
+    struct ekv_pool *pp = pool_for(p, macs);
+    struct mm_ctx c = {.pool = pp, .x = x, .n = n, .ne0 = ws[0]->ne0, .quantize = k0->quantize_act};
+    if (k0->quantize_act) {
         size_t rb, total;
-        const int64_t nblk = w->ne0 / c.k->act_block;
-        if (!ekv_mul_ok((size_t)nblk, c.k->act_block_bytes, &rb) || !ekv_mul_ok(rb, (size_t)n, &total))
+        const int64_t nblk = ws[0]->ne0 / k0->act_block;
+        if (!ekv_mul_ok((size_t)nblk, k0->act_block_bytes, &rb) || !ekv_mul_ok(rb, (size_t)n, &total))
             return ekv_err(EKV_ERR_OVERFLOW, "%s: activation buffer size overflows", what);
         void *buf = ekv_pool_scratch_shared(p, total);
         if (!buf) return ekv_err(EKV_ERR_NOMEM, "%s: cannot allocate %zu bytes of activation scratch", what, total);
         c.xa = buf;
         c.xa_stride = rb;
         if (n == 1)
-            c.k->quantize_act(x, buf, w->ne0);
+            k0->quantize_act(x, buf, ws[0]->ne0);
         else
             ekv_pool_run(pp, quantize_task, &c);
     } else {
         c.xa = x;
-        c.xa_stride = (size_t)w->ne0 * sizeof(float);
+        c.xa_stride = (size_t)ws[0]->ne0 * sizeof(float);
     }
-    if (w->layout == EKV_LAYOUT_X16 && !c.k->gemm_x16) {
-        for (int i = 0; i < ekv_pool_size(pp); i++)
-            if (!ekv_pool_scratch(pp, i, w->row_bytes))
-                return ekv_err(EKV_ERR_NOMEM, "%s: cannot allocate row scratch", what);
-    }
-    /* chunks: about 4 per thread, whole groups of 16 rows */
+    /* chunks: about 4 per thread over all the rows, whole groups of 16 */
     const int nth = ekv_pool_size(pp);
-    int64_t chunk = (w->ne1 + 4 * nth - 1) / (4 * nth);
+    int64_t rows = 0;
+    for (int i = 0; i < nw; i++) rows += ws[i]->ne1;
+    int64_t chunk = (rows + 4 * nth - 1) / (4 * nth);
     chunk = EKV_MAX((int64_t)16, (chunk + 15) & ~(int64_t)15);
-    c.chunk = chunk;
-    c.n_chunks = (w->ne1 + chunk - 1) / chunk;
+    for (int i = 0; i < nw; i++) {
+        const struct ekv_type_kernels *k = kernels_for(ws[i]->type);
+        if (ws[i]->layout == EKV_LAYOUT_X16 && !k->gemm_x16)
+            for (int t = 0; t < nth; t++)
+                if (!ekv_pool_scratch(pp, t, ws[i]->row_bytes))
+                    return ekv_err(EKV_ERR_NOMEM, "%s: cannot allocate row scratch", what);
+        c.parts[i] = (struct mm_part){.w = ws[i], .k = k, .y = ys[i], .chunk = chunk, .first = c.n_chunks};
+        c.n_chunks += (ws[i]->ne1 + chunk - 1) / chunk;
+    }
+    c.n_parts = nw;
     atomic_init(&c.next, 0);
     ekv_pool_run(pp, product_task, &c);
     return EKV_OK;
+}
+
+static enum ekv_status product(struct ekv_pool *p, const struct ekv_weight *w, const float *x, int64_t n,
+                               float *y, const char *what) {
+    bool skip;
+    enum ekv_status s = check_product(w, x, n, y, &skip, what);
+    if (s != EKV_OK || skip) return s;
+    return run_job(p, &w, &y, 1, x, n, what);
+}
+
+enum ekv_status ekv_matmul_multi(struct ekv_pool *p, const struct ekv_weight *const *w, int n_w, const float *x,
+                                 int64_t n, float *const *y) {
+    if (n_w < 0 || (n_w > 0 && (!w || !y))) return ekv_err(EKV_ERR_INVALID_ARG, "matmul_multi: bad weight list");
+    const struct ekv_weight *ws[MM_MAX];
+    float *ys[MM_MAX];
+    int m = 0;
+    for (int i = 0; i < n_w; i++) {
+        bool skip;
+        enum ekv_status s = check_product(w[i], x, n, y[i], &skip, "matmul_multi");
+        if (s != EKV_OK) return s;
+        if (skip) continue;
+        /* one job needs one activation format; otherwise (or beyond MM_MAX)
+         * this weight runs alone: the same results either way */
+        const struct ekv_type_kernels *ki = kernels_for(w[i]->type);
+        const struct ekv_type_kernels *k0 = m ? kernels_for(ws[0]->type) : ki;
+        if (m == MM_MAX || (m && (w[i]->ne0 != ws[0]->ne0 || ki->quantize_act != k0->quantize_act ||
+                                  ki->act_block_bytes != k0->act_block_bytes || ki->act_block != k0->act_block))) {
+            s = run_job(p, &w[i], &y[i], 1, x, n, "matmul_multi");
+            if (s != EKV_OK) return s;
+            continue;
+        }
+        ws[m] = w[i];
+        ys[m++] = y[i];
+    }
+    return m ? run_job(p, ws, ys, m, x, n, "matmul_multi") : EKV_OK;
 }
 
 enum ekv_status ekv_matvec(struct ekv_pool *p, const struct ekv_weight *w, const float *x, float *y) {

@@ -139,6 +139,42 @@ void ekv_rope_apply(float *x, int n_heads, int head_dim, int rope_dim, const flo
         rope_pair(x, n_heads, head_dim, neox ? i : 2 * i, neox ? i + half : 2 * i + 1, cs[2 * i], cs[2 * i + 1]);
 }
 
+/* ---- RoPE with scaling (llama.cpp's ggml_rope_ext) ---- */
+
+/* Dimension at which a rotation of n_rot turns fits the original context:
+ * dim * ln(n_ctx_orig / (2 pi n_rot)) / (2 ln base). */
+static double yarn_corr_dim(int dim, int n_ctx_orig, double n_rot, double base) {
+    return dim * log((double)n_ctx_orig / (n_rot * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+void ekv_rope_yarn_corr_dims(int dim, int n_ctx_orig, double base, double beta_fast, double beta_slow,
+                             double out[2]) {
+    const double lo = floor(yarn_corr_dim(dim, n_ctx_orig, beta_fast, base));
+    const double hi = ceil(yarn_corr_dim(dim, n_ctx_orig, beta_slow, base));
+    out[0] = lo > 0.0 ? lo : 0.0;
+    out[1] = hi < dim - 1 ? hi : dim - 1;
+}
+
+void ekv_rope_sincos_ext(const struct ekv_rope_params *p, int64_t pos, float *cs) {
+    const int half = p->dim / 2;
+    double mscale = p->attn_factor;
+    if (p->ext_factor != 0.0) mscale *= 1.0 + 0.1 * log(1.0 / p->freq_scale);
+    for (int i = 0; i < half; i++) {
+        double extrap = (double)pos * pow(p->freq_base, -2.0 * i / (double)p->dim);
+        if (p->freq_factors) extrap /= (double)p->freq_factors[i];
+        double theta = p->freq_scale == 1.0 ? extrap : p->freq_scale * extrap;
+        if (p->ext_factor != 0.0) {
+            /* YaRN: extrapolate the fast dimensions, interpolate the slow
+             * ones, a linear ramp between corr_lo and corr_hi */
+            double y = (i - p->corr_lo) / fmax(0.001, p->corr_hi - p->corr_lo);
+            double ramp = (1.0 - fmin(1.0, fmax(0.0, y))) * p->ext_factor;
+            theta = theta * (1.0 - ramp) + extrap * ramp;
+        }
+        cs[2 * i] = (float)(cos(theta) * mscale);
+        cs[2 * i + 1] = (float)(sin(theta) * mscale);
+    }
+}
+
 /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
 void ekv_gelu(float *x, int64_t n) {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */

@@ -68,7 +68,7 @@ EKV_INLINE __m256i wblock(enum qk k, const void *row, int64_t b, float *d) {
 }
 
 /* Exact int32 lanes of the block dot (Q4_0: the -8 * sum(x) correction is
- * added by the caller through x->c). */
+ * added by the caller from x->s). */
 EKV_INLINE __m256i bdot(enum qk k, __m256i w, __m256i x) {
     return k == QK8 ? dp_ss(_mm256_setzero_si256(), w, x) : dp_us(_mm256_setzero_si256(), w, x);
 }
@@ -80,7 +80,7 @@ EKV_INLINE float rdot(enum qk k, int64_t nb, const void *row, const struct ekv_b
         float dw;
         const __m256i w = wblock(k, row, b, &dw);
         int32_t s = hsum_i32(bdot(k, w, _mm256_loadu_si256((const __m256i *)(const void *)x[b].qs)));
-        if (k == QK4) s += x[b].c;
+        if (k == QK4) s -= 8 * x[b].s;
         y += (float)s * (dw * x[b].d);
     }
     return y;
@@ -97,7 +97,7 @@ EKV_INLINE void rdot4(enum qk k, int64_t nb, const char *w0, size_t rb, const st
         const __m256i v2 = bdot(k, wblock(k, w0 + 2 * rb, b, &d2), xq);
         const __m256i v3 = bdot(k, wblock(k, w0 + 3 * rb, b, &d3), xq);
         __m128i s = hsum4_i32(v0, v1, v2, v3);
-        if (k == QK4) s = _mm_add_epi32(s, _mm_set1_epi32(x[b].c));
+        if (k == QK4) s = _mm_sub_epi32(s, _mm_set1_epi32(8 * x[b].s));
         int32_t si[4];
         _mm_storeu_si128((__m128i *)(void *)si, s);
         const float dx = x[b].d;
@@ -123,7 +123,7 @@ EKV_INLINE void rdot1x4(enum qk k, int64_t nb, const void *row, const struct ekv
         const __m256i v2 = bdot(k, w, _mm256_loadu_si256((const __m256i *)(const void *)x[2][b].qs));
         const __m256i v3 = bdot(k, w, _mm256_loadu_si256((const __m256i *)(const void *)x[3][b].qs));
         __m128i s = hsum4_i32(v0, v1, v2, v3);
-        if (k == QK4) s = _mm_add_epi32(s, _mm_setr_epi32(x[0][b].c, x[1][b].c, x[2][b].c, x[3][b].c));
+        if (k == QK4) s = _mm_sub_epi32(s, _mm_setr_epi32(8 * x[0][b].s, 8 * x[1][b].s, 8 * x[2][b].s, 8 * x[3][b].s));
         int32_t si[4];
         _mm_storeu_si128((__m128i *)(void *)si, s);
         a0 += (float)si[0] * (dw * x[0][b].d);
@@ -174,7 +174,7 @@ EKV_INLINE void rows_gemm(enum qk k, const struct ekv_weight *w, int64_t r0, int
 EKV_INLINE __m256i xdot(enum qk k, const uint8_t *o, int h, const struct ekv_block_q8_0x *xb) {
     const uint8_t *q = o + 32 + 32 * h;
 #if Q8_VNNI
-    __m256i acc = _mm256_set1_epi32(xb->c);
+    __m256i acc = _mm256_set1_epi32((k == QK8 ? -128 : -8) * xb->s);
     if (k == QK8) {
         #pragma GCC unroll 16
         for (int j = 0; j < 8; j++) {
@@ -211,7 +211,7 @@ EKV_INLINE __m256i xdot(enum qk k, const uint8_t *o, int h, const struct ekv_blo
         return acc;
     }
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256i acc = _mm256_set1_epi32(xb->c);
+    __m256i acc = _mm256_set1_epi32(-8 * xb->s);
     #pragma GCC unroll 16
     for (int j = 0; j < 4; j++) {
         int32_t lo, hi;
@@ -302,7 +302,7 @@ static void Q8_FN(fill)(enum ekv_dtype t, struct ekv_type_kernels *k) {
     k->gemv = NULL;
     k->gemm = q8 ? Q8_FN(gemm_q8_0) : Q8_FN(gemm_q4_0);
     k->gemm_x16 = q8 ? Q8_FN(gemm_x16_q8_0) : Q8_FN(gemm_x16_q4_0);
-    k->quantize_act = q8 ? ekv_quant_q8_0x128_avx2 : ekv_quant_q8_0x8_avx2;
+    k->quantize_act = ekv_quant_q8_0x_avx2;
     k->act_block_bytes = sizeof(struct ekv_block_q8_0x);
     k->act_block = EKV_QK8_0;
 }

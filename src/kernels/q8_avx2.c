@@ -18,8 +18,9 @@ static inline __m256i round_away(__m256 x) {
 }
 
 /* Q8_0 values exactly as ekv_quant_q8_0 (exact |x| maximum, the same scale
- * arithmetic, roundf), the scale widened back from fp16, c = -bias * sum. */
-static inline void quant_q8_0x(const float *src, struct ekv_block_q8_0x *b, int64_t n, int bias) {
+ * arithmetic, roundf), the scale widened back from fp16, and the sums. */
+void ekv_quant_q8_0x_avx2(const float *src, void *dst, int64_t n) {
+    struct ekv_block_q8_0x *b = dst;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t i = 0; i < n / EKV_QK8_0; i++, src += EKV_QK8_0) {
@@ -37,14 +38,12 @@ static inline void quant_q8_0x(const float *src, struct ekv_block_q8_0x *b, int6
         const __m256 vid = _mm256_set1_ps(id);
         const __m256i i0 = round_away(_mm256_mul_ps(v0, vid)), i1 = round_away(_mm256_mul_ps(v1, vid));
         const __m256i i2 = round_away(_mm256_mul_ps(v2, vid)), i3 = round_away(_mm256_mul_ps(v3, vid));
-        b[i].c = -bias * hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+        b[i].s = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
         const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
         _mm256_storeu_si256((__m256i *)(void *)b[i].qs, _mm256_permutevar8x32_epi32(p, perm));
     }
 }
 
-void ekv_quant_q8_0x128_avx2(const float *src, void *dst, int64_t n) { quant_q8_0x(src, dst, n, 128); }
-void ekv_quant_q8_0x8_avx2(const float *src, void *dst, int64_t n) { quant_q8_0x(src, dst, n, 8); }
 
 void ekv_q8_fill_avx2(enum ekv_dtype t, struct ekv_type_kernels *k);
 void ekv_q8_fill_avx2(enum ekv_dtype t, struct ekv_type_kernels *k) { fill_avx2(t, k); }

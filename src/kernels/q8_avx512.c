@@ -34,6 +34,7 @@ static inline __m512i bcast4(const int8_t *p) {
 EKV_INLINE void xtile(enum qk k, int T, int64_t nb, const uint8_t *g, const struct ekv_block_q8_0x *const *x,
                       float *y, int64_t ldy) {
     const size_t gb = k == QK8 ? EKV_X16_Q8_0_BYTES : EKV_X16_Q4_0_BYTES;
+    const int32_t bias = k == QK8 ? -128 : -8; /* weights stored + 128 / nibbles 0..15 */
     __m512 acc[TMAX];
     #pragma GCC unroll 16
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
@@ -60,14 +61,14 @@ EKV_INLINE void xtile(enum qk k, int T, int64_t nb, const uint8_t *g, const stru
             __m512i s;
             if (T <= 2) {
                 /* two dependency chains: decode has no other rows to overlap */
-                __m512i a0 = _mm512_set1_epi32(xb->c), a1 = _mm512_setzero_si512();
+                __m512i a0 = _mm512_set1_epi32(bias * xb->s), a1 = _mm512_setzero_si512();
                 for (int j = 0; j < 8; j += 2) {
                     a0 = _mm512_dpbusd_epi32(a0, w[j], bcast4(xb->qs + 4 * j));
                     a1 = _mm512_dpbusd_epi32(a1, w[j + 1], bcast4(xb->qs + 4 * j + 4));
                 }
                 s = _mm512_add_epi32(a0, a1);
             } else {
-                s = _mm512_set1_epi32(xb->c);
+                s = _mm512_set1_epi32(bias * xb->s);
                 #pragma GCC unroll 16
                 for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, w[j], bcast4(xb->qs + 4 * j));
             }

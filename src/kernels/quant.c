@@ -60,7 +60,7 @@ void ekv_quant_q8_0(const float *src, void *dst, int64_t n) {
     }
 }
 
-void ekv_quant_q8_0x_ref(const float *src, void *dst, int64_t n, int bias) {
+void ekv_quant_q8_0x_ref(const float *src, void *dst, int64_t n) {
     struct ekv_block_q8_0x *x = dst;
     struct ekv_block_q8_0 b;
     for (int64_t i = 0; i < n / EKV_QK8_0; i++, src += EKV_QK8_0) {
@@ -68,7 +68,7 @@ void ekv_quant_q8_0x_ref(const float *src, void *dst, int64_t n, int bias) {
         int32_t sum = 0;
         for (int j = 0; j < EKV_QK8_0; j++) sum += b.qs[j];
         x[i].d = ekv_fp16_to_f32(b.d);
-        x[i].c = -bias * sum;
+        x[i].s = sum;
         memcpy(x[i].qs, b.qs, EKV_QK8_0);
     }
 }

@@ -72,12 +72,13 @@ struct ekv_block_q8_K {
 
 /* Q8_0 activation block of the SIMD kernels: the values ekv_quant_q8_0
  * writes, with the scale already widened (d = the fp16 scale as a float,
- * the same number) and c = -bias * sum(qs), the correction an unsigned x
- * signed int8 dot needs when the weights are stored biased by +bias (128
- * for X16 Q8_0, 8 for Q4_0 nibbles). 40 bytes. */
+ * the same number) and s = sum(qs), from which the kernels form the
+ * correction an unsigned x signed int8 dot needs when the weights are
+ * stored biased by +bias: -bias * s (128 for X16 Q8_0, 8 for Q4_0
+ * nibbles). One format for both weight types. 40 bytes. */
 struct ekv_block_q8_0x {
     float d;
-    int32_t c;
+    int32_t s;
     int8_t qs[EKV_QK8_0];
 };
 
@@ -186,12 +187,11 @@ bool ekv_cpu_has_avx2(void);
  * to dst (w->row_bytes bytes). */
 void ekv_x16_unpack_row(const struct ekv_weight *w, int64_t r, void *dst);
 
-/* Q8_0x activation quantisers (q8_avx2.c): the same values as
- * ekv_quant_q8_0 with c for weights biased by 128 (Q8_0 X16) or 8 (Q4_0). */
-void ekv_quant_q8_0x128_avx2(const float *src, void *dst, int64_t n);
-void ekv_quant_q8_0x8_avx2(const float *src, void *dst, int64_t n);
+/* Q8_0x activation quantiser (q8_avx2.c): the same values as
+ * ekv_quant_q8_0, and the sums. */
+void ekv_quant_q8_0x_avx2(const float *src, void *dst, int64_t n);
 /* Reference of the same (quant.c). */
-void ekv_quant_q8_0x_ref(const float *src, void *dst, int64_t n, int bias);
+void ekv_quant_q8_0x_ref(const float *src, void *dst, int64_t n);
 
 /* Element-wise ops with SIMD variants (ops.c holds the references). */
 float ekv_dot_f32_ref(const float *a, const float *b, int64_t n);

@@ -14,8 +14,10 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/util.h"
+#include "kernels/kvquant.h"
 #include "kv/kv.h"
 
 enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
@@ -27,6 +29,7 @@ enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) 
         return ekv_err(EKV_ERR_INVALID_ARG, "kv step: prompt length %d at %lld is invalid",
                        (int)step->prompt_len, (long long)step->prompt_pos0);
     kv->n_seen = step->pos0 + step->n_new;
+    kv->stats = kv->ops ? kv->ops->stats : 0;
     if (kv->ops && kv->ops->begin) {
         enum ekv_status s = kv->ops->begin(kv, step);
         if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s", kv->policy_name);
@@ -59,6 +62,32 @@ struct attend_task {
     atomic_int failed;
 };
 
+/* First of the n entries whose position is >= min_pos (positions increase). */
+static int32_t swa_first(const struct ekv_kv_head *h, int32_t n, int64_t min_pos) {
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (h->pos[mid] < min_pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Statistics of a row that sees entries [lo, n) only: the per-entry arrays
+ * start at lo; the latest row's attention of the entries before is 0. */
+static void shift_stats(struct ekv_attn_stats *s, const struct ekv_kv_head *h, int32_t lo) {
+    if (s->colsum) s->colsum += lo;
+    if (s->count) s->count += lo;
+    if (s->sumsq) s->sumsq += lo;
+    if (s->winsum) s->winsum += lo;
+    if (s->bincount) s->bincount += lo;
+    if (s->lastrow) {
+        if (s->flags & EKV_STAT_LASTROW) memset(h->lastrow, 0, (size_t)lo * sizeof *h->lastrow);
+        s->lastrow += lo;
+    }
+}
+
+/* probs: [R][len] scratch followed by the row buffer [EKV_ATTN_ROWS][head_dim]. */
 static void attend_head(struct attend_task *t, int hk, float *probs) {
     const struct ekv_kv *kv = t->kv;
     struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
@@ -78,12 +107,27 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
         .sparse_total = &sparse_total,
         .sparsity_p = t->sparsity_p,
     };
+    const struct ekv_kv_view kview = ekv_store_view(&kv->fk, &h->ks, h->len);
+    const struct ekv_kv_view vview = ekv_store_view(&kv->fv, &h->vs, h->len);
+    float *rowbuf = probs + (size_t)R * (size_t)(h->len ? h->len : 1);
     for (int32_t i = 0; i < n_new; i++) {
         const int64_t pos = t->step->pos0 + i;
         st.flags = t->row_flags | (pos >= kv->win_start ? t->win_flags : 0u);
         const size_t qoff = ((size_t)i * (size_t)kv->n_head + (size_t)hk * (size_t)R) * (size_t)d;
-        ekv_attn_row(t->q + qoff, R, d, h->k, h->v, len0 + i + 1, t->scale, t->out + qoff, probs,
-                     st.flags ? &st : NULL);
+        const int32_t n_keys = len0 + i + 1;
+        const int32_t lo = kv->swa_window > 0 ? swa_first(h, n_keys, pos - kv->swa_window + 1) : 0;
+        if (lo == 0) {
+            ekv_attn_row_kv(t->q + qoff, R, &kview, &vview, n_keys, t->scale, t->out + qoff, probs, rowbuf,
+                            st.flags ? &st : NULL);
+        } else { /* the entries before lo are outside the window: they get no attention */
+            struct ekv_attn_stats sw = st;
+            shift_stats(&sw, h, lo);
+            struct ekv_kv_view kw = kview, vw = vview;
+            kw.first = lo;
+            vw.first = lo;
+            ekv_attn_row_kv(t->q + qoff, R, &kw, &vw, n_keys - lo, t->scale, t->out + qoff, probs, rowbuf,
+                            st.flags ? &sw : NULL);
+        }
     }
     if (t->sparse) {
         t->sparse[2 * hk] = sparse_zero;
@@ -91,12 +135,14 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
     }
 }
 
-/* Attention scratch for thread ith: [R][len] probabilities. */
+/* Attention scratch for thread ith: [R][len] probabilities, then a block
+ * of decoded rows [EKV_ATTN_ROWS][head_dim]. */
 static float *probs_scratch(struct attend_task *t, int ith, int hk) {
     const struct ekv_kv *kv = t->kv;
     const int R = kv->n_head / kv->n_head_kv;
     const struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
-    return ekv_pool_scratch(t->pool, ith, (size_t)R * (size_t)(h->len ? h->len : 1) * sizeof(float));
+    const size_t n = (size_t)R * (size_t)(h->len ? h->len : 1) + (size_t)EKV_ATTN_ROWS * (size_t)kv->head_dim;
+    return ekv_pool_scratch(t->pool, ith, n * sizeof(float));
 }
 
 static void attend_worker(void *ctx, int ith, int nth) {
@@ -190,7 +236,8 @@ enum ekv_status ekv_kv_layer_policy(struct ekv_kv *kv, int il, const struct ekv_
         enum ekv_status s = kv->ops->layer(kv, il, step);
         if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s, layer %d", kv->policy_name, il);
     }
-    return EKV_OK;
+    /* storage rule last (KIVI residual), so the policy saw this forward's rows as appended */
+    return step->n_new > 0 ? ekv_kv_flush(kv, il) : EKV_OK;
 }
 
 enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, int il,

@@ -34,10 +34,8 @@ static size_t stats_entry_bytes(unsigned flags) {
     return b;
 }
 
-/* Bytes per entry of K, V, position, tag and weight. */
-static size_t base_entry_bytes(const struct ekv_kv *kv) {
-    return 2 * (size_t)kv->head_dim * sizeof(float) + sizeof(int32_t) + sizeof(uint8_t) + sizeof(float);
-}
+/* Bytes per entry of position, tag and weight (K and V live in the stores). */
+static size_t meta_entry_bytes(void) { return sizeof(int32_t) + sizeof(uint8_t) + sizeof(float); }
 
 /* Statistics arrays a head currently has. */
 static unsigned head_stat_flags(const struct ekv_kv_head *h) {
@@ -59,17 +57,30 @@ static void account_sub(struct ekv_kv *kv, uint64_t bytes) {
     kv->bytes_alloc = bytes > kv->bytes_alloc ? 0 : kv->bytes_alloc - bytes;
 }
 
-/* Reallocates every array of h to `newcap` entries. Growing fails as a
- * whole (cap unchanged; arrays already grown are merely larger); shrinking
- * cannot fail (an array that realloc cannot shrink keeps its old block). */
+/* Bytes a head has allocated: per-entry arrays up to cap, and its stores. */
+static uint64_t head_alloc(const struct ekv_kv *kv, const struct ekv_kv_head *h) {
+    return (uint64_t)h->cap * (meta_entry_bytes() + stats_entry_bytes(head_stat_flags(h))) +
+           ekv_store_alloc_bytes(&kv->fk, &h->ks) + ekv_store_alloc_bytes(&kv->fv, &h->vs);
+}
+
+/* Accounts the change of a head's allocation since `before`. */
+static void account_head(struct ekv_kv *kv, const struct ekv_kv_head *h, uint64_t before) {
+    const uint64_t now = head_alloc(kv, h);
+    if (now >= before) account_add(kv, now - before);
+    else account_sub(kv, before - now);
+}
+
+/* Reallocates every per-entry array of h (and the rows of row-type
+ * stores) to `newcap` entries. Growing fails as a whole (cap unchanged;
+ * arrays already grown are merely larger); shrinking cannot fail (an array
+ * that realloc cannot shrink keeps its old block). */
 static enum ekv_status head_set_cap(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t newcap) {
     const size_t n = (size_t)newcap ? (size_t)newcap : 1;
     const bool grow = newcap > h->cap;
-    const size_t d = (size_t)kv->head_dim;
-    size_t kv_bytes;
-    if (!ekv_mul_ok(n, d * sizeof(float), &kv_bytes) || n > SIZE_MAX / sizeof(double))
+    if (n > SIZE_MAX / sizeof(double) / 4)
         return ekv_err(EKV_ERR_OVERFLOW, "kv cache: %d entries of head_dim %d overflow", (int)newcap,
                        (int)kv->head_dim);
+    const uint64_t before = head_alloc(kv, h);
     bool failed = false;
 #define EKV_RESIZE(member, bytes, always)                   \
     do {                                                    \
@@ -79,8 +90,6 @@ static enum ekv_status head_set_cap(struct ekv_kv *kv, struct ekv_kv_head *h, in
             else if (grow) failed = true;                   \
         }                                                   \
     } while (0)
-    EKV_RESIZE(k, kv_bytes, true);
-    EKV_RESIZE(v, kv_bytes, true);
     EKV_RESIZE(pos, n * sizeof(int32_t), true);
     EKV_RESIZE(tag, n * sizeof(uint8_t), true);
     EKV_RESIZE(weight, n * sizeof(float), true);
@@ -91,12 +100,15 @@ static enum ekv_status head_set_cap(struct ekv_kv *kv, struct ekv_kv_head *h, in
     EKV_RESIZE(winsum, n * sizeof(double), false);
     EKV_RESIZE(bincount, n * sizeof(float), false);
 #undef EKV_RESIZE
-    if (failed)
-        return ekv_err(EKV_ERR_NOMEM, "kv cache: cannot grow a head to %d entries", (int)newcap);
-    const uint64_t per = base_entry_bytes(kv) + stats_entry_bytes(head_stat_flags(h));
-    if (grow) account_add(kv, (uint64_t)(newcap - h->cap) * per);
-    else account_sub(kv, (uint64_t)(h->cap - newcap) * per);
+    enum ekv_status s = EKV_OK;
+    if (!ekv_kv_type_is_kivi(kv->fk.type)) s = ekv_store_set_rows(&kv->fk, &h->ks, newcap);
+    if (s == EKV_OK && !ekv_kv_type_is_kivi(kv->fv.type)) s = ekv_store_set_rows(&kv->fv, &h->vs, newcap);
+    if (failed || s != EKV_OK) {
+        account_head(kv, h, before);
+        return s != EKV_OK ? s : ekv_err(EKV_ERR_NOMEM, "kv cache: cannot grow a head to %d entries", (int)newcap);
+    }
     h->cap = newcap;
+    account_head(kv, h, before);
     return EKV_OK;
 }
 
@@ -106,11 +118,15 @@ static void head_maybe_shrink(struct ekv_kv *kv, struct ekv_kv_head *h) {
         int32_t newcap = h->len + h->len / 4 + 16;
         (void)head_set_cap(kv, h, newcap); /* shrinking cannot fail */
     }
+    const uint64_t before = head_alloc(kv, h);
+    ekv_store_shrink(&kv->fk, &h->ks, h->len);
+    ekv_store_shrink(&kv->fv, &h->vs, h->len);
+    account_head(kv, h, before);
 }
 
 static void head_free(struct ekv_kv_head *h) {
-    free(h->k);
-    free(h->v);
+    ekv_store_free(&h->ks);
+    ekv_store_free(&h->vs);
     free(h->pos);
     free(h->tag);
     free(h->weight);
@@ -138,6 +154,36 @@ void ekv_kv_free(struct ekv_kv *kv) {
 }
 
 static bool int_param_ok(int32_t v) { return v >= -1; }
+
+/* Resolves the storage types and KIVI parameters of p (defaults filled in
+ * place) into the two stores' formats. */
+static enum ekv_status resolve_storage(struct ekv_kv_params *p, int32_t head_dim, struct ekv_store_fmt *fk,
+                                       struct ekv_store_fmt *fv) {
+    for (int side = 0; side < 2; side++) {
+        enum ekv_kv_type *t = side ? &p->type_v : &p->type_k;
+        if (*t == EKV_KV_DEFAULT) *t = ekv_kv_type_default();
+        if (!ekv_kv_traits(*t))
+            return ekv_err(EKV_ERR_INVALID_ARG, "kv %s type %d is not a storage type", side ? "value" : "key", (int)*t);
+    }
+    if (p->kv_group <= 0) p->kv_group = 32;
+    if (p->kv_residual == -1) p->kv_residual = 128;
+    if (p->kv_group > 1024) return ekv_err(EKV_ERR_INVALID_ARG, "kv group %d out of range [1, 1024]", (int)p->kv_group);
+    if (p->kv_residual < 0)
+        return ekv_err(EKV_ERR_INVALID_ARG, "kv residual %d must be >= 0 (-1 = default 128)", (int)p->kv_residual);
+    const bool kivi = ekv_kv_type_is_kivi(p->type_k) || ekv_kv_type_is_kivi(p->type_v);
+    if (kivi && p->kv_residual % p->kv_group != 0)
+        return ekv_err(EKV_ERR_INVALID_ARG, "kv residual %d must be a multiple of the kv group %d (KIVI)",
+                       (int)p->kv_residual, (int)p->kv_group);
+    const char *why = ekv_store_fmt_init(fk, p->type_k, false, head_dim, p->kv_group, p->kv_residual);
+    if (why)
+        return ekv_err(EKV_ERR_INVALID_ARG, "kv key type %s with head_dim %d, group %d: %s", ekv_kv_type_name(p->type_k),
+                       (int)head_dim, (int)p->kv_group, why);
+    why = ekv_store_fmt_init(fv, p->type_v, true, head_dim, p->kv_group, p->kv_residual);
+    if (why)
+        return ekv_err(EKV_ERR_INVALID_ARG, "kv value type %s with head_dim %d, group %d: %s",
+                       ekv_kv_type_name(p->type_v), (int)head_dim, (int)p->kv_group, why);
+    return EKV_OK;
+}
 static bool real_param_ok(double v) { return isnan(v) || isfinite(v); }
 
 enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
@@ -181,6 +227,13 @@ enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, i
     if (!real_param_ok(p.beta)) return ekv_err(EKV_ERR_INVALID_ARG, "kv beta must be finite (NaN = default)");
     if (!real_param_ok(p.sparsity_p)) return ekv_err(EKV_ERR_INVALID_ARG, "kv sparsity_p must be finite (NaN = default)");
     if (!real_param_ok(p.recent_ratio)) return ekv_err(EKV_ERR_INVALID_ARG, "kv recent_ratio must be finite (NaN = default)");
+    struct ekv_store_fmt fk, fv;
+    enum ekv_status ts = resolve_storage(&p, head_dim, &fk, &fv);
+    if (ts != EKV_OK) return ts;
+    if (p.compat_ref && !ops->has_compat_ref)
+        return ekv_err(EKV_ERR_INVALID_ARG,
+                       "kv policy %s has no reference-compatibility mode (--kv-compat ref applies to elastic only)",
+                       ops->name);
 
     struct ekv_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return ekv_err(EKV_ERR_NOMEM, "kv cache: out of memory");
@@ -189,9 +242,12 @@ enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, i
     kv->n_head_kv = n_head_kv;
     kv->head_dim = head_dim;
     kv->win_start = INT64_MAX;
+    kv->fk = fk;
+    kv->fv = fv;
     snprintf(kv->policy_name, sizeof kv->policy_name, "%s", ops->name);
     p.policy = kv->policy_name;
     kv->params = p;
+    kv->stats = ops->stats;
     kv->layers = calloc((size_t)n_layer, sizeof *kv->layers);
     if (!kv->layers) {
         free(kv);
@@ -229,12 +285,18 @@ enum ekv_status ekv_kv_reserve(struct ekv_kv *kv, int il, int32_t extra) {
         if (need > INT32_MAX)
             return ekv_err(EKV_ERR_OVERFLOW, "kv cache: layer %d head %d would exceed %d entries", il, hk,
                            (int)INT32_MAX);
-        if (need <= h->cap) continue;
-        int64_t newcap = (int64_t)h->cap + h->cap / 2;
-        if (newcap < need) newcap = need;
-        if (newcap < 16) newcap = 16;
-        if (newcap > INT32_MAX) newcap = INT32_MAX;
-        enum ekv_status s = head_set_cap(kv, h, (int32_t)newcap);
+        if (need > h->cap) {
+            int64_t newcap = (int64_t)h->cap + h->cap / 2;
+            if (newcap < need) newcap = need;
+            if (newcap < 16) newcap = 16;
+            if (newcap > INT32_MAX) newcap = INT32_MAX;
+            enum ekv_status s = head_set_cap(kv, h, (int32_t)newcap);
+            if (s != EKV_OK) return s;
+        }
+        const uint64_t before = head_alloc(kv, h);
+        enum ekv_status s = ekv_store_reserve(&kv->fk, &h->ks, h->len, extra);
+        if (s == EKV_OK) s = ekv_store_reserve(&kv->fv, &h->vs, h->len, extra);
+        account_head(kv, h, before);
         if (s != EKV_OK) return s;
     }
     return EKV_OK;
@@ -291,10 +353,11 @@ enum ekv_status ekv_kv_ensure_stats(struct ekv_kv *kv) {
 void ekv_kv_head_append(struct ekv_kv *kv, struct ekv_kv_head *h, const float *k, const float *v,
                         int32_t pos, uint8_t tag) {
     if (h->len >= h->cap) return; /* caller did not reserve: nothing is written */
-    const size_t d = (size_t)kv->head_dim;
+    if (ekv_kv_type_is_kivi(kv->fk.type) && h->len - h->ks.nq >= h->ks.tail_cap) return;
+    if (ekv_kv_type_is_kivi(kv->fv.type) && h->len - h->vs.nq >= h->vs.tail_cap) return;
     const size_t j = (size_t)h->len;
-    memcpy(h->k + j * d, k, d * sizeof(float));
-    memcpy(h->v + j * d, v, d * sizeof(float));
+    ekv_store_append(&kv->fk, &h->ks, h->len, k);
+    ekv_store_append(&kv->fv, &h->vs, h->len, v);
     h->pos[j] = pos;
     h->tag[j] = tag;
     h->weight[j] = 1.0f;
@@ -307,11 +370,8 @@ void ekv_kv_head_append(struct ekv_kv *kv, struct ekv_kv_head *h, const float *k
     h->len++;
 }
 
-/* Moves entry src to slot dst (dst < src) in every array. */
-static void head_move(const struct ekv_kv *kv, struct ekv_kv_head *h, int32_t dst, int32_t src) {
-    const size_t d = (size_t)kv->head_dim;
-    memcpy(h->k + (size_t)dst * d, h->k + (size_t)src * d, d * sizeof(float));
-    memcpy(h->v + (size_t)dst * d, h->v + (size_t)src * d, d * sizeof(float));
+/* Moves entry src to slot dst (dst < src) in every per-entry array. */
+static void head_move(struct ekv_kv_head *h, int32_t dst, int32_t src) {
     h->pos[dst] = h->pos[src];
     h->tag[dst] = h->tag[src];
     h->weight[dst] = h->weight[src];
@@ -323,15 +383,25 @@ static void head_move(const struct ekv_kv *kv, struct ekv_kv_head *h, int32_t ds
     if (h->bincount) h->bincount[dst] = h->bincount[src];
 }
 
-/* Packs the entries with keep[j] != 0 to the front; no accounting. */
-static void head_compact(const struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep) {
+/* Packs the entries with keep[j] != 0 to the front, K and V in their
+ * storage included; kept entries j with k_of[j] / v_of[j] (arrays may be
+ * NULL) get those rows (one quantisation per KIVI key group). The
+ * per-entry arrays always compact; a store that cannot (no memory to
+ * re-pack KIVI key groups) reports it. */
+static enum ekv_status head_compact(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep,
+                                    const float *const *k_of, const float *const *v_of) {
+    const uint64_t before = head_alloc(kv, h);
+    enum ekv_status s = ekv_store_compact(&kv->fk, &h->ks, h->len, keep, k_of);
+    enum ekv_status s2 = ekv_store_compact(&kv->fv, &h->vs, h->len, keep, v_of);
+    account_head(kv, h, before);
     int32_t w = 0;
     for (int32_t j = 0; j < h->len; j++) {
         if (!keep[j]) continue;
-        if (w != j) head_move(kv, h, w, j);
+        if (w != j) head_move(h, w, j);
         w++;
     }
     h->len = w;
+    return s != EKV_OK ? s : s2;
 }
 
 enum ekv_status ekv_kv_head_keep(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep) {
@@ -339,10 +409,10 @@ enum ekv_status ekv_kv_head_keep(struct ekv_kv *kv, struct ekv_kv_head *h, const
     double dropped = 0.0;
     for (int32_t j = 0; j < h->len; j++)
         if (!keep[j]) dropped += h->weight[j];
-    head_compact(kv, h, keep);
+    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL);
     h->n_evicted += (int64_t)llround(dropped);
     head_maybe_shrink(kv, h);
-    return EKV_OK;
+    return s;
 }
 
 enum ekv_status ekv_kv_head_keep_idx(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *idx,
@@ -360,14 +430,15 @@ enum ekv_status ekv_kv_head_keep_idx(struct ekv_kv *kv, struct ekv_kv_head *h, c
     }
     double total = 0.0, kept = 0.0;
     for (int32_t j = 0; j < h->len; j++) total += h->weight[j];
-    for (int32_t t = 0; t < n; t++) {
-        kept += h->weight[idx[t]];
-        if (idx[t] != t) head_move(kv, h, t, idx[t]);
-    }
-    h->len = n;
+    for (int32_t t = 0; t < n; t++) kept += h->weight[idx[t]];
+    uint8_t *keep = calloc((size_t)(h->len ? h->len : 1), 1);
+    if (!keep) return ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_keep_idx: out of memory for %d entries", (int)h->len);
+    for (int32_t t = 0; t < n; t++) keep[idx[t]] = 1;
+    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL);
+    free(keep);
     h->n_evicted += (int64_t)llround(total - kept);
     head_maybe_shrink(kv, h);
-    return EKV_OK;
+    return s;
 }
 
 /* ---- entry access ---- */
@@ -381,19 +452,15 @@ static enum ekv_status check_entry(const struct ekv_kv *kv, const struct ekv_kv_
 
 /* Row j of one side (K when is_v is false) as floats; j is valid. */
 static void row_read(const struct ekv_kv *kv, const struct ekv_kv_head *h, bool is_v, int32_t j, float *dst) {
-    const size_t d = (size_t)kv->head_dim;
-    memcpy(dst, (is_v ? h->v : h->k) + (size_t)j * d, d * sizeof(float));
+    if (is_v) ekv_store_read(&kv->fv, &h->vs, h->len, j, j + 1, dst);
+    else ekv_store_read(&kv->fk, &h->ks, h->len, j, j + 1, dst);
 }
 
 /* Writes rows idx[t] (distinct, valid) of one side from src [n][head_dim]. */
-static void rows_write(const struct ekv_kv *kv, struct ekv_kv_head *h, bool is_v, const int32_t *idx, int32_t n,
-                       const float *src) {
-    const size_t d = (size_t)kv->head_dim;
-    float *base = is_v ? h->v : h->k;
-    for (int32_t t = 0; t < n; t++) {
-        const int32_t j = idx ? idx[t] : t;
-        memcpy(base + (size_t)j * d, src + (size_t)t * d, d * sizeof(float));
-    }
+static enum ekv_status rows_write(const struct ekv_kv *kv, struct ekv_kv_head *h, bool is_v, const int32_t *idx,
+                                  int32_t n, const float *src) {
+    if (is_v) return ekv_store_write(&kv->fv, &h->vs, h->len, idx, n, src);
+    return ekv_store_write(&kv->fk, &h->ks, h->len, idx, n, src);
 }
 
 enum ekv_status ekv_kv_head_get(const struct ekv_kv *kv, const struct ekv_kv_head *h, int32_t j, float *k,
@@ -436,18 +503,18 @@ enum ekv_status ekv_kv_head_scatter(struct ekv_kv *kv, struct ekv_kv_head *h, co
     }
     free(seen);
     if (s != EKV_OK) return s;
-    if (k) rows_write(kv, h, false, idx, n, k);
-    if (v) rows_write(kv, h, true, idx, n, v);
-    return EKV_OK;
+    if (k) s = rows_write(kv, h, false, idx, n, k);
+    if (v && s == EKV_OK) s = rows_write(kv, h, true, idx, n, v);
+    return s;
 }
 
 enum ekv_status ekv_kv_head_set(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t j, const float *k,
                                 const float *v) {
     enum ekv_status s = check_entry(kv, h, j, "ekv_kv_head_set");
     if (s != EKV_OK) return s;
-    if (k) rows_write(kv, h, false, &j, 1, k);
-    if (v) rows_write(kv, h, true, &j, 1, v);
-    return EKV_OK;
+    if (k) s = rows_write(kv, h, false, &j, 1, k);
+    if (v && s == EKV_OK) s = rows_write(kv, h, true, &j, 1, v);
+    return s;
 }
 
 /* ---- merging ---- */
@@ -514,15 +581,17 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
     }
     double *acc = NULL;   /* [n_targets][d]: weighted sums of one side */
     double *wsum = NULL;  /* [n_targets] */
-    float *rows = NULL;   /* [n_targets][d] new rows of one side, then scratch row [d] */
+    float *rows = NULL;   /* [2][n_targets][d] new K rows, new V rows, then a scratch row [d] */
     int32_t *tidx = NULL; /* [n_targets] survivor index of each slot */
+    const float **row_of = NULL; /* [2][len] new row of each survivor (K, V) or NULL */
     enum ekv_status s = EKV_OK;
     if (n_targets > 0) {
         acc = malloc((size_t)n_targets * d * sizeof *acc);
         wsum = calloc((size_t)n_targets, sizeof *wsum);
-        rows = malloc(((size_t)n_targets + 1) * d * sizeof *rows);
+        rows = malloc((2 * (size_t)n_targets + 1) * d * sizeof *rows);
         tidx = malloc((size_t)n_targets * sizeof *tidx);
-        if (!acc || !wsum || !rows || !tidx) {
+        row_of = calloc(2 * nl, sizeof *row_of);
+        if (!acc || !wsum || !rows || !tidx || !row_of) {
             s = ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_merge: out of memory for %d merge targets", (int)n_targets);
             goto out;
         }
@@ -550,27 +619,28 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
         if (h->winsum) h->winsum[t] += h->winsum[j];
         if (h->bincount) h->bincount[t] += h->bincount[j];
     }
-    /* new K rows, then new V rows, of every receiving survivor (all members
-     * are read before anything of that side is written) */
+    /* new K rows, then new V rows, of every receiving survivor; the
+     * compaction writes them (members are read before anything changes) */
     for (int side = 0; side < 2 && n_targets > 0; side++) {
         const bool is_v = side == 1;
         const float *given = is_v ? v_set : k_set;
+        float *out_rows = rows + (size_t)side * (size_t)n_targets * d;
         if (given) {
             for (int32_t a = 0; a < n_targets; a++)
-                memcpy(rows + (size_t)a * d, given + (size_t)tidx[a] * d, d * sizeof(float));
+                memcpy(out_rows + (size_t)a * d, given + (size_t)tidx[a] * d, d * sizeof(float));
         } else {
             memset(acc, 0, (size_t)n_targets * d * sizeof *acc);
-            merge_accumulate(kv, h, is_v, into, slot, acc, rows + (size_t)n_targets * d);
+            merge_accumulate(kv, h, is_v, into, slot, acc, rows + 2 * (size_t)n_targets * d);
             for (int32_t a = 0; a < n_targets; a++)
-                for (size_t c = 0; c < d; c++) rows[(size_t)a * d + c] = (float)(acc[(size_t)a * d + c] / wsum[a]);
+                for (size_t c = 0; c < d; c++) out_rows[(size_t)a * d + c] = (float)(acc[(size_t)a * d + c] / wsum[a]);
         }
-        rows_write(kv, h, is_v, tidx, n_targets, rows);
+        for (int32_t a = 0; a < n_targets; a++) row_of[(size_t)side * nl + (size_t)tidx[a]] = out_rows + (size_t)a * d;
     }
     for (int32_t j = 0; j < len; j++) {
         keep[j] = (into[j] == j);
         if (keep[j] && slot[j] >= 0) h->weight[j] = (float)wsum[slot[j]];
     }
-    head_compact(kv, h, keep);
+    s = head_compact(kv, h, keep, row_of, row_of ? row_of + nl : NULL);
     h->n_merged += (int64_t)llround(merged);
     h->n_evicted += (int64_t)llround(dropped);
     head_maybe_shrink(kv, h);
@@ -581,6 +651,7 @@ out:
     free(wsum);
     free(rows);
     free(tidx);
+    free(row_of);
     return s;
 }
 
@@ -610,19 +681,81 @@ void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which) {
     }
 }
 
+int64_t ekv_kv_budget_tokens(const struct ekv_kv *kv) {
+    if (!kv) return 1;
+    /* the -1e-9 keeps budget * n_seen that is an integer up to rounding
+     * (budget 1.0 in particular) from rounding up */
+    const double c = ceil(kv->params.budget * (double)kv->n_seen - 1e-9);
+    int64_t t = c > (double)INT64_MAX / 2 ? INT64_MAX / 2 : (int64_t)c;
+    if (kv->params.max_tokens > 0 && kv->params.max_tokens < t) t = kv->params.max_tokens;
+    return t < 1 ? 1 : t;
+}
+
+double ekv_kv_budget_frac(const struct ekv_kv *kv) {
+    if (!kv) return 1.0;
+    double a = kv->params.budget;
+    if (kv->params.max_tokens > 0 && kv->n_seen > 0 && (double)kv->params.max_tokens < a * (double)kv->n_seen)
+        a = (double)kv->params.max_tokens / (double)kv->n_seen;
+    return a;
+}
+
 int32_t ekv_kv_target(const struct ekv_kv *kv, int il) {
     if (!kv || il < 0 || il >= kv->n_layer) return 1;
     const struct ekv_kv_layer *L = &kv->layers[il];
     int64_t t = 0;
     for (int hk = 0; hk < kv->n_head_kv; hk++)
         if (L->heads[hk].len > t) t = L->heads[hk].len;
-    /* the -1e-9 keeps budget * n_seen that is an integer up to rounding
-     * (budget 1.0 in particular) from rounding up */
     /* a per-layer budget set by the policy (PyramidKV, VL-Cache) replaces
-     * the uniform ceil(budget * n_seen): lower layers may keep more */
-    const double c = L->budget >= 0 ? (double)L->budget : ceil(kv->params.budget * (double)kv->n_seen - 1e-9);
-    if (c < (double)t) t = (int64_t)c;
-    if (kv->params.max_tokens > 0 && kv->params.max_tokens < t) t = kv->params.max_tokens;
+     * the uniform cap: lower layers may keep more */
+    int64_t c = ekv_kv_budget_tokens(kv);
+    if (L->budget >= 0) {
+        c = L->budget;
+        if (kv->params.max_tokens > 0 && kv->params.max_tokens < c) c = kv->params.max_tokens;
+    }
+    if (c < t) t = c;
     if (t < 1) t = 1;
     return (int32_t)t;
+}
+
+enum ekv_status ekv_kv_flush(struct ekv_kv *kv, int il) {
+    if (!kv || il < 0 || il >= kv->n_layer) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_flush: layer %d out of range", il);
+    if (!ekv_kv_type_is_kivi(kv->fk.type) && !ekv_kv_type_is_kivi(kv->fv.type)) return EKV_OK;
+    for (int hk = 0; hk < kv->n_head_kv; hk++) {
+        struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+        const uint64_t before = head_alloc(kv, h);
+        enum ekv_status s = ekv_store_flush(&kv->fk, &h->ks, h->len);
+        if (s == EKV_OK) s = ekv_store_flush(&kv->fv, &h->vs, h->len);
+        if (s == EKV_OK) {
+            ekv_store_shrink(&kv->fk, &h->ks, h->len);
+            ekv_store_shrink(&kv->fv, &h->vs, h->len);
+        }
+        account_head(kv, h, before);
+        if (s != EKV_OK) return ekv_err_prefix(s, "kv layer %d head %d", il, hk);
+    }
+    return EKV_OK;
+}
+
+uint64_t ekv_kv_bytes(const struct ekv_kv *kv) {
+    uint64_t b = 0;
+    for (int il = 0; il < kv->n_layer; il++)
+        for (int hk = 0; hk < kv->n_head_kv; hk++) {
+            const struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+            b += ekv_store_used_bytes(&kv->fk, &h->ks, h->len) + ekv_store_used_bytes(&kv->fv, &h->vs, h->len);
+        }
+    return b;
+}
+
+uint64_t ekv_kv_bytes_full(const struct ekv_kv *kv, int64_t n) {
+    const uint64_t per = ekv_store_full_bytes(&kv->fk, n) + ekv_store_full_bytes(&kv->fv, n);
+    return per * (uint64_t)kv->n_layer * (uint64_t)kv->n_head_kv;
+}
+
+int32_t ekv_kv_prompt_chunk(const struct ekv_kv *kv) {
+    return kv && kv->params.chunk > 0 ? kv->params.chunk : 0;
+}
+
+int64_t ekv_kv_rope_pos(const struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    if (!kv || !step) return 0;
+    if (kv->ops && kv->ops->rope_pos) return kv->ops->rope_pos(kv, step);
+    return step->pos0;
 }

@@ -16,9 +16,10 @@
  *
  * Budget (§10.2), per layer after its attention, with T the layer's entries,
  * n = kv->n_seen and b = params.budget (fraction kept, = 1 - r):
- *   f = trunc(T - n*b) in double precision (truncation toward zero).
- *   With max_tokens > 0, f is raised to T - max_tokens if that is larger.
- *   [CHOICE]
+ *   f = T - ekv_kv_target = T - min(T, ceil(n*b - 1e-9), max_tokens when
+ *   > 0), i.e. trunc(T - n*b) up to floating-point rounding (ekv's one
+ *   budget rule). The reference mode keeps kv_cache.py's own double
+ *   arithmetic, f = trunc(T - n*b). [CHOICE]
  *
  * Paper-faithful mode (default):
  *   Prompt's last chunk, f > 1 — merge (§10.3): N = T - f entries remain.
@@ -66,8 +67,8 @@
  *     asserts) deletes f times at P. [CHOICE]
  *   - merge weights and counters stay honest (tokens represented), even
  *     though the averaged values are the reference's.
- *   The reference's RoPE positions of new tokens (§0.6) are the engine's
- *   business, not the policy's.
+ *   - new tokens are rotated at the compressed cache length, not their
+ *     true position (§0.6): ops->rope_pos, which the forward asks for.
  */
 #include <limits.h>
 #include <math.h>
@@ -399,14 +400,15 @@ static enum ekv_status elastic_layer(struct ekv_kv *kv, int il, const struct ekv
                            (int)T, (int)ly->heads[hh].len);
     if (T <= 0) return EKV_OK;
 
-    double fd = trunc((double)T - (double)kv->n_seen * kv->params.budget);
-    if (kv->params.max_tokens > 0 && (double)T - (double)kv->params.max_tokens > fd)
-        fd = (double)T - (double)kv->params.max_tokens;
-    if (fd > (double)T) fd = (double)T;
-    const int32_t f = fd <= 0.0 ? 0 : (int32_t)fd;
     const int32_t distance = kv->params.distance;
 
     if (kv->params.compat_ref) {
+        /* the reference's own float arithmetic: f = int(T - n * (1 - r)) */
+        double fd = trunc((double)T - (double)kv->n_seen * kv->params.budget);
+        if (kv->params.max_tokens > 0 && (double)T - (double)kv->params.max_tokens > fd)
+            fd = (double)T - (double)kv->params.max_tokens;
+        if (fd > (double)T) fd = (double)T;
+        const int32_t f = fd <= 0.0 ? 0 : (int32_t)fd;
         if (step->is_prompt && f > 1) {
             enum ekv_status st = compat_merge(kv, il, T, f);
             if (st != EKV_OK) return st;
@@ -419,6 +421,9 @@ static enum ekv_status elastic_layer(struct ekv_kv *kv, int il, const struct ekv
         return EKV_OK;
     }
 
+    /* f = T - N with N = ekv_kv_target (ceil(budget * n) capped by
+     * max_tokens) */
+    const int32_t f = T - ekv_kv_target(kv, il);
     if (step->is_prompt) {
         if (f > 1) {
             const int32_t N = T - f;
@@ -433,9 +438,17 @@ static enum ekv_status elastic_layer(struct ekv_kv *kv, int il, const struct ekv
     return f >= 1 ? paper_eliminate(kv, il, T, f) : EKV_OK;
 }
 
+/* Reference mode (§0.6): new tokens are rotated at the compressed length. */
+static int64_t elastic_rope_pos(const struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    if (!kv->params.compat_ref) return step->pos0;
+    return kv->layers[0].heads[0].len;
+}
+
 const struct ekv_policy_ops ekv_policy_elastic = {
     .name = "elastic",
     .summary = "Elastic Cache: merge prompt tokens into attention anchors, then fixed-point elimination",
+    .has_compat_ref = true,
+    .rope_pos = elastic_rope_pos,
     .configure = elastic_configure,
     .init = elastic_init,
     .destroy = elastic_destroy,

@@ -15,17 +15,6 @@
 #include "core/util.h"
 #include "kv/kv.h"
 
-static enum ekv_status h2o_init(struct ekv_kv *kv) {
-    kv->stats = EKV_STAT_COLSUM;
-    return EKV_OK;
-}
-
-static enum ekv_status h2o_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
-    (void)step;
-    kv->stats = EKV_STAT_COLSUM;
-    return EKV_OK;
-}
-
 static enum ekv_status h2o_layer(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
     (void)step;
     const int32_t target = ekv_kv_target(kv, il);
@@ -43,7 +32,6 @@ static enum ekv_status h2o_layer(struct ekv_kv *kv, int il, const struct ekv_kv_
 const struct ekv_policy_ops ekv_policy_h2o = {
     .name = "h2o",
     .summary = "H2O: keep heavy hitters by accumulated attention plus a recent window",
-    .init = h2o_init,
-    .begin = h2o_begin,
+    .stats = EKV_STAT_COLSUM,
     .layer = h2o_layer,
 };

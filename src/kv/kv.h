@@ -24,14 +24,16 @@
 #include "ekv.h"
 #include "kernels/attention.h"
 #include "kernels/kernels.h"
+#include "kv/store.h"
 
 struct ekv_kv_head {
     int32_t len;      /* entries in use */
     int32_t cap;      /* entries allocated */
-    /* storage of keys (RoPE applied) and values: private to cache.c and
-     * attend.c; everyone else goes through ekv_kv_head_get/gather/set/scatter */
-    float *k;         /* [cap][head_dim] */
-    float *v;         /* [cap][head_dim] */
+    /* storage of keys (RoPE applied) and values in kv->fk / kv->fv's types:
+     * private to cache.c, store.c and attend.c; everyone else goes through
+     * ekv_kv_head_get/gather/set/scatter */
+    struct ekv_kv_store ks;
+    struct ekv_kv_store vs;
     int32_t *pos;     /* [cap] original positions, strictly increasing */
     uint8_t *tag;     /* [cap] enum ekv_tag */
     float *weight;    /* [cap] tokens this entry stands for (1 unless merged) */
@@ -76,6 +78,13 @@ struct ekv_kv_step {
 struct ekv_policy_ops {
     const char *name;
     const char *summary;      /* one line for --help */
+    /* EKV_STAT_* flags the policy needs at every forward. ekv_kv_begin sets
+     * kv->stats to them before begin(), which may change them per step
+     * (e.g. prompt-only statistics). */
+    unsigned stats;
+    /* The policy has a reference-compatibility mode (params.compat_ref,
+     * `--kv-compat ref`); ekv_kv_new refuses compat_ref for the others. */
+    bool has_compat_ref;
     /* Fills defaults (-1/NaN fields of kv->params) and validates; optional. */
     enum ekv_status (*configure)(struct ekv_kv *kv);
     /* Allocates kv->pstate; optional. */
@@ -91,6 +100,10 @@ struct ekv_policy_ops {
      * generated token afterwards (SnapKV, PyramidKV, VL-Cache). Memory
      * projections (ekv_kv_project) need it. */
     bool prompt_only;
+    /* RoPE position of the first new token of a forward, when the policy
+     * changes it (Elastic Cache's reference mode, POLICIES.md 0.6); called
+     * before begin(). Optional: NULL = the true position step->pos0. */
+    int64_t (*rope_pos)(const struct ekv_kv *kv, const struct ekv_kv_step *step);
 };
 
 struct ekv_kv {
@@ -104,12 +117,15 @@ struct ekv_kv {
     unsigned extra_stats; /* EKV_STAT_* flags collected on top of the policy's (set by
                              evaluation code, e.g. LASTROW for cache hit rates); 0 by default */
     int64_t win_start;    /* queries at positions >= win_start feed winsum / sparsity */
+    int32_t swa_window;   /* sliding-window attention (Mistral): a query at position p sees
+                             the entries at positions > p - swa_window; 0 = all before it */
     struct ekv_kv_params params;  /* defaults resolved by configure() */
     char policy_name[32];
     const struct ekv_policy_ops *ops;
     void *pstate;         /* policy-owned */
     uint64_t bytes_alloc; /* bytes allocated for entries + statistics */
     uint64_t peak_bytes_alloc;
+    struct ekv_store_fmt fk, fv; /* storage of keys and values (params.type_k / type_v resolved) */
 };
 
 /* ---- cache (src/kv/cache.c) ---- */
@@ -186,15 +202,44 @@ enum ekv_status ekv_kv_head_set(struct ekv_kv *kv, struct ekv_kv_head *h, int32_
  * index before writing anything. */
 enum ekv_status ekv_kv_head_scatter(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *idx, int32_t n,
                                     const float *k, const float *v);
+/* Applies the storage's end-of-forward rule to every head of layer il
+ * (KIVI: quantise the residual beyond R, POLICIES.md §11); a no-op for the
+ * other types. ekv_kv_layer_forward calls it after the policy's layer(). */
+enum ekv_status ekv_kv_flush(struct ekv_kv *kv, int il);
+/* Bytes of K/V data held now (all layers and heads), in the real sizes of
+ * the storage types. */
+uint64_t ekv_kv_bytes(const struct ekv_kv *kv);
+/* Bytes of K/V data a full cache (no eviction) of n tokens would hold. */
+uint64_t ekv_kv_bytes_full(const struct ekv_kv *kv, int64_t n);
+
 /* Zeroes the statistics arrays of every head. */
 void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
 
-/* Entries to keep now for layer il: min(len, B, max_tokens when > 0), at
- * least 1, where B is the layer budget when a policy set one (>= 0) and
- * ceil(budget * n_seen - 1e-9) otherwise; len is the
- * longest head of the layer. The 1e-9 keeps budget 1.0 (and any product
- * that is an integer up to rounding) from rounding up. */
+/* The budget rule every policy uses (POLICIES.md "Budget in ekv").
+ *
+ * ekv_kv_budget_tokens: the uniform cap of entries per layer and KV head
+ * now, min(ceil(budget * n_seen - 1e-9), max_tokens when > 0), at least 1.
+ * The 1e-9 keeps budget 1.0 (and any product that is an integer up to
+ * rounding) from rounding up.
+ *
+ * ekv_kv_budget_frac: the kept fraction in effect, min(budget,
+ * max_tokens / n_seen when max_tokens > 0) (VL-Cache's alpha).
+ *
+ * ekv_kv_target: entries to keep now for layer il: min(len, B), at least 1,
+ * where len is the longest head of the layer and B the layer budget when a
+ * policy set one (kv->layers[il].budget >= 0, PyramidKV and VL-Cache; then
+ * capped by max_tokens when > 0) and ekv_kv_budget_tokens otherwise. */
+int64_t ekv_kv_budget_tokens(const struct ekv_kv *kv);
+double ekv_kv_budget_frac(const struct ekv_kv *kv);
 int32_t ekv_kv_target(const struct ekv_kv *kv, int il);
+
+/* Prompt tokens per block-wise prefill chunk (params.chunk > 0), or 0 for
+ * the whole prompt at once. The engine splits prompts with it. */
+int32_t ekv_kv_prompt_chunk(const struct ekv_kv *kv);
+
+/* RoPE position of the first new token of the coming forward: step->pos0,
+ * unless the policy moves it (ops->rope_pos). Call before ekv_kv_begin. */
+int64_t ekv_kv_rope_pos(const struct ekv_kv *kv, const struct ekv_kv_step *step);
 
 /* ---- one forward through the cache (src/kv/attend.c) ---- */
 

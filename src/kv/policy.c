@@ -78,6 +78,10 @@ struct ekv_kv_params ekv_kv_default_params(void) {
     p.recent_ratio = NAN;
     p.seed = 0;
     p.compat_ref = false;
+    p.type_k = EKV_KV_DEFAULT;
+    p.type_v = EKV_KV_DEFAULT;
+    p.kv_group = -1;
+    p.kv_residual = -1;
     return p;
 }
 

@@ -10,8 +10,9 @@
  *
  * Schedule: KVCache-Factory's integer schedule (ekv_pyramid_caps), with
  *   T = the layer's entries at the end of the prompt,
- *   C = the uniform target ekv_kv_target (ceil(budget * n_seen) capped by
- *       max_tokens; window included), as Factory's max_capacity_prompt,
+ *   C = the uniform target min(T, ekv_kv_budget_tokens) (ceil(budget *
+ *       n_seen) capped by max_tokens; window included), as Factory's
+ *       max_capacity_prompt,
  *   w = the observation window (obs_window clamped to the prompt length),
  *   beta = params.beta (default 20).
  * Layer 0 gets the largest capacity. The capacity of layer il is written to
@@ -79,10 +80,10 @@ static enum ekv_status pyramid_configure(struct ekv_kv *kv) {
 static enum ekv_status pyramid_layer(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
     if (!step->is_prompt || !step->last_chunk) return EKV_OK;
     struct ekv_kv_layer *ly = &kv->layers[il];
-    ly->budget = -1; /* the uniform target first */
-    const int32_t C = ekv_kv_target(kv, il);
     int32_t T = 0;
     for (int32_t hh = 0; hh < kv->n_head_kv; hh++) T = EKV_MAX(T, ly->heads[hh].len);
+    /* the uniform target (window included), at most the layer's entries */
+    const int32_t C = (int32_t)EKV_MIN((int64_t)T, ekv_kv_budget_tokens(kv));
     const int32_t w = (int32_t)EKV_MIN((int64_t)kv->params.obs_window, (int64_t)step->prompt_len);
 
     /* the schedule is cheap: compute it for all layers and take ours */

@@ -99,12 +99,6 @@ static enum ekv_status roco_configure(struct ekv_kv *kv) {
     return EKV_OK;
 }
 
-static enum ekv_status roco_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
-    (void)step;
-    kv->stats = EKV_STAT_COLSUM | EKV_STAT_SUMSQ;
-    return EKV_OK;
-}
-
 /* Evicts len - target entries of one head. */
 static enum ekv_status roco_head(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t target) {
     const int32_t n = h->len;
@@ -165,10 +159,8 @@ static enum ekv_status roco_layer(struct ekv_kv *kv, int il, const struct ekv_kv
 const struct ekv_policy_ops ekv_policy_roco = {
     .name = "roco",
     .summary = "RoCo: evict the lowest mean attention among the low-variance tokens (prefill chunks + decode)",
+    .stats = EKV_STAT_COLSUM | EKV_STAT_SUMSQ,
     .configure = roco_configure,
-    .init = NULL,
-    .destroy = NULL,
-    .begin = roco_begin,
     .layer = roco_layer,
     .end = NULL,
 };

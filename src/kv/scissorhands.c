@@ -15,17 +15,6 @@
 #include "core/util.h"
 #include "kv/kv.h"
 
-static enum ekv_status sh_init(struct ekv_kv *kv) {
-    kv->stats = EKV_STAT_BINCOUNT;
-    return EKV_OK;
-}
-
-static enum ekv_status sh_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
-    (void)step;
-    kv->stats = EKV_STAT_BINCOUNT;
-    return EKV_OK;
-}
-
 static enum ekv_status sh_layer(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
     (void)step;
     const int32_t target = ekv_kv_target(kv, il);
@@ -48,7 +37,6 @@ static enum ekv_status sh_layer(struct ekv_kv *kv, int il, const struct ekv_kv_s
 const struct ekv_policy_ops ekv_policy_scissorhands = {
     .name = "scissorhands",
     .summary = "ScissorHands: keep tokens most often attended above average, plus a recent window",
-    .init = sh_init,
-    .begin = sh_begin,
+    .stats = EKV_STAT_BINCOUNT,
     .layer = sh_layer,
 };

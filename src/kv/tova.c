@@ -16,17 +16,6 @@
 #include "core/util.h"
 #include "kv/kv.h"
 
-static enum ekv_status tova_init(struct ekv_kv *kv) {
-    kv->stats = EKV_STAT_LASTROW;
-    return EKV_OK;
-}
-
-static enum ekv_status tova_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
-    (void)step;
-    kv->stats = EKV_STAT_LASTROW;
-    return EKV_OK;
-}
-
 static enum ekv_status tova_layer(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
     (void)step;
     struct ekv_kv_layer *L = &kv->layers[il];
@@ -75,7 +64,6 @@ done:
 const struct ekv_policy_ops ekv_policy_tova = {
     .name = "tova",
     .summary = "TOVA: keep the tokens the latest query attends to most (all-head mean)",
-    .init = tova_init,
-    .begin = tova_begin,
+    .stats = EKV_STAT_LASTROW,
     .layer = tova_layer,
 };

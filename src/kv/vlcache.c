@@ -124,7 +124,7 @@ static enum ekv_status vlcache_head(struct ekv_kv *kv, struct ekv_kv_head *h, in
 static enum ekv_status vlcache_end(struct ekv_kv *kv, const struct ekv_kv_step *step) {
     if (!step->is_prompt || !step->last_chunk) return EKV_OK;
     const int32_t L = kv->n_layer;
-    double *gamma = malloc((size_t)L * sizeof *gamma);
+    double *gamma = calloc((size_t)(L > 0 ? L : 1), sizeof *gamma);
     double *beta = malloc((size_t)L * sizeof *beta);
     int32_t *k = malloc((size_t)L * sizeof *k);
     enum ekv_status st = EKV_OK;
@@ -137,9 +137,7 @@ static enum ekv_status vlcache_end(struct ekv_kv *kv, const struct ekv_kv_step *
         gamma[l] = ly->sparse_total > 0.0 ? ly->sparse_zero / ly->sparse_total : 0.0;
     }
     const int64_t m = kv->n_seen;
-    double alpha = kv->params.budget;
-    if (kv->params.max_tokens > 0 && m > 0 && (double)kv->params.max_tokens < alpha * (double)m)
-        alpha = (double)kv->params.max_tokens / (double)m;
+    const double alpha = ekv_kv_budget_frac(kv);
     if (alpha >= 1.0) goto out; /* keep everything: nothing to allocate */
     ekv_vlcache_alloc(gamma, L, alpha, m, beta, k);
     for (int32_t l = 0; l < L && st == EKV_OK; l++) {

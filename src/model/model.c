@@ -11,6 +11,7 @@
 
 #include "core/util.h"
 #include "model/gguf.h"
+#include "kernels/kvquant.h"
 #include "model/model.h"
 #include "model/vocab.h"
 
@@ -52,6 +53,75 @@ static enum ekv_status get_f32_key(const struct ekv_gguf_file *f, const char *ar
     return s;
 }
 
+/* <arch>.<suffix> as a string into buf; "" when absent. */
+static enum ekv_status get_str_key(const struct ekv_gguf_file *f, const char *arch, const char *suffix, char *buf,
+                                   size_t n) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    struct ekv_gguf_str v;
+    buf[0] = 0;
+    enum ekv_status s = ekv_gguf_get_str(f, key, &v);
+    if (s == EKV_ERR_NOT_FOUND) return EKV_OK;
+    if (s == EKV_OK) ekv_gguf_str_copy(v, buf, n);
+    return s;
+}
+
+/* RoPE scaling metadata as llama.cpp reads it (llama_model::load_hparams,
+ * llama_context's cparams): type (default linear, which without a factor
+ * scales nothing), factor (or the old rope.scale_linear), original
+ * context, attention factor and YaRN's betas, extrapolation mix and log
+ * multiplier. Every value is checked. */
+static enum ekv_status read_rope_scaling(struct ekv_model *m) {
+    const struct ekv_gguf_file *f = m->gguf;
+    struct ekv_model_info *in = &m->info;
+    const char *a = m->arch;
+    char type[32];
+    uint32_t orig = 0;
+    enum ekv_status s;
+    if ((s = get_str_key(f, a, "rope.scaling.type", type, sizeof type)) ||
+        (s = get_f32_key(f, a, "rope.scaling.factor", false, 0.0f, &in->rope_scale_factor)) ||
+        (s = get_u32_key(f, a, "rope.scaling.original_context_length", false, 0, &orig)) ||
+        (s = get_f32_key(f, a, "rope.scaling.attn_factor", false, 1.0f, &in->rope_attn_factor)) ||
+        (s = get_f32_key(f, a, "rope.scaling.yarn_beta_fast", false, 32.0f, &in->yarn_beta_fast)) ||
+        (s = get_f32_key(f, a, "rope.scaling.yarn_beta_slow", false, 1.0f, &in->yarn_beta_slow)) ||
+        (s = get_f32_key(f, a, "rope.scaling.yarn_ext_factor", false, -1.0f, &in->yarn_ext_factor)) ||
+        (s = get_f32_key(f, a, "rope.scaling.yarn_log_multiplier", false, 0.0f, &in->yarn_log_mul)))
+        return ekv_err_prefix(s, "%s", m->path);
+    if (in->rope_scale_factor == 0.0f &&
+        (s = get_f32_key(f, a, "rope.scale_linear", false, 0.0f, &in->rope_scale_factor)))
+        return ekv_err_prefix(s, "%s", m->path);
+    if (!isfinite(in->rope_scale_factor) || in->rope_scale_factor < 0.0f || in->rope_scale_factor > 1e6f)
+        return ekv_err(EKV_ERR_FORMAT, "%s: rope scaling factor %g out of range", m->path,
+                       (double)in->rope_scale_factor);
+    if (in->rope_scale_factor == 0.0f) in->rope_scale_factor = 1.0f; /* absent */
+    if (!(in->rope_attn_factor > 0.0f && in->rope_attn_factor < 1e3f))
+        return ekv_err(EKV_ERR_FORMAT, "%s: rope.scaling.attn_factor %g out of range", m->path,
+                       (double)in->rope_attn_factor);
+    if (!isfinite(in->yarn_beta_fast) || !isfinite(in->yarn_beta_slow) || !(in->yarn_beta_fast > 0.0f) ||
+        !(in->yarn_beta_slow > 0.0f) || !isfinite(in->yarn_ext_factor) || in->yarn_ext_factor > 1e3f ||
+        !isfinite(in->yarn_log_mul) || fabsf(in->yarn_log_mul) > 1e3f)
+        return ekv_err(EKV_ERR_FORMAT, "%s: YaRN parameters out of range (beta fast %g, slow %g, ext %g, log mul %g)",
+                       m->path, (double)in->yarn_beta_fast, (double)in->yarn_beta_slow, (double)in->yarn_ext_factor,
+                       (double)in->yarn_log_mul);
+    if (orig > (1u << 24)) return ekv_err(EKV_ERR_FORMAT, "%s: original context length %u implausible", m->path, orig);
+    in->rope_orig_ctx = (int32_t)orig; /* 0: n_ctx_train, set in ekv_model_finish */
+    if (!type[0]) in->rope_scaling = in->rope_scale_factor != 1.0f ? "linear" : "none";
+    else if (!strcmp(type, "none")) in->rope_scaling = "none";
+    else if (!strcmp(type, "linear")) in->rope_scaling = "linear";
+    else if (!strcmp(type, "yarn")) in->rope_scaling = "yarn";
+    else if (!strcmp(type, "longrope")) in->rope_scaling = "longrope";
+    else
+        return ekv_err(EKV_ERR_UNSUPPORTED, "%s: %s.rope.scaling.type '%s' is not supported (none, linear, yarn, longrope)",
+                       m->path, a, type);
+    uint32_t swa = 0;
+    if ((s = get_u32_key(f, a, "attention.sliding_window", false, 0, &swa))) return ekv_err_prefix(s, "%s", m->path);
+    in->sliding_window = swa > (1u << 30) ? (1 << 30) : (int32_t)swa;
+    return EKV_OK;
+}
+
+/* A per-dimension factor tensor: [rope_dim/2] finite positive values. */
+static enum ekv_status bind_rope_factors(struct ekv_model *m, const char *name, const float **out);
+
 static enum ekv_status bind_matrix(struct ekv_model *m, const char *name, int64_t ne0, int64_t ne1,
                                    bool optional, struct ekv_weight *w) {
     const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(m->gguf, name);
@@ -80,6 +150,95 @@ static enum ekv_status bind_matrix(struct ekv_model *m, const char *name, int64_
 }
 
 /* 1-D tensor of n elements, copied to f32. *out stays NULL if optional and absent. */
+static enum ekv_status bind_vec(struct ekv_model *m, const char *name, int64_t n, bool optional,
+                                const float **out);
+
+/* Rows [r0, r0 + n) of a bound matrix, as a matrix of its own. */
+static struct ekv_weight weight_rows(const struct ekv_weight *w, int64_t r0, int64_t n) {
+    struct ekv_weight v = *w;
+    v.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    v.ne1 = n;
+    return v;
+}
+
+/* Attention projections of layer l: attn_q/k/v, or one attn_qkv (Q rows,
+ * then K, then V) as llama.cpp's create_tensor_qkv accepts for any
+ * architecture, with a fused bias split the same way. */
+static enum ekv_status bind_qkv(struct ekv_model *m, uint32_t l, int64_t qd, int64_t kvd) {
+    struct ekv_layer_weights *L = &m->layers[l];
+    const int64_t E = m->info.n_embd;
+    char nm[96];
+    enum ekv_status s;
+    snprintf(nm, sizeof nm, "blk.%u.attn_qkv.weight", l);
+    if (ekv_gguf_find_tensor(m->gguf, nm)) {
+        struct ekv_weight qkv;
+        if ((s = bind_matrix(m, nm, E, qd + 2 * kvd, false, &qkv))) return s;
+        L->wq = weight_rows(&qkv, 0, qd);
+        L->wk = weight_rows(&qkv, qd, kvd);
+        L->wv = weight_rows(&qkv, qd + kvd, kvd);
+        const float *b = NULL;
+        snprintf(nm, sizeof nm, "blk.%u.attn_qkv.bias", l);
+        if ((s = bind_vec(m, nm, qd + 2 * kvd, true, &b))) return s;
+        if (b) {
+            L->bq = b;
+            L->bk = b + qd;
+            L->bv = b + qd + kvd;
+        }
+        m->info.fused_qkv = true;
+        return EKV_OK;
+    }
+    static const char *const part[3] = {"q", "k", "v"};
+    struct ekv_weight *w[3] = {&L->wq, &L->wk, &L->wv};
+    const float **bias[3] = {&L->bq, &L->bk, &L->bv};
+    for (int i = 0; i < 3; i++) {
+        const int64_t rows = i ? kvd : qd;
+        snprintf(nm, sizeof nm, "blk.%u.attn_%s.weight", l, part[i]);
+        if ((s = bind_matrix(m, nm, E, rows, false, w[i]))) return s;
+        snprintf(nm, sizeof nm, "blk.%u.attn_%s.bias", l, part[i]);
+        if ((s = bind_vec(m, nm, rows, true, bias[i]))) return s;
+    }
+    return EKV_OK;
+}
+
+/* Feed-forward in and gate: ffn_gate + ffn_up, or Phi-3's one ffn_up of
+ * 2 n_ff rows, gate first (ggml's swiglu takes silu of the first half). */
+static enum ekv_status bind_gate_up(struct ekv_model *m, uint32_t l) {
+    struct ekv_layer_weights *L = &m->layers[l];
+    const int64_t E = m->info.n_embd, FF = m->info.n_ff;
+    char nm[96];
+    enum ekv_status s;
+    snprintf(nm, sizeof nm, "blk.%u.ffn_gate.weight", l);
+    if (ekv_gguf_find_tensor(m->gguf, nm)) {
+        if ((s = bind_matrix(m, nm, E, FF, false, &L->w_gate))) return s;
+        snprintf(nm, sizeof nm, "blk.%u.ffn_up.weight", l);
+        return bind_matrix(m, nm, E, FF, false, &L->w_up);
+    }
+    snprintf(nm, sizeof nm, "blk.%u.ffn_up.weight", l);
+    const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(m->gguf, nm);
+    if (t && t->ne[1] == 2 * FF) {
+        struct ekv_weight gu;
+        if ((s = bind_matrix(m, nm, E, 2 * FF, false, &gu))) return s;
+        L->w_gate = weight_rows(&gu, 0, FF);
+        L->w_up = weight_rows(&gu, FF, FF);
+        m->info.fused_gate_up = true;
+        return EKV_OK;
+    }
+    snprintf(nm, sizeof nm, "blk.%u.ffn_gate.weight", l);
+    return ekv_err(EKV_ERR_FORMAT, "%s: tensor '%s' is missing (and blk.%u.ffn_up.weight does not hold gate and up: "
+                   "%lld rows, not 2 x %lld)", m->path, nm, l, t ? (long long)t->ne[1] : 0LL, (long long)FF);
+}
+
+static enum ekv_status bind_rope_factors(struct ekv_model *m, const char *name, const float **out) {
+    const int64_t n = m->info.rope_dim / 2;
+    enum ekv_status s = bind_vec(m, name, n, true, out);
+    if (s != EKV_OK || !*out) return s;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite((*out)[i]) || !((*out)[i] > 0.0f))
+            return ekv_err(EKV_ERR_FORMAT, "%s: %s[%lld] = %g: rope factors must be positive", m->path, name,
+                           (long long)i, (double)(*out)[i]);
+    return EKV_OK;
+}
+
 static enum ekv_status bind_vec(struct ekv_model *m, const char *name, int64_t n, bool optional,
                                 const float **out) {
     const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(m->gguf, name);
@@ -121,8 +280,23 @@ enum ekv_status ekv_model_finish(struct ekv_model *m) {
         return ekv_err(EKV_ERR_FORMAT, "%s: rope frequency base %g invalid", m->path,
                        (double)in->rope_freq_base);
     if (in->n_ctx_train <= 0) in->n_ctx_train = 2048;
-    in->kv_bytes_per_token =
-        (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * (uint64_t)in->head_dim * 2u * sizeof(float);
+    if (in->embd_scale == 0.0f) in->embd_scale = 1.0f;
+    if (!in->rope_scaling) { /* a loader without scaling metadata (llama2.c) */
+        in->rope_scaling = "none";
+        in->rope_scale_factor = 1.0f;
+        in->rope_attn_factor = 1.0f;
+        in->yarn_beta_fast = 32.0f;
+        in->yarn_beta_slow = 1.0f;
+        in->yarn_ext_factor = -1.0f;
+    }
+    if (in->rope_orig_ctx <= 0) in->rope_orig_ctx = in->n_ctx_train;
+    in->rope_freqs = m->rope_freqs != NULL;
+    in->rope_long_short = m->rope_long != NULL;
+    if ((m->rope_long == NULL) != (m->rope_short == NULL))
+        return ekv_err(EKV_ERR_FORMAT, "%s: rope_factors_long and rope_factors_short come together", m->path);
+    if (m->rope_long && !strcmp(in->rope_scaling, "none")) in->rope_scaling = "longrope";
+    in->kv_bytes_per_token = (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * 2u *
+                             (uint64_t)ekv_kv_row_bytes(ekv_kv_type_default(), in->head_dim, 32);
     if (ekv_vocab_n_tokens(m->vocab) > in->n_vocab)
         return ekv_err(EKV_ERR_FORMAT, "%s: tokenizer has %d tokens but the embedding only %d rows",
                        m->path, ekv_vocab_n_tokens(m->vocab), in->n_vocab);
@@ -140,10 +314,11 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
     s = ekv_gguf_get_str(f, "general.architecture", &arch);
     if (s != EKV_OK) return ekv_err_prefix(s, "%s", path);
     ekv_gguf_str_copy(arch, m->arch, sizeof m->arch);
-    bool qwen2 = !strcmp(m->arch, "qwen2");
-    if (strcmp(m->arch, "llama") && !qwen2)
+    const bool qwen2 = !strcmp(m->arch, "qwen2"), phi3 = !strcmp(m->arch, "phi3"), gemma = !strcmp(m->arch, "gemma");
+    if (strcmp(m->arch, "llama") && !qwen2 && !phi3 && !gemma)
         return ekv_err(EKV_ERR_UNSUPPORTED,
-                       "%s: architecture '%s' is not supported (supported: llama, qwen2)", path, m->arch);
+                       "%s: architecture '%s' is not supported (supported: llama (also Mistral), qwen2, phi3, gemma)",
+                       path, m->arch);
     struct ekv_gguf_str name;
     if (ekv_gguf_get_str(f, "general.name", &name) == EKV_OK) ekv_gguf_str_copy(name, m->name, sizeof m->name);
 
@@ -164,6 +339,7 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
         (s = get_f32_key(f, m->arch, "attention.layer_norm_rms_epsilon", false, 1e-5f, &in->norm_eps)) ||
         (s = get_f32_key(f, m->arch, "rope.freq_base", false, 10000.0f, &in->rope_freq_base)))
         return ekv_err_prefix(s, "%s", path);
+    if ((s = read_rope_scaling(m)) != EKV_OK) return s;
     if (key_len == 0 || key_len > 1024)
         return ekv_err(EKV_ERR_FORMAT, "%s: head size %u implausible", path, key_len);
     in->n_embd = (int32_t)n_embd;
@@ -174,7 +350,9 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
     in->n_ff = (int32_t)n_ff;
     in->n_ctx_train = (int32_t)n_ctx;
     in->rope_dim = (int32_t)rope_dim;
-    in->rope_neox = qwen2;
+    in->rope_neox = qwen2 || phi3 || gemma; /* llama.cpp's LLAMA_ROPE_TYPE_NEOX for these */
+    in->ffn_gelu = gemma;
+    in->embd_scale = gemma ? sqrtf((float)n_embd) : 1.0f;
 
     const struct ekv_gguf_tensor *te = ekv_gguf_find_tensor(f, "token_embd.weight");
     if (!te) return ekv_err(EKV_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", path);
@@ -187,7 +365,7 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
 
     /* one f32 pool for all vectors: norms and biases */
     size_t qd = (size_t)n_head * key_len, kvd = (size_t)n_head_kv * key_len;
-    m->vecs_len = (size_t)n_embd * (1 + 2 * (size_t)n_layer) + (size_t)n_layer * (qd + 2 * kvd);
+    m->vecs_len = (size_t)n_embd * (1 + 2 * (size_t)n_layer) + (size_t)n_layer * (qd + 2 * kvd) + 3 * (size_t)rope_dim;
     m->vecs = malloc(m->vecs_len * sizeof(float));
     m->layers = calloc(n_layer, sizeof *m->layers);
     if (!m->vecs || !m->layers) return ekv_err(EKV_ERR_NOMEM, "%s: out of memory for weights", path);
@@ -200,6 +378,12 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
         m->output = m->tok_embd;
         in->tied_output = true;
     }
+    if (rope_dim == 0 || rope_dim > key_len || rope_dim % 2)
+        return ekv_err(EKV_ERR_FORMAT, "%s: rope dimension %u invalid for head size %u", path, rope_dim, key_len);
+    if ((s = bind_rope_factors(m, "rope_freqs.weight", &m->rope_freqs)) ||
+        (s = bind_rope_factors(m, "rope_factors_long.weight", &m->rope_long)) ||
+        (s = bind_rope_factors(m, "rope_factors_short.weight", &m->rope_short)))
+        return s;
     for (uint32_t l = 0; l < n_layer; l++) {
         struct ekv_layer_weights *L = &m->layers[l];
         char nm[96];
@@ -208,14 +392,10 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
 #define BINDV(field, suffix, kind, n, opt) \
     (snprintf(nm, sizeof nm, "blk.%u." suffix "." kind, l), bind_vec(m, nm, n, opt, &L->field))
         if ((s = BINDV(attn_norm, "attn_norm", "weight", n_embd, false)) ||
-            (s = BINDM(wq, "attn_q", n_embd, (int64_t)qd)) || (s = BINDM(wk, "attn_k", n_embd, (int64_t)kvd)) ||
-            (s = BINDM(wv, "attn_v", n_embd, (int64_t)kvd)) ||
+            (s = bind_qkv(m, l, (int64_t)qd, (int64_t)kvd)) ||
             (s = BINDM(wo, "attn_output", (int64_t)qd, n_embd)) ||
-            (s = BINDV(bq, "attn_q", "bias", (int64_t)qd, true)) ||
-            (s = BINDV(bk, "attn_k", "bias", (int64_t)kvd, true)) ||
-            (s = BINDV(bv, "attn_v", "bias", (int64_t)kvd, true)) ||
             (s = BINDV(ffn_norm, "ffn_norm", "weight", n_embd, false)) ||
-            (s = BINDM(w_gate, "ffn_gate", n_embd, n_ff)) || (s = BINDM(w_up, "ffn_up", n_embd, n_ff)) ||
+            (s = bind_gate_up(m, l)) ||
             (s = BINDM(w_down, "ffn_down", n_ff, n_embd)))
             return s;
 #undef BINDM
@@ -251,6 +431,34 @@ static enum ekv_status repack_weights(struct ekv_model *m) {
     enum ekv_status s = ekv_weights_repack_mapped(ws, n, &m->repacked);
     free(ws);
     return s;
+}
+
+void ekv_model_rope_params(const struct ekv_model *m, int32_t n_ctx, struct ekv_rope_params *p) {
+    const struct ekv_model_info *in = &m->info;
+    const bool none = !strcmp(in->rope_scaling, "none"), yarn = !strcmp(in->rope_scaling, "yarn");
+    memset(p, 0, sizeof *p);
+    p->dim = in->rope_dim;
+    p->neox = in->rope_neox;
+    p->freq_base = in->rope_freq_base;
+    p->freq_scale = none ? 1.0 : 1.0 / (double)in->rope_scale_factor;
+    p->ext_factor = in->yarn_ext_factor >= 0.0f ? in->yarn_ext_factor : (yarn ? 1.0 : 0.0);
+    p->attn_factor = 1.0;
+    if (p->ext_factor != 0.0) {
+        /* llama.cpp: yarn_attn_factor = mscale(f) [/ mscale(f, log_mul)] / (1 + 0.1 ln f),
+         * the kernel then multiplies by 1 + 0.1 ln f again */
+        const double fct = 1.0 / p->freq_scale;
+        double ms = fct <= 1.0 ? 1.0 : 0.1 * log(fct) + 1.0;
+        if (in->yarn_log_mul != 0.0f) ms /= fct <= 1.0 ? 1.0 : 0.1 * in->yarn_log_mul * log(fct) + 1.0;
+        p->attn_factor = ms / (1.0 + 0.1 * log(fct));
+    }
+    p->attn_factor *= in->rope_attn_factor;
+    double cd[2];
+    ekv_rope_yarn_corr_dims(p->dim, in->rope_orig_ctx, p->freq_base, in->yarn_beta_fast, in->yarn_beta_slow, cd);
+    p->corr_lo = cd[0];
+    p->corr_hi = cd[1];
+    p->freq_factors = m->rope_freqs ? m->rope_freqs
+                      : m->rope_long ? (n_ctx > in->rope_orig_ctx ? m->rope_long : m->rope_short)
+                                     : NULL;
 }
 
 /* ---- public API ---- */

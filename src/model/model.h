@@ -27,6 +27,9 @@ struct ekv_layer_weights {
     const float *ffn_norm;   /* [n_embd] */
     struct ekv_weight w_gate;/* ne0 = n_embd, ne1 = n_ff */
     struct ekv_weight w_up;  /* ne0 = n_embd, ne1 = n_ff */
+    /* Fused tensors (Phi-3's attn_qkv [n_embd, QD + 2 KVD], ffn_up
+     * [n_embd, 2 n_ff]) are bound as row views: wq/wk/wv and w_gate/w_up
+     * point into the one tensor, so the forward is the same for both. */
     struct ekv_weight w_down;/* ne0 = n_ff,   ne1 = n_embd */
 };
 
@@ -46,6 +49,9 @@ struct ekv_model {
     struct ekv_weight output;    /* ne0 = n_embd, ne1 = n_vocab (= tok_embd when tied) */
     const float *output_norm;    /* [n_embd] */
     struct ekv_layer_weights *layers; /* [n_layer] */
+    const float *rope_freqs;     /* [rope_dim/2] Llama 3's per-dimension factors, or NULL */
+    const float *rope_long;      /* [rope_dim/2] longrope factors past rope_orig_ctx, or NULL */
+    const float *rope_short;     /* [rope_dim/2] longrope factors within it, or NULL */
 
     struct ekv_repack_arena repacked; /* Q8_0/Q4_0 matrices in the X16 layout (owned) */
     float *vecs;                 /* owned f32 copies of all 1-D tensors (norms, biases) */
@@ -63,6 +69,12 @@ void ekv_llama2c_unmap(void *map, size_t size);
 
 /* Shared by the loaders: validate hyper-parameters, compute derived info. */
 enum ekv_status ekv_model_finish(struct ekv_model *m);
+
+/* The RoPE of this model for a context of n_ctx positions (which picks
+ * longrope's long or short factors, as llama.cpp does): frequencies,
+ * scaling and YaRN's attention factor as llama.cpp computes them
+ * (llama_context's yarn_attn_factor, ggml_rope_ext). */
+void ekv_model_rope_params(const struct ekv_model *m, int32_t n_ctx, struct ekv_rope_params *p);
 
 /* Takes n floats from m->vecs (allocated by the loader). */
 float *ekv_model_take_vec(struct ekv_model *m, size_t n);

@@ -211,6 +211,46 @@ static enum ekv_status get_f32x3(struct ekv_clip *c, const char *key, float v[3]
     return EKV_OK;
 }
 
+/* LLaVA-1.6's grid pinpoints (pairs of width, height, multiples of the
+ * image size). A tower that says it unpads patches spatially (LLaVA-1.6's
+ * mm_patch_merge_type) without pinpoints cannot be run right: refused with
+ * the missing key named. */
+static enum ekv_status load_pinpoints(struct ekv_clip *c) {
+    struct ekv_clip_hparams *hp = &c->hp;
+    enum ekv_status s;
+    hp->n_pinpoints = 0;
+    if (!ekv_gguf_find_kv(c->f, "clip.vision.image_grid_pinpoints")) {
+        struct ekv_gguf_str mt;
+        if (ekv_gguf_get_str(c->f, "clip.vision.mm_patch_merge_type", &mt) == EKV_OK &&
+            ekv_gguf_str_eq(mt, "spatial_unpad"))
+            return ekv_err(EKV_ERR_UNSUPPORTED,
+                           "%s: clip.vision.mm_patch_merge_type is spatial_unpad (LLaVA-1.6 anyres) but "
+                           "clip.vision.image_grid_pinpoints is missing, so the tiling grid is unknown",
+                           c->path);
+        return EKV_OK;
+    }
+    const struct ekv_gguf_value *a;
+    if ((s = ekv_gguf_get_arr(c->f, "clip.vision.image_grid_pinpoints", GGUF_TYPE_COUNT, &a)) != EKV_OK)
+        return ekv_err_prefix(s, "%s", c->path);
+    if (a->v.arr.type != GGUF_TYPE_INT32 && a->v.arr.type != GGUF_TYPE_UINT32)
+        return ekv_err(EKV_ERR_FORMAT, "%s: clip.vision.image_grid_pinpoints must hold 32-bit integers", c->path);
+    if (a->v.arr.n == 0 || a->v.arr.n % 2 || a->v.arr.n > 2 * EKV_CLIP_MAX_PINPOINTS)
+        return ekv_err(EKV_ERR_FORMAT, "%s: clip.vision.image_grid_pinpoints has %llu values (pairs, at most %d)",
+                       c->path, (unsigned long long)a->v.arr.n, EKV_CLIP_MAX_PINPOINTS);
+    for (uint64_t i = 0; i < a->v.arr.n; i++) {
+        int32_t v;
+        memcpy(&v, (const uint8_t *)a->v.arr.data + 4 * i, 4);
+        if (v < hp->image_size || v > CLIP_MAX_IMAGE * 4 || v % hp->image_size)
+            return ekv_err(EKV_ERR_FORMAT,
+                           "%s: clip.vision.image_grid_pinpoints[%llu] = %d is not a multiple of the image size %d "
+                           "(up to %d)",
+                           c->path, (unsigned long long)i, (int)v, hp->image_size, CLIP_MAX_IMAGE * 4);
+        hp->pinpoints[i / 2][i % 2] = v;
+    }
+    hp->n_pinpoints = (int)(a->v.arr.n / 2);
+    return EKV_OK;
+}
+
 static enum ekv_status load_hparams(struct ekv_clip *c) {
     struct ekv_clip_hparams *hp = &c->hp;
     enum ekv_status s;
@@ -290,7 +330,7 @@ static enum ekv_status load_hparams(struct ekv_clip *c) {
     }
     int grid = hp->image_size / hp->patch_size;
     hp->n_patches = grid * grid;
-    return EKV_OK;
+    return load_pinpoints(c);
 }
 
 static enum ekv_status load_tensors(struct ekv_clip *c) {
@@ -416,9 +456,34 @@ const struct ekv_clip_hparams *ekv_clip_hparams(const struct ekv_clip *c) { retu
 int ekv_clip_n_patches(const struct ekv_clip *c) { return c->hp.n_patches; }
 int ekv_clip_n_embd_out(const struct ekv_clip *c) { return c->hp.n_embd_out; }
 
+void ekv_clip_anyres_grid(const struct ekv_clip *c, int nx, int ny, int *w, int *h) {
+    const struct ekv_clip_hparams *hp = &c->hp;
+    *w = *h = 0;
+    if (hp->n_pinpoints == 0 || nx <= 0 || ny <= 0 || (nx <= hp->image_size && ny <= hp->image_size)) return;
+    int64_t best_eff = -1, best_waste = 0;
+    for (int i = 0; i < hp->n_pinpoints; i++) {
+        const int cw = hp->pinpoints[i][0], ch = hp->pinpoints[i][1];
+        /* the image scaled to fit the candidate, aspect kept (float, truncated, as llama.cpp) */
+        float sw = (float)cw / (float)nx, sh = (float)ch / (float)ny, sc = sw < sh ? sw : sh;
+        int64_t tw = (int64_t)((float)nx * sc), th = (int64_t)((float)ny * sc);
+        int64_t eff = tw * th, orig = (int64_t)nx * ny;
+        if (eff > orig) eff = orig;
+        int64_t waste = (int64_t)cw * ch - eff;
+        if (eff > best_eff || (eff == best_eff && waste < best_waste)) {
+            best_eff = eff;
+            best_waste = waste;
+            *w = cw;
+            *h = ch;
+        }
+    }
+}
+
 int64_t ekv_clip_image_rows(const struct ekv_clip *c, int nx, int ny) {
     if (!c || nx <= 0 || ny <= 0) return 0;
-    return c->hp.n_patches;
+    int w, h;
+    ekv_clip_anyres_grid(c, nx, ny, &w, &h);
+    const int64_t tiles = w ? (int64_t)(w / c->hp.image_size) * (h / c->hp.image_size) : 0;
+    return (1 + tiles) * c->hp.n_patches;
 }
 
 /* ------------------------------------------------------------------ */
@@ -588,14 +653,73 @@ enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool
     return s;
 }
 
+/* LLaVA-1.6 tiling: the overview (the image resized to S x S, aspect not
+ * kept), then the image resized into the chosen resolution (aspect kept,
+ * centred on black, sizes rounded up) cut into S x S tiles, row by row;
+ * each encoded on its own, n_patches rows each. */
+static enum ekv_status encode_anyres(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_image *img,
+                                     int W, int H, float *pixels, float *out) {
+    const struct ekv_clip_hparams *hp = &c->hp;
+    const int S = hp->image_size;
+    const size_t rows = (size_t)hp->n_patches * (size_t)hp->n_embd_out;
+    struct ekv_image ov = {0}, fit = {0}, canvas = {0}, tile = {0};
+    static const uint8_t black[3] = {0, 0, 0};
+    enum ekv_status s = ekv_image_resize_bicubic(img, S, S, &ov);
+    if (s == EKV_OK) {
+        ekv_image_normalize(&ov, hp->image_mean, hp->image_std, pixels);
+        s = ekv_clip_encode_pixels(c, pool, pixels, out);
+    }
+    const float sw = (float)W / (float)img->nx, sh = (float)H / (float)img->ny, sc = sw < sh ? sw : sh;
+    int fw = (int)ceilf((float)img->nx * sc), fh = (int)ceilf((float)img->ny * sc);
+    fw = fw > W ? W : fw < 1 ? 1 : fw;
+    fh = fh > H ? H : fh < 1 ? 1 : fh;
+    if (s == EKV_OK) s = ekv_image_resize_bicubic(img, fw, fh, &fit);
+    if (s == EKV_OK) s = ekv_image_new(W, H, black, &canvas);
+    if (s == EKV_OK) {
+        const int ox = (W - fw) / 2, oy = (H - fh) / 2;
+        for (int y = 0; y < fh; y++)
+            memcpy(canvas.rgb + ((size_t)(y + oy) * W + ox) * 3, fit.rgb + (size_t)y * fw * 3, (size_t)fw * 3);
+    }
+    if (s == EKV_OK) s = ekv_image_new(S, S, black, &tile);
+    size_t k = 1;
+    for (int ty = 0; s == EKV_OK && ty < H / S; ty++)
+        for (int tx = 0; s == EKV_OK && tx < W / S; tx++, k++) {
+            for (int y = 0; y < S; y++)
+                memcpy(tile.rgb + (size_t)y * S * 3, canvas.rgb + ((size_t)(ty * S + y) * W + (size_t)tx * S) * 3,
+                       (size_t)S * 3);
+            ekv_image_normalize(&tile, hp->image_mean, hp->image_std, pixels);
+            s = ekv_clip_encode_pixels(c, pool, pixels, out + k * rows);
+        }
+    ekv_image_free(&ov);
+    ekv_image_free(&fit);
+    ekv_image_free(&canvas);
+    ekv_image_free(&tile);
+    return s;
+}
+
 enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool *pool,
                                       const struct ekv_image *img, float *out) {
     if (!c || !img || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_clip_encode_image: NULL argument");
     size_t S = (size_t)c->hp.image_size;
     float *pixels = alloc_floats(3 * S, S);
     if (!pixels) return ekv_err(EKV_ERR_NOMEM, "clip: pixel buffer");
-    enum ekv_status s = ekv_clip_preprocess(c, img, pixels);
-    if (s == EKV_OK) s = ekv_clip_encode_pixels(c, pool, pixels, out);
+    int W, H;
+    ekv_clip_anyres_grid(c, img->nx, img->ny, &W, &H);
+    enum ekv_status s;
+    if (W) {
+        s = encode_anyres(c, pool, img, W, H, pixels, out);
+    } else if (c->hp.n_pinpoints) { /* small image: the overview alone, resized as the tiles' overview */
+        struct ekv_image ov = {0};
+        s = ekv_image_resize_bicubic(img, (int)S, (int)S, &ov);
+        if (s == EKV_OK) {
+            ekv_image_normalize(&ov, c->hp.image_mean, c->hp.image_std, pixels);
+            s = ekv_clip_encode_pixels(c, pool, pixels, out);
+        }
+        ekv_image_free(&ov);
+    } else {
+        s = ekv_clip_preprocess(c, img, pixels);
+        if (s == EKV_OK) s = ekv_clip_encode_pixels(c, pool, pixels, out);
+    }
     free(pixels);
     return s;
 }

@@ -24,6 +24,8 @@
 
 struct ekv_clip;
 
+#define EKV_CLIP_MAX_PINPOINTS 64
+
 struct ekv_clip_hparams {
     int image_size;      /* input side in pixels (336 for CLIP ViT-L/14-336) */
     int patch_size;      /* 14 */
@@ -41,6 +43,11 @@ struct ekv_clip_hparams {
     int n_embd_out;      /* projector output = language model width */
     float image_mean[3];
     float image_std[3];
+    /* LLaVA-1.6 "anyres": clip.vision.image_grid_pinpoints, the (width,
+     * height) resolutions an image may be tiled at, each a multiple of
+     * image_size; 0 pairs for a fixed-size tower */
+    int n_pinpoints;
+    int pinpoints[EKV_CLIP_MAX_PINPOINTS][2];
 };
 
 /* Loads and validates an mmproj GGUF; every shape is checked against the
@@ -57,6 +64,14 @@ int ekv_clip_n_embd_out(const struct ekv_clip *c);
  * fixed-size tower; with anyres grid pinpoints, the overview image plus
  * one tile per grid cell, n_patches each. 0 for a non-positive size. */
 int64_t ekv_clip_image_rows(const struct ekv_clip *c, int nx, int ny);
+
+/* Anyres tiling as llama.cpp's LLaVA-1.6 path does it (mtmd's llava_uhd
+ * preprocessor with pinpoints): an image no larger than image_size on both
+ * sides is the overview alone; otherwise the pinpoint that keeps the most
+ * of the image at the least wasted area (LLaVA-NeXT's
+ * select_best_resolution) gives the grid. *w, *h: the chosen resolution
+ * (0 when the overview is alone). */
+void ekv_clip_anyres_grid(const struct ekv_clip *c, int nx, int ny, int *w, int *h);
 
 /* LLaVA-1.5 preprocessing with this tower's size, mean and std.
  * pixels: [3][image_size][image_size]. */

@@ -30,6 +30,8 @@ extern const struct ekv_cmd ekv_cmd_mkmodel;
 extern const struct ekv_cmd ekv_cmd_eval;
 extern const struct ekv_cmd ekv_cmd_bench;
 extern const struct ekv_cmd ekv_cmd_serve;
+extern const struct ekv_cmd ekv_cmd_quantize;
+extern const struct ekv_cmd ekv_cmd_tokenize;
 
 /* ------------------------------------------------------------------ */
 /* the option table                                                     */
@@ -44,6 +46,7 @@ enum cli_tool {
     CLI_MKMODEL = 1u << 4,
     CLI_SERVE = 1u << 5,
     CLI_QUANTIZE = 1u << 6,
+    CLI_TOKENIZE = 1u << 7,
 };
 
 #define CLI_LIST_MAX 64
@@ -78,6 +81,7 @@ struct cli_params {
     bool ignore_eos;
     bool display_prompt;
     const char *chat_template;   /* NULL = by command (run: none / llava-1.5 with an image) */
+    bool chat;                   /* run: interactive conversation on stdin (-cnv) */
     const char *system;
     struct cli_list images;      /* run: --image, repeated */
     struct ekv_sampler_params sampling;
@@ -85,6 +89,7 @@ struct cli_params {
     struct ekv_kv_params kv;
     struct cli_list kv_policies;
     struct cli_list kv_budgets;
+    struct cli_list kv_types;    /* eval, bench: storage types ("T" or "K/V"); empty = kv.type_k/type_v */
     /* output */
     bool json;                   /* run, eval: JSON on stdout */
     const char *json_path;       /* bench: JSON file ('-' = stdout) */
@@ -105,9 +110,16 @@ struct cli_params {
     bool warmup;
     /* info */
     bool tensors, metadata;
-    /* mkmodel */
+    /* tokenize */
+    bool tok_ids, tok_no_bos, tok_parse_special, tok_show_count;
+    /* mkmodel, quantize (output, weight_type) */
     const char *preset, *output, *mmproj_out, *weight_type, *vocab;
     uint64_t weight_seed;
+    long mk_n_layer;             /* 0 = the preset's */
+    const char *rope_scaling;    /* rope.scaling.type to write, or NULL */
+    double rope_scale;           /* rope.scaling.factor to write, 0 = none */
+    long rope_orig_ctx;          /* 0 = none (longrope presets: theirs) */
+    long sliding_window;         /* -1 = the preset's */
     /* serve */
     const char *host;
     long port;
@@ -157,6 +169,10 @@ bool cli_set_option(struct cli_params *p, const char *name, const char *value, c
 /* The policy-name check every command uses: NULL when `name` is in the
  * library's registry, else a static message listing the known names. */
 const char *cli_check_policy(const char *name);
+/* Storage types: "T" (keys and values) or "K/V"; false with a message in err. */
+bool cli_parse_kv_types(const char *v, enum ekv_kv_type *tk, enum ekv_kv_type *tv, char *err, size_t n);
+/* cli_parse_kv_types as a K_STR/K_LIST_STR check: NULL or a static message. */
+const char *cli_check_kv_type(const char *v);
 
 /* ------------------------------------------------------------------ */
 /* utilities                                                            */

@@ -41,6 +41,8 @@ static const struct cli_help k_help = {
 struct row {
     int threads;
     const char *policy;
+    char kv_type[32];   /* "f16", "q8_0/kivi4" */
+    enum ekv_kv_type tk, tv;
     double budget;
     long p, n, depth, b;
     int reps;
@@ -48,7 +50,7 @@ struct row {
     double *t_ttft;   /* [reps] seconds to the first token of sequence 0 */
     double *t_decode; /* [reps] seconds for n batched decode steps */
     double *cpu;      /* [reps] process CPU seconds / (wall seconds * threads) over the timed phases */
-    uint64_t kv_bytes, kv_bytes_full, kv_alloc;
+    uint64_t kv_bytes, kv_bytes_full, kv_bytes_f32, kv_alloc; /* K/V bytes in the types, full cache, full f32 */
     uint64_t peak_rss;
     double ovh; /* median prompt-time overhead vs. full, NaN if none */
     bool failed;
@@ -152,12 +154,13 @@ static enum ekv_status run_once(const struct ekv_model *model, struct ekv_contex
     r->t_prompt[rep] = t_prompt;
     r->t_ttft[rep] = ttft;
     r->t_decode[rep] = t_dec;
-    r->kv_bytes = r->kv_bytes_full = r->kv_alloc = 0;
+    r->kv_bytes = r->kv_bytes_full = r->kv_bytes_f32 = r->kv_alloc = 0;
     for (long i = 0; i < b; i++) {
         struct ekv_kv_stats st;
         ekv_seq_kv_stats(seqs[i], &st);
         r->kv_bytes += st.bytes;
         r->kv_bytes_full += st.bytes_full;
+        r->kv_bytes_f32 += st.bytes_full_f32;
         r->kv_alloc += st.peak_bytes_alloc;
     }
 done:
@@ -187,14 +190,14 @@ static void fmt_rate(char *buf, size_t n, double tokens, const double *t, int re
 
 static void print_table(FILE *out, const struct row *rows, int nrows, const char *model_path) {
     fprintf(out, "model: %s; rates are median (best) over repetitions\n\n", model_path);
-    fprintf(out, "| t | policy | budget | p | n | depth | b | prompt tok/s | TTFT ms | decode tok/s | KV MiB | KV/full "
-                 "| peak RSS MiB | stats ovh | CPU share |\n");
-    fprintf(out, "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+    fprintf(out, "| t | policy | kv | budget | p | n | depth | b | prompt tok/s | TTFT ms | decode tok/s | KV MiB | "
+                 "KV/full | peak RSS MiB | stats ovh | CPU share |\n");
+    fprintf(out, "|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
     for (int i = 0; i < nrows; i++) {
         const struct row *r = &rows[i];
         if (r->failed) {
-            fprintf(out, "| %d | %s | %g | %ld | %ld | %ld | %ld | failed ||||||||\n", r->threads, r->policy, r->budget,
-                    r->p, r->n, r->depth, r->b);
+            fprintf(out, "| %d | %s | %s | %g | %ld | %ld | %ld | %ld | failed ||||||||\n", r->threads, r->policy,
+                    r->kv_type, r->budget, r->p, r->n, r->depth, r->b);
             continue;
         }
         char pr[64], dr[64], ttft[32], ovh[32];
@@ -208,8 +211,9 @@ static void print_table(FILE *out, const struct row *rows, int nrows, const char
             snprintf(ovh, sizeof ovh, "%+.1f%%", 100.0 * r->ovh);
         else
             snprintf(ovh, sizeof ovh, "-");
-        fprintf(out, "| %d | %s | %g | %ld | %ld | %ld | %ld | %s | %s | %s | %.1f | %.3f | %.0f | %s | %.0f%% |\n", r->threads,
-                r->policy, r->budget, r->p, r->n, r->depth, r->b, pr, ttft, dr, (double)r->kv_bytes / 1048576.0,
+        fprintf(out, "| %d | %s | %s | %g | %ld | %ld | %ld | %ld | %s | %s | %s | %.1f | %.3f | %.0f | %s | %.0f%% |\n",
+                r->threads, r->policy, r->kv_type, r->budget, r->p, r->n, r->depth, r->b, pr, ttft, dr,
+                (double)r->kv_bytes / 1048576.0,
                 r->kv_bytes_full ? (double)r->kv_bytes / (double)r->kv_bytes_full : 0.0,
                 (double)r->peak_rss / 1048576.0, ovh, 100.0 * med(r->cpu, r->reps));
     }
@@ -231,6 +235,7 @@ static bool write_json(const char *path, const struct row *rows, int nrows, cons
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "threads", r->threads);
         cJSON_AddStringToObject(o, "policy", r->policy);
+        cJSON_AddStringToObject(o, "kv_type", r->kv_type);
         cJSON_AddNumberToObject(o, "budget", r->budget);
         cJSON_AddNumberToObject(o, "n_prompt", (double)r->p);
         cJSON_AddNumberToObject(o, "n_gen", (double)r->n);
@@ -251,6 +256,7 @@ static bool write_json(const char *path, const struct row *rows, int nrows, cons
             cJSON_AddNumberToObject(o, "decode_tps_best", r->n ? tps(dt, vmin(r->t_decode, r->reps)) : 0);
             cJSON_AddNumberToObject(o, "kv_bytes", (double)r->kv_bytes);
             cJSON_AddNumberToObject(o, "kv_bytes_full", (double)r->kv_bytes_full);
+            cJSON_AddNumberToObject(o, "kv_bytes_full_f32", (double)r->kv_bytes_f32);
             cJSON_AddNumberToObject(o, "kv_peak_alloc_bytes", (double)r->kv_alloc);
             cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)r->peak_rss);
             if (r->ovh == r->ovh) cJSON_AddNumberToObject(o, "stats_overhead", r->ovh);
@@ -308,8 +314,8 @@ static bool bench_setup(struct bench *b) {
                     need = p->n_prompt.i[a] + p->n_gen.i[c] + p->depth.i[d];
     b->n_ctx = p->n_ctx;
     if (b->n_ctx == 0) b->n_ctx = need > mi.n_ctx_train ? need : mi.n_ctx_train;
-    b->max_rows = (size_t)p->threads_list.n * p->kv_policies.n * p->kv_budgets.n * p->n_prompt.n * p->n_gen.n *
-                  p->depth.n * p->batch.n;
+    b->max_rows = (size_t)p->threads_list.n * p->kv_policies.n * (p->kv_types.n > 0 ? p->kv_types.n : 1) *
+                  p->kv_budgets.n * p->n_prompt.n * p->n_gen.n * p->depth.n * p->batch.n;
     b->rows = calloc(b->max_rows, sizeof *b->rows);
     b->times = calloc(b->max_rows * 4 * (size_t)p->reps, sizeof *b->times);
     if (!b->rows || !b->times) return cli_fail(CMD, EKV_ERR_NOMEM), false;
@@ -338,8 +344,10 @@ static bool bench_point(struct bench *b, struct ekv_context *ctx, struct row *r)
     struct ekv_kv_params k = b->p.kv;
     k.policy = r->policy;
     k.budget = r->budget;
-    fprintf(stderr, "ekv bench: t=%d %s budget=%g p=%ld n=%ld depth=%ld b=%ld ...", r->threads, r->policy, r->budget,
-            r->p, r->n, r->depth, r->b);
+    k.type_k = r->tk;
+    k.type_v = r->tv;
+    fprintf(stderr, "ekv bench: t=%d %s kv=%s budget=%g p=%ld n=%ld depth=%ld b=%ld ...", r->threads, r->policy,
+            r->kv_type, r->budget, r->p, r->n, r->depth, r->b);
     for (int rep = 0; rep < r->reps && !r->failed; rep++) {
         enum ekv_status s = run_once(b->model, ctx, &k, r, rep, &b->seed);
         if (s != EKV_OK) {
@@ -357,14 +365,17 @@ static bool bench_point(struct bench *b, struct ekv_context *ctx, struct row *r)
     return !r->failed;
 }
 
-/* Threads outer (one context each), then policy, budget, p, n, depth, batch. */
+/* Threads outer (one context each), then policy, storage type, budget, p, n, depth, batch. */
 static int bench_grid(struct bench *b) {
     const struct cli_params *p = &b->p;
     struct ekv_model_info mi;
     ekv_model_get_info(b->model, &mi);
-    const struct cli_list *ax[6] = {&p->kv_policies, &p->kv_budgets, &p->n_prompt, &p->n_gen, &p->depth, &p->batch};
+    struct cli_list one_type = {.n = 1}; /* no --kv-type list: the types of -ctk/-ctv (default f16) */
+    const struct cli_list *types = p->kv_types.n > 0 ? &p->kv_types : &one_type;
+    const struct cli_list *ax[7] = {&p->kv_policies, types, &p->kv_budgets, &p->n_prompt, &p->n_gen, &p->depth,
+                                    &p->batch};
     size_t per_ctx = 1;
-    for (int a = 0; a < 6; a++) per_ctx *= (size_t)ax[a]->n;
+    for (int a = 0; a < 7; a++) per_ctx *= (size_t)ax[a]->n;
     int rc = 0;
     for (int ti = 0; ti < p->threads_list.n && rc == 0; ti++) {
         struct ekv_context_params cp = {.n_threads = (int32_t)p->threads_list.i[ti], .n_ctx = (int32_t)b->n_ctx};
@@ -373,22 +384,29 @@ static int bench_grid(struct bench *b) {
         if (s != EKV_OK) return cli_fail(CMD, s);
         if (p->warmup) bench_warmup(ctx, mi.n_vocab);
         for (size_t g = 0; g < per_ctx; g++) {
-            int idx[6];
+            int idx[7];
             size_t rest = g;
-            for (int a = 5; a >= 0; a--) {
+            for (int a = 6; a >= 0; a--) {
                 idx[a] = (int)(rest % (size_t)ax[a]->n);
                 rest /= (size_t)ax[a]->n;
             }
             const bool full = !strcmp(p->kv_policies.s[idx[0]], "full");
-            if (full && idx[1] > 0) continue; /* the full cache has no budget */
+            if (full && idx[2] > 0) continue; /* the full cache has no budget */
             struct row *r = &b->rows[b->nrows++];
             r->threads = (int)p->threads_list.i[ti];
             r->policy = p->kv_policies.s[idx[0]];
-            r->budget = full ? 1.0 : p->kv_budgets.d[idx[1]];
-            r->p = p->n_prompt.i[idx[2]];
-            r->n = p->n_gen.i[idx[3]];
-            r->depth = p->depth.i[idx[4]];
-            r->b = p->batch.i[idx[5]];
+            r->tk = p->kv.type_k == EKV_KV_DEFAULT ? ekv_kv_type_default() : p->kv.type_k;
+            r->tv = p->kv.type_v == EKV_KV_DEFAULT ? ekv_kv_type_default() : p->kv.type_v;
+            char err[192];
+            if (p->kv_types.n > 0 && !cli_parse_kv_types(p->kv_types.s[idx[1]], &r->tk, &r->tv, err, sizeof err))
+                return cli_usage_error(CMD, "--kv-type: %s", err);
+            if (r->tk == r->tv) snprintf(r->kv_type, sizeof r->kv_type, "%s", ekv_kv_type_name(r->tk));
+            else snprintf(r->kv_type, sizeof r->kv_type, "%s/%s", ekv_kv_type_name(r->tk), ekv_kv_type_name(r->tv));
+            r->budget = full ? 1.0 : p->kv_budgets.d[idx[2]];
+            r->p = p->n_prompt.i[idx[3]];
+            r->n = p->n_gen.i[idx[4]];
+            r->depth = p->depth.i[idx[5]];
+            r->b = p->batch.i[idx[6]];
             if (!bench_point(b, ctx, r)) rc = 1;
         }
         ekv_context_free(ctx);
@@ -403,8 +421,8 @@ static void bench_overhead(struct bench *b) {
         if (r->failed || r->p == 0 || !strcmp(r->policy, "full")) continue;
         for (int j = 0; j < b->nrows; j++) {
             const struct row *f = &b->rows[j];
-            if (f->failed || strcmp(f->policy, "full") || f->threads != r->threads || f->p != r->p ||
-                f->depth != r->depth || f->b != r->b)
+            if (f->failed || strcmp(f->policy, "full") || strcmp(f->kv_type, r->kv_type) || f->threads != r->threads ||
+                f->p != r->p || f->depth != r->depth || f->b != r->b)
                 continue;
             r->ovh = med(r->t_prompt, r->reps) / med(f->t_prompt, f->reps) - 1.0;
             break;

@@ -40,7 +40,11 @@ static const struct cli_help k_help = {
     "  hitrate after the prompt, per layer and KV head: kept positions vs the top-k (k = kept) of\n"
     "          the full cache's attention of the first answer token's query (VL-Cache hit rate,\n"
     "          RoCo Jaccard).\n"
-    "Every run also reports kv_frac, the cache entries kept / full cache.\n\n"
+    "Every run also reports kv_frac, the cache entries kept / full cache, kv_bytes, the K/V\n"
+    "bytes of the cache in its storage types (mean over items, at the end of each), and\n"
+    "kv_bytes_frac, those bytes / a full f32 cache's. --kv-type LIST adds storage types as a\n"
+    "grid axis; with kv_bytes_frac the plots include pareto_<metric>.png (quality against\n"
+    "bytes, one point per policy x type x budget).\n\n"
     "Context (-c): the default is the context the model file declares. stories260K was trained\n"
     "on 512 positions (its llama2.c checkpoint says so) but its GGUF declares 2048: pass -c 512\n"
     "with it. Positions beyond the trained context were never seen in training, so scores there\n"
@@ -110,7 +114,12 @@ struct eval {
     struct ekv_eval_cfg cfg;
     struct ekv_data_opts dopts;
     struct ekv_eval_grid_cell *cells;
-    size_t n_cells;
+    size_t n_cells;            /* policy x budget cells of one storage type */
+    struct kv_type_axis {
+        char label[32];        /* "f16", "q8_0/kivi4" */
+        enum ekv_kv_type k, v;
+    } *types;                  /* [n_types] the storage-type axis */
+    size_t n_types;
     const char *model_path, *data_path;
     struct ekv_model *model;
     struct ekv_context *ctx;
@@ -119,8 +128,8 @@ struct eval {
     struct ekv_eval_runner run;
     struct ekv_vision *vision;
     char *data_dir;
-    struct ekv_eval_cell *acc; /* [n_cells] */
-    double *cell_s;            /* [n_cells] seconds per cell */
+    struct ekv_eval_cell *acc; /* [n_types][n_cells] */
+    double *cell_s;            /* [n_types][n_cells] seconds per cell */
     double total_s, ref_s;
     struct ekv_report rep;
     char *md, *p_csv, *p_json, *p_md;
@@ -150,6 +159,20 @@ static int eval_parse(struct eval *e, int argc, char **argv) {
     if (ekv_eval_grid((char *const *)p->kv_policies.s, (size_t)p->kv_policies.n, p->kv_budgets.d,
                       (size_t)p->kv_budgets.n, &e->cells, &e->n_cells) != EKV_OK)
         return cli_usage_error(CMD, "--kv-policy: %s", ekv_last_error());
+    /* storage types: the --kv-type list, else the one of -ctk/-ctv (default f16) */
+    e->n_types = p->kv_types.n > 0 ? (size_t)p->kv_types.n : 1;
+    e->types = calloc(e->n_types, sizeof *e->types);
+    if (!e->types) return cli_fail(CMD, EKV_ERR_NOMEM);
+    for (size_t t = 0; t < e->n_types; t++) {
+        struct kv_type_axis *a = &e->types[t];
+        a->k = p->kv.type_k == EKV_KV_DEFAULT ? ekv_kv_type_default() : p->kv.type_k;
+        a->v = p->kv.type_v == EKV_KV_DEFAULT ? ekv_kv_type_default() : p->kv.type_v;
+        char err[192];
+        if (p->kv_types.n > 0 && !cli_parse_kv_types(p->kv_types.s[t], &a->k, &a->v, err, sizeof err))
+            return cli_usage_error(CMD, "--kv-type: %s", err);
+        if (a->k == a->v) snprintf(a->label, sizeof a->label, "%s", ekv_kv_type_name(a->k));
+        else snprintf(a->label, sizeof a->label, "%s/%s", ekv_kv_type_name(a->k), ekv_kv_type_name(a->v));
+    }
     e->model_path = p->model ? p->model : cli_default_model();
     e->data_path = p->data ? p->data : default_data();
     return 0;
@@ -199,33 +222,37 @@ static bool eval_setup(struct eval *e) {
     }
     fprintf(stderr, "ekv eval: %s on %s: %zu items (%zu units, %zu skipped) x %zu cells, context %d, threads %d\n",
             basename_of(e->model_path), basename_of(e->data_path), e->ds.n_items, e->run.n_units, e->run.n_skipped,
-            e->n_cells, e->run.n_ctx, e->n_threads);
-    e->acc = calloc(e->n_cells, sizeof *e->acc);
-    e->cell_s = calloc(e->n_cells, sizeof *e->cell_s);
+            e->n_cells * e->n_types, e->run.n_ctx, e->n_threads);
+    if ((s = ekv_eval_grid_check(&e->run, &e->p.kv, e->cells, e->n_cells)) != EKV_OK) return cli_fail(CMD, s), false;
+    e->acc = calloc(e->n_cells * e->n_types, sizeof *e->acc);
+    e->cell_s = calloc(e->n_cells * e->n_types, sizeof *e->cell_s);
     if (!e->acc || !e->cell_s) return cli_fail(CMD, EKV_ERR_NOMEM), false;
-    for (size_t c = 0; c < e->n_cells; c++) ekv_eval_cell_init(&e->acc[c]);
+    for (size_t c = 0; c < e->n_cells * e->n_types; c++) ekv_eval_cell_init(&e->acc[c]);
     return true;
 }
 
 /* Units outer (each reference built once), cells inner, a progress line per unit. */
 static bool eval_run(struct eval *e) {
-    struct progress pg = {.tty = isatty(2), .t0 = cli_now(), .n_cells = e->n_cells, .r = &e->run};
+    struct progress pg = {.tty = isatty(2), .t0 = cli_now(), .n_cells = e->n_cells * e->n_types, .r = &e->run};
     enum ekv_status s;
     for (size_t u = 0; u < e->run.n_units; u++) {
         double t = cli_now();
         if ((s = ekv_eval_unit_prepare(&e->run, u)) != EKV_OK) return cli_fail(CMD, s), false;
         e->ref_s += cli_now() - t;
-        for (size_t c = 0; c < e->n_cells; c++) {
+        for (size_t ct = 0; ct < e->n_cells * e->n_types; ct++) {
+            const size_t c = ct % e->n_cells, ty = ct / e->n_cells;
             struct ekv_kv_params kv = e->p.kv;
             kv.policy = e->cells[c].policy;
             kv.budget = e->cells[c].budget;
+            kv.type_k = e->types[ty].k;
+            kv.type_v = e->types[ty].v;
             t = cli_now();
-            if ((s = ekv_eval_unit_run(&e->run, &kv, &e->acc[c])) != EKV_OK) {
-                fprintf(stderr, "ekv eval: error in %s at budget %g, unit %zu:\n", e->cells[c].policy,
-                        e->cells[c].budget, u);
+            if ((s = ekv_eval_unit_run(&e->run, &kv, &e->acc[ct])) != EKV_OK) {
+                fprintf(stderr, "ekv eval: error in %s (%s) at budget %g, unit %zu:\n", e->cells[c].policy,
+                        e->types[ty].label, e->cells[c].budget, u);
                 return cli_fail(CMD, s), false;
             }
-            e->cell_s[c] += cli_now() - t;
+            e->cell_s[ct] += cli_now() - t;
         }
         show_progress(&pg, u + 1, e->run.n_units, u);
     }
@@ -259,12 +286,14 @@ static cJSON *eval_meta(const struct eval *e) {
         cJSON_AddNumberToObject(tm, "total_seconds", e->total_s);
         cJSON_AddNumberToObject(tm, "reference_seconds", e->ref_s);
         cJSON *ca = cJSON_AddArrayToObject(tm, "cells");
-        for (size_t c = 0; ca && c < e->n_cells; c++) {
+        for (size_t ct = 0; ca && ct < e->n_cells * e->n_types; ct++) {
+            const size_t c = ct % e->n_cells;
             cJSON *o = cJSON_CreateObject();
             if (!o) break;
             cJSON_AddStringToObject(o, "policy", e->cells[c].policy);
+            cJSON_AddStringToObject(o, "kv_type", e->types[ct / e->n_cells].label);
             cJSON_AddNumberToObject(o, "budget", e->cells[c].budget);
-            cJSON_AddNumberToObject(o, "seconds", e->cell_s[c]);
+            cJSON_AddNumberToObject(o, "seconds", e->cell_s[ct]);
             cJSON_AddItemToArray(ca, o);
         }
     }
@@ -276,10 +305,15 @@ static cJSON *eval_meta(const struct eval *e) {
 static int eval_report(struct eval *e) {
     const struct cli_params *p = &e->p;
     enum ekv_status s;
-    for (size_t c = 0; c < e->n_cells; c++)
-        if ((s = ekv_eval_cell_report(&e->acc[c], e->cfg.metrics, e->cells[c].policy, e->cells[c].budget,
-                                      &e->rep)) != EKV_OK)
-            return cli_fail(CMD, s);
+    /* policy, then storage type, then budget: one series' rows stay together */
+    for (size_t c0 = 0, c1; c0 < e->n_cells; c0 = c1) {
+        for (c1 = c0 + 1; c1 < e->n_cells && !strcmp(e->cells[c1].policy, e->cells[c0].policy);) c1++;
+        for (size_t ty = 0; ty < e->n_types; ty++)
+            for (size_t c = c0; c < c1; c++)
+                if ((s = ekv_eval_cell_report_kv(&e->acc[ty * e->n_cells + c], e->cfg.metrics, e->cells[c].policy,
+                                                 e->types[ty].label, e->cells[c].budget, &e->rep)) != EKV_OK)
+                    return cli_fail(CMD, s);
+    }
     char title[512];
     snprintf(title, sizeof title, "%s on %s (%zu items, %zu units)", basename_of(e->model_path),
              basename_of(e->data_path), e->ds.n_items, e->run.n_units);
@@ -332,6 +366,7 @@ static void eval_free(struct eval *e) {
     ekv_context_free(e->ctx);
     ekv_model_free(e->model);
     free(e->cells);
+    free(e->types);
     cli_params_free(&e->p);
 }
 

@@ -121,11 +121,40 @@ static int cmd_info_main(int argc, char **argv) {
         printf("  context %d, rope dim %d base %g (%s), norm eps %g, output %s\n", mi.n_ctx_train, mi.rope_dim,
                (double)mi.rope_freq_base, mi.rope_neox ? "neox" : "normal", (double)mi.norm_eps,
                mi.tied_output ? "tied to token_embd" : "separate");
+        printf("  rope scaling %s", mi.rope_scaling);
+        if (strcmp(mi.rope_scaling, "none"))
+            printf(": factor %g, original context %d, attn factor %g", (double)mi.rope_scale_factor, mi.rope_orig_ctx,
+                   (double)mi.rope_attn_factor);
+        if (!strcmp(mi.rope_scaling, "yarn") || mi.yarn_ext_factor > 0.0f)
+            printf(", yarn beta fast %g slow %g, ext factor %g%s, log multiplier %g", (double)mi.yarn_beta_fast,
+                   (double)mi.yarn_beta_slow, (double)mi.yarn_ext_factor, mi.yarn_ext_factor < 0.0f ? " (auto: 1)" : "",
+                   (double)mi.yarn_log_mul);
+        if (mi.rope_freqs) printf(", per-dimension factors rope_freqs.weight");
+        if (mi.rope_long_short)
+            printf(", long/short factors (long used when the context exceeds %d)", mi.rope_orig_ctx);
+        printf("\n");
+        if (mi.sliding_window > 0) printf("  attention: sliding window of %d positions\n", mi.sliding_window);
+        else printf("  attention: full causal\n");
+        printf("  layout: %s, %s, %s feed-forward%s\n", mi.fused_qkv ? "fused attn_qkv" : "attn_q/k/v",
+               mi.fused_gate_up ? "fused gate-up (ffn_up)" : "ffn_gate + ffn_up", mi.ffn_gelu ? "GeGLU" : "SwiGLU",
+               mi.embd_scale != 1.0f ? ", token embeddings scaled by sqrt(n_embd)" : "");
+        const char *tmpl = ekv_model_chat_template(m);
+        printf("  chat template: %s\n", tmpl ? tmpl : "none recognised (ekv run --chat-template NAME chooses one)");
         printf("  parameters %.3f M, weights %.2f MiB\n", mi.n_params / 1e6, mi.weight_bytes / 1048576.0);
-        printf("  KV cache: %" PRIu64 " bytes per token (K+V, f32, %d layers x %d KV heads x %d dims x 2); "
+        printf("  KV cache: %" PRIu64 " bytes per token (K+V, %s, %d layers x %d KV heads x %d dims x 2); "
                "full context %.2f MiB\n",
-               mi.kv_bytes_per_token, mi.n_layer, mi.n_head_kv, mi.head_dim,
+               mi.kv_bytes_per_token, ekv_kv_type_name(ekv_kv_type_default()), mi.n_layer, mi.n_head_kv, mi.head_dim,
                (double)mi.kv_bytes_per_token * mi.n_ctx_train / 1048576.0);
+        printf("  KV cache at full context by --kv-type:");
+        for (int t = EKV_KV_F32; t < EKV_KV_TYPE_COUNT; t++) {
+            struct ekv_kv_params kp = ekv_kv_default_params();
+            kp.type_k = kp.type_v = (enum ekv_kv_type)t;
+            struct ekv_kv_projection pr;
+            const uint64_t b = ekv_kv_project(m, &kp, mi.n_ctx_train, 0, &pr) == EKV_OK ? pr.bytes_full : 0;
+            if (b) printf(" %s %.2f MiB%s", ekv_kv_type_name((enum ekv_kv_type)t), b / 1048576.0, t + 1 < EKV_KV_TYPE_COUNT ? "," : "");
+            else printf(" %s -%s", ekv_kv_type_name((enum ekv_kv_type)t), t + 1 < EKV_KV_TYPE_COUNT ? "," : "");
+        }
+        printf("\n");
         printf("  tokenizer: BOS %d, EOS %d\n", ekv_token_bos(m), ekv_token_eos(m));
         ekv_model_free(m);
     } else if (!is_gguf) {

@@ -37,35 +37,116 @@ struct vit_preset {
     int n_mm;          /* projector hidden width */
     int proj_dim;      /* CLIP's projection_dim, recorded as metadata only */
     bool use_gelu;     /* false: quick-GELU (CLIP ViT-L) */
+    const int32_t *pinpoints; /* LLaVA-1.6 anyres: width, height pairs, or NULL */
+    int n_pinpoints;          /* values (twice the pairs) */
+};
+
+/* Per-dimension RoPE factors a preset carries as tensors. */
+enum rope_factors { RF_NONE, RF_LLAMA3, RF_LONGROPE };
+
+/* Architecture details beyond the Llama shape. */
+struct lm_details {
+    int head_dim;             /* attention.key_length when not n_embd / n_head (Gemma) */
+    int sliding_window;       /* attention.sliding_window (Mistral, Phi-3); 0 = none */
+    bool fused_qkv;           /* blk.N.attn_qkv instead of attn_q/k/v (Phi-3) */
+    bool fused_gate_up;       /* blk.N.ffn_up of 2 n_ff rows, gate first, no ffn_gate (Phi-3) */
+    bool norm_jitter;         /* RMSNorm weights 1 + 0.05 normal instead of 1 (Gemma's stored 1 + w) */
+    enum rope_factors rf;     /* rope_freqs (Llama 3: factor 32, low 1, high 4 over rope_orig_ctx)
+                                 or rope_factors_long/short (Phi-3) */
+    int rope_orig_ctx;        /* rope.scaling.original_context_length (0: none written) */
+    float rope_attn_factor;   /* rope.scaling.attn_factor (0: none written) */
+    const char *chat_template;/* tokenizer.chat_template, or NULL */
 };
 
 struct lm_preset {
     const char *name;
-    const char *arch; /* "llama" or "qwen2" */
+    const char *arch; /* "llama", "qwen2", "phi3" or "gemma" */
     const char *desc;
     int n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     float rope_base, eps;
     bool qkv_bias, tied;
     const struct vit_preset *vit;
+    const struct lm_details *det; /* NULL: plain Llama layout */
 };
 
-static const struct vit_preset k_vit_l14_336 = {336, 14, 1024, 24, 16, 4096, 1e-5f, 4096, 768, false};
-static const struct vit_preset k_vit_tiny = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false};
+/* Excerpts of the published chat templates: enough for ekv's (and
+ * llama.cpp's) detection of the family. */
+#define TMPL_LLAMA3                                                                                           \
+    "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + " \
+    "message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"                  \
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+#define TMPL_MISTRAL                                                                                          \
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"                        \
+    "{{ ' [INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'system' %}"               \
+    "{{ ' [INST] ' + system_message + '\\n\\n' }}{% else %}{{ ' ' + message['content'] + eos_token }}"      \
+    "{% endif %}{% endfor %}"
+#define TMPL_PHI3                                                                                             \
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + '\\n' + message['content'] + "         \
+    "'<|end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+#define TMPL_GEMMA                                                                                            \
+    "{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + role + '\\n' + "                    \
+    "message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}"           \
+    "{{'<start_of_turn>model\\n'}}{% endif %}"
+
+static const struct lm_details k_llama32 = {.rf = RF_LLAMA3, .rope_orig_ctx = 8192, .chat_template = TMPL_LLAMA3};
+static const struct lm_details k_mistral = {.sliding_window = 4096, .chat_template = TMPL_MISTRAL};
+/* Phi-3-mini-128k: attn_factor = sqrt(1 + ln(131072 / 4096) / ln(4096)) as the converter writes it */
+static const struct lm_details k_phi3 = {.sliding_window = 262144, .fused_qkv = true, .fused_gate_up = true,
+                                         .rf = RF_LONGROPE, .rope_orig_ctx = 4096, .rope_attn_factor = 1.1902380714238083f,
+                                         .chat_template = TMPL_PHI3};
+static const struct lm_details k_gemma = {.head_dim = 256, .norm_jitter = true, .chat_template = TMPL_GEMMA};
+/* small models with the same details, for tests and agreement checks */
+static const struct lm_details k_tiny_llama3 = {.rf = RF_LLAMA3, .rope_orig_ctx = 8192, .norm_jitter = true,
+                                                .chat_template = TMPL_LLAMA3};
+static const struct lm_details k_tiny_mistral = {.sliding_window = 32, .norm_jitter = true, .chat_template = TMPL_MISTRAL};
+static const struct lm_details k_tiny_phi3 = {.sliding_window = 0, .fused_qkv = true, .fused_gate_up = true,
+                                              .norm_jitter = true, .rf = RF_LONGROPE, .rope_orig_ctx = 512,
+                                              .rope_attn_factor = 1.1547005383792515f, .chat_template = TMPL_PHI3};
+static const struct lm_details k_tiny_gemma = {.head_dim = 64, .norm_jitter = true, .chat_template = TMPL_GEMMA};
+
+static const struct vit_preset k_vit_l14_336 = {336, 14, 1024, 24, 16, 4096, 1e-5f, 4096, 768, false, NULL, 0};
+static const struct vit_preset k_vit_tiny = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false, NULL, 0};
+/* LLaVA-1.6's grid pinpoints (llava-v1.6-vicuna-7b's config) and a small grid for tests */
+static const int32_t k_pins_336[] = {336, 672, 672, 336, 672, 672, 1008, 336, 336, 1008};
+static const int32_t k_pins_56[] = {112, 56, 56, 112, 112, 112};
+static const struct vit_preset k_vit_l14_336_anyres = {336, 14, 1024, 24, 16, 4096, 1e-5f, 4096, 768, false,
+                                                        k_pins_336, 10};
+static const struct vit_preset k_vit_tiny_anyres = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false, k_pins_56, 6};
 
 static const float k_clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
 static const float k_clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
 
 static const struct lm_preset k_presets[] = {
     {"llava-1.5-7b", "llama", "LLaVA-1.5-7B (Vicuna-7B) + CLIP ViT-L/14-336 mmproj", 4096, 32, 32,
-     32, 11008, 32000, 4096, 10000.0f, 1e-5f, false, false, &k_vit_l14_336},
+     32, 11008, 32000, 4096, 10000.0f, 1e-5f, false, false, &k_vit_l14_336, NULL},
     {"tiny-vlm", "llama", "stories260K-sized decoder + 56px ViT (16 patches), for tests", 64, 5, 8,
-     4, 172, 512, 512, 10000.0f, 1e-5f, false, false, &k_vit_tiny},
+     4, 172, 512, 512, 10000.0f, 1e-5f, false, false, &k_vit_tiny, NULL},
+    {"llava-1.6-7b", "llama", "LLaVA-1.6-7B (Vicuna-7B) + CLIP ViT-L/14-336 mmproj with anyres grid pinpoints", 4096,
+     32, 32, 32, 11008, 32000, 4096, 10000.0f, 1e-5f, false, false, &k_vit_l14_336_anyres, NULL},
+    {"tiny-llava16", "llama", "tiny-vlm with anyres pinpoints 112x56, 56x112, 112x112, for tests", 64, 5, 8, 4, 172,
+     512, 2048, 10000.0f, 1e-5f, false, false, &k_vit_tiny_anyres, NULL},
     {"tinyllama-1.1b", "llama", "TinyLlama-1.1B", 2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f,
-     1e-5f, false, false, NULL},
+     1e-5f, false, false, NULL, NULL},
     {"smollm2-135m", "llama", "SmolLM2-135M (tied embeddings)", 576, 30, 9, 3, 1536, 49152, 8192,
-     100000.0f, 1e-5f, false, true, NULL},
+     100000.0f, 1e-5f, false, true, NULL, NULL},
     {"qwen2-0.5b", "qwen2", "Qwen2-0.5B (QKV biases, tied embeddings)", 896, 24, 14, 2, 4864,
-     151936, 32768, 1000000.0f, 1e-6f, true, true, NULL},
+     151936, 32768, 1000000.0f, 1e-6f, true, true, NULL, NULL},
+    {"llama-3.2-1b", "llama", "Llama-3.2-1B (rope_freqs: Llama 3 scaling, tied embeddings)", 2048, 16, 32, 8, 8192,
+     128256, 131072, 500000.0f, 1e-5f, false, true, NULL, &k_llama32},
+    {"mistral-7b", "llama", "Mistral-7B v0.1 (sliding window 4096)", 4096, 32, 32, 8, 14336, 32000, 32768, 10000.0f,
+     1e-5f, false, false, NULL, &k_mistral},
+    {"phi-3-mini", "phi3", "Phi-3-mini-128k (fused QKV and gate-up, longrope)", 3072, 32, 32, 32, 8192, 32064, 131072,
+     10000.0f, 1e-5f, false, false, NULL, &k_phi3},
+    {"gemma-2b", "gemma", "Gemma-2B (head size 256, GeGLU, embeddings scaled by sqrt(n_embd), norms 1+w)", 2048,
+     18, 8, 1, 16384, 256000, 8192, 10000.0f, 1e-6f, false, true, NULL, &k_gemma},
+    {"tiny-llama3", "llama", "llama-3.2-1b's details at width 256, for tests", 256, 2, 4, 2, 512, 512, 4096, 500000.0f,
+     1e-5f, false, true, NULL, &k_tiny_llama3},
+    {"tiny-mistral", "llama", "mistral-7b's details at width 128, sliding window 32, for tests", 128, 2, 4, 2, 256,
+     512, 2048, 10000.0f, 1e-5f, false, false, NULL, &k_tiny_mistral},
+    {"tiny-phi3", "phi3", "phi-3-mini's details at width 128, longrope past 512, for tests", 128, 2, 4, 4, 256, 512,
+     4096, 10000.0f, 1e-5f, false, false, NULL, &k_tiny_phi3},
+    {"tiny-gemma", "gemma", "gemma-2b's details at width 128 (head size 64), for tests", 128, 2, 4, 1, 256, 512, 2048,
+     10000.0f, 1e-6f, false, true, NULL, &k_tiny_gemma},
 };
 
 /* ------------------------------------------------------------------ */
@@ -88,7 +169,7 @@ static uint64_t hash_str(const char *s) { /* FNV-1a */
 /* Uniform in (0, 1). */
 static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) / 9007199254740992.0; }
 
-enum init_kind { INIT_NORMAL, INIT_ONES, INIT_ONES_JITTER };
+enum init_kind { INIT_NORMAL, INIT_ONES, INIT_ONES_JITTER, INIT_TABLE };
 
 struct gen; /* shared row cache */
 
@@ -99,6 +180,7 @@ struct tspec {
     int64_t ne[4];
     enum init_kind init;
     float scale;
+    float table[512];        /* INIT_TABLE: the values of a 1-D tensor of at most 512 */
     uint64_t seed;
     size_t row_bytes;
     struct gen *g;
@@ -138,6 +220,7 @@ static enum ekv_status gen_row(struct gen *g, const struct tspec *ts, int64_t ro
             switch (ts->init) {
             case INIT_ONES: v = 1.0f; break;
             case INIT_ONES_JITTER: v = 1.0f + ts->scale * (float)z[k]; break;
+            case INIT_TABLE: v = ts->table[i + k]; break;
             default: v = ts->scale * (float)z[k]; break;
             }
             g->f[i + k] = v;
@@ -226,6 +309,14 @@ static enum ekv_status add_vec(struct builder *b, const char *name, int64_t n, e
     return add(b, name, 1, &n, EKV_F32, init, scale);
 }
 
+/* A 1-D f32 tensor with the given values (n <= 512). */
+static enum ekv_status add_table(struct builder *b, const char *name, const float *vals, int64_t n) {
+    if (n > 512) return ekv_err(EKV_ERR_INTERNAL, "mkmodel: table %s of %lld values", name, (long long)n);
+    enum ekv_status s = add(b, name, 1, &n, EKV_F32, INIT_TABLE, 0.0f);
+    if (s == EKV_OK) memcpy(b->specs[b->n - 1].table, vals, (size_t)n * sizeof *vals);
+    return s;
+}
+
 static enum ekv_status add_mat(struct builder *b, const char *name, int64_t in, int64_t out,
                                enum ekv_dtype type) {
     int64_t ne[2] = {in, out};
@@ -241,6 +332,16 @@ static uint32_t file_type_of(enum ekv_dtype t) {
     default: return 1;
     }
 }
+
+/* Command-line changes to a preset (0 / NULL / -1: the preset's value). */
+struct mk_opts {
+    int n_layer;
+    int n_ctx;
+    const char *rope_scaling; /* "none", "linear", "yarn": writes rope.scaling.type */
+    float rope_factor;        /* rope.scaling.factor */
+    int rope_orig_ctx;        /* rope.scaling.original_context_length */
+    int sliding_window;       /* -1: preset */
+};
 
 #define TRY(expr) do { enum ekv_status s_ = (expr); if (s_ != EKV_OK) return s_; } while (0)
 
@@ -303,11 +404,43 @@ static enum ekv_status copy_vocab(struct ekv_gguf_writer *w, const struct ekv_gg
     return EKV_OK;
 }
 
-static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, int n_vocab) {
+/* Llama 3's rope_freqs as llama.cpp's converter computes them (factor 32,
+ * low_freq_factor 1, high_freq_factor 4, over the original context). */
+static void llama3_factors(int hd, double base, int orig_ctx, float *out) {
+    const double factor = 32.0, lo = 1.0, hi = 4.0;
+    const double lo_wavelen = orig_ctx / lo, hi_wavelen = orig_ctx / hi;
+    for (int i = 0; i < hd / 2; i++) {
+        double freq = 1.0 / pow(base, 2.0 * i / hd), wavelen = 2.0 * M_PI / freq;
+        if (wavelen < hi_wavelen) out[i] = 1.0f;
+        else if (wavelen > lo_wavelen) out[i] = (float)factor;
+        else {
+            double smooth = (orig_ctx / wavelen - lo) / (hi - lo);
+            out[i] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+        }
+    }
+}
+
+/* Longrope factors shaped like Phi-3-mini-128k's: short ones near 1, long
+ * ones growing from 1 to about 60 over the dimensions. */
+static void longrope_factors(int hd, bool lng, float *out) {
+    const int n = hd / 2;
+    for (int i = 0; i < n; i++) {
+        double t = n > 1 ? (double)i / (n - 1) : 0.0;
+        out[i] = (float)(lng ? 1.0 + 59.0 * t * t : 1.0 + 0.1 * t);
+    }
+}
+
+static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, int n_vocab, const struct mk_opts *o) {
     struct ekv_gguf_writer *w = b->w;
     char key[128], name[160];
     const char *a = p->arch;
-    const int hd = p->n_embd / p->n_head;
+    static const struct lm_details plain = {0};
+    const struct lm_details *d = p->det ? p->det : &plain;
+    const int hd = d->head_dim ? d->head_dim : p->n_embd / p->n_head;
+    const int n_layer = o->n_layer ? o->n_layer : p->n_layer;
+    const int n_ctx = o->n_ctx ? o->n_ctx : p->n_ctx;
+    const int swa = o->sliding_window >= 0 ? o->sliding_window : d->sliding_window;
+    const enum init_kind norm_init = d->norm_jitter ? INIT_ONES_JITTER : INIT_ONES;
     TRY(ekv_gguf_writer_set_str(w, "general.architecture", a));
     snprintf(name, sizeof name, "ekv-mkmodel %s (random weights)", p->name);
     TRY(ekv_gguf_writer_set_str(w, "general.name", name));
@@ -316,9 +449,9 @@ static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, in
         TRY(ekv_gguf_writer_set_u32(w, "general.quantization_version", 2));
 #define SETU(suffix, v) do { snprintf(key, sizeof key, "%s." suffix, a); TRY(ekv_gguf_writer_set_u32(w, key, (uint32_t)(v))); } while (0)
 #define SETF(suffix, v) do { snprintf(key, sizeof key, "%s." suffix, a); TRY(ekv_gguf_writer_set_f32(w, key, (v))); } while (0)
-    SETU("context_length", p->n_ctx);
+    SETU("context_length", n_ctx);
     SETU("embedding_length", p->n_embd);
-    SETU("block_count", p->n_layer);
+    SETU("block_count", n_layer);
     SETU("feed_forward_length", p->n_ff);
     SETU("attention.head_count", p->n_head);
     SETU("attention.head_count_kv", p->n_head_kv);
@@ -326,29 +459,63 @@ static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, in
     SETF("rope.freq_base", p->rope_base);
     SETU("rope.dimension_count", hd);
     SETU("vocab_size", n_vocab);
+    if (d->head_dim) {
+        SETU("attention.key_length", hd);
+        SETU("attention.value_length", hd);
+    }
+    if (swa > 0) SETU("attention.sliding_window", swa);
+    if (d->rf == RF_LONGROPE) {
+        SETU("rope.scaling.original_context_length", o->rope_orig_ctx ? o->rope_orig_ctx : d->rope_orig_ctx);
+        SETF("rope.scaling.attn_factor", d->rope_attn_factor);
+    }
+    if (o->rope_scaling) {
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        TRY(ekv_gguf_writer_set_str(w, key, o->rope_scaling));
+        if (o->rope_factor > 0.0f) SETF("rope.scaling.factor", o->rope_factor);
+        if (o->rope_orig_ctx > 0 && d->rf != RF_LONGROPE) SETU("rope.scaling.original_context_length", o->rope_orig_ctx);
+    }
+    if (d->chat_template) TRY(ekv_gguf_writer_set_str(w, "tokenizer.chat_template", d->chat_template));
 #undef SETU
 #undef SETF
     const int64_t E = p->n_embd, KV = (int64_t)p->n_head_kv * hd, Q = (int64_t)p->n_head * hd;
     TRY(add_mat(b, "token_embd.weight", E, n_vocab, b->mat_type));
-    for (int il = 0; il < p->n_layer; il++) {
+    float fac[512];
+    if (d->rf == RF_LLAMA3) {
+        llama3_factors(hd, p->rope_base, d->rope_orig_ctx, fac);
+        TRY(add_table(b, "rope_freqs.weight", fac, hd / 2));
+    } else if (d->rf == RF_LONGROPE) {
+        longrope_factors(hd, true, fac);
+        TRY(add_table(b, "rope_factors_long.weight", fac, hd / 2));
+        longrope_factors(hd, false, fac);
+        TRY(add_table(b, "rope_factors_short.weight", fac, hd / 2));
+    }
+    for (int il = 0; il < n_layer; il++) {
 #define NM(fmt) (snprintf(name, sizeof name, "blk.%d." fmt, il), name)
-        TRY(add_vec(b, NM("attn_norm.weight"), E, INIT_ONES, 0.0f));
-        TRY(add_mat(b, NM("attn_q.weight"), E, Q, b->mat_type));
-        TRY(add_mat(b, NM("attn_k.weight"), E, KV, b->mat_type));
-        TRY(add_mat(b, NM("attn_v.weight"), E, KV, b->mat_type));
+        TRY(add_vec(b, NM("attn_norm.weight"), E, norm_init, 0.05f));
+        if (d->fused_qkv) {
+            TRY(add_mat(b, NM("attn_qkv.weight"), E, Q + 2 * KV, b->mat_type));
+        } else {
+            TRY(add_mat(b, NM("attn_q.weight"), E, Q, b->mat_type));
+            TRY(add_mat(b, NM("attn_k.weight"), E, KV, b->mat_type));
+            TRY(add_mat(b, NM("attn_v.weight"), E, KV, b->mat_type));
+        }
         if (p->qkv_bias) {
             TRY(add_vec(b, NM("attn_q.bias"), Q, INIT_NORMAL, 0.02f));
             TRY(add_vec(b, NM("attn_k.bias"), KV, INIT_NORMAL, 0.02f));
             TRY(add_vec(b, NM("attn_v.bias"), KV, INIT_NORMAL, 0.02f));
         }
         TRY(add_mat(b, NM("attn_output.weight"), Q, E, b->mat_type));
-        TRY(add_vec(b, NM("ffn_norm.weight"), E, INIT_ONES, 0.0f));
-        TRY(add_mat(b, NM("ffn_gate.weight"), E, p->n_ff, b->mat_type));
-        TRY(add_mat(b, NM("ffn_up.weight"), E, p->n_ff, b->mat_type));
+        TRY(add_vec(b, NM("ffn_norm.weight"), E, norm_init, 0.05f));
+        if (d->fused_gate_up) {
+            TRY(add_mat(b, NM("ffn_up.weight"), E, 2 * (int64_t)p->n_ff, b->mat_type));
+        } else {
+            TRY(add_mat(b, NM("ffn_gate.weight"), E, p->n_ff, b->mat_type));
+            TRY(add_mat(b, NM("ffn_up.weight"), E, p->n_ff, b->mat_type));
+        }
         TRY(add_mat(b, NM("ffn_down.weight"), p->n_ff, E, b->mat_type));
 #undef NM
     }
-    TRY(add_vec(b, "output_norm.weight", E, INIT_ONES, 0.0f));
+    TRY(add_vec(b, "output_norm.weight", E, norm_init, 0.05f));
     if (!p->tied) TRY(add_mat(b, "output.weight", E, n_vocab, b->mat_type));
     return EKV_OK;
 }
@@ -380,6 +547,11 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
     TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_mean", GGUF_TYPE_FLOAT32, k_clip_mean, 3));
     TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_std", GGUF_TYPE_FLOAT32, k_clip_std, 3));
     TRY(ekv_gguf_writer_set_bool(w, "clip.use_gelu", v->use_gelu));
+    if (v->pinpoints) {
+        TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_grid_pinpoints", GGUF_TYPE_INT32, v->pinpoints,
+                                    (uint64_t)v->n_pinpoints));
+        TRY(ekv_gguf_writer_set_str(w, "clip.vision.mm_patch_merge_type", "spatial_unpad"));
+    }
 
     const int64_t E = v->n_embd, grid = v->image_size / v->patch_size;
     TRY(add_mat(b, "mm.0.weight", E, v->n_mm, b->mat_type));
@@ -420,13 +592,13 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
 /* Writes one file: the language model (mmproj false) or the vision tower. */
 static enum ekv_status write_file(const struct lm_preset *p, bool mmproj, enum ekv_dtype type,
                                   uint64_t seed, const char *vocab_path, const char *out,
-                                  size_t *n_tensors) {
+                                  const struct mk_opts *o, size_t *n_tensors) {
     struct gen g = {0};
     struct builder b = {0};
     struct ekv_gguf_file *vf = NULL;
     enum ekv_status s = ekv_gguf_writer_new(&b.w);
     if (s != EKV_OK) return s;
-    b.cap = 64 + (size_t)(mmproj ? p->vit->n_layer : p->n_layer) * 20;
+    b.cap = 64 + (size_t)(mmproj ? p->vit->n_layer : (o->n_layer ? o->n_layer : p->n_layer)) * 20;
     b.specs = calloc(b.cap, sizeof *b.specs);
     b.g = &g;
     b.seed = seed * 0x9e3779b97f4a7c15ull + (mmproj ? 0x5bd1e995u : 0);
@@ -445,7 +617,7 @@ static enum ekv_status write_file(const struct lm_preset *p, bool mmproj, enum e
         } else if ((s = gen_vocab(b.w, n_vocab)) != EKV_OK) {
             goto done;
         }
-        s = build_lm(&b, p, n_vocab);
+        s = build_lm(&b, p, n_vocab, o);
     }
     if (s == EKV_OK) s = ekv_gguf_writer_write(b.w, out);
     if (s == EKV_OK) *n_tensors = b.n;
@@ -487,6 +659,9 @@ static int cmd_main(int argc, char **argv) {
     const char *preset = cp.preset, *out = cp.output, *mmproj_out = cp.mmproj_out, *vocab = cp.vocab;
     const char *type_s = cp.weight_type;
     const uint64_t seed = cp.weight_seed;
+    const struct mk_opts o = {.n_layer = (int)cp.mk_n_layer, .n_ctx = (int)cp.n_ctx, .rope_scaling = cp.rope_scaling,
+                              .rope_factor = (float)cp.rope_scale, .rope_orig_ctx = (int)cp.rope_orig_ctx,
+                              .sliding_window = (int)cp.sliding_window};
     if (!preset) {
         fprintf(stderr, "ekv mkmodel: --preset is required\n");
         list_presets(stderr);
@@ -526,15 +701,19 @@ static int cmd_main(int argc, char **argv) {
         strcpy(derived + n, ".mmproj.gguf");
         mmproj_out = derived;
     }
+    if ((o.rope_factor > 0.0f || o.rope_orig_ctx > 0) && !o.rope_scaling && !(p->det && p->det->rf == RF_LONGROPE)) {
+        fprintf(stderr, "ekv mkmodel: --rope-scale and --rope-orig-ctx need --rope-scaling\n");
+        return 1;
+    }
     size_t nt = 0;
-    enum ekv_status s = write_file(p, false, type, seed, vocab, out, &nt);
+    enum ekv_status s = write_file(p, false, type, seed, vocab, out, &o, &nt);
     if (s != EKV_OK) {
         fprintf(stderr, "ekv mkmodel: %s: %s\n", ekv_status_str(s), ekv_last_error());
         return 1;
     }
     printf("wrote %s: %s, %zu tensors, %s weights (random)\n", out, p->name, nt, ekv_dtype_name(type));
     if (p->vit) {
-        s = write_file(p, true, type, seed, NULL, mmproj_out, &nt);
+        s = write_file(p, true, type, seed, NULL, mmproj_out, &o, &nt);
         if (s != EKV_OK) {
             fprintf(stderr, "ekv mkmodel: %s: %s\n", ekv_status_str(s), ekv_last_error());
             return 1;

@@ -3,11 +3,15 @@
  * policy and budget, llama.cpp-style flags, streaming output on stdout, a
  * one-line report on stderr (tokens, tokens/s per phase, cache bytes against
  * the full cache), optional JSON output and a JSON trace of the kept
- * positions (--kv-trace).
+ * positions (--kv-trace). With --chat (-cnv) it holds a conversation: one
+ * user message per line of stdin, each turn fed as the text the chat
+ * template adds since the last turn (run_chat below), on one sequence
+ * whose compressed cache lives through the whole conversation.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -96,10 +100,12 @@ static void print_kv_report(FILE *out, const struct ekv_seq *seq, const struct e
         if (l < 16 || l == mi->n_layer - 1) fprintf(out, " %.1f", (double)sum / mi->n_head_kv);
         else if (l == 16) fprintf(out, " ...");
     }
-    fprintf(out, "\nekv run: kv: %.1f KiB of %.1f KiB full cache (%.1f%%), %lld tokens seen, %lld evicted, "
-                 "%lld merged (summed over layers and heads)\n",
+    fprintf(out, "\nekv run: kv: %.1f KiB of %.1f KiB full cache (%.1f%%; K %s, V %s; %.1f%% of a full f32 cache), "
+                 "%lld tokens seen, %lld evicted, %lld merged (summed over layers and heads)\n",
             st.bytes / 1024.0, st.bytes_full / 1024.0, st.bytes_full ? 100.0 * st.bytes / st.bytes_full : 100.0,
-            (long long)st.n_seen, (long long)st.evicted, (long long)st.merged);
+            ekv_kv_type_name(st.type_k), ekv_kv_type_name(st.type_v),
+            st.bytes_full_f32 ? 100.0 * st.bytes / st.bytes_full_f32 : 100.0, (long long)st.n_seen,
+            (long long)st.evicted, (long long)st.merged);
 }
 
 
@@ -138,6 +144,8 @@ static int run_parse(struct run *r, int argc, char **argv) {
     if (rc) return rc;
     if (r->p.prompt && r->p.prompt_file) return cli_usage_error(CMD, "give either -p or -f, not both");
     if (r->p.images.n && !r->p.mmproj) return cli_usage_error(CMD, "--image needs --mmproj (the vision tower)");
+    if (r->p.chat && r->p.prompt_file) return cli_usage_error(CMD, "--chat reads the conversation from stdin; drop -f");
+    if (r->p.chat && r->p.kv_trace) return cli_usage_error(CMD, "--kv-trace is not available with --chat");
     return 0;
 }
 
@@ -233,6 +241,13 @@ static bool run_setup(struct run *r) {
     enum ekv_status s;
     if ((s = ekv_seq_new(r->ctx, &p->kv, &r->seq)) != EKV_OK) return cli_fail(CMD, s), false;
     if ((s = ekv_sampler_new(&p->sampling, &r->smp)) != EKV_OK) return cli_fail(CMD, s), false;
+    if (p->chat) { /* run_chat builds each turn's prompt */
+        r->logits = malloc((size_t)r->mi.n_vocab * sizeof *r->logits);
+        r->out_cap = 256;
+        if (!r->logits || !(r->out_text = malloc(r->out_cap))) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+        r->out_text[0] = 0;
+        return true;
+    }
     if (!run_build_prompt(r)) return false;
     r->t_start = cli_now(); /* time to first token counts image encoding */
     if (p->images.n && !run_encode_images(r)) return false;
@@ -325,6 +340,246 @@ static bool run_generate(struct run *r) {
     return true;
 }
 
+/* ---- --chat: a conversation on one sequence ---- */
+
+struct chat {
+    struct ekv_chat_msg *msgs;
+    char **owned;          /* contents we allocated, [n_msgs] (NULL where borrowed) */
+    size_t n_msgs, cap;
+    const char *tmpl;
+    char *closing;         /* template text after the last answer (e.g. "<|im_end|>\n") */
+    cJSON *turns;
+};
+
+static bool chat_push(struct chat *c, const char *role, const char *content, bool copy) {
+    if (c->n_msgs == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 8;
+        struct ekv_chat_msg *m = realloc(c->msgs, cap * sizeof *m);
+        if (m) c->msgs = m;
+        char **o = realloc(c->owned, cap * sizeof *o);
+        if (o) c->owned = o;
+        if (!m || !o) return false;
+        c->cap = cap;
+    }
+    char *own = NULL;
+    if (copy && !(own = strdup(content))) return false;
+    c->owned[c->n_msgs] = own;
+    c->msgs[c->n_msgs++] = (struct ekv_chat_msg){role, own ? own : content};
+    return true;
+}
+
+/* ekv_chat_apply into a malloc'd string. */
+static char *chat_render(const char *tmpl, const struct ekv_chat_msg *m, size_t n, bool add) {
+    size_t len = 0;
+    if (ekv_chat_apply(tmpl, m, n, add, NULL, 0, &len) != EKV_OK) return NULL;
+    char *s = malloc(len + 1);
+    if (s && ekv_chat_apply(tmpl, m, n, add, s, len + 1, &len) != EKV_OK) {
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
+
+/* The text a turn feeds: all of it the first time; later, what follows the
+ * previous answer in the template (c->closing) and what the new user
+ * message adds to the rendered history. */
+static char *chat_turn_text(struct run *r, struct chat *c) {
+    char *full = chat_render(c->tmpl, c->msgs, c->n_msgs, true);
+    if (!full || c->n_msgs == 1 || !c->closing) return full;
+    char *hist = chat_render(c->tmpl, c->msgs, c->n_msgs - 1, false);
+    size_t hl = hist ? strlen(hist) : 0;
+    char *out = NULL;
+    if (hist && !strncmp(full, hist, hl)) {
+        size_t cl = strlen(c->closing), rest = strlen(full + hl);
+        if ((out = malloc(cl + rest + 1))) {
+            memcpy(out, c->closing, cl);
+            memcpy(out + cl, full + hl, rest + 1);
+        }
+    } else {
+        fprintf(stderr, "ekv run: error: template %s does not extend the conversation it rendered before\n", c->tmpl);
+    }
+    (void)r;
+    free(hist);
+    free(full);
+    return out;
+}
+
+/* After an answer: the template text that follows it (found by rendering
+ * the answer as a sentinel byte). */
+static bool chat_closing(struct chat *c) {
+    struct ekv_chat_msg *last = &c->msgs[c->n_msgs - 1];
+    const char *saved = last->content;
+    last->content = "\x01";
+    char *s = chat_render(c->tmpl, c->msgs, c->n_msgs, false);
+    last->content = saved;
+    if (!s) return false;
+    char *mark = strrchr(s, '\x01');
+    free(c->closing);
+    c->closing = strdup(mark ? mark + 1 : "");
+    free(s);
+    return c->closing != NULL;
+}
+
+/* One user message: feed the turn, generate the answer until end of turn,
+ * -n tokens or the end of the context. */
+static bool chat_turn(struct run *r, struct chat *c, const char *user, int turn) {
+    const struct cli_params *p = &r->p;
+    char *with_images = NULL;
+    if (turn == 0 && p->images.n && !strstr(user, EKV_IMAGE_MARKER)) {
+        size_t ml = strlen(EKV_IMAGE_MARKER "\n"), ul = strlen(user);
+        if (!(with_images = malloc((size_t)p->images.n * ml + ul + 1))) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+        for (int i = 0; i < p->images.n; i++) memcpy(with_images + (size_t)i * ml, EKV_IMAGE_MARKER "\n", ml);
+        memcpy(with_images + (size_t)p->images.n * ml, user, ul + 1);
+    }
+    bool ok = chat_push(c, "user", with_images ? with_images : user, true);
+    free(with_images);
+    if (!ok) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    char *text = chat_turn_text(r, c);
+    if (!text) return false;
+    enum ekv_status s = ekv_prompt_new(r->model, text, strlen(text), turn == 0, &r->pr);
+    if (s == EKV_OK && ekv_prompt_n_images(r->pr) != (turn == 0 ? p->images.n : 0)) {
+        cli_usage_error(CMD, "turn %d has %d %s marker(s) for %d image(s) (images go with the first message)",
+                        turn + 1, ekv_prompt_n_images(r->pr), EKV_IMAGE_MARKER, turn == 0 ? p->images.n : 0);
+        s = EKV_ERR_INVALID_ARG;
+    }
+    if (s == EKV_OK && turn == 0 && p->images.n && !run_encode_images(r)) s = EKV_ERR_INVALID_ARG;
+    const int64_t n_fed = s == EKV_OK ? ekv_prompt_n_positions(r->pr) : 0;
+    if (s == EKV_OK && ekv_seq_n_seen(r->seq) + n_fed + 1 > r->ctx_size) {
+        fprintf(stderr, "ekv run: the conversation reached the context of %d positions\n", r->ctx_size);
+        s = EKV_ERR_CONTEXT_FULL;
+    }
+    if (s == EKV_OK) s = ekv_seq_eval_prompt(r->seq, r->pr, r->logits);
+    ekv_prompt_free(r->pr);
+    r->pr = NULL;
+    if (s != EKV_OK) {
+        free(text);
+        if (s != EKV_ERR_INVALID_ARG && s != EKV_ERR_CONTEXT_FULL) cli_fail(CMD, s);
+        return false;
+    }
+    r->n_gen = 0;
+    r->out_len = 0;
+    r->out_text[0] = 0;
+    r->stop = "length";
+    long max = r->n_predict;
+    while (r->n_gen < max) {
+        int32_t t = ekv_sampler_sample(r->smp, r->logits, r->mi.n_vocab);
+        if (!p->ignore_eos && ekv_token_is_eog(r->model, t)) {
+            r->stop = "eos";
+            break;
+        }
+        r->gen[r->n_gen++] = t;
+        char piece[256];
+        size_t pn = 0;
+        if (ekv_token_to_piece(r->model, t, false, piece, sizeof piece, &pn) != EKV_OK) pn = 0;
+        if (!append_text(r, piece, pn)) return free(text), cli_fail(CMD, EKV_ERR_NOMEM), false;
+        if (!p->json) {
+            fwrite(piece, 1, pn, stdout);
+            fflush(stdout);
+        }
+        if (ekv_seq_n_seen(r->seq) + 2 > r->ctx_size) {
+            r->stop = "context";
+            break;
+        }
+        if (r->n_gen == max) break;
+        if ((s = ekv_seq_decode(r->seq, t, r->logits)) != EKV_OK) return free(text), cli_fail(CMD, s), false;
+    }
+    /* the answer as the history holds it; its last token is not in the cache
+     * yet when generation stopped on the length: it comes with the closing */
+    if (r->n_gen > 0 && strcmp(r->stop, "eos") && ekv_seq_decode(r->seq, r->gen[r->n_gen - 1], NULL) != EKV_OK) {
+        free(text);
+        return cli_fail(CMD, EKV_ERR_CONTEXT_FULL), false;
+    }
+    const char *answer = r->out_text;
+    while (*answer == ' ') answer++; /* the template puts its own space before an answer */
+    ok = chat_push(c, "assistant", answer, true) && chat_closing(c);
+    if (!p->json) {
+        printf("\n");
+        fflush(stdout);
+    } else {
+        struct ekv_kv_stats st;
+        ekv_seq_kv_stats(r->seq, &st);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "turn", turn + 1);
+        cJSON_AddStringToObject(o, "user", user);
+        cJSON_AddStringToObject(o, "fed_text", text);
+        cJSON_AddNumberToObject(o, "fed_positions", (double)n_fed);
+        cJSON_AddStringToObject(o, "text", r->out_text);
+        cJSON *ga = cJSON_AddArrayToObject(o, "tokens");
+        for (long i = 0; i < r->n_gen; i++) cJSON_AddItemToArray(ga, cJSON_CreateNumber(r->gen[i]));
+        cJSON_AddStringToObject(o, "stop", r->stop);
+        cJSON_AddNumberToObject(o, "n_seen", (double)st.n_seen);
+        cJSON *kvo = cJSON_AddObjectToObject(o, "kv");
+        cJSON_AddNumberToObject(kvo, "entries", (double)st.entries);
+        cJSON_AddNumberToObject(kvo, "entries_full", (double)st.entries_full);
+        cJSON_AddNumberToObject(kvo, "bytes", (double)st.bytes);
+        cJSON_AddNumberToObject(kvo, "bytes_full", (double)st.bytes_full);
+        char *js = cJSON_PrintUnformatted(o);
+        if (js) puts(js);
+        free(js);
+        cJSON_Delete(o);
+        fflush(stdout);
+    }
+    free(text);
+    if (!ok) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    return true;
+}
+
+/* Reads user messages (one per line; "/exit" or end of input stops) and
+ * answers each; -p, when given, is the first message. */
+static bool run_chat(struct run *r) {
+    const struct cli_params *p = &r->p;
+    struct chat c = {0};
+    c.tmpl = p->chat_template ? p->chat_template : ekv_model_chat_template(r->model);
+    if (!c.tmpl) {
+        c.tmpl = "chatml";
+        fprintf(stderr, "ekv run: the model's chat template is not recognised (or absent): using chatml "
+                        "(--chat-template chooses)\n");
+    }
+    fprintf(stderr, "ekv run: chat template %s, policy %s, budget %.3g; one message per line, /exit or end of "
+                    "input ends\n", c.tmpl, p->kv.policy ? p->kv.policy : "full", p->kv.budget);
+    r->n_predict = p->n_predict < 0 ? r->ctx_size : p->n_predict;
+    free(r->gen);
+    if (!(r->gen = malloc(((size_t)r->n_predict + 1) * sizeof *r->gen))) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    bool ok = !p->system || chat_push(&c, "system", p->system, false);
+    const bool tty = isatty(STDIN_FILENO);
+    char *line = NULL;
+    size_t cap = 0;
+    r->t0 = cli_now();
+    for (int turn = 0; ok; turn++) {
+        const char *user = NULL;
+        if (turn == 0 && p->prompt) {
+            user = p->prompt;
+        } else {
+            if (tty) {
+                printf("> ");
+                fflush(stdout);
+            }
+            ssize_t n = getline(&line, &cap, stdin);
+            if (n < 0) break;
+            while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+            if (!strcmp(line, "/exit")) break;
+            if (n == 0) {
+                turn--;
+                continue;
+            }
+            user = line;
+        }
+        ok = chat_turn(r, &c, user, turn);
+    }
+    r->t2 = cli_now();
+    free(line);
+    for (size_t i = 0; i < c.n_msgs; i++) free(c.owned[i]);
+    free(c.owned);
+    free(c.msgs);
+    free(c.closing);
+    if (ok) {
+        print_kv_report(stderr, r->seq, &r->mi, p->kv.policy ? p->kv.policy : "full", p->kv.budget);
+        fprintf(stderr, "ekv run: conversation of %lld positions in %.3f s, threads %d, peak RSS %.1f MiB\n",
+                (long long)ekv_seq_n_seen(r->seq), r->t2 - r->t0, r->n_threads, cli_peak_rss() / 1048576.0);
+    }
+    return ok;
+}
+
 static void run_print_json(const struct run *r, const char *pol) {
     const double pp_s = r->t1 - r->t0, tg_s = r->t2 - r->t1;
     const long n_dec = r->n_gen > 1 ? r->n_gen - 1 : 0;
@@ -351,6 +606,9 @@ static void run_print_json(const struct run *r, const char *pol) {
     cJSON_AddNumberToObject(kvo, "budget", r->p.kv.budget);
     cJSON_AddNumberToObject(kvo, "bytes", (double)st.bytes);
     cJSON_AddNumberToObject(kvo, "bytes_full", (double)st.bytes_full);
+    cJSON_AddNumberToObject(kvo, "bytes_full_f32", (double)st.bytes_full_f32);
+    cJSON_AddStringToObject(kvo, "type_k", ekv_kv_type_name(st.type_k));
+    cJSON_AddStringToObject(kvo, "type_v", ekv_kv_type_name(st.type_v));
     cJSON_AddNumberToObject(kvo, "entries", (double)st.entries);
     cJSON_AddNumberToObject(kvo, "evicted", (double)st.evicted);
     cJSON_AddNumberToObject(kvo, "merged", (double)st.merged);
@@ -405,8 +663,8 @@ static int cmd_run_main(int argc, char **argv) {
     int rc = run_parse(&r, argc, argv);
     if (rc == 0) {
         rc = 1;
-        if (run_setup(&r) && run_generate(&r)) {
-            run_report(&r);
+        if (run_setup(&r) && (r.p.chat ? run_chat(&r) : run_generate(&r))) {
+            if (!r.p.chat) run_report(&r);
             rc = 0;
         }
     } else if (rc == 2) {

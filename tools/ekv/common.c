@@ -44,12 +44,13 @@ enum cli_kind {
 };
 
 /* help sections, in print order */
-enum cli_group { G_MODEL, G_GEN, G_EVAL, G_BENCH, G_SERVE, G_MKMODEL, G_INFO, G_OUT, G_KV, G_COUNT };
+enum cli_group { G_MODEL, G_GEN, G_EVAL, G_BENCH, G_SERVE, G_MKMODEL, G_INFO, G_OUT, G_KV, G_KVTYPE, G_COUNT };
 
 static const char *const k_group_title[G_COUNT] = {
     "model and threads", "prompt, generation and sampling", "evaluation", "benchmark grid", "server",
     "model to write", "listing", "output",
     "KV-cache policy (POLICIES.md gives exact semantics; omitted = the policy's default)",
+    "KV-cache storage (independent of the policy; bytes reported are the types' real bytes)",
 };
 
 struct cli_opt {
@@ -75,21 +76,27 @@ struct cli_opt {
 #define I CLI_INFO
 #define M CLI_MKMODEL
 #define S CLI_SERVE
+#define Q CLI_QUANTIZE
+#define T CLI_TOKENIZE
 #define KVT (R | E | B | S)
 #define BIG (1L << 24)
 #define HUGE30 (1L << 30)
 
 static const char *check_template(const char *v);
+static const char *check_rope_scaling(const char *v);
 static bool fn_pool(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_pool_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_compat(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_eval_seed(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
+static bool fn_kv_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 
 static const struct cli_opt k_opts[] = {
     /* model and threads */
-    {R | E | B | I | S, G_MODEL, "-m, --model", NULL, "FILE", "GGUF or llama2.c model", K_STR, OFF(model), 0, 0,
+    {R | E | B | I | S | T, G_MODEL, "-m, --model", NULL, "FILE", "GGUF or llama2.c model", K_STR, OFF(model), 0, 0,
      NULL, NULL, "bundled models/stories260K.gguf", false},
-    {R | E | B | S, G_MODEL, "--tokenizer", NULL, "FILE",
+    {Q, G_MODEL, "-m, --model", NULL, "FILE", "input GGUF model (F32, F16 or BF16 tensors)", K_STR, OFF(model), 0,
+     0, NULL, NULL, "", false},
+    {R | E | B | S | T, G_MODEL, "--tokenizer", NULL, "FILE",
      "tokenizer .bin for llama2.c checkpoints (default tok<vocab>.bin beside the model)", K_STR, OFF(tokenizer), 0,
      0, NULL, NULL, "", false},
     {R | E | S, G_MODEL, "--mmproj", NULL, "FILE", "vision tower (llama.cpp-style mmproj GGUF) for images", K_STR,
@@ -123,7 +130,7 @@ static const struct cli_opt k_opts[] = {
     {R, G_GEN, "--image", NULL, "FILE",
      "image (JPEG/PNG) spliced where the prompt says <image>, or before the text\n(needs --mmproj); repeat for "
      "several images (markers filled in order)", K_APPEND, OFF(images), 0, 0, NULL, NULL, "", false},
-    {R, G_GEN, "--chat-template", NULL, "T", "chat template (default: llava-1.5 with --image, else none)", K_STR,
+    {R, G_GEN, "--chat-template", NULL, "T", "chat template (names below; default: llava-1.5 with --image, else none)", K_STR,
      OFF(chat_template), 0, 0, check_template, NULL, "", false},
     {E, G_GEN, "--chat-template", NULL, "T",
      "chat template (default: plain system + \"\\n\" + instruction;\nllava-1.5 for items with an image)", K_STR,
@@ -131,6 +138,10 @@ static const struct cli_opt k_opts[] = {
     {S, G_GEN, "--chat-template", NULL, "T",
      "chat template of /v1/chat/completions (default: detected from the\nGGUF's tokenizer.chat_template, else none)",
      K_STR, OFF(chat_template), 0, 0, check_template, NULL, "", false},
+    {R, G_GEN, "-cnv, --chat", "--conversation", NULL,
+     "conversation: one user message per line of stdin (-p gives the first), each\nanswer streamed; the compressed "
+     "cache is kept between turns; template:\n--chat-template, else the model's own, else chatml; -n is per turn",
+     K_FLAG, OFF(chat), 0, 0, NULL, NULL, NULL, false},
     {R, G_GEN, "--system", NULL, "TEXT", "system prompt for the chat template (default: the template's own)",
      K_STR, OFF(system), 0, 0, NULL, NULL, "", false},
     {R | S, G_GEN, "--temp", NULL, "F", "temperature; 0 = greedy", K_F32, OFF(sampling.temp), 0, 100, NULL, NULL,
@@ -219,8 +230,41 @@ static const struct cli_opt k_opts[] = {
      0, NULL, NULL, NULL, false},
     {M, G_MKMODEL, "--vocab", NULL, "FILE", "copy tokenizer.* from this GGUF (vocabulary size follows it)", K_STR,
      OFF(vocab), 0, 0, NULL, NULL, "", false},
+    {Q, G_MKMODEL, "-o, --output", NULL, "FILE", "GGUF to write (must differ from the input)", K_STR, OFF(output), 0,
+     0, NULL, NULL, "", false},
+    {Q, G_MKMODEL, "--type", NULL, "T", "type of the matrices: q8_0, q4_0 or f16", K_STR, OFF(weight_type), 0, 0,
+     NULL, NULL, NULL, false},
     {M, G_MKMODEL, "--seed", NULL, "N", "random seed of the weights; same seed, same bytes", K_U64,
      OFF(weight_seed), 0, 0, NULL, NULL, NULL, false},
+    {M, G_MKMODEL, "--n-layer", NULL, "N", "blocks to write (small test models of a real width)", K_LONG,
+     OFF(mk_n_layer), 1, 4096, NULL, NULL, "the preset's", false},
+    {M, G_MKMODEL, "-c, --ctx-size", NULL, "N", "context_length to write", K_LONG, OFF(n_ctx), 1, 1L << 24, NULL,
+     NULL, "the preset's", false},
+    {M, G_MKMODEL, "--rope-scaling", NULL, "T", "write rope.scaling.type T: none, linear or yarn", K_STR,
+     OFF(rope_scaling), 0, 0, check_rope_scaling, NULL, "", false},
+    {M, G_MKMODEL, "--rope-scale", NULL, "F", "write rope.scaling.factor F", K_F64, OFF(rope_scale), 1e-3, 1e6, NULL,
+     NULL, "", false},
+    {M, G_MKMODEL, "--rope-orig-ctx", NULL, "N", "write rope.scaling.original_context_length N", K_LONG,
+     OFF(rope_orig_ctx), 1, 1L << 24, NULL, NULL, "", false},
+    {M, G_MKMODEL, "--sliding-window", NULL, "N", "write attention.sliding_window N (0: none written)", K_LONG,
+     OFF(sliding_window), 0, 1L << 30, NULL, NULL, "the preset's", false},
+
+    /* tokenize */
+    {T, G_GEN, "-p, --prompt", NULL, "TEXT", "text to tokenize", K_STR, OFF(prompt), 0, 0, NULL, NULL, "", false},
+    {T, G_GEN, "-f, --file", NULL, "FILE", "read the text from a file ('-' = standard input)", K_STR,
+     OFF(prompt_file), 0, 0, NULL, NULL, NULL, false},
+    {T, G_GEN, "--no-bos", NULL, NULL, "do not add BOS even when the vocabulary asks for it", K_FLAG,
+     OFF(tok_no_bos), 0, 0, NULL, NULL, NULL, false},
+    {T, G_GEN, "--parse-special", NULL, NULL, "text of special tokens (\"<|endoftext|>\") becomes those tokens",
+     K_FLAG, OFF(tok_parse_special), 0, 0, NULL, NULL, NULL, false},
+    {T, G_OUT, "--ids", NULL, NULL, "print only the ids, as [1, 2, 3]", K_FLAG, OFF(tok_ids), 0, 0, NULL, NULL,
+     NULL, false},
+    {T, G_OUT, "--json", NULL, NULL,
+     "print {\"n_tokens\": N, \"ids\": [...], \"offsets\": [...], \"n_bytes\": B}; offsets[i]\nis the byte "
+     "offset of token i in the detokenised text (the concatenation\nof the pieces; for byte-level BPE the input itself)",
+     K_FLAG, OFF(json), 0, 0, NULL, NULL, NULL, false},
+    {T, G_OUT, "--show-count", NULL, NULL, "print the number of tokens at the end (plain and --ids output)", K_FLAG,
+     OFF(tok_show_count), 0, 0, NULL, NULL, NULL, false},
 
     /* info */
     {I, G_INFO, "--no-tensors", NULL, NULL, "do not list tensors", K_NOFLAG, OFF(tensors), 0, 0, NULL, NULL, NULL,
@@ -272,6 +316,24 @@ static const struct cli_opt k_opts[] = {
      false},
     {KVT, G_KV, "--kv-compat", NULL, "paper|ref", "reproduce the authors' reference code (elastic)", K_FN, 0, 0, 0,
      NULL, fn_compat, "paper", false},
+
+    /* KV-cache storage */
+    {R | S, G_KVTYPE, "--kv-type", NULL, "T",
+     "storage type of keys and values: f32, f16, q8_0, q4_0, kivi2, kivi4\n(K/V for different types, e.g. q8_0/kivi4)",
+     K_FN, 0, 0, 0, NULL, fn_kv_type, "f16", false},
+    {E | B, G_KVTYPE, "--kv-type", NULL, "LIST",
+     "comma list of storage types (T or K/V, as for run), a grid axis with\npolicies x budgets (default f16)",
+     K_LIST_STR, OFF(kv_types), 0, 0, cli_check_kv_type, NULL, "", false},
+    {KVT, G_KVTYPE, "-ctk, --kv-type-k", "--cache-type-k", "T", "storage type of keys only (llama.cpp's -ctk)", K_FN,
+     0, 0, 0, NULL, fn_kv_type, "", false},
+    {KVT, G_KVTYPE, "-ctv, --kv-type-v", "--cache-type-v", "T", "storage type of values only (llama.cpp's -ctv)",
+     K_FN, 0, 0, 0, NULL, fn_kv_type, "", false},
+    {KVT, G_KVTYPE, "--kv-group", NULL, "G",
+     "KIVI group: keys per channel over G entries, values per entry over G\nchannels", K_I32, OFF(kv.kv_group), 1,
+     1024, NULL, NULL, "32", false},
+    {KVT, G_KVTYPE, "--kv-residual", NULL, "R",
+     "KIVI: the newest R entries stay fp16 until a group fills; a multiple\nof G", K_I32, OFF(kv.kv_residual), 0,
+     HUGE30, NULL, NULL, "128", false},
 };
 
 #undef R
@@ -280,6 +342,8 @@ static const struct cli_opt k_opts[] = {
 #undef I
 #undef M
 #undef S
+#undef Q
+#undef T
 
 /* ------------------------------------------------------------------ */
 /* checks and custom handlers                                           */
@@ -296,10 +360,17 @@ const char *cli_check_policy(const char *name) {
     return msg;
 }
 
+static const char *check_rope_scaling(const char *v) {
+    static char msg[160];
+    if (!strcmp(v, "none") || !strcmp(v, "linear") || !strcmp(v, "yarn")) return NULL;
+    snprintf(msg, sizeof msg, "unknown RoPE scaling '%.64s' (known: none, linear, yarn)", v);
+    return msg;
+}
+
 static const char *check_template(const char *v) {
     static char msg[512];
-    for (int i = 0; i < ekv_chat_template_count(); i++)
-        if (!strcmp(v, ekv_chat_template_name(i))) return NULL;
+    size_t n;
+    if (ekv_chat_apply(v, NULL, 0, false, NULL, 0, &n) == EKV_OK) return NULL; /* a name or an alias */
     size_t used = (size_t)snprintf(msg, sizeof msg, "unknown chat template '%.64s' (known:", v);
     for (int i = 0; i < ekv_chat_template_count() && used < sizeof msg; i++)
         used += (size_t)snprintf(msg + used, sizeof msg - used, " %s", ekv_chat_template_name(i));
@@ -378,6 +449,52 @@ static bool fn_compat(struct cli_params *p, const char *opt, const char *v, char
         snprintf(err, n, "%s expects 'paper' or 'ref', got '%.64s'", opt, v);
         return false;
     }
+    return true;
+}
+
+/* "T" or "K/V" storage types (a --kv-type value or list item). */
+bool cli_parse_kv_types(const char *v, enum ekv_kv_type *tk, enum ekv_kv_type *tv, char *err, size_t n) {
+    char buf[64];
+    const char *slash = v ? strchr(v, '/') : NULL;
+    if (!v || strlen(v) >= sizeof buf) {
+        snprintf(err, n, "expected a storage type (f32, f16, q8_0, q4_0, kivi2, kivi4) or K/V");
+        return false;
+    }
+    snprintf(buf, sizeof buf, "%.*s", slash ? (int)(slash - v) : (int)strlen(v), v);
+    if (ekv_kv_type_parse(buf, tk) != EKV_OK || ekv_kv_type_parse(slash ? slash + 1 : buf, tv) != EKV_OK) {
+        snprintf(err, n, "%s", ekv_last_error());
+        return false;
+    }
+    return true;
+}
+
+const char *cli_check_kv_type(const char *v) {
+    static char msg[256];
+    enum ekv_kv_type a, b;
+    return cli_parse_kv_types(v, &a, &b, msg, sizeof msg) ? NULL : msg;
+}
+
+static bool fn_kv_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n) {
+    enum ekv_kv_type tk, tv;
+    char why[192];
+    const size_t ol = strlen(opt);
+    const bool side_k = !strcmp(opt, "-ctk") || (ol > 2 && !strcmp(opt + ol - 2, "-k"));
+    const bool side_v = !strcmp(opt, "-ctv") || (ol > 2 && !strcmp(opt + ol - 2, "-v"));
+    if (side_k || side_v) {
+        if (strchr(v, '/') || !cli_parse_kv_types(v, &tk, &tv, why, sizeof why)) {
+            snprintf(err, n, "%s: %s", opt, strchr(v, '/') ? "expects one type" : why);
+            return false;
+        }
+        if (side_k) p->kv.type_k = tk;
+        else p->kv.type_v = tv;
+        return true;
+    }
+    if (!cli_parse_kv_types(v, &tk, &tv, why, sizeof why)) {
+        snprintf(err, n, "%s: %s", opt, why);
+        return false;
+    }
+    p->kv.type_k = tk;
+    p->kv.type_v = tv;
     return true;
 }
 
@@ -642,6 +759,7 @@ void cli_params_init(struct cli_params *p, unsigned tool) {
     p->tensors = p->metadata = true;
     p->weight_type = "f16";
     p->weight_seed = 1;
+    p->sliding_window = -1;
     p->host = "127.0.0.1";
     p->port = 8080;
     p->parallel = 32;
@@ -650,6 +768,7 @@ void cli_params_init(struct cli_params *p, unsigned tool) {
     p->timeout = 60;
     p->prefill_chunk = 256;
     if (tool == CLI_SERVE) p->n_predict = -1;
+    if (tool == CLI_QUANTIZE) p->weight_type = "q8_0";
     if (tool == CLI_EVAL) {
         static const char *const pol[] = {"full", "local", "h2o", "elastic"};
         static const double bud[] = {0.2, 0.5, 1.0};
@@ -757,6 +876,11 @@ void cli_print_help(FILE *out, const struct cli_params *p, const struct cli_help
         for (int i = 0; i < ekv_kv_policy_count(); i++)
             fprintf(out, "  %-13s %s\n", ekv_kv_policy_name(i), ekv_kv_policy_summary(i));
         fputc('\n', out);
+    }
+    if (p->tool & (CLI_RUN | CLI_EVAL | CLI_SERVE)) {
+        fprintf(out, "chat templates (--chat-template; docs/chat-templates.md):\n ");
+        for (int i = 0; i < ekv_chat_template_count(); i++) fprintf(out, " %s", ekv_chat_template_name(i));
+        fprintf(out, "\n\n");
     }
     if (help->epilog && help->epilog[0]) fprintf(out, "%s\n", help->epilog);
 }

@@ -15,6 +15,8 @@ static const struct ekv_cmd *const k_cmds[] = {
     &ekv_cmd_eval,
     &ekv_cmd_bench,
     &ekv_cmd_serve,
+    &ekv_cmd_quantize,
+    &ekv_cmd_tokenize,
 };
 
 static void usage(FILE *out) {

@@ -1,0 +1,408 @@
+/*
+ * store.c — one side (keys or values) of a KV head in its storage type
+ * (store.h): appends that quantise, reads that dequantise, writes, the
+ * compaction behind every eviction and merge, and KIVI's residual rule.
+ *
+ * Eviction inside a KIVI key group (a scale and zero point per channel
+ * over up to G entries): the group keeps the codes of the entries that
+ * stay, unchanged — they dequantise to exactly what they did — and just
+ * counts fewer entries, so eviction never re-quantises. A group that
+ * loses all its entries disappears. Only when two or more adjacent groups
+ * together hold at most G entries are they re-quantised as one group (from
+ * their dequantised values), so that per-group overhead stays bounded
+ * (every pair of neighbours holds more than G entries, i.e. groups are
+ * more than half full on average) while an entry is re-quantised only when
+ * the groups around it have thinned out. Writes (merges) re-quantise the
+ * groups they touch. [CHOICE, issue 11; POLICIES.md has no rule for it]
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "kernels/quant.h"
+#include "kv/store.h"
+
+static int bits_of(const struct ekv_store_fmt *f) { return ekv_kv_traits(f->type)->bits; }
+static bool is_kivi(const struct ekv_store_fmt *f) { return bits_of(f) != 0; }
+static bool is_kivi_k(const struct ekv_store_fmt *f) { return is_kivi(f) && !f->is_v; }
+static size_t gbytes(const struct ekv_store_fmt *f, int32_t n) { return ekv_kivi_kgroup_bytes(f->d, n, bits_of(f)); }
+/* KIVI keys quantise blocks of this many tail entries */
+static int32_t key_block(const struct ekv_store_fmt *f) { return f->r > f->g ? f->r : f->g; }
+
+const char *ekv_store_fmt_init(struct ekv_store_fmt *f, enum ekv_kv_type t, bool is_v, int d, int g, int r) {
+    const char *why = ekv_kv_type_check(t, is_v, d, g);
+    if (why) return why;
+    *f = (struct ekv_store_fmt){.type = t, .is_v = is_v, .d = d, .g = g, .r = r};
+    const int bits = ekv_kv_traits(t)->bits;
+    if (bits && (r < 0 || r % g != 0)) return "needs kv_residual to be a multiple of kv_group";
+    f->row_bytes = bits && !is_v ? (size_t)d * (size_t)bits / 8 : ekv_kv_row_bytes(t, d, g);
+    return NULL;
+}
+
+uint64_t ekv_store_alloc_bytes(const struct ekv_store_fmt *f, const struct ekv_kv_store *s) {
+    return (uint64_t)s->data_cap + (uint64_t)s->tail_cap * 2u * (uint64_t)f->d + (uint64_t)s->gn_cap * sizeof(int32_t);
+}
+
+uint64_t ekv_store_used_bytes(const struct ekv_store_fmt *f, const struct ekv_kv_store *s, int32_t len) {
+    return (uint64_t)s->data_used + (uint64_t)(len - s->nq) * 2u * (uint64_t)f->d;
+}
+
+uint64_t ekv_store_full_bytes(const struct ekv_store_fmt *f, int64_t n) {
+    if (n <= 0) return 0;
+    if (!is_kivi(f)) return (uint64_t)n * f->row_bytes;
+    int64_t tail, quant;
+    if (f->is_v) {
+        tail = n < f->r ? n : f->r;
+        quant = (uint64_t)(n - tail) * f->row_bytes;
+    } else {
+        tail = n % key_block(f);
+        quant = (uint64_t)((n - tail) / f->g) * gbytes(f, f->g);
+    }
+    return (uint64_t)quant + (uint64_t)tail * 2u * (uint64_t)f->d;
+}
+
+/* Grows *p to at least need bytes (geometrically); *cap updated. */
+static enum ekv_status grow(void **p, size_t *cap, size_t need) {
+    if (need <= *cap) return EKV_OK;
+    size_t nc = *cap + *cap / 2;
+    if (nc < need) nc = need;
+    if (nc < 256) nc = 256;
+    void *np = realloc(*p, nc);
+    if (!np) return ekv_err(EKV_ERR_NOMEM, "kv cache: cannot grow storage to %zu bytes", nc);
+    *p = np;
+    *cap = nc;
+    return EKV_OK;
+}
+
+static enum ekv_status grow_tail(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t rows) {
+    if (rows <= s->tail_cap) return EKV_OK;
+    size_t cap = (size_t)s->tail_cap * 2 * (size_t)f->d, need, row = 2 * (size_t)f->d;
+    if (!ekv_mul_ok((size_t)rows, row, &need)) return ekv_err(EKV_ERR_OVERFLOW, "kv cache: residual of %d rows overflows", (int)rows);
+    void *p = s->tail;
+    enum ekv_status st = grow(&p, &cap, need);
+    if (st != EKV_OK) return st;
+    s->tail = p;
+    s->tail_cap = (int32_t)EKV_MIN(cap / row, (size_t)INT32_MAX);
+    return EKV_OK;
+}
+
+static enum ekv_status grow_gn(struct ekv_kv_store *s, int32_t n) {
+    if (n <= s->gn_cap) return EKV_OK;
+    size_t cap = (size_t)s->gn_cap * sizeof(int32_t);
+    void *p = s->gn;
+    enum ekv_status st = grow(&p, &cap, (size_t)n * sizeof(int32_t));
+    if (st != EKV_OK) return st;
+    s->gn = p;
+    s->gn_cap = (int32_t)(cap / sizeof(int32_t));
+    return EKV_OK;
+}
+
+enum ekv_status ekv_store_set_rows(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t cap) {
+    size_t bytes;
+    if (!ekv_mul_ok((size_t)(cap ? cap : 1), f->row_bytes, &bytes))
+        return ekv_err(EKV_ERR_OVERFLOW, "kv cache: %d rows of %zu bytes overflow", (int)cap, f->row_bytes);
+    void *np = realloc(s->data, bytes);
+    if (!np) {
+        if (bytes > s->data_cap) return ekv_err(EKV_ERR_NOMEM, "kv cache: cannot grow a head to %d entries", (int)cap);
+        return EKV_OK; /* shrinking: keep the old block */
+    }
+    s->data = np;
+    s->data_cap = bytes;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_store_reserve(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len, int32_t extra) {
+    if (!is_kivi(f)) return EKV_OK; /* rows follow the head's capacity (ekv_store_set_rows) */
+    return grow_tail(f, s, len - s->nq + extra);
+}
+
+void ekv_store_append(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len, const float *x) {
+    const size_t d = (size_t)f->d;
+    if (is_kivi(f)) {
+        ekv_quant_f16(x, s->tail + (size_t)(len - s->nq) * d, (int64_t)d);
+        return;
+    }
+    ekv_kv_traits(f->type)->from_float(x, s->data + (size_t)len * f->row_bytes, (int64_t)d);
+    s->nq = len + 1;
+    s->data_used = (size_t)s->nq * f->row_bytes;
+}
+
+struct ekv_kv_view ekv_store_view(const struct ekv_store_fmt *f, const struct ekv_kv_store *s, int32_t len) {
+    return (struct ekv_kv_view){.type = f->type, .d = f->d, .g = f->g, .is_v = f->is_v, .n = len, .nq = s->nq,
+                                .data = s->data, .row_bytes = f->row_bytes, .tail = s->tail, .ng = s->ng, .gn = s->gn};
+}
+
+void ekv_store_read(const struct ekv_store_fmt *f, const struct ekv_kv_store *s, int32_t len, int32_t j0, int32_t j1,
+                    float *dst) {
+    const struct ekv_kv_view v = ekv_store_view(f, s, len);
+    ekv_kv_view_rows(&v, j0, j1, dst, NULL, false);
+}
+
+/* KIVI keys: re-quantises every group that holds an entry with src_of[j]. */
+static enum ekv_status write_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *s, const float *const *src_of) {
+    const size_t d = (size_t)f->d;
+    float *tmp = malloc((size_t)f->g * d * sizeof *tmp);
+    if (!tmp) return ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to re-quantise a key group");
+    size_t off = 0;
+    int32_t first = 0;
+    for (int32_t g = 0; g < s->ng; g++) {
+        const int32_t n = s->gn[g];
+        bool touched = false;
+        for (int32_t r = 0; r < n && !touched; r++) touched = src_of[first + r] != NULL;
+        if (touched) {
+            ekv_kivi_dequant_kgroup(s->data + off, f->d, bits_of(f), 0, n, tmp);
+            for (int32_t r = 0; r < n; r++)
+                if (src_of[first + r]) memcpy(tmp + (size_t)r * d, src_of[first + r], d * sizeof(float));
+            ekv_kivi_quant_kgroup(tmp, n, f->d, bits_of(f), s->data + off);
+        }
+        off += gbytes(f, n);
+        first += n;
+    }
+    free(tmp);
+    return EKV_OK;
+}
+
+enum ekv_status ekv_store_write(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len, const int32_t *idx,
+                                int32_t n, const float *src) {
+    const size_t d = (size_t)f->d;
+    const float **src_of = NULL; /* KIVI keys: [nq] new row of each quantised entry, or NULL */
+    if (is_kivi_k(f) && s->nq > 0) {
+        src_of = calloc((size_t)s->nq, sizeof *src_of);
+        if (!src_of) return ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to write %d entries", (int)n);
+    }
+    bool any_group = false;
+    for (int32_t t = 0; t < n; t++) {
+        const int32_t j = idx ? idx[t] : t;
+        const float *x = src + (size_t)t * d;
+        if (j >= s->nq) {
+            ekv_quant_f16(x, s->tail + (size_t)(j - s->nq) * d, (int64_t)d);
+        } else if (src_of) {
+            src_of[j] = x;
+            any_group = true;
+        } else if (is_kivi(f)) {
+            ekv_kivi_quant_vrow(x, f->d, f->g, bits_of(f), s->data + (size_t)j * f->row_bytes);
+        } else {
+            ekv_kv_traits(f->type)->from_float(x, s->data + (size_t)j * f->row_bytes, (int64_t)d);
+        }
+    }
+    enum ekv_status st = any_group ? write_kgroups(f, s, src_of) : EKV_OK;
+    free(src_of);
+    (void)len;
+    return st;
+}
+
+/* Packs rows [0, n) of `base` (row bytes rb) with keep[j]; returns the count kept. */
+static int32_t compact_rows(uint8_t *base, size_t rb, int32_t n, const uint8_t *keep) {
+    int32_t w = 0;
+    for (int32_t j = 0; j < n; j++) {
+        if (!keep[j]) continue;
+        if (w != j) memcpy(base + (size_t)w * rb, base + (size_t)j * rb, rb);
+        w++;
+    }
+    return w;
+}
+
+/* KIVI keys: drops evicted entries from their groups, codes unchanged;
+ * empty groups vanish. In place, front to back (writes never pass reads).
+ * With src_of, src_new[w] gets the new row of the w-th kept quantised entry
+ * and dirty[g] marks the output groups that hold one. */
+static void compact_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *s, const uint8_t *keep,
+                            const float *const *src_of, const float **src_new, uint8_t *dirty) {
+    const size_t hdr = (size_t)f->d * 4, rb = f->row_bytes;
+    size_t off = 0, w_off = 0;
+    int32_t first = 0, wg = 0, wq = 0;
+    for (int32_t g = 0; g < s->ng; g++) {
+        const int32_t n = s->gn[g];
+        int32_t k = 0;
+        for (int32_t r = 0; r < n; r++) k += keep[first + r] != 0;
+        if (k > 0) {
+            if (w_off != off) memmove(s->data + w_off, s->data + off, hdr);
+            int32_t rw = 0;
+            if (dirty) dirty[wg] = 0;
+            for (int32_t r = 0; r < n; r++) {
+                if (!keep[first + r]) continue;
+                uint8_t *dst = s->data + w_off + hdr + (size_t)rw * rb;
+                const uint8_t *src = s->data + off + hdr + (size_t)r * rb;
+                if (dst != src) memmove(dst, src, rb);
+                if (src_of) {
+                    src_new[wq] = src_of[first + r];
+                    if (src_new[wq]) dirty[wg] = 1;
+                }
+                rw++;
+                wq++;
+            }
+            s->gn[wg++] = k;
+            w_off += gbytes(f, k);
+        }
+        off += gbytes(f, n);
+        first += n;
+    }
+    s->ng = wg;
+    s->data_used = w_off;
+}
+
+/* KIVI keys: re-quantises each maximal run of adjacent groups (greedy,
+ * left to right) whose entries fit in one group as a single group, and
+ * every dirty group (one with new rows in src_new), substituting the new
+ * rows; each group is quantised at most once. src_new / dirty may be NULL. */
+static enum ekv_status coalesce_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *s, const float *const *src_new,
+                                        const uint8_t *dirty) {
+    bool need = false;
+    for (int32_t g = 0; g < s->ng && !need; g++)
+        need = (dirty && dirty[g]) || (g + 1 < s->ng && s->gn[g] + s->gn[g + 1] <= f->g);
+    if (!need) return EKV_OK;
+    const size_t d = (size_t)f->d;
+    float *tmp = malloc((size_t)f->g * d * sizeof *tmp);
+    if (!tmp) return ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to re-pack key groups");
+    size_t off = 0, w_off = 0;
+    int32_t wg = 0, first = 0;
+    for (int32_t g = 0; g < s->ng;) {
+        int32_t e = g + 1, tot = s->gn[g];
+        while (e < s->ng && tot + s->gn[e] <= f->g) tot += s->gn[e++];
+        bool touched = e > g + 1;
+        for (int32_t x = g; x < e && !touched; x++) touched = dirty && dirty[x];
+        if (!touched) { /* moves as it is */
+            const size_t b = gbytes(f, s->gn[g]);
+            if (w_off != off) memmove(s->data + w_off, s->data + off, b);
+            s->gn[wg++] = s->gn[g];
+            w_off += b;
+            off += b;
+            first += s->gn[g];
+            g++;
+            continue;
+        }
+        int32_t r = 0; /* read the run into tmp before writing over it */
+        for (int32_t x = g; x < e; x++) {
+            ekv_kivi_dequant_kgroup(s->data + off, f->d, bits_of(f), 0, s->gn[x], tmp + (size_t)r * d);
+            r += s->gn[x];
+            off += gbytes(f, s->gn[x]);
+        }
+        if (src_new)
+            for (int32_t t = 0; t < tot; t++)
+                if (src_new[first + t]) memcpy(tmp + (size_t)t * d, src_new[first + t], d * sizeof(float));
+        ekv_kivi_quant_kgroup(tmp, tot, f->d, bits_of(f), s->data + w_off);
+        s->gn[wg++] = tot;
+        w_off += gbytes(f, tot);
+        first += tot;
+        g = e;
+    }
+    free(tmp);
+    s->ng = wg;
+    s->data_used = w_off;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_store_compact(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len,
+                                  const uint8_t *keep, const float *const *src_of) {
+    const int32_t nq = s->nq;
+    const size_t d = (size_t)f->d;
+    if (!is_kivi(f)) {
+        s->nq = compact_rows(s->data, f->row_bytes, len, keep);
+        s->data_used = (size_t)s->nq * f->row_bytes;
+    } else {
+        (void)compact_rows((uint8_t *)s->tail, 2 * d, len - nq, keep + nq);
+        if (f->is_v) {
+            s->nq = compact_rows(s->data, f->row_bytes, nq, keep);
+            s->data_used = (size_t)s->nq * f->row_bytes;
+        } else {
+            const float **src_new = NULL;
+            uint8_t *dirty = NULL;
+            if (src_of && s->ng > 0) {
+                src_new = calloc((size_t)nq, sizeof *src_new);
+                dirty = calloc((size_t)s->ng, 1);
+                if (!src_new || !dirty) {
+                    free(src_new);
+                    free(dirty);
+                    return ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to compact %d keys", (int)nq);
+                }
+            }
+            compact_kgroups(f, s, keep, src_new ? src_of : NULL, src_new, dirty);
+            int32_t q = 0;
+            for (int32_t g = 0; g < s->ng; g++) q += s->gn[g];
+            s->nq = q;
+            enum ekv_status st = coalesce_kgroups(f, s, src_new, dirty);
+            free(src_new);
+            free(dirty);
+            if (st != EKV_OK) return st;
+        }
+    }
+    if (!src_of) return EKV_OK;
+    /* new rows of the survivors outside KIVI key groups, at their new indices */
+    int32_t w = 0;
+    for (int32_t j = 0; j < len; j++) {
+        if (!keep[j]) continue;
+        const float *x = src_of[j];
+        if (x && !(is_kivi_k(f) && w < s->nq)) (void)ekv_store_write(f, s, w + 1, &w, 1, x);
+        w++;
+    }
+    return EKV_OK;
+}
+
+enum ekv_status ekv_store_flush(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len) {
+    if (!is_kivi(f)) return EKV_OK;
+    const size_t d = (size_t)f->d;
+    const int32_t tail = len - s->nq;
+    int32_t m; /* oldest tail entries to quantise */
+    if (f->is_v) m = tail > f->r ? tail - f->r : 0;
+    else m = (tail / key_block(f)) * key_block(f);
+    if (m <= 0) return EKV_OK;
+    const int32_t rows = f->is_v ? 1 : f->g; /* entries per quantisation unit */
+    const size_t unit = f->is_v ? f->row_bytes : gbytes(f, f->g);
+    void *p = s->data;
+    enum ekv_status st = grow(&p, &s->data_cap, s->data_used + (size_t)(m / rows) * unit);
+    if (st == EKV_OK) s->data = p;
+    if (st == EKV_OK && !f->is_v) st = grow_gn(s, s->ng + m / rows);
+    float *tmp = st == EKV_OK ? malloc((size_t)rows * d * sizeof *tmp) : NULL;
+    if (st == EKV_OK && !tmp) st = ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to quantise the residual");
+    if (st != EKV_OK) return st;
+    for (int32_t t = 0; t < m; t += rows) {
+        ekv_dequant_f16(s->tail + (size_t)t * d, tmp, (int64_t)rows * (int64_t)d);
+        if (f->is_v) {
+            ekv_kivi_quant_vrow(tmp, f->d, f->g, bits_of(f), s->data + s->data_used);
+        } else {
+            ekv_kivi_quant_kgroup(tmp, rows, f->d, bits_of(f), s->data + s->data_used);
+            s->gn[s->ng++] = rows;
+        }
+        s->data_used += unit;
+    }
+    free(tmp);
+    memmove(s->tail, s->tail + (size_t)m * d, (size_t)(tail - m) * d * sizeof(uint16_t));
+    s->nq += m;
+    return EKV_OK;
+}
+
+void ekv_store_shrink(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len) {
+    if (!is_kivi(f)) return;
+    if (s->data_cap > 2 * s->data_used + 4096) {
+        const size_t nc = s->data_used + s->data_used / 4 + 1024;
+        void *np = realloc(s->data, nc);
+        if (np) {
+            s->data = np;
+            s->data_cap = nc;
+        }
+    }
+    const int32_t tl = len - s->nq;
+    if ((int64_t)s->tail_cap > 2 * (int64_t)tl + 64) {
+        const int32_t nc = tl + tl / 4 + 16;
+        void *np = realloc(s->tail, (size_t)nc * 2 * (size_t)f->d);
+        if (np) {
+            s->tail = np;
+            s->tail_cap = nc;
+        }
+    }
+    if ((int64_t)s->gn_cap > 2 * (int64_t)s->ng + 64) {
+        const int32_t nc = s->ng + s->ng / 4 + 16;
+        void *np = realloc(s->gn, (size_t)nc * sizeof(int32_t));
+        if (np) {
+            s->gn = np;
+            s->gn_cap = nc;
+        }
+    }
+}
+
+void ekv_store_free(struct ekv_kv_store *s) {
+    free(s->data);
+    free(s->tail);
+    free(s->gn);
+    memset(s, 0, sizeof *s);
+}
