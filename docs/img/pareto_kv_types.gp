@@ -19,5 +19,11 @@ $types << EOD
 0.1659 1.0025117 kivi4
 0.1052 1.0516703 kivi2
 EOD
+$evict << EOD
+0.114104 1.0107472 snapkv 0.65 kivi4
+0.110284 1.0178034 roco 0.65 kivi4
+EOD
 plot $types using 1:2 with points pt 7 ps 1.5 lc rgb "#1f77b4" title "full cache, by type (5 items)", \
-     $types using 1:2:3 with labels offset 1.5,0.6 notitle
+     $types using 1:2:3 with labels offset 1.5,0.6 notitle, \
+     $evict using 1:2 with points pt 5 ps 1.5 lc rgb "#d62728" title "policy at budget 0.65 + kivi4 (10 items)", \
+     $evict using 1:2:3 with labels offset 0,-1.0 font ",9" notitle
