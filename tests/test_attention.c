@@ -17,7 +17,7 @@
  *   - the dispatcher picks the reference when forced;
  *   - the AVX-512 path (when the CPU has it) equals the AVX2 path bit for
  *     bit: probabilities, outputs and statistics, over head counts 1-9,
- *     head sizes with and without 16- and 64-column blocks, key counts
+ *     head sizes with and without 16- and 64-column blocks (256 = Gemma), key counts
  *     around the 16-key group and the blocks, scores up to |s| ~ 150 (exp
  *     underflow to 0), and with the kernels capped at AVX2 the dispatcher
  *     gives the same bits.
@@ -219,7 +219,7 @@ static void test_avx512(void) {
         return;
     }
     static const int Rs[] = {1, 2, 3, 4, 5, 8, 9};
-    static const int Ds[] = {8, 16, 24, 64, 72, 80, 128};
+    static const int Ds[] = {8, 16, 24, 64, 72, 80, 128, 256};
     static const int Ns[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 300, 1031};
     int bad = 0, runs = 0;
     for (size_t a = 0; a < sizeof Rs / sizeof Rs[0]; a++)
