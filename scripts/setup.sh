@@ -5,7 +5,7 @@
 # Safe to run again: what is present is skipped.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config libcjson-dev libstb-dev libmicrohttpd-dev gnuplot-nox curl"
+PKGS="build-essential cmake pkg-config libcjson-dev libstb-dev libmicrohttpd-dev gnuplot-nox curl python3"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
