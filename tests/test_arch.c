@@ -261,7 +261,9 @@ static double check_model(const char *dir, const char *label, const char *args, 
     cp.n_threads = 2;
     cp.n_ctx = n_ctx;
     CHECK_OK(ekv_context_new(m, &cp, &c));
-    if (c) CHECK_OK(ekv_seq_new(c, NULL, &sq));
+    struct ekv_kv_params fp = ekv_kv_default_params();
+    fp.type_k = fp.type_v = EKV_KV_F32; /* the reference keeps K/V in double: compare with f32 storage */
+    if (c) CHECK_OK(ekv_seq_new(c, &fp, &sq));
     if (!sq) goto out;
     const int n = n_prompt + n_dec, V = r.V;
     int32_t *toks = malloc(sizeof *toks * n);
