@@ -23,10 +23,12 @@ awk -F, '$NF ~ /^[0-9]+$/ && $(NF-2) == "acc" { n++; if ($(NF-1) < 0 || $(NF-1) 
          END { exit !(n == 2 && bad == 0) }' "$T/acc/results.csv" 2>/dev/null && ok \
   || bad "acc rows: $(grep acc "$T/acc/results.csv" 2>/dev/null)"
 # an answer that is the model's own greedy continuation scores 1, a wrong one 0
-gen=$("$EKV" run -p "Once upon a time" -n 9 --temp 0 --no-display-prompt 2>/dev/null)
-printf '{"instruction": "Once upon a time", "answer": "%s"}\n{"instruction": "Once upon a time", "answer": " zebra quantum zebra"}\n' \
+# (the shipped ekv-ref-28m Q8_0: byte-level BPE, so the answer tokenises as generated)
+Q8=models/ekv-ref-28m-q8_0.gguf
+gen=$("$EKV" run -m $Q8 -p "static int __init" -n 4 --temp 0 --no-display-prompt 2>/dev/null)
+printf '{"instruction": "static int __init", "answer": "%s"}\n{"instruction": "static int __init", "answer": " zebra quantum zebra"}\n' \
   "$gen" > "$T/own.jsonl"
-"$EKV" eval -f "$T/own.jsonl" -c 512 --metric acc --kv-policy full -o "$T/own" --no-plot > /dev/null 2>&1
+"$EKV" eval -m $Q8 -f "$T/own.jsonl" --metric acc --kv-policy full -o "$T/own" --no-plot > /dev/null 2>&1
 grep -q "^full,.*,acc,0.5,2$" "$T/own/results.csv" && ok || bad "own greedy answer + wrong answer must give acc 0.5 ('$gen'): $(cat "$T/own/results.csv")"
 printf 'one two three four five six seven eight nine ten eleven twelve\n' > "$T/doc.txt"
 "$EKV" eval -f "$T/doc.txt" --format text -c 512 --metric acc --kv-policy full -o "$T/t" --no-plot \
