@@ -37,14 +37,18 @@ let seed = 12345;
 const rnd = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648);
 
 // node:http rather than fetch: a request may wait in the server's queue for minutes, and
-// fetch (undici) gives up after 300 s without a byte
-const agent = new http.Agent({ keepAlive: true, maxSockets: 1024 });
+// fetch (undici) gives up after 300 s without a byte. One connection per request: reusing
+// kept-alive sockets raced with llama-server closing idle ones ("socket hang up")
+const agent = new http.Agent({ keepAlive: false, maxSockets: 1024 });
+const inflight = new Set(); // requests under way: cut off at the end of a level's window
 function postRaw(path, body) {
   return new Promise((resolve, reject) => {
     const u = new URL(path, url);
     const data = Buffer.from(JSON.stringify(body));
     const req = http.request({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', agent,
       headers: { 'Content-Type': 'application/json', 'Content-Length': data.length } }, resolve);
+    inflight.add(req);
+    req.on('close', () => inflight.delete(req));
     req.on('error', reject);
     req.end(data);
   });
@@ -175,14 +179,24 @@ async function level(C, prompts) {
     while (performance.now() < tEnd) {
       const p = prompts[next++ % prompts.length];
       try { await one(p, rec); } catch (e) {
+        if (performance.now() >= tEnd) break; // cut off at the end of the window
         if (rec.errors++ < 3) console.error(`request failed: ${e.message}`);
         await new Promise((r) => setTimeout(r, 200));
       }
     }
   }
-  await Promise.all(Array.from({ length: C }, client));
+  // at the end of the window: read the counters, then hang up on every request
+  // still under way (a long generation would otherwise run on for minutes; the
+  // server cancels them and frees their caches)
+  let m1 = null;
+  const stopper = new Promise((resolve) => setTimeout(async () => {
+    m1 = await metrics();
+    for (const r of inflight) r.destroy();
+    resolve();
+  }, tEnd - performance.now()));
+  await Promise.all([stopper, ...Array.from({ length: C }, client)]);
   clearInterval(sampler);
-  const m1 = await metrics();
+  await new Promise((r) => setTimeout(r, 1000)); // the server reaps the cancelled jobs
   const wall = (performance.now() - tStart) / 1000;
   // tokens and requests inside the timed window (after the warm-up; clients finish their last request after it)
   const inWin = rec.tokenTimes.filter((t) => t >= t0 && t <= tEnd).length;
@@ -196,7 +210,7 @@ async function level(C, prompts) {
     // ekv only: decode rows per second of engine time spent in batched decode steps (the
     // decode throughput at the batch sizes admission allowed, prompt reading excluded)
     engine_decode_tok_s: m0 ? (m1.rows - m0.rows) / (m1.dsec - m0.dsec) : NaN,
-    engine_prefill_share: m0 ? (m1.psec - m0.psec) / (wall - warmup / 1000) : NaN,
+    engine_prefill_share: m0 ? (m1.psec - m0.psec) / win : NaN,
   };
 }
 

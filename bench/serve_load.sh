@@ -19,6 +19,9 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do SFLAGS+=("$1"); shift; done
 HERE=$(cd "$(dirname "$0")" && pwd)
 EKV=${EKV:-$HERE/../build/ekv}
 LOG=$(mktemp /tmp/serve_load.XXXXXX)
+PID=""
+# the server is stopped however this script ends (bash runs EXIT on SIGTERM/INT too)
+trap '[ -z "$PID" ] || { kill $PID 2>/dev/null; wait $PID 2>/dev/null; }; rm -f "$LOG" "$LOG.out" "$LOG.err"' EXIT
 if [ "$KIND" = ekv ]; then
     "$EKV" serve --port 0 "${SFLAGS[@]}" > "$LOG.out" 2> "$LOG.err" &
     PID=$!
@@ -34,7 +37,6 @@ else
     PID=$!
     for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 0.2; done
 fi
-trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null; rm -f "$LOG" "$LOG.out" "$LOG.err"' EXIT
 [ -n "${PORT:-}" ] || { echo "serve_load.sh: the server did not start" >&2; cat "$LOG.err" >&2; exit 1; }
 echo "serve_load.sh: $NAME: $KIND on port $PORT, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 node "$HERE/serve_load.mjs" --url "http://127.0.0.1:$PORT" --pid "$PID" --label "$NAME" "$@" | tee -a "$OUT"

@@ -1,19 +1,32 @@
 #!/bin/sh
-# Installs what ekv needs to build, test and plot, from Debian's packages only,
-# plus the test clients of `ekv serve` from npm: the official OpenAI SDK for
-# Node, pinned by tests/node/package-lock.json, into tests/node/node_modules.
+# Installs what ekv needs, from Debian's packages only (apt-get).
+#   scripts/setup.sh         to build and run ekv (scripts/demo.sh): compiler,
+#                            CMake, cJSON, stb, libmicrohttpd, gnuplot
+#   scripts/setup.sh --test  also what the test suite needs (scripts/test.sh):
+#                            curl, python3 (tests/cli_longctx.sh), Node.js and npm, and with npm the official
+#                            OpenAI SDK for Node, pinned by
+#                            tests/node/package-lock.json, into tests/node/node_modules
 # Safe to run again: what is present is skipped.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config libcjson-dev libstb-dev libmicrohttpd-dev gnuplot-nox curl python3"
+TEST=0
+case "${1:-}" in
+    --test) TEST=1 ;;
+    "") ;;
+    *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
+esac
+PKGS="build-essential cmake pkg-config libcjson-dev libstb-dev libmicrohttpd-dev gnuplot-nox"
+[ $TEST -eq 0 ] || PKGS="$PKGS curl python3" # python3: tests/cli_longctx.sh rebuilds data/longctx
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
-# Node.js and npm from Debian, unless a node and npm are installed already
-# (NodeSource's nodejs package brings its own npm and conflicts with Debian's)
-command -v node >/dev/null 2>&1 || missing="$missing nodejs"
-command -v npm >/dev/null 2>&1 || missing="$missing npm"
+if [ $TEST -eq 1 ]; then
+    # Node.js and npm from Debian, unless a node and npm are installed already
+    # (NodeSource's nodejs package brings its own npm and conflicts with Debian's)
+    command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+    command -v npm >/dev/null 2>&1 || missing="$missing npm"
+fi
 if [ -n "$missing" ]; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -21,7 +34,7 @@ if [ -n "$missing" ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
-if [ ! -f tests/node/node_modules/openai/package.json ]; then
+if [ $TEST -eq 1 ] && [ ! -f tests/node/node_modules/openai/package.json ]; then
     echo "ekv setup: installing the OpenAI SDK for the server tests (npm, tests/node)" >&2
     (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 fi

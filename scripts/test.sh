@@ -3,7 +3,7 @@
 # then the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 set -eu
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh --test
 ./scripts/build.sh build
 (cd build && ctest --output-on-failure -j2)
 ./scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DEKV_SANITIZE=ON

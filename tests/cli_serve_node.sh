@@ -1,6 +1,6 @@
 #!/bin/bash
 # cli_serve_node.sh — `ekv serve` against Node clients (tests/node, installed
-# by scripts/setup.sh): the official OpenAI SDK (sdk.mjs), determinism under
+# by scripts/setup.sh --test): the official OpenAI SDK (sdk.mjs), determinism under
 # load (determinism.mjs: 32 concurrent mixed-policy requests at temperature 0
 # give exactly the texts each gives alone), and robustness (malformed.mjs:
 # over 1,000 malformed requests each answered with a 4xx JSON error, then a
@@ -16,8 +16,8 @@ cd "$REPO"
 T=$(mktemp -d /tmp/ekv_cli_serve_node.XXXXXX)
 . "$REPO/tests/serve_lib.sh"
 trap 'stop_all; rm -rf "$T"' EXIT
-command -v node > /dev/null || { echo "cli_serve_node: node is missing: run scripts/setup.sh" >&2; exit 1; }
-[ -f tests/node/node_modules/openai/package.json ] || { echo "cli_serve_node: the OpenAI SDK is missing: run scripts/setup.sh" >&2; exit 1; }
+command -v node > /dev/null || { echo "cli_serve_node: node is missing: run scripts/setup.sh --test" >&2; exit 1; }
+[ -f tests/node/node_modules/openai/package.json ] || { echo "cli_serve_node: the OpenAI SDK is missing: run scripts/setup.sh --test" >&2; exit 1; }
 
 start_server sdk -c 512 -t 2 --api-key sdk-test-key || exit 1
 node tests/node/sdk.mjs "$URL" sdk-test-key && ok || bad "OpenAI SDK"

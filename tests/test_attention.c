@@ -14,7 +14,13 @@
  *   - outputs bit-identical whatever statistics are requested;
  *   - a key's score does not depend on how many keys follow it (same
  *     probabilities ratio in a prefill row and a longer decode row);
- *   - the dispatcher picks the reference when forced.
+ *   - the dispatcher picks the reference when forced;
+ *   - the AVX-512 path (when the CPU has it) equals the AVX2 path bit for
+ *     bit: probabilities, outputs and statistics, over head counts 1-9,
+ *     head sizes with and without 16- and 64-column blocks, key counts
+ *     around the 16-key group and the blocks, scores up to |s| ~ 150 (exp
+ *     underflow to 0), and with the kernels capped at AVX2 the dispatcher
+ *     gives the same bits.
  * Skipped (reported) on CPUs without AVX2/FMA/F16C.
  */
 #include <math.h>
@@ -24,6 +30,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/kernels.h"
+#include "kernels/kvquant.h"
 #include "kernels/quant.h"
 #include "testutil.h"
 
@@ -178,6 +185,64 @@ static void test_dispatch(void) {
     CHECK(memcmp(oa, ob, sizeof oa) == 0);
 }
 
+static struct ekv_kv_view f32_view(const float *x, int d, int32_t n) {
+    return (struct ekv_kv_view){.type = EKV_KV_F32, .d = d, .n = n, .nq = n, .data = (const uint8_t *)(const void *)x,
+                                .row_bytes = (size_t)d * sizeof(float)};
+}
+
+/* AVX-512 == AVX2 bit for bit (one shape). */
+static bool avx512_same(int R, int d, int n, float qs) {
+    const size_t qd = (size_t)R * d, kd = (size_t)n * d, pn = (size_t)R * n;
+    float *q = malloc(qd * 4), *k = malloc(kd * 4), *v = malloc(kd * 4);
+    float *o1 = malloc(qd * 4), *o2 = malloc(qd * 4), *p1 = malloc(pn * 4), *p2 = malloc(pn * 4);
+    for (size_t i = 0; i < qd; i++) q[i] = qs * frand();
+    for (size_t i = 0; i < kd; i++) k[i] = frand(), v[i] = frand();
+    const struct ekv_kv_view kw = f32_view(k, d, n), vw = f32_view(v, d, n);
+    static struct stats_buf b1, b2;
+    memset(&b1, 0, sizeof b1);
+    memset(&b2, 0, sizeof b2);
+    const unsigned all = EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_WINSUM | EKV_STAT_BINCOUNT |
+                         EKV_STAT_SPARSITY;
+    struct ekv_attn_stats s1 = stats_of(&b1, all, 0.01f), s2 = stats_of(&b2, all, 0.01f);
+    const bool big = n > 512; /* stats_buf holds 512 keys */
+    ekv_attn_row_kv_avx2(q, R, &kw, &vw, n, 1.0f / sqrtf((float)d), o1, p1, NULL, big ? NULL : &s1);
+    ekv_attn_row_kv_avx512(q, R, &kw, &vw, n, 1.0f / sqrtf((float)d), o2, p2, NULL, big ? NULL : &s2);
+    bool same = memcmp(o1, o2, qd * 4) == 0 && memcmp(p1, p2, pn * 4) == 0 && memcmp(&b1, &b2, sizeof b1) == 0;
+    if (!same) printf("AVX-512 differs from AVX2: R %d, d %d, n %d, q scale %g\n", R, d, n, (double)qs);
+    free(q), free(k), free(v), free(o1), free(o2), free(p1), free(p2);
+    return same;
+}
+
+static void test_avx512(void) {
+    if (ekv_cpu_isa() < EKV_ISA_AVX512) {
+        printf("test_attention: CPU without AVX-512, AVX-512 path not tested\n");
+        return;
+    }
+    static const int Rs[] = {1, 2, 3, 4, 5, 8, 9};
+    static const int Ds[] = {8, 16, 24, 64, 72, 80, 128};
+    static const int Ns[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 300, 1031};
+    int bad = 0, runs = 0;
+    for (size_t a = 0; a < sizeof Rs / sizeof Rs[0]; a++)
+        for (size_t b = 0; b < sizeof Ds / sizeof Ds[0]; b++)
+            for (size_t c = 0; c < sizeof Ns / sizeof Ns[0]; c++) {
+                const float qs = (c & 1) ? 3.0f * 8.0f / sqrtf((float)Ds[b]) : 30.0f * 8.0f / sqrtf((float)Ds[b]);
+                bad += !avx512_same(Rs[a], Ds[b], Ns[c], qs);
+                runs++;
+            }
+    CHECK_MSG(bad == 0, "AVX-512 attention differs from AVX2 in %d of %d shapes", bad, runs);
+    /* the dispatcher: AVX-512 level, and capped at AVX2, give the same bits */
+    enum { R = 8, D = 64, N = 77 };
+    static float q[R * D], k[N * D], v[N * D], o1[R * D], o2[R * D], p1[R * N], p2[R * N];
+    for (int i = 0; i < R * D; i++) q[i] = frand();
+    for (int i = 0; i < N * D; i++) k[i] = frand(), v[i] = frand();
+    CHECK(ekv_kernels_set_isa("avx2"));
+    ekv_attn_row(q, R, D, k, v, N, 0.125f, o1, p1, NULL);
+    CHECK(ekv_kernels_set_isa("avx512"));
+    ekv_attn_row(q, R, D, k, v, N, 0.125f, o2, p2, NULL);
+    CHECK(memcmp(o1, o2, sizeof o1) == 0 && memcmp(p1, p2, sizeof p1) == 0);
+    printf("test_attention: AVX-512 == AVX2 bit for bit in %d shapes\n", runs);
+}
+
 int main(void) {
     if (!ekv_cpu_has_avx2()) {
         printf("test_attention: CPU without AVX2/FMA/F16C, SIMD path not tested\n");
@@ -192,5 +257,6 @@ int main(void) {
     test_accumulate_ties();
     test_score_position_independent();
     test_dispatch();
+    test_avx512();
     return test_finish("test_attention");
 }

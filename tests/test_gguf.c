@@ -517,7 +517,8 @@ static void test_writer_alignment_and_failure(void) {
     uint8_t d[40] = {0};
     CHECK_OK(ekv_gguf_writer_add_tensor(w, "x", EKV_I8, 1, (const int64_t[]){40}, d, NULL, NULL));
     CHECK_OK(ekv_gguf_writer_add_tensor(w, "y", EKV_I8, 1, (const int64_t[]){3}, d, NULL, NULL));
-    const char *p = tmp_path("align.gguf");
+    char p[128]; /* tmp_path's buffers rotate: keep our own copy for the remove() at the end */
+    snprintf(p, sizeof p, "%s", tmp_path("align.gguf"));
     CHECK_OK(ekv_gguf_writer_write(w, p));
     struct ekv_gguf_file *f = NULL;
     CHECK_OK(ekv_gguf_open(p, &f));

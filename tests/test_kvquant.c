@@ -19,7 +19,9 @@
  *     dequantised rows bit for bit, on the reference path and on the AVX2
  *     path (for every K type x V type, key counts across block edges), and
  *     the typed AVX2 path is within the f32 bounds of test_attention.c of
- *     the typed reference (probabilities 2e-6, outputs 4e-6 (1 + |o|)).
+ *     the typed reference (probabilities 2e-6, outputs 4e-6 (1 + |o|));
+ *   - a sliding window (view.first > 0: inside KIVI key groups, in the
+ *     fp16 residual) reads the rows first.. of every type, bit for bit.
  */
 #include <math.h>
 #include <stdio.h>
@@ -325,6 +327,10 @@ static void test_attention_typed(void) {
                 ekv_attn_row_kv_avx2(q, R, &kw, &vw, n, scale, o3, p3, rowbuf, NULL);
                 ekv_attn_row_avx2(q, R, D, kd, vd, n, scale, o2, p2, NULL);
                 avx_same &= memcmp(o3, o2, sizeof o2) == 0 && memcmp(p3, p2, (size_t)R * n * sizeof(float)) == 0;
+                if (ekv_cpu_isa() >= EKV_ISA_AVX512) { /* AVX-512 over typed views == AVX2 */
+                    ekv_attn_row_kv_avx512(q, R, &kw, &vw, n, scale, o2, p2, rowbuf, NULL);
+                    avx_same &= memcmp(o3, o2, sizeof o2) == 0 && memcmp(p3, p2, (size_t)R * n * sizeof(float)) == 0;
+                }
                 for (int i = 0; i < R * n; i++) worst_p = fmax(worst_p, fabs((double)p3[i] - p1[i]));
                 for (int i = 0; i < R * D; i++) worst_o = fmax(worst_o, fabs((double)o3[i] - o1[i]) / (1 + fabs(o1[i])));
             }
@@ -339,11 +345,51 @@ static void test_attention_typed(void) {
     }
 }
 
+/* A sliding window (Mistral) hides the entries before view.first: attention
+ * over entries [lo, n) of a typed view equals the f32 attention over the
+ * dequantised rows lo.. bit for bit, for every K type x V type, with lo
+ * inside the first KIVI key group, inside the second (of 11 entries) and in
+ * the fp16 residual, on the reference path and on the AVX2 path. */
+static void test_attention_window(void) {
+    enum { D = 64, R = 2, N = 150 };
+    static uint8_t ks[N * D * 4], vs[N * D * 4];
+    static uint16_t kt[N * D], vt[N * D];
+    static int32_t kgn[4], vgn[4];
+    static float kd[N * D], vd[N * D], q[R * D], o1[R * D], o2[R * D];
+    static float p1[R * N], p2[R * N], rowbuf[EKV_ATTN_ROWS * D];
+    const bool simd = ekv_cpu_has_avx2();
+    const int los[] = {5, 37, 45, 149};
+    int bad_ref = 0, bad_avx = 0, cases = 0;
+    for (int ik = 0; ik < N_TYPES; ik++)
+        for (int iv = 0; iv < N_TYPES; iv++) {
+            struct ekv_kv_view kw = make_view(k_types[ik], false, D, N, ks, kt, kgn, kd);
+            struct ekv_kv_view vw = make_view(k_types[iv], true, D, N, vs, vt, vgn, vd);
+            for (size_t il = 0; il < sizeof los / sizeof los[0]; il++) {
+                const int lo = los[il], n = N - lo;
+                for (int i = 0; i < R * D; i++) q[i] = 2.0f * frand();
+                kw.first = vw.first = lo;
+                cases++;
+                ekv_attn_row_kv_ref(q, R, &kw, &vw, n, 0.125f, o1, p1, rowbuf, NULL);
+                ekv_attn_row_ref(q, R, D, kd + (size_t)lo * D, vd + (size_t)lo * D, n, 0.125f, o2, p2, NULL);
+                bad_ref += memcmp(o1, o2, sizeof o1) != 0 || memcmp(p1, p2, (size_t)R * n * sizeof(float)) != 0;
+                if (!simd) continue;
+                ekv_attn_row_kv_avx2(q, R, &kw, &vw, n, 0.125f, o1, p1, rowbuf, NULL);
+                ekv_attn_row_avx2(q, R, D, kd + (size_t)lo * D, vd + (size_t)lo * D, n, 0.125f, o2, p2, NULL);
+                bad_avx += memcmp(o1, o2, sizeof o1) != 0 || memcmp(p1, p2, (size_t)R * n * sizeof(float)) != 0;
+            }
+        }
+    CHECK_MSG(bad_ref == 0, "windowed typed reference attention differs from f32 over the rows lo.. in %d of %d cases",
+              bad_ref, cases);
+    CHECK_MSG(bad_avx == 0, "windowed typed AVX2 attention differs from f32 over the rows lo.. in %d of %d cases", bad_avx,
+              cases);
+}
+
 int main(void) {
     test_table();
     test_kivi_vectors();
     test_roundtrip();
     test_views_and_simd();
     test_attention_typed();
+    test_attention_window();
     return test_finish("test_kvquant");
 }

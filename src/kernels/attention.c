@@ -169,20 +169,23 @@ void ekv_attn_row_avx2(const float *q, int R, int d, const float *k, const float
     ekv_attn_row_kv_avx2(q, R, &kv, &vv, n_keys, scale, out, probs, NULL, st);
 }
 
-/* Run-time choice: the AVX2 path (attention_avx2.c) when the kernels use
- * SIMD and the head size is a multiple of 8, else the reference. */
+/* Run-time choice by the kernels' level (ekv_kernels_level): AVX-512
+ * (attention_avx512.c) or AVX2 (attention_avx2.c), which give the same
+ * bits, when the head size is a multiple of 8, else the reference. */
 void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, int32_t n_keys, float scale,
                   float *out, float *probs, const struct ekv_attn_stats *st) {
-    if (d > 0 && d % 8 == 0 && ekv_kernels_simd())
-        ekv_attn_row_avx2(q, R, d, k, v, n_keys, scale, out, probs, st);
-    else
-        ekv_attn_row_ref(q, R, d, k, v, n_keys, scale, out, probs, st);
+    const int32_t n = n_keys > 0 ? n_keys : 0;
+    const struct ekv_kv_view kv = f32_view(k, d, n), vv = f32_view(v, d, n);
+    ekv_attn_row_kv(q, R, &kv, &vv, n_keys, scale, out, probs, NULL, st);
 }
 
 void ekv_attn_row_kv(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
                      int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
                      const struct ekv_attn_stats *st) {
-    if (k->d > 0 && k->d % 8 == 0 && ekv_kernels_simd())
+    const enum ekv_isa isa = k->d > 0 && k->d % 8 == 0 ? ekv_kernels_level() : EKV_ISA_REF;
+    if (isa >= EKV_ISA_AVX512)
+        ekv_attn_row_kv_avx512(q, R, k, v, n_keys, scale, out, probs, rowbuf, st);
+    else if (isa >= EKV_ISA_AVX2)
         ekv_attn_row_kv_avx2(q, R, k, v, n_keys, scale, out, probs, rowbuf, st);
     else
         ekv_attn_row_kv_ref(q, R, k, v, n_keys, scale, out, probs, rowbuf, st);

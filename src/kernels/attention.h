@@ -66,6 +66,12 @@ void ekv_attn_row_kv_avx2(const float *q, int R, const struct ekv_kv_view *k, co
                           int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
                           const struct ekv_attn_stats *st);
 
+/* The AVX-512 version (attention_avx512.c): the same results as the AVX2
+ * one bit for bit; needs d % 8 == 0 and a CPU at the AVX-512 level. */
+void ekv_attn_row_kv_avx512(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
+                            int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
+                            const struct ekv_attn_stats *st);
+
 /* The plain-C references and the AVX2/FMA versions behind the two calls
  * above (ekv_attn_row_avx2 needs d % 8 == 0 and a CPU with AVX2+FMA; the
  * statistics of ekv_attn_accumulate_avx2 equal the reference's bit for bit). */

@@ -95,6 +95,8 @@ static enum ekv_isa current_isa(void) {
 
 bool ekv_kernels_simd(void) { return current_isa() != EKV_ISA_REF; }
 
+enum ekv_isa ekv_kernels_level(void) { return current_isa(); }
+
 void ekv_kernels_use_reference(bool on) { atomic_store(&g_force_ref, on); }
 
 bool ekv_kernels_set_isa(const char *name) {

@@ -173,6 +173,9 @@ const struct ekv_type_kernels *ekv_kernels_ref(enum ekv_dtype t);
 enum ekv_isa { EKV_ISA_REF = 0, EKV_ISA_AVX2 = 1, EKV_ISA_AVXVNNI = 2, EKV_ISA_AVX512 = 3, EKV_ISA_COUNT };
 /* The best level this CPU (and OS) runs. */
 enum ekv_isa ekv_cpu_isa(void);
+/* The level the kernels use now (EKV_ISA cap, ekv_kernels_set_isa,
+ * ekv_kernels_use_reference applied). */
+enum ekv_isa ekv_kernels_level(void);
 /* Table entries per level, each filled over the level below (NULL members
  * fall back); called only when the CPU runs the level.
  * AVX2 = AVX2+FMA+F16C; AVX-VNNI adds vpdpbusd on 256 bits; AVX-512 =
