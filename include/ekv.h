@@ -235,7 +235,9 @@ enum ekv_kv_type ekv_kv_type_default(void);
  * "the policy's default from POLICIES.md". */
 struct ekv_kv_params {
     const char *policy;     /* "full", "random", "local", "h2o", "scissorhands", "tova",
-                               "roco", "snapkv", "pyramidkv", "vlcache", "elastic" */
+                               "roco", "snapkv", "pyramidkv", "vlcache", "elastic", "elastic-v2";
+                               or a spec "name:key=value:..." for a policy with options
+                               (elastic-v2, see src/kv/elastic_v2.c) */
     double budget;          /* fraction of tokens seen that is kept, (0, 1]; 1 = keep all */
     int32_t max_tokens;     /* absolute cap of entries per layer and head; 0 = none */
     int32_t sinks;          /* protected first tokens */
@@ -248,6 +250,10 @@ struct ekv_kv_params {
     double beta;            /* PyramidKV beta (default 20) */
     double sparsity_p;      /* VL-Cache threshold p (default 0.01) */
     double recent_ratio;    /* VL-Cache/RoCo recent share of the budget */
+    int32_t recompress;     /* SnapKV, PyramidKV, VL-Cache: after the prompt, re-select with the
+                               policy's own scores every N generated tokens, so the cache stays
+                               within N entries of the budget; 0 = never (the papers: the cache
+                               grows by one entry per token); -1 = default (32) */
     uint64_t seed;          /* random policy */
     bool compat_ref;        /* reproduce the authors' reference code (Elastic, --kv-compat ref) */
     enum ekv_kv_type type_k;  /* storage type of keys (EKV_KV_DEFAULT: ekv_kv_type_default()) */

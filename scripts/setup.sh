@@ -3,7 +3,7 @@
 #   scripts/setup.sh         to build and run ekv (scripts/demo.sh): compiler,
 #                            CMake, cJSON, stb, libmicrohttpd, gnuplot
 #   scripts/setup.sh --test  also what the test suite needs (scripts/test.sh):
-#                            curl, Node.js and npm, and with npm the official
+#                            curl, python3 (tests/cli_longctx.sh), Node.js and npm, and with npm the official
 #                            OpenAI SDK for Node, pinned by
 #                            tests/node/package-lock.json, into tests/node/node_modules
 # Safe to run again: what is present is skipped.
@@ -16,7 +16,7 @@ case "${1:-}" in
     *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
 esac
 PKGS="build-essential cmake pkg-config libcjson-dev libstb-dev libmicrohttpd-dev gnuplot-nox"
-[ $TEST -eq 0 ] || PKGS="$PKGS curl"
+[ $TEST -eq 0 ] || PKGS="$PKGS curl python3" # python3: tests/cli_longctx.sh rebuilds data/longctx
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -83,7 +83,7 @@ static void test_budget_one_and_point_two(void) {
     CHECK(r.n_units == 3 && r.n_skipped == 0);
 
     const int np = ekv_kv_policy_count();
-    CHECK(np == 11);
+    CHECK(np == 12);
     struct ekv_eval_cell full_all, pol_all[16], low_all[16];
     ekv_eval_cell_init(&full_all);
     for (int p = 0; p < np && p < 16; p++) {

@@ -85,6 +85,7 @@ int main(void) {
             kp.policy = name;
             kp.budget = 0.2;
             if (chunked) kp.chunk = 64; /* block-wise evict-and-encode */
+            kp.recompress = 0; /* the papers' rule for snapkv/pyramidkv/vlcache (test_kv_budget_decode: N > 0) */
             struct ekv_seq *s = NULL;
             CHECK_OK(ekv_seq_new(c, &kp, &s));
             if (!s) continue;

@@ -7,7 +7,8 @@
  * (kv.h, ekv_kv_target): T(n) = min(n, ceil(budget * n), max_tokens) after
  * n positions. Policies that act only on the prompt (SnapKV, PyramidKV,
  * VL-Cache: ops->prompt_only) keep T(prompt) and then grow by one entry per
- * generated token; a policy with no hook at all (full) keeps everything.
+ * generated token, up to T(n) + N when they re-select every N tokens
+ * (params.recompress, default 32); a policy with no hook at all (full) keeps everything.
  * While a prompt is read (engine/prompt.c, one layer at a time), the layers
  * already compressed hold at most T(prompt) each and the current layer the
  * whole prompt; a policy that compresses only after the last layer (no layer
@@ -63,7 +64,12 @@ enum ekv_status ekv_kv_project(const struct ekv_model *model, const struct ekv_k
         final = (uint64_t)L * layer_bytes(kv, n);
         peak = final;
     } else {
-        final = (uint64_t)L * layer_bytes(kv, ops->prompt_only ? target(&p, n_prompt) + n_gen : target(&p, n));
+        int64_t t_final = target(&p, n);
+        if (ops->prompt_only) { /* grows after the prompt, re-selected every p.recompress tokens when > 0 */
+            t_final = target(&p, n_prompt) + n_gen;
+            if (p.recompress > 0) t_final = EKV_MIN(t_final, EKV_MIN(target(&p, n) + p.recompress, n));
+        }
+        final = (uint64_t)L * layer_bytes(kv, t_final);
         /* block-wise prompts (chunk) hold the earlier blocks whole in the layers
          * not yet reached when the policy acts only at the prompt's end; else
          * the layers hold T(prompt) each, and the current one the whole prompt

@@ -267,6 +267,7 @@ enum ekv_metric_bits {
     EKV_METRIC_ROUGE = 1u << 1,
     EKV_METRIC_KL = 1u << 2,
     EKV_METRIC_HITRATE = 1u << 3,
+    EKV_METRIC_ACC = 1u << 4, /* exact match of the teacher-forced answer (every scored token top-1) */
 };
 /* "ppl,rouge" -> bits. Unknown names, empty elements are EKV_ERR_INVALID_ARG. */
 enum ekv_status ekv_metrics_parse(const char *list, unsigned *bits);
@@ -375,6 +376,7 @@ struct ekv_eval_cell {
     struct ekv_mean_acc rouge_r;
     struct ekv_mean_acc hit_rate; /* mean over items x layers x KV heads */
     struct ekv_mean_acc jaccard;
+    struct ekv_mean_acc acc;      /* items whose scored answer tokens are all the argmax, mean */
     struct ekv_mean_acc kv_frac;  /* cache entries / full-cache entries at the
                                      end of each teacher-forced (or greedy,
                                      or prompt-only) run, mean over units */
@@ -460,6 +462,10 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t u);
  *     end-of-generation token; the policy acts after every forward, so the
  *     first token comes from the prefill logits. Detokenised, stripped, and
  *     scored against the full-cache answer; an empty answer scores 0.
+ *   acc: on the teacher-forced run of ppl/kl, an item counts 1 when every
+ *     scored answer token (all but the last) is the argmax of its logits
+ *     (lowest index on ties), else 0 -- the greedy answer equals the
+ *     reference answer exactly; mean over items.
  *   hitrate: after the prompt, per (layer, KV head): the kept positions
  *     against the top-k (k = kept count) of the full cache's attention of the
  *     first answer token's query over the prompt (ekv_kept_agreement). */
@@ -467,7 +473,7 @@ enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv
                                   struct ekv_eval_cell *cell);
 
 /* Rows of one cell into a report: ppl (n = tokens), rouge_l_f, rouge_l_p,
- * rouge_l_r (n = items), kl, top1 (n = positions), hit_rate, jaccard
+ * rouge_l_r (n = items), kl, top1 (n = positions), acc (n = items), hit_rate, jaccard
  * (n = layer-head pairs), kv_frac, kv_bytes and kv_bytes_frac (n = units);
  * only requested metrics with at least one measurement. */
 enum ekv_status ekv_eval_cell_report(const struct ekv_eval_cell *c, unsigned metrics,
@@ -478,7 +484,7 @@ enum ekv_status ekv_eval_cell_report_kv(const struct ekv_eval_cell *c, unsigned 
 
 /* One grid cell: a policy at a budget with the shared KV parameters. */
 struct ekv_eval_grid_cell {
-    char policy[32];
+    char policy[96];    /* a name or a spec "name:opt=val:..." */
     double budget;
 };
 /* Policies x budgets in the order given; "full" appears once, at budget 1.

@@ -141,8 +141,9 @@ enum ekv_status ekv_metrics_parse(const char *list, unsigned *bits) {
         else if (strcmp(it[i], "rouge") == 0) b |= EKV_METRIC_ROUGE;
         else if (strcmp(it[i], "kl") == 0) b |= EKV_METRIC_KL;
         else if (strcmp(it[i], "hitrate") == 0) b |= EKV_METRIC_HITRATE;
+        else if (strcmp(it[i], "acc") == 0) b |= EKV_METRIC_ACC;
         else {
-            st = ekv_err(EKV_ERR_INVALID_ARG, "--metric: unknown metric '%s' (ppl, rouge, kl, hitrate)",
+            st = ekv_err(EKV_ERR_INVALID_ARG, "--metric: unknown metric '%s' (ppl, rouge, kl, hitrate, acc)",
                          it[i]);
             break;
         }

@@ -18,6 +18,9 @@
 #include "ekv.h"
 #include "eval/eval.h"
 
+/* Metrics that need the teacher-forced run. */
+#define TF_METRICS (EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_ACC)
+
 struct ekv_eval_cfg ekv_eval_default_cfg(void) {
     struct ekv_eval_cfg c = {
         .metrics = EKV_METRIC_PPL | EKV_METRIC_ROUGE | EKV_METRIC_KL,
@@ -127,14 +130,14 @@ static const char *item_name(const struct ekv_eval_item *it, char *buf, size_t c
 static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     const struct ekv_eval_item *it = &r->ds->items[i];
     const unsigned m = r->cfg.metrics;
-    const bool tf = m & (EKV_METRIC_PPL | EKV_METRIC_KL);
+    const bool tf = m & TF_METRICS;
     char name[160];
     item_name(it, name, sizeof name);
     if (it->image && !r->cfg.vision)
         return ekv_err(EKV_ERR_UNSUPPORTED, "%s has an image ('%s'): images need a vision tower (--mmproj)",
                        name, it->image);
-    if ((m & (EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_HITRATE)) && !it->answer)
-        return ekv_err(EKV_ERR_INVALID_ARG, "%s has no answer, which ppl, kl and hitrate need", name);
+    if ((m & (TF_METRICS | EKV_METRIC_HITRATE)) && !it->answer)
+        return ekv_err(EKV_ERR_INVALID_ARG, "%s has no answer, which ppl, kl, acc and hitrate need", name);
     char *prompt = NULL, *image = NULL;
     int32_t n_image = 0;
     const char *tmpl = r->cfg.chat_template ? r->cfg.chat_template : it->image ? "llava-1.5" : NULL;
@@ -265,7 +268,7 @@ enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_conte
     r->model = ekv_context_model(ctx);
     r->ds = ds;
     r->cfg = *cfg;
-    const unsigned all = EKV_METRIC_PPL | EKV_METRIC_ROUGE | EKV_METRIC_KL | EKV_METRIC_HITRATE;
+    const unsigned all = TF_METRICS | EKV_METRIC_ROUGE | EKV_METRIC_HITRATE;
     if (cfg->metrics == 0 || (cfg->metrics & ~all))
         return ekv_err(EKV_ERR_INVALID_ARG, "eval: metric set 0x%x is empty or unknown", cfg->metrics);
     if (cfg->n_predict < 1) return ekv_err(EKV_ERR_INVALID_ARG, "eval: n_predict %d < 1", cfg->n_predict);
@@ -276,9 +279,9 @@ enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_conte
     r->n_vocab = mi.n_vocab;
     r->n_layer = mi.n_layer;
     r->n_head_kv = mi.n_head_kv;
-    if (ds->format == EKV_DATA_TEXT && (cfg->metrics & (EKV_METRIC_ROUGE | EKV_METRIC_HITRATE)))
+    if (ds->format == EKV_DATA_TEXT && (cfg->metrics & (EKV_METRIC_ROUGE | EKV_METRIC_HITRATE | EKV_METRIC_ACC)))
         return ekv_err(EKV_ERR_INVALID_ARG,
-                       "eval: metrics rouge and hitrate need a JSONL set with instructions (text supports ppl, kl)");
+                       "eval: metrics rouge, hitrate and acc need a JSONL set with instructions (text supports ppl, kl)");
     if (ds->format == EKV_DATA_TEXT && cfg->stride >= r->n_ctx)
         return ekv_err(EKV_ERR_INVALID_ARG, "eval: stride %d must be below the context %d", cfg->stride, r->n_ctx);
     if (cfg->vision && ekv_vision_n_embd(cfg->vision) != mi.n_embd)
@@ -534,6 +537,8 @@ struct cell_ctx {
     struct ekv_eval_runner *r;
     struct ekv_eval_cell *cell;
     const struct ekv_eval_unit *u;
+    int32_t n_scored;   /* acc: tokens scored in this unit */
+    bool all_top1;      /* acc: every one of them was the argmax */
 };
 
 static enum ekv_status score_cell(void *ud, int32_t idx, const float *logits, int32_t target) {
@@ -541,6 +546,12 @@ static enum ekv_status score_cell(void *ud, int32_t idx, const float *logits, in
     struct ekv_eval_runner *r = c->r;
     enum ekv_status s = EKV_OK;
     if (r->cfg.metrics & EKV_METRIC_PPL) s = ekv_ppl_add_logits(&c->cell->ppl, logits, (size_t)r->n_vocab, target, NULL);
+    if (s == EKV_OK && (r->cfg.metrics & EKV_METRIC_ACC)) {
+        size_t t;
+        if ((s = ekv_argmax(logits, (size_t)r->n_vocab, &t)) != EKV_OK) return s;
+        c->n_scored++;
+        c->all_top1 = c->all_top1 && (int32_t)t == target;
+    }
     if (s == EKV_OK && (r->cfg.metrics & EKV_METRIC_KL)) {
         if (idx < 0 || idx >= r->n_scored)
             return ekv_err(EKV_ERR_INTERNAL, "eval: scored index %d of %d", idx, r->n_scored);
@@ -590,15 +601,16 @@ enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv
         return ekv_err(EKV_ERR_INVALID_ARG, "eval: no unit prepared (call ekv_eval_unit_prepare first)");
     const struct ekv_eval_unit *u = &r->units[r->cur];
     const unsigned m = r->cfg.metrics;
-    struct cell_ctx cc = {.r = r, .cell = cell, .u = u};
+    struct cell_ctx cc = {.r = r, .cell = cell, .u = u, .all_top1 = true};
     struct ekv_seq *seq = NULL;
     enum ekv_status s = EKV_OK;
     bool frac_done = false;
-    if (m & (EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_HITRATE)) {
-        const bool tf = m & (EKV_METRIC_PPL | EKV_METRIC_KL);
+    if (m & (TF_METRICS | EKV_METRIC_HITRATE)) {
+        const bool tf = m & TF_METRICS;
         if ((s = ekv_seq_new(r->ctx, kv, &seq)) != EKV_OK) return s;
         s = run_scored(r, seq, u, tf ? score_cell : NULL, (m & EKV_METRIC_HITRATE) ? hitrate_cell : NULL, &cc);
         if (s == EKV_OK) add_kv_frac(cell, seq);
+        if (s == EKV_OK && (m & EKV_METRIC_ACC) && cc.n_scored > 0) ekv_mean_add(&cell->acc, cc.all_top1 ? 1.0 : 0.0);
         frac_done = true;
         ekv_seq_free(seq);
         seq = NULL;
@@ -647,6 +659,8 @@ enum ekv_status ekv_eval_cell_report_kv(const struct ekv_eval_cell *c, unsigned 
         if ((s = ekv_kl_result(&c->kl, &kl, &top1)) == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "kl", kl, c->kl.n_positions);
         if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "top1", top1, c->kl.n_positions);
     }
+    if (s == EKV_OK && (m & EKV_METRIC_ACC) && c->acc.n)
+        s = ekv_report_add_kv(rep, policy, kv_type, budget, "acc", ekv_mean_value(&c->acc), c->acc.n);
     if (s == EKV_OK && (m & EKV_METRIC_HITRATE) && c->hit_rate.n) {
         s = ekv_report_add_kv(rep, policy, kv_type, budget, "hit_rate", ekv_mean_value(&c->hit_rate), c->hit_rate.n);
         if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "jaccard", ekv_mean_value(&c->jaccard), c->jaccard.n);
@@ -673,7 +687,9 @@ enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const do
     size_t n = 0;
     for (size_t p = 0; p < n_policies; p++) {
         int found = 0;
-        for (int i = 0; i < ekv_kv_policy_count(); i++) found |= !strcmp(policies[p], ekv_kv_policy_name(i));
+        const size_t nl = strcspn(policies[p], ":"); /* a spec "name:options" names the policy `name` */
+        for (int i = 0; i < ekv_kv_policy_count(); i++)
+            found |= strlen(ekv_kv_policy_name(i)) == nl && !strncmp(policies[p], ekv_kv_policy_name(i), nl);
         if (!found || strlen(policies[p]) >= sizeof c->policy) {
             free(c);
             return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: unknown policy '%s'", policies[p]);

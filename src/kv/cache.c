@@ -186,6 +186,23 @@ static enum ekv_status resolve_storage(struct ekv_kv_params *p, int32_t head_dim
 }
 static bool real_param_ok(double v) { return isnan(v) || isfinite(v); }
 
+/* "key=value:key=value" of a policy spec, through ops->option. */
+static enum ekv_status apply_options(struct ekv_kv *kv, const char *opts) {
+    char buf[256];
+    if (!kv->ops->option) return ekv_err(EKV_ERR_INVALID_ARG, "takes no options (got '%.64s')", opts);
+    if (strlen(opts) >= sizeof buf) return ekv_err(EKV_ERR_INVALID_ARG, "options '%.64s...' are too long", opts);
+    snprintf(buf, sizeof buf, "%s", opts);
+    for (char *save = NULL, *kvp = strtok_r(buf, ":", &save); kvp; kvp = strtok_r(NULL, ":", &save)) {
+        char *eq = strchr(kvp, '=');
+        if (!eq || eq == kvp || !eq[1])
+            return ekv_err(EKV_ERR_INVALID_ARG, "option '%.64s' is not key=value", kvp);
+        *eq = 0;
+        enum ekv_status s = kv->ops->option(kv, kvp, eq + 1);
+        if (s != EKV_OK) return s;
+    }
+    return EKV_OK;
+}
+
 enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                            const struct ekv_kv_params *params, struct ekv_kv **out) {
     if (!out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_new: out is NULL");
@@ -267,6 +284,7 @@ enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, i
         kv->ops = ops; /* destroy() runs only after init() was attempted */
         if (ops->init) s = ops->init(kv);
     }
+    if (s == EKV_OK && strchr(name, ':')) s = apply_options(kv, strchr(name, ':') + 1);
     if (s != EKV_OK) {
         ekv_kv_free(kv);
         return ekv_err_prefix(s, "kv policy %s", ops->name);

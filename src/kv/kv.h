@@ -104,6 +104,11 @@ struct ekv_policy_ops {
      * changes it (Elastic Cache's reference mode, POLICIES.md 0.6); called
      * before begin(). Optional: NULL = the true position step->pos0. */
     int64_t (*rope_pos)(const struct ekv_kv *kv, const struct ekv_kv_step *step);
+    /* One option of a policy spec "name:key=value:key=value" (e.g.
+     * "elastic-v2:recent=0.5"), called after init() for each pair in
+     * order. Optional: NULL = the policy takes no options (a spec with any
+     * is refused). */
+    enum ekv_status (*option)(struct ekv_kv *kv, const char *key, const char *value);
 };
 
 struct ekv_kv {
@@ -284,7 +289,8 @@ enum ekv_status ekv_kv_end(struct ekv_kv *kv, const struct ekv_kv_step *step);
 
 /* ---- policy helpers (src/kv/policy.c) ---- */
 
-/* Registry lookup by name; NULL if unknown. */
+/* Registry lookup by name; NULL if unknown. A policy spec "name:options"
+ * finds the policy `name`. */
 const struct ekv_policy_ops *ekv_policy_find(const char *name);
 int ekv_policy_count(void);
 const struct ekv_policy_ops *ekv_policy_at(int i);

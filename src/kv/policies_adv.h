@@ -8,6 +8,7 @@
 #ifndef EKV_POLICIES_ADV_H
 #define EKV_POLICIES_ADV_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kv/kv.h"
@@ -46,6 +47,24 @@ enum ekv_status ekv_snapkv_configure_params(struct ekv_kv *kv);
 /* begin() shared by SnapKV and PyramidKV: WINSUM over the prompt's last
  * obs_window queries, nothing at decode. */
 enum ekv_status ekv_snapkv_begin_common(struct ekv_kv *kv, const struct ekv_kv_step *step);
+
+/* ---- decode-time re-selection of SnapKV, PyramidKV, VL-Cache (snapkv.c) ----
+ * params.recompress = N > 0: after the prompt, the policy re-selects with its
+ * own scores whenever the tokens seen reach a multiple of N (n_seen % N ==
+ * 0), so a head holds at most its budget + N entries at any time. The scores
+ * are the policy's prompt scores taken over a sliding observation window:
+ * winsum over the last wd = min(obs_window (default 32), N) queries before
+ * that point (kv->win_start = point - wd), reset when the window opens; the
+ * window's wd entries are kept, as SnapKV keeps its prompt window. */
+
+/* Resolves params.recompress (-1 -> 32) and validates it. */
+enum ekv_status ekv_recompress_configure(struct ekv_kv *kv);
+/* begin() of a decode step: sets kv->win_start and kv->stats (WINSUM while
+ * the step holds a query of the coming window, else nothing) and resets
+ * winsum when the window opens in this step. N == 0: no statistics. */
+void ekv_recompress_begin(struct ekv_kv *kv, const struct ekv_kv_step *step);
+/* True when this decode step ends at or crosses a re-selection point. */
+bool ekv_recompress_due(const struct ekv_kv *kv, const struct ekv_kv_step *step);
 
 /* ---- PyramidKV (pyramidkv.c) ---- */
 

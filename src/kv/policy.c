@@ -22,17 +22,19 @@ extern const struct ekv_policy_ops ekv_policy_snapkv;
 extern const struct ekv_policy_ops ekv_policy_pyramidkv;
 extern const struct ekv_policy_ops ekv_policy_vlcache;
 extern const struct ekv_policy_ops ekv_policy_elastic;
+extern const struct ekv_policy_ops ekv_policy_elastic_v2;
 
 static const struct ekv_policy_ops *const g_policies[] = {
     &ekv_policy_full,      &ekv_policy_random,    &ekv_policy_local,     &ekv_policy_h2o,
     &ekv_policy_scissorhands, &ekv_policy_tova,   &ekv_policy_roco,      &ekv_policy_snapkv,
-    &ekv_policy_pyramidkv, &ekv_policy_vlcache,   &ekv_policy_elastic,
+    &ekv_policy_pyramidkv, &ekv_policy_vlcache,   &ekv_policy_elastic,   &ekv_policy_elastic_v2,
 };
 
 const struct ekv_policy_ops *ekv_policy_find(const char *name) {
     if (!name) return NULL;
+    const size_t n = strcspn(name, ":");
     for (size_t i = 0; i < EKV_ARRAY_LEN(g_policies); i++)
-        if (strcmp(g_policies[i]->name, name) == 0) return g_policies[i];
+        if (strlen(g_policies[i]->name) == n && strncmp(g_policies[i]->name, name, n) == 0) return g_policies[i];
     return NULL;
 }
 
@@ -76,6 +78,7 @@ struct ekv_kv_params ekv_kv_default_params(void) {
     p.beta = NAN;
     p.sparsity_p = NAN;
     p.recent_ratio = NAN;
+    p.recompress = -1;
     p.seed = 0;
     p.compat_ref = false;
     p.type_k = EKV_KV_DEFAULT;

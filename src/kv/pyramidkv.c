@@ -5,8 +5,12 @@
  * L times the uniform capacity.
  *
  * Statistics: as SnapKV, EKV_STAT_WINSUM over the prompt's last w queries.
- * Acts once, at the prompt's last chunk; no decode-time eviction (the cache
- * grows after prefill).
+ * Acts at the prompt's last chunk; the paper then lets the cache grow
+ * (params.recompress = 0). With recompress N > 0 (default 32) it re-selects
+ * as SnapKV does (snapkv.c) at every multiple of N tokens seen, with the
+ * schedule recomputed for T = n_seen tokens (what the layer would hold
+ * uncompressed, so the pyramid keeps its shape), C = ekv_kv_budget_tokens
+ * and w = the decode window.
  *
  * Schedule: KVCache-Factory's integer schedule (ekv_pyramid_caps), with
  *   T = the layer's entries at the end of the prompt,
@@ -78,13 +82,18 @@ static enum ekv_status pyramid_configure(struct ekv_kv *kv) {
 }
 
 static enum ekv_status pyramid_layer(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
-    if (!step->is_prompt || !step->last_chunk) return EKV_OK;
+    if (step->is_prompt ? !step->last_chunk : !ekv_recompress_due(kv, step)) return EKV_OK;
     struct ekv_kv_layer *ly = &kv->layers[il];
-    int32_t T = 0;
-    for (int32_t hh = 0; hh < kv->n_head_kv; hh++) T = EKV_MAX(T, ly->heads[hh].len);
+    int32_t T = 0, w;
+    if (step->is_prompt) {
+        for (int32_t hh = 0; hh < kv->n_head_kv; hh++) T = EKV_MAX(T, ly->heads[hh].len);
+        w = (int32_t)EKV_MIN((int64_t)kv->params.obs_window, (int64_t)step->prompt_len);
+    } else { /* decode re-selection: the schedule of n_seen tokens, the decode window */
+        T = (int32_t)EKV_MIN(kv->n_seen, (int64_t)INT32_MAX);
+        w = (int32_t)EKV_MIN(EKV_MAX(kv->n_seen - kv->win_start, (int64_t)1), (int64_t)T);
+    }
     /* the uniform target (window included), at most the layer's entries */
     const int32_t C = (int32_t)EKV_MIN((int64_t)T, ekv_kv_budget_tokens(kv));
-    const int32_t w = (int32_t)EKV_MIN((int64_t)kv->params.obs_window, (int64_t)step->prompt_len);
 
     /* the schedule is cheap: compute it for all layers and take ours */
     int32_t caps_small[64];

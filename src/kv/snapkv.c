@@ -26,17 +26,57 @@
  * params.pool_kind has no "unset" value: ekv_kv_default_params() gives
  * EKV_POOL_MAX, the default here; EKV_POOL_AVG must be asked for.
  *
- * No decode-time eviction: SnapKV compresses the prompt once; generated
- * tokens are appended and the cache grows after prefill (its size is then
- * C + generated tokens, not budget * n_seen). Statistics are off at decode.
+ * Decode: the paper compresses the prompt once and the cache then grows by
+ * one entry per generated token (params.recompress = 0, `--kv-recompress
+ * 0`). ekv's default (recompress N = 32) re-selects with the same rule
+ * whenever n_seen reaches a multiple of N, the observation window being the
+ * last min(w, N) queries before that point (ekv_recompress_*, below), so
+ * the cache never holds more than C + N entries. Statistics are off at
+ * decode outside those windows.
  */
 #include <stdlib.h>
 
 #include "core/util.h"
 #include "kv/policies_adv.h"
 
+enum ekv_status ekv_recompress_configure(struct ekv_kv *kv) {
+    if (kv->params.recompress < 0) kv->params.recompress = 32;
+    return EKV_OK;
+}
+
+/* The first re-selection point after a step starting at pos0 and the
+ * window of queries that votes for it. */
+static int64_t recompress_point(const struct ekv_kv *kv, int64_t pos0) {
+    const int64_t N = kv->params.recompress;
+    return (pos0 / N + 1) * N;
+}
+
+static int32_t recompress_window(const struct ekv_kv *kv) {
+    const int32_t w = kv->params.obs_window > 0 ? kv->params.obs_window : 32;
+    return EKV_MIN(w, kv->params.recompress);
+}
+
+void ekv_recompress_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    kv->stats = 0;
+    if (kv->params.recompress <= 0 || step->n_new <= 0) return;
+    const int64_t point = recompress_point(kv, step->pos0);
+    const int64_t ws = point - recompress_window(kv);
+    if (step->pos0 + step->n_new <= ws) return; /* no query of the window yet: arrays freed */
+    if (step->pos0 <= ws) ekv_kv_reset_stats(kv, EKV_STAT_WINSUM);
+    kv->win_start = ws;
+    kv->stats = EKV_STAT_WINSUM;
+}
+
+bool ekv_recompress_due(const struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    const int64_t N = kv->params.recompress;
+    if (step->is_prompt || N <= 0 || step->n_new <= 0) return false;
+    return (step->pos0 + step->n_new) / N > step->pos0 / N;
+}
+
 enum ekv_status ekv_snapkv_configure_params(struct ekv_kv *kv) {
     struct ekv_kv_params *p = &kv->params;
+    enum ekv_status st = ekv_recompress_configure(kv);
+    if (st != EKV_OK) return st;
     if (p->obs_window < 0) p->obs_window = 32;
     if (p->obs_window < 1)
         return ekv_err(EKV_ERR_INVALID_ARG, "%s: obs_window must be at least 1 (got %d)",
@@ -51,7 +91,7 @@ enum ekv_status ekv_snapkv_configure_params(struct ekv_kv *kv) {
 
 enum ekv_status ekv_snapkv_begin_common(struct ekv_kv *kv, const struct ekv_kv_step *step) {
     if (!step->is_prompt) {
-        kv->stats = 0;
+        ekv_recompress_begin(kv, step);
         return EKV_OK;
     }
     if (step->prompt_len <= 0)
@@ -122,7 +162,7 @@ enum ekv_status ekv_snapkv_compress_layer(struct ekv_kv *kv, int il, int32_t cap
 static enum ekv_status snapkv_configure(struct ekv_kv *kv) { return ekv_snapkv_configure_params(kv); }
 
 static enum ekv_status snapkv_layer(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
-    if (!step->is_prompt || !step->last_chunk) return EKV_OK;
+    if (step->is_prompt ? !step->last_chunk : !ekv_recompress_due(kv, step)) return EKV_OK;
     return ekv_snapkv_compress_layer(kv, il, ekv_kv_target(kv, il), kv->params.pool,
                                      kv->params.pool_kind);
 }

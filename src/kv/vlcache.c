@@ -33,9 +33,15 @@
  * per layer [CHOICE]) plus the top (k_l - r_l) older entries by psi
  * (§0.7 ties). kv->layers[l].budget = k_l.
  *
- * No decode-time eviction: the cache grows after prefill (paper). Because
- * the allocation needs every layer's sparsity, compression happens in
- * end(), so the prefill peak holds all layers at full prompt length.
+ * Decode: the paper lets the cache grow after prefill (params.recompress =
+ * 0). With recompress N > 0 (default 32), whenever n_seen reaches a multiple
+ * of N (end() of that step) every layer is cut again to k_l = max(1,
+ * floor(beta_l * n_seen)) with the prompt's beta_l (the sparsity allocation
+ * is not re-measured: decode queries are text), keeping the r_l most recent
+ * entries plus the top older ones by psi over the decode window (the last
+ * min(obs_window, N) queries, snapkv.c's ekv_recompress_*). Because the
+ * allocation needs every layer's sparsity, compression happens in end(),
+ * so the prefill peak holds all layers at full prompt length.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -62,8 +68,28 @@ void ekv_vlcache_alloc(const double *gamma, int32_t L, double alpha, int64_t m, 
     }
 }
 
+/* beta_l of the last prompt, for decode-time re-selection */
+struct vlcache_state {
+    bool have_beta;
+    double beta[]; /* [n_layer] */
+};
+
+static enum ekv_status vlcache_init(struct ekv_kv *kv) {
+    struct vlcache_state *s = calloc(1, sizeof *s + (size_t)kv->n_layer * sizeof(double));
+    if (!s) return ekv_err(EKV_ERR_NOMEM, "vlcache: state of %d layers", (int)kv->n_layer);
+    kv->pstate = s;
+    return EKV_OK;
+}
+
+static void vlcache_destroy(struct ekv_kv *kv) {
+    free(kv->pstate);
+    kv->pstate = NULL;
+}
+
 static enum ekv_status vlcache_configure(struct ekv_kv *kv) {
     struct ekv_kv_params *p = &kv->params;
+    enum ekv_status st = ekv_recompress_configure(kv);
+    if (st != EKV_OK) return st;
     if (isnan(p->sparsity_p)) p->sparsity_p = 0.01;
     if (!(p->sparsity_p >= 0.0 && p->sparsity_p <= 1.0))
         return ekv_err(EKV_ERR_INVALID_ARG, "vlcache: sparsity_p %g is outside [0, 1]", p->sparsity_p);
@@ -76,7 +102,7 @@ static enum ekv_status vlcache_configure(struct ekv_kv *kv) {
 
 static enum ekv_status vlcache_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
     if (!step->is_prompt) {
-        kv->stats = 0;
+        ekv_recompress_begin(kv, step);
         return EKV_OK;
     }
     const int32_t m = step->prompt_len;
@@ -121,8 +147,27 @@ static enum ekv_status vlcache_head(struct ekv_kv *kv, struct ekv_kv_head *h, in
     return st;
 }
 
+/* Decode re-selection with the prompt's allocation. */
+static enum ekv_status vlcache_recompress(struct ekv_kv *kv) {
+    const struct vlcache_state *vs = kv->pstate;
+    if (!vs || !vs->have_beta) return EKV_OK;
+    enum ekv_status st = EKV_OK;
+    for (int32_t l = 0; l < kv->n_layer && st == EKV_OK; l++) {
+        double kk = floor(vs->beta[l] * (double)kv->n_seen + 1e-9);
+        if (kk < 1.0) kk = 1.0;
+        if (kk > (double)INT32_MAX) kk = (double)INT32_MAX;
+        kv->layers[l].budget = (int32_t)kk;
+        for (int32_t hh = 0; hh < kv->n_head_kv && st == EKV_OK; hh++)
+            st = vlcache_head(kv, &kv->layers[l].heads[hh], (int32_t)kk);
+    }
+    return st;
+}
+
 static enum ekv_status vlcache_end(struct ekv_kv *kv, const struct ekv_kv_step *step) {
-    if (!step->is_prompt || !step->last_chunk) return EKV_OK;
+    if (!step->is_prompt) return ekv_recompress_due(kv, step) ? vlcache_recompress(kv) : EKV_OK;
+    if (!step->last_chunk) return EKV_OK;
+    struct vlcache_state *vs = kv->pstate;
+    if (vs) vs->have_beta = false;
     const int32_t L = kv->n_layer;
     double *gamma = calloc((size_t)(L > 0 ? L : 1), sizeof *gamma);
     double *beta = malloc((size_t)L * sizeof *beta);
@@ -140,6 +185,10 @@ static enum ekv_status vlcache_end(struct ekv_kv *kv, const struct ekv_kv_step *
     const double alpha = ekv_kv_budget_frac(kv);
     if (alpha >= 1.0) goto out; /* keep everything: nothing to allocate */
     ekv_vlcache_alloc(gamma, L, alpha, m, beta, k);
+    if (vs) {
+        memcpy(vs->beta, beta, (size_t)L * sizeof *beta);
+        vs->have_beta = true;
+    }
     for (int32_t l = 0; l < L && st == EKV_OK; l++) {
         kv->layers[l].budget = k[l];
         for (int32_t hh = 0; hh < kv->n_head_kv && st == EKV_OK; hh++)
@@ -154,8 +203,8 @@ const struct ekv_policy_ops ekv_policy_vlcache = {
     .name = "vlcache",
     .summary = "VL-Cache: per-layer budgets from post-vision attention sparsity, top post-vision scores",
     .configure = vlcache_configure,
-    .init = NULL,
-    .destroy = NULL,
+    .init = vlcache_init,
+    .destroy = vlcache_destroy,
     .begin = vlcache_begin,
     .layer = NULL,
     .end = vlcache_end,

@@ -164,7 +164,7 @@ static const struct cli_opt k_opts[] = {
      OFF(format), 0, 0, NULL, NULL, NULL, false},
     {E, G_EVAL, "--doc-sep", NULL, "S", "text: split the file into documents at S (default: one document)", K_STR,
      OFF(doc_sep), 0, 0, NULL, NULL, "", false},
-    {E, G_EVAL, "--metric", NULL, "LIST", "comma list of ppl,rouge,kl,hitrate (see below)", K_STR, OFF(metrics),
+    {E, G_EVAL, "--metric", NULL, "LIST", "comma list of ppl,rouge,kl,hitrate,acc (see below)", K_STR, OFF(metrics),
      0, 0, NULL, NULL, NULL, false},
     {E, G_EVAL, "--rouge", NULL, "KIND", "pltrdy (rouge 1.0.1, the ElasticCache protocol) | sentence", K_STR,
      OFF(rouge), 0, 0, NULL, NULL, NULL, false},
@@ -312,6 +312,9 @@ static const struct cli_opt k_opts[] = {
      1, NULL, NULL, "", false},
     {KVT, G_KV, "--kv-recent-ratio", NULL, "F", "recent share of the budget (vlcache 0.1)", K_F64,
      OFF(kv.recent_ratio), 0, 1, NULL, NULL, "", false},
+    {KVT, G_KV, "--kv-recompress", NULL, "N",
+     "snapkv/pyramidkv/vlcache: re-select every N generated tokens\n(cache <= budget + N entries; 0 = prompt only; 32)",
+     K_I32, OFF(kv.recompress), 0, HUGE30, NULL, NULL, "", false},
     {KVT, G_KV, "--kv-seed", NULL, "N", "seed of the random policy", K_U64, OFF(kv.seed), 0, 0, NULL, NULL, NULL,
      false},
     {KVT, G_KV, "--kv-compat", NULL, "paper|ref", "reproduce the authors' reference code (elastic)", K_FN, 0, 0, 0,
@@ -352,7 +355,9 @@ static const struct cli_opt k_opts[] = {
 const char *cli_check_policy(const char *name) {
     static char msg[512];
     for (int i = 0; i < ekv_kv_policy_count(); i++)
-        if (name && !strcmp(name, ekv_kv_policy_name(i))) return NULL;
+        if (name && strlen(ekv_kv_policy_name(i)) == strcspn(name, ":") &&
+            !strncmp(name, ekv_kv_policy_name(i), strcspn(name, ":")))
+            return NULL; /* "name" or a spec "name:opt=val:..." (the policy checks its options) */
     size_t used = (size_t)snprintf(msg, sizeof msg, "unknown KV policy '%.64s' (known:", name ? name : "");
     for (int i = 0; i < ekv_kv_policy_count() && used < sizeof msg; i++)
         used += (size_t)snprintf(msg + used, sizeof msg - used, " %s", ekv_kv_policy_name(i));

@@ -1,0 +1,115 @@
+/*
+ * test_longctx_sets.c — the long-context evaluation sets shipped in
+ * data/longctx/ (made by data/longctx/make_longctx.py from held-out
+ * documents of ekv-ref-28m) are what their README says: every set loads
+ * with ekv's own reader, has its item count, and every item is a
+ * token-exact cut under ekv's tokenizer (the tokenizer of the shipped
+ * models/ekv-ref-28m-q8_0.gguf, the same vocabulary as the F16 model):
+ * the prompt has the stated number of tokens, the answer too, and
+ * tokenize(prompt) + tokenize(answer) == tokenize(prompt + answer), so
+ * `ekv eval` scores exactly the tokens the set names. Recall answers occur
+ * earlier in their prompt (there is something to copy); retrieval prompts
+ * hold their target call three times and end with its cue. Needs only the
+ * repository (no ../shared).
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ekv.h"
+#include "eval/eval.h"
+#include "testutil.h"
+
+static int32_t *tok(const struct ekv_model *m, const char *s, size_t len, size_t *n) {
+    size_t cap = len + 16, got = 0;
+    int32_t *t = malloc(cap * sizeof *t);
+    if (!t || ekv_tokenize(m, s, len, false, false, t, cap, &got) != EKV_OK) {
+        free(t);
+        *n = 0;
+        return NULL;
+    }
+    *n = got;
+    return t;
+}
+
+static size_t count_occ(const char *hay, const char *needle) {
+    size_t c = 0, ln = strlen(needle);
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += ln) c++;
+    return c;
+}
+
+struct set_spec {
+    const char *file;
+    size_t n_items;
+    size_t p_lo, p_hi; /* prompt tokens */
+    size_t a_lo, a_hi; /* answer tokens */
+    int kind;          /* 0 continuation, 1 recall, 2 retrieval */
+};
+
+static void check_set(const struct ekv_model *m, const struct set_spec *sp) {
+    struct ekv_data_opts o = ekv_data_default_opts();
+    o.require_answer = true;
+    struct ekv_dataset ds;
+    char path[256];
+    snprintf(path, sizeof path, "data/longctx/%s", sp->file);
+    enum ekv_status st = ekv_dataset_load(tu_src(path), &o, &ds);
+    CHECK_OK(st);
+    if (st != EKV_OK) return;
+    CHECK_MSG(ds.n_items == sp->n_items, "%s: %zu items, expected %zu", sp->file, ds.n_items, sp->n_items);
+    size_t bad = 0;
+    for (size_t i = 0; i < ds.n_items; i++) {
+        const struct ekv_eval_item *it = &ds.items[i];
+        size_t lp = strlen(it->instruction), la = strlen(it->answer), np, na, nb;
+        char *both = malloc(lp + la + 1);
+        memcpy(both, it->instruction, lp);
+        memcpy(both + lp, it->answer, la + 1);
+        int32_t *tp = tok(m, it->instruction, lp, &np), *ta = tok(m, it->answer, la, &na),
+                *tb = tok(m, both, lp + la, &nb);
+        bool ok = tp && ta && tb && np >= sp->p_lo && np <= sp->p_hi && na >= sp->a_lo && na <= sp->a_hi &&
+                  nb == np + na && memcmp(tb, tp, np * sizeof *tp) == 0 &&
+                  memcmp(tb + np, ta, na * sizeof *ta) == 0;
+        if (ok && sp->kind == 1) ok = count_occ(it->instruction, it->answer) >= 1;
+        if (ok && sp->kind == 2) {
+            /* the prompt ends with "\tw1_w2_", the answer is "w3(" and the
+             * call "\tw1_w2_w3(" is in the prompt three times */
+            const char *cue = strrchr(it->instruction, '\t');
+            char call[128];
+            ok = cue && strlen(cue) < 64 && la < 32 && it->answer[la - 1] == '(';
+            if (ok) {
+                snprintf(call, sizeof call, "%s%s", cue, it->answer);
+                ok = count_occ(it->instruction, call) == 3;
+            }
+        }
+        if (!ok) {
+            bad++;
+            fprintf(stderr, "%s item %zu (%s): prompt %zu, answer %zu, joint %zu tokens\n", sp->file, i,
+                    it->id ? it->id : "?", np, na, nb);
+        }
+        free(tp);
+        free(ta);
+        free(tb);
+        free(both);
+    }
+    CHECK_MSG(bad == 0, "%s: %zu items are not token-exact cuts of their stated lengths", sp->file, bad);
+    ekv_dataset_free(&ds);
+}
+
+int main(void) {
+    struct ekv_model *m = NULL;
+    CHECK_OK(ekv_model_load(tu_src("models/ekv-ref-28m-q8_0.gguf"), NULL, &m));
+    if (!m) return test_finish("test_longctx_sets");
+    /* continuation prompts may be a token short of their length: the cut
+     * moves down until it neither splits a character nor merges tokens
+     * across the boundary (README) */
+    static const struct set_spec sets[] = {
+        {"cont_1k.jsonl", 16, 1008, 1024, 256, 256, 0},
+        {"cont_2k.jsonl", 16, 2032, 2048, 256, 256, 0},
+        {"cont_3.5k.jsonl", 16, 3568, 3584, 256, 256, 0},
+        {"recall.jsonl", 24, 2900, 3100, 64, 64, 1},
+        {"retrieval.jsonl", 48, 2900, 3100, 2, 4, 2},
+    };
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) check_set(m, &sets[i]);
+    ekv_model_free(m);
+    return test_finish("test_longctx_sets");
+}
