@@ -96,15 +96,6 @@ static void axpy_rows(float *restrict o, const float *restrict p, const float *r
     }
 }
 
-/* Rows [j0, j1) of a view as floats: the stored rows themselves for f32,
- * else decoded into buf. */
-static const float *view_block(const struct ekv_kv_view *vw, int32_t j0, int32_t j1, float *buf,
-                               struct ekv_kv_cursor *cur, bool simd) {
-    if (vw->type == EKV_KV_F32) return (const float *)(const void *)vw->data + ((size_t)vw->first + (size_t)j0) * (size_t)vw->d;
-    ekv_kv_view_rows(vw, j0, j1, buf, cur, simd);
-    return buf;
-}
-
 void ekv_attn_row_kv_ref(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
                          int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
                          const struct ekv_attn_stats *st) {
@@ -119,7 +110,7 @@ void ekv_attn_row_kv_ref(const float *q, int R, const struct ekv_kv_view *k, con
     struct ekv_kv_cursor kc = {0, 0, 0}, vc = {0, 0, 0};
     for (size_t j0 = 0; j0 < n; j0 += EKV_ATTN_ROWS) {
         const size_t j1 = j0 + EKV_ATTN_ROWS < n ? j0 + EKV_ATTN_ROWS : n;
-        const float *kb = view_block(k, (int32_t)j0, (int32_t)j1, rowbuf, &kc, false);
+        const float *kb = ekv_kv_view_block(k, (int32_t)j0, (int32_t)j1, rowbuf, &kc, false);
         for (int h = 0; h < R; h++) {
             const float *qh = q + (size_t)h * dd;
             float *ph = probs + (size_t)h * n;
@@ -143,7 +134,7 @@ void ekv_attn_row_kv_ref(const float *q, int R, const struct ekv_kv_view *k, con
     /* out = sum_j p_j v_j, a block of values decoded once for the R heads */
     for (size_t j0 = 0; j0 < n; j0 += EKV_ATTN_ROWS) {
         const size_t j1 = j0 + EKV_ATTN_ROWS < n ? j0 + EKV_ATTN_ROWS : n;
-        const float *vb = view_block(v, (int32_t)j0, (int32_t)j1, rowbuf, &vc, false);
+        const float *vb = ekv_kv_view_block(v, (int32_t)j0, (int32_t)j1, rowbuf, &vc, false);
         for (int h = 0; h < R; h++) axpy_rows(out + (size_t)h * dd, probs + (size_t)h * n + j0, vb, j1 - j0, dd);
     }
     if (st) ekv_attn_accumulate_ref(probs, R, n_keys, st);

@@ -288,15 +288,6 @@ static void pv_block2(float *o0, float *o1, const float *p0, const float *p1, co
     }
 }
 
-/* Rows [j0, j1) of a view as floats: the stored rows for f32, else
- * decoded into buf (SIMD codecs, bit-identical to the references). */
-static const float *view_block(const struct ekv_kv_view *vw, size_t j0, size_t j1, float *buf,
-                               struct ekv_kv_cursor *cur) {
-    if (vw->type == EKV_KV_F32) return (const float *)(const void *)vw->data + ((size_t)vw->first + j0) * (size_t)vw->d;
-    ekv_kv_view_rows(vw, (int32_t)j0, (int32_t)j1, buf, cur, true);
-    return buf;
-}
-
 void ekv_attn_row_kv_avx2(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
                           int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
                           const struct ekv_attn_stats *st) {
@@ -310,7 +301,7 @@ void ekv_attn_row_kv_avx2(const float *q, int R, const struct ekv_kv_view *k, co
     const size_t kb_rows = k->type == EKV_KV_F32 ? EKV_ATT_KB : EKV_ATTN_ROWS;
     for (size_t j0 = 0; j0 < n; j0 += kb_rows) {
         const size_t j1 = j0 + kb_rows < n ? j0 + kb_rows : n;
-        const float *kb = view_block(k, j0, j1, rowbuf, &kc);
+        const float *kb = ekv_kv_view_block(k, (int32_t)j0, (int32_t)j1, rowbuf, &kc, true);
         int h = 0;
         for (; h + 4 <= R; h += 4)
             qk_block4(q + (size_t)h * dd, dd, kb, j1 - j0, scale, probs + (size_t)h * n + j0, n);
@@ -323,7 +314,7 @@ void ekv_attn_row_kv_avx2(const float *q, int R, const struct ekv_kv_view *k, co
     const size_t vb_rows = v->type == EKV_KV_F32 ? EKV_ATT_KB : EKV_ATTN_ROWS;
     for (size_t j0 = 0; j0 < n; j0 += vb_rows) {
         const size_t j1 = j0 + vb_rows < n ? j0 + vb_rows : n;
-        const float *vb = view_block(v, j0, j1, rowbuf, &vc);
+        const float *vb = ekv_kv_view_block(v, (int32_t)j0, (int32_t)j1, rowbuf, &vc, true);
         int h = 0;
         for (; h + 2 <= R; h += 2)
             pv_block2(out + (size_t)h * dd, out + (size_t)(h + 1) * dd, probs + (size_t)h * n + j0,

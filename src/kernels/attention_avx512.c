@@ -235,13 +235,6 @@ static void pv4(float *o, const float *p, size_t pn, int nh, const float *v, siz
     }
 }
 
-static const float *view_block(const struct ekv_kv_view *vw, size_t j0, size_t j1, float *buf,
-                               struct ekv_kv_cursor *cur) {
-    if (vw->type == EKV_KV_F32) return (const float *)(const void *)vw->data + ((size_t)vw->first + j0) * (size_t)vw->d;
-    ekv_kv_view_rows(vw, (int32_t)j0, (int32_t)j1, buf, cur, true);
-    return buf;
-}
-
 void ekv_attn_row_kv_avx512(const float *q, int R, const struct ekv_kv_view *k, const struct ekv_kv_view *v,
                             int32_t n_keys, float scale, float *out, float *probs, float *rowbuf,
                             const struct ekv_attn_stats *st) {
@@ -261,7 +254,7 @@ void ekv_attn_row_kv_avx512(const float *q, int R, const struct ekv_kv_view *k, 
     const size_t kb_rows = k->type == EKV_KV_F32 ? ATT_KB : EKV_ATTN_ROWS;
     for (size_t j0 = 0; j0 < n; j0 += kb_rows) {
         const size_t j1 = j0 + kb_rows < n ? j0 + kb_rows : n;
-        const float *kb = view_block(k, j0, j1, rowbuf, &kc);
+        const float *kb = ekv_kv_view_block(k, (int32_t)j0, (int32_t)j1, rowbuf, &kc, true);
         for (int h = 0; h < R; h += 2)
             qk16(q + (size_t)h * dd, dd, R - h >= 2 ? 2 : 1, kb, j1 - j0, scale, probs + (size_t)h * n + j0, n, tail);
     }
@@ -269,7 +262,7 @@ void ekv_attn_row_kv_avx512(const float *q, int R, const struct ekv_kv_view *k, 
     const size_t vb_rows = v->type == EKV_KV_F32 ? ATT_KB : EKV_ATTN_ROWS;
     for (size_t j0 = 0; j0 < n; j0 += vb_rows) {
         const size_t j1 = j0 + vb_rows < n ? j0 + vb_rows : n;
-        const float *vb = view_block(v, j0, j1, rowbuf, &vc);
+        const float *vb = ekv_kv_view_block(v, (int32_t)j0, (int32_t)j1, rowbuf, &vc, true);
         for (int h = 0; h < R; h += 4)
             pv4(out + (size_t)h * dd, probs + (size_t)h * n + j0, n, R - h >= 4 ? 4 : R - h, vb, dd, j1 - j0);
     }

@@ -241,3 +241,11 @@ void ekv_kv_view_rows(const struct ekv_kv_view *v, int32_t j0, int32_t j1, float
         else ekv_dequant_f16(src, dst, n);
     }
 }
+
+const float *ekv_kv_view_block(const struct ekv_kv_view *v, int32_t j0, int32_t j1, float *buf,
+                               struct ekv_kv_cursor *cur, bool simd) {
+    if (v->type == EKV_KV_F32)
+        return (const float *)(const void *)v->data + ((size_t)v->first + (size_t)j0) * (size_t)v->d;
+    ekv_kv_view_rows(v, j0, j1, buf, cur, simd);
+    return buf;
+}

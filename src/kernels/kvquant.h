@@ -114,6 +114,12 @@ struct ekv_kv_cursor {
 void ekv_kv_view_rows(const struct ekv_kv_view *v, int32_t j0, int32_t j1, float *dst, struct ekv_kv_cursor *cur,
                       bool simd);
 
+/* Rows [j0, j1) of a view as floats: f32 storage is returned in place (no
+ * copy), other types are decoded into buf [j1 - j0][d] by ekv_kv_view_rows.
+ * The one place attention kernels get K/V rows from. */
+const float *ekv_kv_view_block(const struct ekv_kv_view *v, int32_t j0, int32_t j1, float *buf,
+                               struct ekv_kv_cursor *cur, bool simd);
+
 /* SIMD codecs (kvquant_avx2.c): same results as the references. */
 void ekv_kv_rows_to_float_avx2(enum ekv_kv_type t, const void *src, size_t row_bytes, int32_t n, int d, int g,
                                float *dst);
