@@ -528,6 +528,19 @@ static const char *const k_colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728
                                        "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8"};
 static const int k_points[] = {7, 5, 9, 11, 13, 4, 6, 8, 10, 12, 14, 1, 2, 3};
 
+/* The series (policy, storage type) that have rows of this metric, in
+ * first-seen order: one representative row each into pol; returns how many. */
+static size_t series_of(const struct ekv_report *rep, const char *metric, const struct ekv_result_row **pol) {
+    size_t np = 0;
+    for (size_t i = 0; i < rep->n_rows; i++) {
+        if (strcmp(rep->rows[i].metric, metric) != 0) continue;
+        bool seen = false;
+        for (size_t k = 0; k < np && !seen; k++) seen = same_series(pol[k], &rep->rows[i]);
+        if (!seen) pol[np++] = &rep->rows[i];
+    }
+    return np;
+}
+
 static enum ekv_status plot_script(const struct ekv_report *rep, const char *metric,
                                    const struct ekv_plot_opts *o, struct sbuf *b) {
     /* series (policy, storage type) with this metric, first-seen order */
@@ -538,13 +551,7 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
         free(pol);
         return ekv_err(EKV_ERR_NOMEM, "plot: no memory");
     }
-    size_t np = 0;
-    for (size_t i = 0; i < rep->n_rows; i++) {
-        if (strcmp(rep->rows[i].metric, metric) != 0) continue;
-        bool seen = false;
-        for (size_t k = 0; k < np && !seen; k++) seen = same_series(pol[k], &rep->rows[i]);
-        if (!seen) pol[np++] = &rep->rows[i];
-    }
+    const size_t np = series_of(rep, metric, pol);
     int w = o && o->width > 0 ? o->width : 800, h = o && o->height > 0 ? o->height : 500;
     sb_printf(b, "# ekv eval: %s against KV budget, one line per policy.\n", metric);
     sb_printf(b, "# Written by ekv; run it with: cd <this directory> && gnuplot %s.gp\n", metric);
@@ -630,13 +637,7 @@ static enum ekv_status pareto_script(const struct ekv_report *rep, const char *m
         free(pts);
         return ekv_err(EKV_ERR_NOMEM, "plot: no memory");
     }
-    size_t np = 0;
-    for (size_t i = 0; i < rep->n_rows; i++) {
-        if (strcmp(rep->rows[i].metric, metric) != 0) continue;
-        bool seen = false;
-        for (size_t k = 0; k < np && !seen; k++) seen = same_series(pol[k], &rep->rows[i]);
-        if (!seen) pol[np++] = &rep->rows[i];
-    }
+    const size_t np = series_of(rep, metric, pol);
     int w = o && o->width > 0 ? o->width : 900, h = o && o->height > 0 ? o->height : 560;
     sb_printf(b, "# ekv eval: %s against the KV cache's bytes (Pareto view), one point per policy x type x budget.\n",
               metric);
