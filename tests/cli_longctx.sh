@@ -30,6 +30,29 @@ printf '{"instruction": "static int __init", "answer": "%s"}\n{"instruction": "s
   "$gen" > "$T/own.jsonl"
 "$EKV" eval -m $Q8 -f "$T/own.jsonl" --metric acc --kv-policy full -o "$T/own" --no-plot > /dev/null 2>&1
 grep -q "^full,.*,acc,0.5,2$" "$T/own/results.csv" && ok || bad "own greedy answer + wrong answer must give acc 0.5 ('$gen'): $(cat "$T/own/results.csv")"
+# "score_from": the answer's first tokens (a cue) are fed, not scored. A wrong
+# cue followed by the model's own greedy continuation of it scores 1 and
+# its PPL counts only the tokens after the cue; without score_from, 0
+cue=" zebra quantum"
+ncue=$("$EKV" tokenize -m $Q8 -p "$cue" --no-bos --json | sed -n 's/^{"n_tokens": \([0-9]*\),.*/\1/p')
+gen2=$("$EKV" run -m $Q8 -p "static int __init$cue" -n 4 --temp 0 --no-display-prompt 2>/dev/null)
+printf '{"instruction": "static int __init", "answer": "%s%s", "score_from": %s}\n' "$cue" "$gen2" "$ncue" > "$T/sf.jsonl"
+printf '{"instruction": "static int __init", "answer": "%s%s"}\n' "$cue" "$gen2" > "$T/nosf.jsonl"
+"$EKV" eval -m $Q8 -f "$T/sf.jsonl" --metric acc,ppl --kv-policy full -o "$T/sf" --no-plot > /dev/null 2>&1
+"$EKV" eval -m $Q8 -f "$T/nosf.jsonl" --metric acc,ppl --kv-policy full -o "$T/nosf" --no-plot > /dev/null 2>&1
+[ -n "$ncue" ] && grep -q "^full,.*,acc,1,1$" "$T/sf/results.csv" && grep -q "^full,.*,ppl,.*,3$" "$T/sf/results.csv" \
+  && grep -q "^full,.*,acc,0,1$" "$T/nosf/results.csv" && ok \
+  || bad "score_from $ncue ('$gen2'): $(cat "$T/sf/results.csv" "$T/nosf/results.csv" 2>&1)"
+# a score_from that is not a whole number is refused, naming the field; one
+# that leaves nothing to score skips the item with the reason
+for v in -1 1.5 '"2"' 1e9; do
+  printf '{"instruction": "static int __init", "answer": " x y z", "score_from": %s}\n' "$v" > "$T/badsf.jsonl"
+  "$EKV" eval -m $Q8 -f "$T/badsf.jsonl" --metric acc --kv-policy full -o "$T/badsf" --no-plot > /dev/null 2> "$T/badsf.err"
+  [ $? -eq 1 ] && grep -q 'score_from' "$T/badsf.err" && ok || bad "score_from $v must be refused: $(cat "$T/badsf.err")"
+done
+printf '{"instruction": "static int __init", "answer": " x y z", "score_from": 9}\n' > "$T/bigsf.jsonl"
+"$EKV" eval -m $Q8 -f "$T/bigsf.jsonl" --metric acc --kv-policy full -o "$T/bigsf" --no-plot > /dev/null 2> "$T/bigsf.err"
+grep -q 'score_from 9 leaves no scored token' "$T/bigsf.err" && ok || bad "score_from past the answer must skip the item: $(cat "$T/bigsf.err")"
 printf 'one two three four five six seven eight nine ten eleven twelve\n' > "$T/doc.txt"
 "$EKV" eval -f "$T/doc.txt" --format text -c 512 --metric acc --kv-policy full -o "$T/t" --no-plot \
   > /dev/null 2> "$T/t.err"

@@ -8,8 +8,8 @@
  * the prompt has the stated number of tokens, the answer too, and
  * tokenize(prompt) + tokenize(answer) == tokenize(prompt + answer), so
  * `ekv eval` scores exactly the tokens the set names. Recall answers occur
- * earlier in their prompt (there is something to copy); retrieval prompts
- * hold their target call three times and end with its cue. Needs only the
+ * earlier in their prompt (there is something to copy); retrieval answers
+ * are a call the prompt holds three times, opening with a cue that is fed, not scored. Needs only the
  * repository (no ../shared).
  */
 #include <stdbool.h>
@@ -71,15 +71,18 @@ static void check_set(const struct ekv_model *m, const struct set_spec *sp) {
                   memcmp(tb + np, ta, na * sizeof *ta) == 0;
         if (ok && sp->kind == 1) ok = count_occ(it->instruction, it->answer) >= 1;
         if (ok && sp->kind == 2) {
-            /* the prompt ends with "\tw1_w2_", the answer is "w3(" and the
-             * call "\tw1_w2_w3(" is in the prompt three times */
-            const char *cue = strrchr(it->instruction, '\t');
-            char call[128];
-            ok = cue && strlen(cue) < 64 && la < 32 && it->answer[la - 1] == '(';
+            /* the answer is "\tw1_w2_w3(" with the cue "\tw1_w2_" fed, not
+             * scored (score_from = its tokens), and the prompt holds the
+             * call three times */
+            const char *us = strchr(it->answer, '_'), *us2 = us ? strchr(us + 1, '_') : NULL;
+            ok = it->answer[0] == '\t' && la < 64 && it->answer[la - 1] == '(' && us2;
             if (ok) {
-                snprintf(call, sizeof call, "%s%s", cue, it->answer);
-                ok = count_occ(it->instruction, call) == 3;
+                size_t nc;
+                int32_t *tc = tok(m, it->answer, (size_t)(us2 + 1 - it->answer), &nc);
+                ok = tc && it->score_from == (int32_t)nc && nc + 2 <= na && memcmp(tc, ta, nc * sizeof *tc) == 0;
+                free(tc);
             }
+            if (ok) ok = count_occ(it->instruction, it->answer) == 3;
         }
         if (!ok) {
             bad++;
@@ -107,7 +110,7 @@ int main(void) {
         {"cont_2k.jsonl", 16, 2032, 2048, 256, 256, 0},
         {"cont_3.5k.jsonl", 16, 3568, 3584, 256, 256, 0},
         {"recall.jsonl", 24, 2900, 3100, 64, 64, 1},
-        {"retrieval.jsonl", 48, 2900, 3100, 2, 4, 2},
+        {"retrieval.jsonl", 48, 2900, 3100, 6, 12, 2},
     };
     for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) check_set(m, &sets[i]);
     ekv_model_free(m);

@@ -16,11 +16,13 @@ held-out file of the same form). Output, in --out (default data/longctx/):
   retrieval.jsonl retrieval (C sources only): three invented function names
       w1_w2_w3 (words from a fixed list, absent from the document), each
       called three times ("\\tname(arg);" lines) at line starts between 60%
-      and 75% of a ~3,000-token context; the prompt ends with "\\t" plus the
-      first two words of one of them ("w1_w2_") and the answer is the rest,
-      "w3(". The names share no two-word prefix, so the cue names one
+      and 75% of a ~3,000-token context; the answer is one of the calls,
+      "\\tw1_w2_w3(", after the context. Its tab and first two words are a
+      cue, fed but not scored ("score_from": their token count), so that
+      the cue and the third word are both read through the compressed
+      cache. The names share no two-word prefix, so the cue names one
       function; guessing gives about 1/34 (scored as exact-match accuracy
-      of the greedy answer tokens: `ekv eval --metric acc`).
+      of the greedy third-word tokens: `ekv eval --metric acc`).
 
 Token-exact: every prompt and answer is a byte range of the document (plus
 the inserted lines for retrieval) whose tokenization by `ekv tokenize` is
@@ -184,13 +186,18 @@ def retrieval(docs, tok, P, n, rng, reps=3, n_names=3, lo_f=0.60, hi_f=0.75):
             ctx += b[last:cut]
             target = names[0]
             w = target.split("_")
-            prompt = ctx + ("\t%s_%s_" % (w[0], w[1])).encode()
-            ans = ("%s(" % w[2]).encode()
-            if not is_text(prompt) or not clean_split(tok, prompt, ans):
+            # the cue "w1_w2_" opens the answer, so it is read through the
+            # compressed cache like the third word it asks for; only the
+            # third word is scored (score_from: the cue's tokens)
+            prompt = ctx
+            cue = ("\t%s_%s_" % (w[0], w[1])).encode()
+            ans = cue + ("%s(" % w[2]).encode()
+            if not is_text(prompt) or not clean_split(tok, prompt, ans) or not clean_split(tok, cue, ans[len(cue):]):
                 continue
             it = item("retrieval", d["source"], len(out), prompt, ans, tok)
             it["target"] = target
             it["distractors"] = names[1:]
+            it["score_from"] = len(tok.ids(cue))
             out.append(it)
         rounds += 1
     return out

@@ -175,6 +175,20 @@ static enum ekv_status get_field(const cJSON *obj, const char *const *keys, size
     return EKV_OK;
 }
 
+/* "score_from": how many answer tokens are fed but not scored (a cue the
+ * answer carries, so that the scored tokens are read through the compressed
+ * cache); a whole number in [0, 1000000], 0 when absent. */
+static enum ekv_status get_score_from(const cJSON *obj, const char *where, int32_t *dst) {
+    *dst = 0;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "score_from");
+    if (!v) return EKV_OK;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1.0;
+    if (!(d >= 0.0 && d <= 1e6) || d != (double)(int32_t)d)
+        return ekv_err(EKV_ERR_FORMAT, "%s: field \"score_from\" must be a whole number from 0 to 1000000", where);
+    *dst = (int32_t)d;
+    return EKV_OK;
+}
+
 static enum ekv_status get_id(const cJSON *obj, const char *where, char **dst) {
     *dst = NULL;
     for (size_t i = 0; i < EKV_ARRAY_LEN(k_id_keys); i++) {
@@ -257,6 +271,7 @@ static enum ekv_status parse_item(char *line, size_t n, const char *path, size_t
     st = get_field(obj, sys_key, 1, where, &it->system, NULL);
     if (st == EKV_OK) st = get_field(obj, img_key, 1, where, &it->image, NULL);
     if (st == EKV_OK) st = get_id(obj, where, &it->id);
+    if (st == EKV_OK) st = get_score_from(obj, where, &it->score_from);
 done:
     cJSON_Delete(obj);
     return st;

@@ -220,6 +220,8 @@ struct ekv_eval_item {
     char *image;        /* NULL if absent (path as written in the file) */
     char *text;         /* text format: the document; JSONL: NULL */
     size_t line;        /* 1-based line of the item in the file */
+    int32_t score_from; /* JSONL "score_from": answer tokens fed but not scored
+                           (a cue inside the answer); 0 when absent */
 };
 
 struct ekv_dataset {
@@ -399,6 +401,7 @@ struct ekv_eval_unit {
     char *image;         /* JSONL: resolved image path, or NULL */
     char *prompt_text;   /* JSONL with an image: the templated prompt holding its <image> marker */
     int32_t n_image;     /* image embeddings; the prompt spans n_prompt + n_image positions */
+    int32_t score_from;  /* JSONL: the first answer token scored (the item's "score_from") */
 };
 
 struct ekv_eval_runner {

@@ -197,6 +197,10 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
         why = wbuf;
     } else if ((m & EKV_METRIC_HITRATE) && na < 1) {
         why = "empty answer (hitrate needs its first token)";
+    } else if (tf && (size_t)it->score_from > na - 2) {
+        snprintf(wbuf, sizeof wbuf, "score_from %d leaves no scored token in an answer of %zu tokens",
+                 it->score_from, na);
+        why = wbuf;
     } else if (tf && P + na - 2 > (size_t)r->n_ctx) {
         snprintf(wbuf, sizeof wbuf, "prompt %zu + answer %zu positions exceed the context of %d", P, na, r->n_ctx);
         why = wbuf;
@@ -228,6 +232,7 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     u->image = image;
     u->prompt_text = prompt;
     u->n_image = n_image;
+    u->score_from = it->score_from;
     return EKV_OK;
 }
 
@@ -361,10 +366,11 @@ static enum ekv_status run_scored(struct ekv_eval_runner *r, struct ekv_seq *seq
         const int32_t a = u->n_tokens - u->n_prompt;
         if ((s = prefill_unit(r, seq, u, lg)) != EKV_OK) return s;
         if (pfn && (s = pfn(ud, seq)) != EKV_OK) return s;
-        if (fn && a >= 2 && (s = fn(ud, 0, lg, ans[0])) != EKV_OK) return s;
+        /* answer tokens before u->score_from are fed, not scored */
+        if (fn && a >= 2 && u->score_from == 0 && (s = fn(ud, 0, lg, ans[0])) != EKV_OK) return s;
         for (int32_t k = 1; fn && k <= a - 2; k++) {
             if ((s = ekv_seq_decode(seq, ans[k - 1], lg)) != EKV_OK) return s;
-            if ((s = fn(ud, k, lg, ans[k])) != EKV_OK) return s;
+            if (k >= u->score_from && (s = fn(ud, k, lg, ans[k])) != EKV_OK) return s;
         }
         return EKV_OK;
     }
