@@ -91,10 +91,16 @@ EKV_INLINE void ftile_2x1(enum fkind k, int64_t n, const void *const *w, const f
     out[0][1] = ffinish(k, a10, a11, w[1], x[0], i, n);
 }
 
-EKV_INLINE void ftile_4x1(enum fkind k, int64_t n, const void *const *w, const float *const *x, float out[4][4]) {
+/* pf > 0: the rows pf bytes further on are prefetched as these stream
+ * (matvec: short rows end before the hardware prefetcher has ramped up). */
+EKV_INLINE void ftile_4x1(enum fkind k, int64_t n, const void *const *w, const float *const *x, float out[4][4],
+                          size_t pf) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    const size_t esz = k == FK_F32 ? 4 : 2;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        if (pf && ((size_t)i * esz) % 64 == 0)
+            for (int r = 0; r < 4; r++) _mm_prefetch((const char *)w[r] + pf + (size_t)i * esz, _MM_HINT_T0);
         F16STEP(a00, a01, fload(k, w[0], i), fload(k, w[0], i + 8), x[0], i);
         F16STEP(a10, a11, fload(k, w[1], i), fload(k, w[1], i + 8), x[0], i);
         F16STEP(a20, a21, fload(k, w[2], i), fload(k, w[2], i + 8), x[0], i);
@@ -113,45 +119,51 @@ EKV_INLINE void ftile_4x1(enum fkind k, int64_t n, const void *const *w, const f
     out[0][3] = ffinish(k, a30, a31, w[3], x[0], i, n);
 }
 
-/* R weight rows (1 or 2) x 3 activation rows. */
-EKV_INLINE void ftile_rx3(enum fkind k, int R, int64_t n, const void *const *w, const float *const *x,
-                          float out[4][4]) {
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
-    __m256 b00 = a00, b01 = a00, b10 = a00, b11 = a00, b20 = a00, b21 = a00;
+/* R weight rows x T activation rows (R, T <= 4) with one accumulator
+ * per output at a time. An output's two 8-lane accumulators read disjoint
+ * column blocks (a0: columns 16j..16j+7 and the trailing 8-column step;
+ * a1: 16j+8..16j+15), so they are computed one after the other: pass 0
+ * sums the even blocks, pass 1 the odd ones. Each lane sees the FMAs of
+ * ftile_1x1 in the same order, so the bits are the matvec kernels', with
+ * half the registers per output: tiles of 4 x 3 (12 accumulators, the
+ * activations read as memory operands) instead of 2 x 3. */
+EKV_INLINE void ftile_split(enum fkind k, int R, int T, int64_t n, const void *const *w, const float *const *x,
+                            float out[4][4]) {
+    __m256 half[4][4], acc[4][4];
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m256 w0 = fload(k, w[0], i), w1 = fload(k, w[0], i + 8);
-        F16STEP(a00, a01, w0, w1, x[0], i);
-        F16STEP(a10, a11, w0, w1, x[1], i);
-        F16STEP(a20, a21, w0, w1, x[2], i);
-        if (R == 2) {
-            const __m256 v0 = fload(k, w[1], i), v1 = fload(k, w[1], i + 8);
-            F16STEP(b00, b01, v0, v1, x[0], i);
-            F16STEP(b10, b11, v0, v1, x[1], i);
-            F16STEP(b20, b21, v0, v1, x[2], i);
+    for (int p = 0; p < 2; p++) {
+        const int64_t off = p * 8;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+        for (i = 0; i + 16 <= n; i += 16) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const __m256 wv = fload(k, w[r], i + off);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) F8STEP(acc[r][t], wv, x[t], i + off);
+            }
         }
-    }
-    if (i + 8 <= n) {
-        const __m256 w0 = fload(k, w[0], i);
-        F8STEP(a00, w0, x[0], i);
-        F8STEP(a10, w0, x[1], i);
-        F8STEP(a20, w0, x[2], i);
-        if (R == 2) {
-            const __m256 v0 = fload(k, w[1], i);
-            F8STEP(b00, v0, x[0], i);
-            F8STEP(b10, v0, x[1], i);
-            F8STEP(b20, v0, x[2], i);
+        if (p == 1) break;
+        if (i + 8 <= n) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const __m256 wv = fload(k, w[r], i);
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) F8STEP(acc[r][t], wv, x[t], i);
+            }
         }
-        i += 8;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) half[r][t] = acc[r][t];
     }
-    out[0][0] = ffinish(k, a00, a01, w[0], x[0], i, n);
-    out[1][0] = ffinish(k, a10, a11, w[0], x[1], i, n);
-    out[2][0] = ffinish(k, a20, a21, w[0], x[2], i, n);
-    if (R == 2) {
-        out[0][1] = ffinish(k, b00, b01, w[1], x[0], i, n);
-        out[1][1] = ffinish(k, b10, b11, w[1], x[1], i, n);
-        out[2][1] = ffinish(k, b20, b21, w[1], x[2], i, n);
-    }
+    if (i + 8 <= n) i += 8;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) out[t][r] = ffinish(k, half[r][t], acc[r][t], w[r], x[t], i, n);
 }
 
 /* ------------------------------------------------------------------ */
@@ -160,18 +172,28 @@ EKV_INLINE void ftile_rx3(enum fkind k, int R, int64_t n, const void *const *w, 
 
 enum kind { K_F32, K_F16, K_BF16 };
 
-/* Shapes used: 1x1, 2x1, 4x1 and (1|2) x 3. */
+/* Shapes used: 1x1, 2x1, 4x1 (matvec) and R x T, R <= 4, T <= 3 (prefill). */
 EKV_INLINE void tile(enum kind k, int R, int T, const struct ekv_weight *w, int64_t r, const char *xa,
                      size_t xs, int64_t t, float out[4][4]) {
-    const void *wr[4];
-    const float *xr[4];
+    const void *wr[4] = {NULL};
+    const float *xr[4] = {NULL};
     for (int i = 0; i < R; i++) wr[i] = (const char *)w->data + (size_t)(r + i) * w->row_bytes;
     for (int i = 0; i < T; i++) xr[i] = (const float *)(const void *)(xa + (size_t)(t + i) * xs);
     const enum fkind f = k == K_F32 ? FK_F32 : k == K_F16 ? FK_F16 : FK_BF16;
-    if (T > 1)
-        ftile_rx3(f, R, w->ne0, wr, xr, out);
-    else if (R == 4)
-        ftile_4x1(f, w->ne0, wr, xr, out);
+    if (T > 1 || R == 3) {
+        switch (R * 8 + T) { /* constant shapes, so the accumulators stay in registers */
+        case 4 * 8 + 3: ftile_split(f, 4, 3, w->ne0, wr, xr, out); break;
+        case 4 * 8 + 2: ftile_split(f, 4, 2, w->ne0, wr, xr, out); break;
+        case 3 * 8 + 3: ftile_split(f, 3, 3, w->ne0, wr, xr, out); break;
+        case 3 * 8 + 2: ftile_split(f, 3, 2, w->ne0, wr, xr, out); break;
+        case 2 * 8 + 3: ftile_split(f, 2, 3, w->ne0, wr, xr, out); break;
+        case 2 * 8 + 2: ftile_split(f, 2, 2, w->ne0, wr, xr, out); break;
+        case 3 * 8 + 1: ftile_split(f, 3, 1, w->ne0, wr, xr, out); break;
+        case 1 * 8 + 3: ftile_split(f, 1, 3, w->ne0, wr, xr, out); break;
+        default: ftile_split(f, 1, 2, w->ne0, wr, xr, out); break;
+        }
+    } else if (R == 4)
+        ftile_4x1(f, w->ne0, wr, xr, out, xs == 0 ? 8 * w->row_bytes : 0);
     else if (R == 2)
         ftile_2x1(f, w->ne0, wr, xr, out);
     else
@@ -191,34 +213,19 @@ EKV_INLINE void gemv_k(enum kind k, const struct ekv_weight *w, int64_t r0, int6
     }
 }
 
-/* Tiles of 2 weight rows x 3 activation rows. */
+/* Tiles of 4 weight rows x 3 activation rows over blocks of TOK_BLOCK
+ * activation rows (smaller tiles at the edges). */
 EKV_INLINE void gemm_k(enum kind k, const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, size_t xs,
                        int64_t n, float *y, int64_t ldy) {
-    const int TT = 3;
     float out[4][4];
     for (int64_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
         const int64_t t1 = EKV_MIN(n, t0 + TOK_BLOCK);
-        int64_t r = r0;
-        for (; r + 2 <= r1; r += 2) {
-            int64_t t = t0;
-            for (; t + TT <= t1; t += TT) {
-                tile(k, 2, 3, w, r, xa, xs, t, out);
-                for (int i = 0; i < TT; i++) memcpy(y + (t + i) * ldy + r, out[i], 2 * sizeof(float));
-            }
-            for (; t < t1; t++) {
-                tile(k, 2, 1, w, r, xa, xs, t, out);
-                memcpy(y + t * ldy + r, out[0], 2 * sizeof(float));
-            }
-        }
-        for (; r < r1; r++) {
-            int64_t t = t0;
-            for (; t + TT <= t1; t += TT) {
-                tile(k, 1, 3, w, r, xa, xs, t, out);
-                for (int i = 0; i < TT; i++) y[(t + i) * ldy + r] = out[i][0];
-            }
-            for (; t < t1; t++) {
-                tile(k, 1, 1, w, r, xa, xs, t, out);
-                y[t * ldy + r] = out[0][0];
+        for (int64_t r = r0; r < r1; r += 4) {
+            const int R = (int)EKV_MIN((int64_t)4, r1 - r);
+            for (int64_t t = t0; t < t1; t += 3) {
+                const int T = (int)EKV_MIN((int64_t)3, t1 - t);
+                tile(k, R, T, w, r, xa, xs, t, out);
+                for (int i = 0; i < T; i++) memcpy(y + (t + i) * ldy + r, out[i], (size_t)R * sizeof(float));
             }
         }
     }
