@@ -113,7 +113,11 @@ struct v2_opts {
  * a real recent window, half the target, at prefill and at decode, where the
  * tail is merged away by score instead of eaten at a fixed point). The
  * ablation on data/longctx that should confirm or change them had not
- * finished when this was written (docs/results.md, the issue note). */
+ * finished when this was written (docs/results.md, the issue note).
+ * bias=0 and key=mean stay: on data/longctx at budget 0.2 (cont_3.5k, 16
+ * items / recall, 24) bias=1 lowered PPL by 0.4% / 0.7%, key=rotate moved it by
+ * under 0.01%, and bias=1 with key=anchor was worse on one set and better
+ * on the other — too small and mixed to change a default on. */
 static const struct v2_opts DEFAULTS = {
     .score = SCORE_MEAN, .recent = 0.5, .decode = DECODE_WINDOW, .key = KEY_MEAN,
     .value_attn = false, .per_head = false, .merge = true, .bias = false,
