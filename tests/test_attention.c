@@ -20,7 +20,14 @@
  *     head sizes with and without 16- and 64-column blocks (256 = Gemma), key counts
  *     around the 16-key group and the blocks, scores up to |s| ~ 150 (exp
  *     underflow to 0), and with the kernels capped at AVX2 the dispatcher
- *     gives the same bits.
+ *     gives the same bits;
+ *   - a logit bias on the key view (elastic-v2:bias=1): reference and AVX2
+ *     against the double computation with the bias (the bounds above),
+ *     AVX2 within 2e-6 of the reference, AVX-512 == AVX2 bit for bit, an
+ *     all-zero bias == no bias bit for bit, a bias of log 2 on one key ==
+ *     that key stored twice (outputs within 2e-6 (1 + |o|), its probability
+ *     within 1e-6 of the two copies' sum), and the bias follows the view's
+ *     first row (a sliding window's view == the same rows from 0).
  * Skipped (reported) on CPUs without AVX2/FMA/F16C.
  */
 #include <math.h>
@@ -40,14 +47,15 @@ static float frand(void) { /* uniform in [-1, 1) */
     return (float)((g_rng >> 40) & 0xffffff) / (float)0x800000 - 1.0f;
 }
 
+/* bias: [n] logit biases added after the scale, or NULL */
 static void ref_double(const float *q, int R, int d, const float *k, const float *v, int n, double scale,
-                       double *p, double *o) {
+                       const float *bias, double *p, double *o) {
     for (int h = 0; h < R; h++) {
         double mx = -INFINITY;
         for (int j = 0; j < n; j++) {
             double s = 0;
             for (int c = 0; c < d; c++) s += (double)q[h * d + c] * k[j * d + c];
-            p[h * n + j] = s * scale;
+            p[h * n + j] = s * scale + (bias ? (double)bias[j] : 0.0);
             mx = fmax(mx, p[h * n + j]);
         }
         double sum = 0;
@@ -87,7 +95,7 @@ static void test_row(int R, int d, int n) {
     const float scale = 1.0f / sqrtf((float)d);
     ekv_attn_row_ref(q, R, d, k, v, n, scale, o1, p1, NULL);
     ekv_attn_row_avx2(q, R, d, k, v, n, scale, o2, p2, NULL);
-    ref_double(q, R, d, k, v, n, (double)scale, rp, ro);
+    ref_double(q, R, d, k, v, n, (double)scale, NULL, rp, ro);
     double pe = 0, pe_ref = 0, oe = 0;
     for (size_t i = 0; i < pn; i++) {
         pe = fmax(pe, fabs(p2[i] - rp[i]));
@@ -243,6 +251,98 @@ static void test_avx512(void) {
     printf("test_attention: AVX-512 == AVX2 bit for bit in %d shapes\n", runs);
 }
 
+/* The reference, AVX2 and (when the CPU has it) AVX-512 rows over f32 views. */
+typedef void (*row_kv_fn)(const float *, int, const struct ekv_kv_view *, const struct ekv_kv_view *, int32_t, float,
+                          float *, float *, float *, const struct ekv_attn_stats *);
+
+static void test_bias_shape(int R, int d, int n) {
+    const size_t qd = (size_t)R * d, kd = (size_t)n * d, pn = (size_t)R * n;
+    float *q = malloc(qd * 4), *k = malloc(kd * 4), *v = malloc(kd * 4), *bias = malloc((size_t)n * 4);
+    float *zero = calloc((size_t)n, 4);
+    float *o[4], *p[4];
+    for (int i = 0; i < 4; i++) o[i] = malloc(qd * 4), p[i] = malloc(pn * 4);
+    double *rp = malloc(pn * 8), *ro = malloc(qd * 8);
+    const float qs = 3.0f * 8.0f / sqrtf((float)d), scale = 1.0f / sqrtf((float)d);
+    for (size_t i = 0; i < qd; i++) q[i] = qs * frand();
+    for (size_t i = 0; i < kd; i++) k[i] = frand(), v[i] = frand();
+    for (int j = 0; j < n; j++) bias[j] = j % 3 ? 1.5f * (frand() + 1.0f) : 0.0f; /* log(w) of w up to e^3 */
+    struct ekv_kv_view kw = f32_view(k, d, n);
+    const struct ekv_kv_view vw = f32_view(v, d, n);
+    kw.bias = bias;
+    ref_double(q, R, d, k, v, n, (double)scale, bias, rp, ro);
+    const bool has512 = ekv_cpu_isa() >= EKV_ISA_AVX512;
+    const row_kv_fn fns[3] = {ekv_attn_row_kv_ref, ekv_attn_row_kv_avx2, ekv_attn_row_kv_avx512};
+    for (int f = 0; f < (has512 ? 3 : 2); f++) {
+        fns[f](q, R, &kw, &vw, n, scale, o[f], p[f], NULL, NULL);
+        double pe = 0, oe = 0;
+        for (size_t i = 0; i < pn; i++) pe = fmax(pe, fabs(p[f][i] - rp[i]));
+        for (size_t i = 0; i < qd; i++) oe = fmax(oe, fabs(o[f][i] - ro[i]) / (1.0 + fabs(ro[i])));
+        CHECK_MSG(pe < 2e-6 && oe < 4e-6, "bias, path %d, R=%d d=%d n=%d: probability error %g, output error %g", f,
+                  R, d, n, pe, oe);
+        /* an all-zero bias is no bias, bit for bit */
+        struct ekv_kv_view kz = kw;
+        kz.bias = zero;
+        fns[f](q, R, &kz, &vw, n, scale, o[3], p[3], NULL, NULL);
+        kz.bias = NULL;
+        float *o4 = malloc(qd * 4), *p4 = malloc(pn * 4);
+        fns[f](q, R, &kz, &vw, n, scale, o4, p4, NULL, NULL);
+        CHECK_MSG(memcmp(o[3], o4, qd * 4) == 0 && memcmp(p[3], p4, pn * 4) == 0,
+                  "zero bias differs from none, path %d, R=%d d=%d n=%d", f, R, d, n);
+        free(o4), free(p4);
+    }
+    double pd = 0;
+    for (size_t i = 0; i < pn; i++) pd = fmax(pd, fabs(p[1][i] - p[0][i]));
+    CHECK_MSG(pd < 2e-6, "bias: AVX2 vs reference probabilities differ by %g (R=%d d=%d n=%d)", pd, R, d, n);
+    if (has512)
+        CHECK_MSG(memcmp(o[1], o[2], qd * 4) == 0 && memcmp(p[1], p[2], pn * 4) == 0,
+                  "bias: AVX-512 differs from AVX2 (R=%d d=%d n=%d)", R, d, n);
+    free(q), free(k), free(v), free(bias), free(zero), free(rp), free(ro);
+    for (int i = 0; i < 4; i++) free(o[i]), free(p[i]);
+}
+
+/* log 2 on key J == key J stored twice; the bias follows view.first. */
+static void test_bias_duplicate_and_window(void) {
+    enum { R = 3, D = 64, N = 37, J = 5, LO = 7 };
+    static float q[R * D], k[N * D], v[N * D], k2[(N + 1) * D], v2[(N + 1) * D], bias[N];
+    static float oa[R * D], ob[R * D], pa[R * N], pb[R * (N + 1)];
+    for (int i = 0; i < R * D; i++) q[i] = 2.0f * frand();
+    for (int i = 0; i < N * D; i++) k[i] = frand(), v[i] = frand();
+    for (int j = 0, r = 0; j < N; j++) /* k2, v2: row J twice */
+        for (int c = 0; c < (j == J ? 2 : 1); c++, r++) {
+            memcpy(k2 + r * D, k + j * D, D * 4);
+            memcpy(v2 + r * D, v + j * D, D * 4);
+        }
+    bias[J] = logf(2.0f);
+    struct ekv_kv_view kw = f32_view(k, D, N);
+    const struct ekv_kv_view vw = f32_view(v, D, N), kd = f32_view(k2, D, N + 1), vd = f32_view(v2, D, N + 1);
+    kw.bias = bias;
+    const bool has512 = ekv_cpu_isa() >= EKV_ISA_AVX512;
+    const row_kv_fn fns[3] = {ekv_attn_row_kv_ref, ekv_attn_row_kv_avx2, ekv_attn_row_kv_avx512};
+    for (int f = 0; f < (has512 ? 3 : 2); f++) {
+        fns[f](q, R, &kw, &vw, N, 0.125f, oa, pa, NULL, NULL);
+        fns[f](q, R, &kd, &vd, N + 1, 0.125f, ob, pb, NULL, NULL);
+        double oe = 0, pe = 0;
+        for (int i = 0; i < R * D; i++) oe = fmax(oe, fabs(oa[i] - ob[i]) / (1.0 + fabs(ob[i])));
+        for (int h = 0; h < R; h++)
+            pe = fmax(pe, fabs(pa[h * N + J] - (pb[h * (N + 1) + J] + pb[h * (N + 1) + J + 1])));
+        CHECK_MSG(oe < 2e-6 && pe < 1e-6, "path %d: log 2 bias vs duplicated key: output %g, probability %g", f, oe,
+                  pe);
+        /* a window's view (first = LO) == the rows from LO with the bias from LO */
+        for (int j = 0; j < N; j++) bias[j] = (float)(j % 4) * 0.5f;
+        struct ekv_kv_view kf = kw, vf = vw;
+        kf.first = vf.first = LO;
+        struct ekv_kv_view ks = f32_view(k + LO * D, D, N - LO);
+        const struct ekv_kv_view vs = f32_view(v + LO * D, D, N - LO);
+        ks.bias = bias + LO;
+        fns[f](q, R, &kf, &vf, N - LO, 0.125f, oa, pa, NULL, NULL);
+        fns[f](q, R, &ks, &vs, N - LO, 0.125f, ob, pb, NULL, NULL);
+        CHECK_MSG(memcmp(oa, ob, sizeof oa) == 0 && memcmp(pa, pb, (size_t)R * (N - LO) * 4) == 0,
+                  "path %d: the bias does not follow view.first", f);
+        memset(bias, 0, sizeof bias);
+        bias[J] = logf(2.0f);
+    }
+}
+
 int main(void) {
     if (!ekv_cpu_has_avx2()) {
         printf("test_attention: CPU without AVX2/FMA/F16C, SIMD path not tested\n");
@@ -258,5 +358,10 @@ int main(void) {
     test_score_position_independent();
     test_dispatch();
     test_avx512();
+    static const int bR[] = {1, 3, 8}, bD[] = {8, 64, 72}, bN[] = {1, 9, 129, 300};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (size_t c = 0; c < 4; c++) test_bias_shape(bR[a], bD[b], bN[c]);
+    test_bias_duplicate_and_window();
     return test_finish("test_attention");
 }

@@ -8,7 +8,12 @@
  * files written by `ekv mkmodel`: Llama 3's rope_freqs against the
  * converter's formula, Phi-3's long/short choice by context size, YaRN's
  * correction range and attention factor; and hostile scaling metadata
- * refused with the key named.
+ * refused with the key named. ekv_rope_shift_ext (elastic-v2:key=rotate):
+ * a vector roped at p and shifted by q - p equals the vector roped at q
+ * (ekv_rope, or ekv_rope_sincos_ext + apply with YaRN) within 1e-5, for
+ * pairs and NeoX halves, full and partial rotary dims, shifts both ways up
+ * to 4000 positions; dims past rope_dim never move; a shift of 0 is the
+ * identity bit for bit.
  */
 #include <math.h>
 #include <stdio.h>
@@ -225,8 +230,77 @@ static void hostile(const char *dir) {
     CHECK(m == NULL);
 }
 
+static uint64_t g_rng = 0x5EED;
+static float frand(void) { /* uniform in [-1, 1) */
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((g_rng >> 40) & 0xffffff) / (float)0x800000 - 1.0f;
+}
+
+/* x roped at p, shifted by q - p, against x roped at q (rope: NULL = the
+ * plain kernel ekv_rope with base 10000, else sincos_ext + apply). */
+static double shift_error(const struct ekv_rope_params *rp, int hd, int64_t p, int64_t q, const float *x, int nh,
+                          bool *tail_moved) {
+    float a[2 * 128], b[2 * 128], cs[128];
+    memcpy(a, x, (size_t)nh * hd * sizeof *a);
+    memcpy(b, x, (size_t)nh * hd * sizeof *b);
+    if (rp->freq_scale == 1.0 && rp->ext_factor == 0.0 && !rp->freq_factors) {
+        ekv_rope(a, nh, hd, rp->dim, p, (float)rp->freq_base, rp->neox);
+        ekv_rope(b, nh, hd, rp->dim, q, (float)rp->freq_base, rp->neox);
+    } else {
+        ekv_rope_sincos_ext(rp, p, cs);
+        ekv_rope_apply(a, nh, hd, rp->dim, cs, rp->neox);
+        ekv_rope_sincos_ext(rp, q, cs);
+        ekv_rope_apply(b, nh, hd, rp->dim, cs, rp->neox);
+    }
+    ekv_rope_shift_ext(rp, q - p, a, nh, hd);
+    double e = 0;
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < hd; c++) {
+            e = fmax(e, fabs((double)a[h * hd + c] - b[h * hd + c]));
+            if (c >= rp->dim && a[h * hd + c] != x[h * hd + c]) *tail_moved = true;
+        }
+    return e;
+}
+
+static void shift_values(void) {
+    enum { HD = 64, NH = 2 };
+    static const int64_t P[][2] = {{0, 1}, {5, 0}, {17, 300}, {1000, 999}, {3000, 4000}, {4000, 12}, {2047, 2047}};
+    float x[NH * HD];
+    int runs = 0;
+    for (int yarn = 0; yarn < 2; yarn++)
+        for (int neox = 0; neox < 2; neox++)
+            for (int rd = HD; rd >= HD / 2; rd -= HD / 2) {
+                struct ekv_rope_params rp = plain(rd, 10000.0);
+                rp.neox = neox;
+                if (yarn) { /* YaRN x4: the angle mixes two frequencies, cos/sin carry the attention factor */
+                    double cd[2];
+                    ekv_rope_yarn_corr_dims(rd, 1024, 10000.0, 32.0, 1.0, cd);
+                    rp.freq_scale = 0.25, rp.ext_factor = 1.0, rp.corr_lo = cd[0], rp.corr_hi = cd[1];
+                }
+                for (size_t i = 0; i < sizeof P / sizeof P[0]; i++) {
+                    for (int c = 0; c < NH * HD; c++) x[c] = frand();
+                    bool moved = false;
+                    const double e = shift_error(&rp, HD, P[i][0], P[i][1], x, NH, &moved);
+                    CHECK_MSG(e < 1e-5 && !moved, "shift %lld -> %lld (yarn %d, neox %d, dims %d): error %g%s",
+                              (long long)P[i][0], (long long)P[i][1], yarn, neox, rd, e, moved ? ", tail moved" : "");
+                    runs++;
+                }
+            }
+    /* delta 0: untouched, bit for bit */
+    struct ekv_rope_params rp = plain(HD, 10000.0);
+    float y[NH * HD];
+    for (int c = 0; c < NH * HD; c++) x[c] = y[c] = frand();
+    ekv_rope_shift_ext(&rp, 0, y, NH, HD);
+    CHECK(memcmp(x, y, sizeof x) == 0);
+    /* and it moves something otherwise (the check above can fail) */
+    ekv_rope_shift_ext(&rp, 1, y, NH, HD);
+    CHECK(memcmp(x, y, sizeof x) != 0);
+    CHECK(runs == 56);
+}
+
 int main(void) {
     kernel_values();
+    shift_values();
     char dir[] = "/tmp/ekv_rope_XXXXXX";
     if (!mkdtemp(dir)) return 1;
     model_params(dir);

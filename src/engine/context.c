@@ -110,6 +110,7 @@ enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params 
         return st;
     }
     s->kv->swa_window = in->sliding_window;
+    s->kv->rope = ctx->rope; /* the keys' RoPE, for policies that move keys between positions */
     *out = s;
     return EKV_OK;
 }

@@ -15,6 +15,10 @@
  * versions in attention_avx2.c (same statistics bit for bit; attention
  * outputs within the error bounds tests/test_attention.c states).
  *
+ * An optional per-entry logit bias rides on the key view (kvquant.h,
+ * k->bias: log(weight) of merged entries under elastic-v2:bias=1); every
+ * path adds it with ekv_attn_add_bias between the scores and the softmax.
+ *
  * The attention output is computed before, and independently of, the
  * statistics, so it is bit-identical whatever st->flags asks for. Nothing
  * here allocates: the caller passes the probability scratch.
@@ -117,6 +121,7 @@ void ekv_attn_row_kv_ref(const float *q, int R, const struct ekv_kv_view *k, con
             for (size_t j = j0; j < j1; j++) ph[j] = dot8(qh, kb + (j - j0) * dd, dd) * scale;
         }
     }
+    if (k->bias) ekv_attn_add_bias(probs, R, n, k->bias + k->first);
     /* softmax per head: exp with the maximum subtracted, normalised */
     for (int h = 0; h < R; h++) {
         float *ph = probs + (size_t)h * n;
@@ -180,6 +185,13 @@ void ekv_attn_row_kv(const float *q, int R, const struct ekv_kv_view *k, const s
         ekv_attn_row_kv_avx2(q, R, k, v, n_keys, scale, out, probs, rowbuf, st);
     else
         ekv_attn_row_kv_ref(q, R, k, v, n_keys, scale, out, probs, rowbuf, st);
+}
+
+void ekv_attn_add_bias(float *s, int R, size_t n, const float *bias) {
+    for (int h = 0; h < R; h++) {
+        float *sh = s + (size_t)h * n;
+        for (size_t j = 0; j < n; j++) sh[j] += bias[j];
+    }
 }
 
 void ekv_attn_mean_stats_ref(const float *probs, int R, size_t n, size_t j0, double *colsum, int32_t *count,

@@ -49,7 +49,10 @@ void ekv_attn_accumulate(const float *probs, int R, int32_t n_keys, const struct
 
 /* One query position over typed storage (kvquant.h views; K and V types
  * may differ): the attention of ekv_attn_row over the dequantised rows,
- * with the same statistics. Rows are decoded EKV_ATTN_ROWS at a time into
+ * with the same statistics. When the key view has a bias (k->bias), the
+ * score of key j is scale * (q . k_j) + k->bias[k->first + j] in every
+ * path (one float add per score, after the dot product and before the
+ * softmax); without one the results are those of no bias, bit for bit. Rows are decoded EKV_ATTN_ROWS at a time into
  * rowbuf [EKV_ATTN_ROWS][d] (may be NULL when both views are f32), each
  * block of K and of V once for all R heads, so a row streams the cache
  * once. n_keys <= k->n == v->n. */
@@ -81,6 +84,11 @@ void ekv_attn_row_avx2(const float *q, int R, int d, const float *k, const float
                        float scale, float *out, float *probs, const struct ekv_attn_stats *st);
 void ekv_attn_accumulate_ref(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
 void ekv_attn_accumulate_avx2(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
+
+/* Adds bias[j] to the scores s [R][n] of the R heads (the key view's
+ * bias, already offset to its first row): the one place every attention
+ * path applies it, so all give the same biased scores bit for bit. */
+void ekv_attn_add_bias(float *s, int R, size_t n, const float *bias);
 
 /* Plain-C per-key means over the R heads, for keys [j0, n): the reference
  * path and the tail of the AVX2 path share it. probs: [R][n]; arrays may be NULL. */

@@ -10,6 +10,8 @@
  *      same operations whatever its place in the group (a short last
  *      group repeats its final key), so a key gets the same score in a
  *      prefill row and in a decode step;
+ *   (a key view's logit bias, when it has one, is added to the scores
+ *   here by ekv_attn_add_bias, as in the reference);
  *   2. softmax per head in fp32: vector maximum, ekv_exp8 (about 2 ulp
  *      from expf), lane sums, one reciprocal;
  *   3. out_h = sum_j p_hj v_j with the head's output held in registers.
@@ -310,6 +312,7 @@ void ekv_attn_row_kv_avx2(const float *q, int R, const struct ekv_kv_view *k, co
                       probs + (size_t)(h + 1) * n + j0);
         if (h < R) qk_block(q + (size_t)h * dd, dd, kb, j1 - j0, scale, probs + (size_t)h * n + j0);
     }
+    if (k->bias) ekv_attn_add_bias(probs, R, n, k->bias + k->first);
     for (int h = 0; h < R; h++) softmax_row(probs + (size_t)h * n, n);
     const size_t vb_rows = v->type == EKV_KV_F32 ? EKV_ATT_KB : EKV_ATTN_ROWS;
     for (size_t j0 = 0; j0 < n; j0 += vb_rows) {

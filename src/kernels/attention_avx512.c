@@ -13,6 +13,8 @@
  *     high 256 bits (the query's 8 columns broadcast to both halves), so
  *     each key's lanes see the same FMAs; the 16-key reduction uses in-lane
  *     shuffles that add exactly the pairs AVX2's hadd/permute tree adds;
+ *   - a key view's logit bias: added to the scores by ekv_attn_add_bias,
+ *     the same adds as the AVX2 path;
  *   - softmax: the same exp polynomial lane by lane, the running sum kept
  *     as AVX2's 8-lane vector (two adds per 16 keys, low half first);
  *   - output: every output column is its own FMA chain over the keys in
@@ -258,6 +260,7 @@ void ekv_attn_row_kv_avx512(const float *q, int R, const struct ekv_kv_view *k, 
         for (int h = 0; h < R; h += 2)
             qk16(q + (size_t)h * dd, dd, R - h >= 2 ? 2 : 1, kb, j1 - j0, scale, probs + (size_t)h * n + j0, n, tail);
     }
+    if (k->bias) ekv_attn_add_bias(probs, R, n, k->bias + k->first);
     for (int h = 0; h < R; h++) softmax16(probs + (size_t)h * n, n);
     const size_t vb_rows = v->type == EKV_KV_F32 ? ATT_KB : EKV_ATTN_ROWS;
     for (size_t j0 = 0; j0 < n; j0 += vb_rows) {

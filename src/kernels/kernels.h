@@ -175,6 +175,14 @@ struct ekv_rope_params {
 };
 /* cs: [dim/2][2] = {cos, sin} for position pos. */
 void ekv_rope_sincos_ext(const struct ekv_rope_params *p, int64_t pos, float *cs);
+/* Moves n_heads vectors of head_dim that carry this RoPE at some position
+ * to position + delta: pair i of the first dim dims (p->neox's layout) is
+ * turned by the angle of pair i at delta, the same angle function as
+ * ekv_rope_sincos_ext (linear in the position, scalings included) without
+ * its cos/sin multiplier (a rotation keeps a key's length, so a key that
+ * already carries attn_factor keeps it). delta 0 leaves x untouched; a
+ * negative delta turns back. */
+void ekv_rope_shift_ext(const struct ekv_rope_params *p, int64_t delta, float *x, int n_heads, int head_dim);
 /* YaRN's correction range: the pair indices whose rotation at the original
  * context makes beta_fast (lo, floored) and beta_slow (hi, ceiled) turns,
  * clamped to [0, dim - 1]. */

@@ -98,6 +98,9 @@ struct ekv_kv_view {
     const int32_t *gn;     /* KIVI keys: [ng] entries per group, in order */
     int32_t first;         /* row j of the view is stored entry first + j (a sliding window hides the entries
                               before it); 0 = all */
+    const float *bias;     /* keys only: an additive attention-logit bias per stored entry (row j of the view
+                              gets bias[first + j] added to its scaled score before the softmax), e.g. the log
+                              of the tokens a merged entry stands for; NULL = none (no cost, results unchanged) */
 };
 
 /* Sequential position in a view's KIVI key groups (zero-initialise). */

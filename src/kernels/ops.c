@@ -155,23 +155,41 @@ void ekv_rope_yarn_corr_dims(int dim, int n_ctx_orig, double base, double beta_f
     out[1] = hi < dim - 1 ? hi : dim - 1;
 }
 
+/* Angle of pair i at position pos (linear in pos: every scaling only
+ * changes the pair's frequency). */
+static double rope_theta_ext(const struct ekv_rope_params *p, int64_t pos, int i) {
+    double extrap = (double)pos * pow(p->freq_base, -2.0 * i / (double)p->dim);
+    if (p->freq_factors) extrap /= (double)p->freq_factors[i];
+    double theta = p->freq_scale == 1.0 ? extrap : p->freq_scale * extrap;
+    if (p->ext_factor != 0.0) {
+        /* YaRN: extrapolate the fast dimensions, interpolate the slow
+         * ones, a linear ramp between corr_lo and corr_hi */
+        double y = (i - p->corr_lo) / fmax(0.001, p->corr_hi - p->corr_lo);
+        double ramp = (1.0 - fmin(1.0, fmax(0.0, y))) * p->ext_factor;
+        theta = theta * (1.0 - ramp) + extrap * ramp;
+    }
+    return theta;
+}
+
 void ekv_rope_sincos_ext(const struct ekv_rope_params *p, int64_t pos, float *cs) {
     const int half = p->dim / 2;
     double mscale = p->attn_factor;
     if (p->ext_factor != 0.0) mscale *= 1.0 + 0.1 * log(1.0 / p->freq_scale);
     for (int i = 0; i < half; i++) {
-        double extrap = (double)pos * pow(p->freq_base, -2.0 * i / (double)p->dim);
-        if (p->freq_factors) extrap /= (double)p->freq_factors[i];
-        double theta = p->freq_scale == 1.0 ? extrap : p->freq_scale * extrap;
-        if (p->ext_factor != 0.0) {
-            /* YaRN: extrapolate the fast dimensions, interpolate the slow
-             * ones, a linear ramp between corr_lo and corr_hi */
-            double y = (i - p->corr_lo) / fmax(0.001, p->corr_hi - p->corr_lo);
-            double ramp = (1.0 - fmin(1.0, fmax(0.0, y))) * p->ext_factor;
-            theta = theta * (1.0 - ramp) + extrap * ramp;
-        }
+        const double theta = rope_theta_ext(p, pos, i);
         cs[2 * i] = (float)(cos(theta) * mscale);
         cs[2 * i + 1] = (float)(sin(theta) * mscale);
+    }
+}
+
+void ekv_rope_shift_ext(const struct ekv_rope_params *p, int64_t delta, float *x, int n_heads, int head_dim) {
+    if (delta == 0) return;
+    const int dim = p->dim > head_dim ? head_dim : p->dim;
+    const int half = dim / 2;
+    for (int i = 0; i < half; i++) {
+        const double theta = rope_theta_ext(p, delta, i);
+        rope_pair(x, n_heads, head_dim, p->neox ? i : 2 * i, p->neox ? i + half : 2 * i + 1, (float)cos(theta),
+                  (float)sin(theta));
     }
 }
 

@@ -5,6 +5,11 @@
  * for, then hands the layer to the policy (which may compact it at once:
  * DESIGN.md's layer-by-layer prefill compression).
  *
+ * With kv->logit_bias (elastic-v2:bias=1) each head's key view carries
+ * log(weight) of its entries as a logit bias (attention.h), so prefill,
+ * chunked prefill, decode and batched decode all attend a merged entry as
+ * the tokens it stands for.
+ *
  * Work is split over KV heads on the thread pool (over all sequences' (cache,
  * KV head) pairs in one job for batched decode); a head's statistics are
  * written only by the thread that owns the head, and the per-layer sparsity
@@ -87,7 +92,20 @@ static void shift_stats(struct ekv_attn_stats *s, const struct ekv_kv_head *h, i
     }
 }
 
-/* probs: [R][len] scratch followed by the row buffer [EKV_ATTN_ROWS][head_dim]. */
+/* kv->logit_bias: bias[j] = log(weight[j]) for the head's len entries;
+ * NULL when no entry stands for more than one token (every bias would be
+ * 0), so an unmerged head attends exactly as without the option. */
+static const float *weight_bias(const struct ekv_kv_head *h, float *bias) {
+    bool any = false;
+    for (int32_t j = 0; j < h->len; j++) {
+        bias[j] = h->weight[j] != 1.0f ? logf(h->weight[j]) : 0.0f;
+        any |= bias[j] != 0.0f;
+    }
+    return any ? bias : NULL;
+}
+
+/* probs: [R][len] scratch followed by the row buffer [EKV_ATTN_ROWS][head_dim]
+ * and, with kv->logit_bias, [len] floats for the entries' logit biases. */
 static void attend_head(struct attend_task *t, int hk, float *probs) {
     const struct ekv_kv *kv = t->kv;
     struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
@@ -107,9 +125,10 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
         .sparse_total = &sparse_total,
         .sparsity_p = t->sparsity_p,
     };
-    const struct ekv_kv_view kview = ekv_store_view(&kv->fk, &h->ks, h->len);
+    struct ekv_kv_view kview = ekv_store_view(&kv->fk, &h->ks, h->len);
     const struct ekv_kv_view vview = ekv_store_view(&kv->fv, &h->vs, h->len);
     float *rowbuf = probs + (size_t)R * (size_t)(h->len ? h->len : 1);
+    if (kv->logit_bias) kview.bias = weight_bias(h, rowbuf + (size_t)EKV_ATTN_ROWS * (size_t)d);
     for (int32_t i = 0; i < n_new; i++) {
         const int64_t pos = t->step->pos0 + i;
         st.flags = t->row_flags | (pos >= kv->win_start ? t->win_flags : 0u);
@@ -136,12 +155,14 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
 }
 
 /* Attention scratch for thread ith: [R][len] probabilities, then a block
- * of decoded rows [EKV_ATTN_ROWS][head_dim]. */
+ * of decoded rows [EKV_ATTN_ROWS][head_dim], then (kv->logit_bias) [len]
+ * logit biases. */
 static float *probs_scratch(struct attend_task *t, int ith, int hk) {
     const struct ekv_kv *kv = t->kv;
     const int R = kv->n_head / kv->n_head_kv;
     const struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
-    const size_t n = (size_t)R * (size_t)(h->len ? h->len : 1) + (size_t)EKV_ATTN_ROWS * (size_t)kv->head_dim;
+    const size_t len = (size_t)(h->len ? h->len : 1);
+    const size_t n = (size_t)R * len + (size_t)EKV_ATTN_ROWS * (size_t)kv->head_dim + (kv->logit_bias ? len : 0);
     return ekv_pool_scratch(t->pool, ith, n * sizeof(float));
 }
 

@@ -124,6 +124,12 @@ struct ekv_kv {
     int64_t win_start;    /* queries at positions >= win_start feed winsum / sparsity */
     int32_t swa_window;   /* sliding-window attention (Mistral): a query at position p sees
                              the entries at positions > p - swa_window; 0 = all before it */
+    bool logit_bias;      /* attention adds log(weight[j]) to the logit of every entry j, so a merged entry
+                             is attended like the tokens it stands for (as if its key appeared weight times);
+                             set by a policy (elastic-v2:bias=1); false = no bias, no cost */
+    struct ekv_rope_params rope; /* the model's RoPE as the cached keys carry it (set by the engine with the
+                                    cache, ekv_seq_new; dim 0 = unknown), for policies that move keys between
+                                    positions (elastic-v2:key=rotate, ekv_rope_shift_ext) */
     struct ekv_kv_params params;  /* defaults resolved by configure() */
     char policy_name[32];
     const struct ekv_policy_ops *ops;
