@@ -12,7 +12,7 @@
  *
  * bias=1 and key=rotate: both keep the invariants above (budget, sinks,
  * recent window, weights) and give the full cache's logits at budget 1.0
- * bit for bit; bias=0 is the default bit for bit, and paper=1 after bias=1
+ * bit for bit; the defaults written out are the default bit for bit, and paper=1 after bias=1
  * is elastic again (the attention flag follows the options); both change
  * the logits at budget 0.2. On caches of their own (no model): key=rotate
  * merges keys that are one pre-RoPE vector roped at each position into
@@ -175,15 +175,16 @@ static void test_budget_one_and_paper(void) {
     struct ekv_kv_params pv = params("elastic-v2", 0.2);
     CHECK_OK(run(&pv, b, NULL, NULL));
     CHECK(memcmp(a, b, cells * sizeof *a) != 0);
-    /* bias=0 and key=mean are the defaults bit for bit; bias=1 and
+    /* the defaults written out are the defaults bit for bit; bias=0 and
      * key=rotate change the logits */
-    static const char *const same[] = {"elastic-v2:bias=0", "elastic-v2:key=mean:bias=off"};
+    static const char *const same[] = {"elastic-v2:score=window:recent=0.75:decode=window:bias=1",
+                                       "elastic-v2:key=mean:bias=on:score=window:recent=0.75:value=mean"};
     for (int i = 0; i < 2; i++) {
         pv = params(same[i], 0.2);
         CHECK_OK(run(&pv, a, NULL, NULL));
         CHECK_MSG(memcmp(a, b, cells * sizeof *a) == 0, "%s differs from elastic-v2", same[i]);
     }
-    static const char *const differ[] = {"elastic-v2:bias=1", "elastic-v2:key=rotate"};
+    static const char *const differ[] = {"elastic-v2:bias=0", "elastic-v2:key=rotate"};
     for (int i = 0; i < 2; i++) {
         pv = params(differ[i], 0.2);
         CHECK_OK(run(&pv, a, NULL, NULL));
@@ -290,7 +291,7 @@ static void test_rotate_frame(void) {
               ekv_status_str(st), ekv_last_error());
     /* the options parse and set the attention flag as the last one says */
     static const struct { const char *spec; bool bias; } flags[] = {
-        {"elastic-v2", false}, {"elastic-v2:bias=on", true}, {"elastic-v2:bias=1:bias=0", false},
+        {"elastic-v2", true}, {"elastic-v2:bias=off", false}, {"elastic-v2:bias=1:bias=0", false},
         {"elastic-v2:bias=true:paper=1", false}, {"elastic-v2:paper=1:bias=1", true}};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         struct ekv_kv_params p = params(flags[i].spec, 0.5);
