@@ -6,10 +6,8 @@
 # usage: cli_bench.sh EKV REPO SHARED
 set -u
 EKV=$1; REPO=$2
-fail=0; pass=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 cd "$REPO"
+. tests/testlib.sh
 J=/tmp/ekv_cli_bench.$$.json
 out=$("$EKV" bench -p 24 -n 4 -r 2 -b 1,2 -t 2 --kv-policy full,h2o --kv-budget 0.5,0.25 --json "$J" 2>/dev/null)
 rc=$?
@@ -47,5 +45,4 @@ for args in "-p abc" "-b 0" "-r 0" "--kv-policy nosuch" "--kv-budget 2" "--frobn
     [ $rc -eq 1 ] && [ -n "$err" ] && ok || bad "bench $args: rc=$rc err='$err'"
 done
 "$EKV" bench --help | grep -q -- "--depth" && ok || bad "help lacks --depth"
-echo "cli_bench: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+cli_finish cli_bench

@@ -6,12 +6,9 @@
 # usage: cli_eval.sh EKV REPO SHARED
 set -u
 EKV=$1; REPO=$2; SHARED=$3
-fail=0; pass=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 cd "$REPO"
-T=$(mktemp -d /tmp/ekv_cli_eval.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+. tests/testlib.sh
+cli_tmpdir cli_eval
 
 "$EKV" eval --help > "$T/help" 2>&1 && ok || bad "ekv eval --help must exit 0"
 grep -q -- "--kv-budget LIST" "$T/help" && grep -q "meaningless" "$T/help" && ok || bad "--help text"
@@ -92,5 +89,4 @@ done
 "$EKV" eval --limit 1 -c 512 -n 8 --kv-policy elastic --kv-budget 0.5 --kv-compat ref -o "$T/cref" --no-plot \
   > /dev/null 2>&1 && grep -q "^elastic,[a-z0-9_/]*,0.5,ppl," "$T/cref/results.csv" && ok || bad "elastic --kv-compat ref"
 
-echo "cli_eval: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+cli_finish cli_eval

@@ -9,12 +9,9 @@
 # usage: cli_longctx.sh EKV REPO SHARED
 set -u
 EKV=$1; REPO=$2; SHARED=$3
-fail=0; pass=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 cd "$REPO"
-T=$(mktemp -d /tmp/ekv_cli_longctx.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+. tests/testlib.sh
+cli_tmpdir cli_longctx
 
 # acc on the bundled model and set: one value in [0, 1] over the items
 "$EKV" eval --limit 3 -c 512 --metric acc,ppl --kv-policy full,local --kv-budget 0.5 -o "$T/acc" --no-plot \
@@ -75,5 +72,4 @@ else
     done
   fi
 fi
-echo "cli_longctx: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+cli_finish cli_longctx

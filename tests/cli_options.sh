@@ -9,12 +9,9 @@
 # usage: cli_options.sh EKV REPO SHARED
 set -u
 EKV=$1; REPO=$2
-fail=0; pass=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 cd "$REPO"
-T=$(mktemp -d /tmp/ekv_cli_opts.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+. tests/testlib.sh
+cli_tmpdir cli_opts
 
 # -s is the sampling seed: same seed, same text; another seed, another text (temperature 1)
 a=$("$EKV" run -n 40 --temp 1 -s 11 2>/dev/null); b=$("$EKV" run -n 40 --temp 1 --seed 11 2>/dev/null)
@@ -74,5 +71,4 @@ done
 "$EKV" info --help | grep -q -- "--no-tensors" && ok || bad "info --help"
 "$EKV" mkmodel --help | grep -q -- "--preset NAME" && ok || bad "mkmodel --help"
 
-echo "cli_options: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+cli_finish cli_options

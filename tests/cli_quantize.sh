@@ -6,12 +6,9 @@
 # usage: cli_quantize.sh EKV REPO SHARED
 set -u
 EKV=$1; REPO=$2
-fail=0; pass=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 cd "$REPO"
-T=$(mktemp -d /tmp/ekv_cli_quantize.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+. tests/testlib.sh
+cli_tmpdir cli_quantize
 
 "$EKV" quantize --help > "$T/help" 2>&1 && grep -q -- "--type T" "$T/help" && ok || bad "--help"
 "$EKV" --help | grep -q "quantize" && ok || bad "quantize not listed by ekv --help"
@@ -34,5 +31,4 @@ grep -q "already quantised" <("$EKV" quantize -m "$T/q8.gguf" -o "$T/x.gguf" 2>&
 cmp -s models/stories260K.gguf <(git -C "$REPO" show HEAD:models/stories260K.gguf 2>/dev/null || cat models/stories260K.gguf) \
   && ok || bad "the input was modified"
 
-echo "cli_quantize: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+cli_finish cli_quantize

@@ -5,10 +5,8 @@
 # usage: cli_run.sh EKV REPO SHARED
 set -u
 EKV=$1; REPO=$2; SHARED=$3
-fail=0; pass=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 cd "$REPO"
+. tests/testlib.sh
 # The quoted sentence is the first 57 generated tokens; tokens 58-60 are "\nLily".
 GOLD="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.
 Lily"
@@ -44,5 +42,4 @@ for v in llama-spm gpt-2 phi-3; do
   "$EKV" info -m "$SHARED/models/vocab/ggml-vocab-$v.gguf" >/dev/null 2>&1 && ok || bad "ekv info on vocab $v"
 done
 rm -f /tmp/ekv_cli_err.$$ /tmp/ekv_cli_out.$$
-echo "cli_run: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+cli_finish cli_run

@@ -12,11 +12,9 @@
 # usage: cli_serve.sh EKV REPO SHARED
 set -u
 EKV=$1; REPO=$2; SHARED=$3
-fail=0; pass=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 cd "$REPO"
-T=$(mktemp -d /tmp/ekv_cli_serve.XXXXXX)
+. tests/testlib.sh
+cli_tmpdir cli_serve
 . "$REPO/tests/serve_lib.sh"
 trap 'stop_all; rm -rf "$T"' EXIT
 command -v curl > /dev/null || { echo "cli_serve: curl is missing: run scripts/setup.sh --test" >&2; exit 1; }
@@ -194,5 +192,4 @@ else
   echo "cli_serve: queue-full and hang-up cases skipped: ../shared absent"
 fi
 
-echo "cli_serve: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+cli_finish cli_serve

@@ -9,11 +9,9 @@
 # usage: cli_serve_node.sh EKV REPO SHARED
 set -u
 EKV=$1; REPO=$2
-fail=0; pass=0
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 cd "$REPO"
-T=$(mktemp -d /tmp/ekv_cli_serve_node.XXXXXX)
+. tests/testlib.sh
+cli_tmpdir cli_serve_node
 . "$REPO/tests/serve_lib.sh"
 trap 'stop_all; rm -rf "$T"' EXIT
 command -v node > /dev/null || { echo "cli_serve_node: node is missing: run scripts/setup.sh --test" >&2; exit 1; }
@@ -34,5 +32,4 @@ node tests/node/malformed.mjs "http://127.0.0.1:$PORT_bad" 65536 "http://127.0.0
 stop_server bad && ok || bad "server exit after the malformed requests"
 stop_server vlm && ok || bad "vlm server exit"
 
-echo "cli_serve_node: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+cli_finish cli_serve_node
