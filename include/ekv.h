@@ -279,9 +279,36 @@ const char *ekv_kv_policy_summary(int i);
 struct ekv_context;
 struct ekv_seq;
 
+/* Compute devices. The CPU is always there; GPUs are reached through
+ * Vulkan (the loader is opened at run time: a machine without libvulkan
+ * simply lists none). */
+struct ekv_device_info {
+    int32_t index;          /* N in "vulkan:N" */
+    char name[256];
+    const char *type;       /* "discrete", "integrated", "virtual", "cpu" or "other" (static) */
+    uint32_t api_version;   /* Vulkan version the device supports (VK_MAKE_API_VERSION) */
+    uint32_t driver_version;/* vendor-encoded */
+    char driver[256];       /* driver name and info, "" when the device does not say */
+    uint64_t memory_bytes;  /* device-local memory (largest device-local heap) */
+    uint32_t subgroup_size;
+    bool fp16;              /* shaderFloat16 */
+    bool int8;              /* shaderInt8 + 8-bit storage */
+    bool coopmat;           /* VK_KHR_cooperative_matrix */
+    bool usable;            /* has what ekv's shaders need (Vulkan 1.2, buffer device
+                               addresses, 16-bit storage, subgroup arithmetic) */
+};
+/* Writes up to cap devices into out and their count into *n_out (which may
+ * exceed cap). No Vulkan loader or no device: EKV_OK with *n_out = 0 and
+ * ekv_last_error() saying why. */
+enum ekv_status ekv_devices_list(struct ekv_device_info *out, int32_t cap, int32_t *n_out);
+
 struct ekv_context_params {
     int32_t n_threads;  /* worker threads for matmuls (default: online cores, max 8) */
     int32_t n_ctx;      /* positions per sequence; 0 = the model's trained context */
+    const char *device; /* "auto", "cpu", "vulkan" or "vulkan:N"; NULL = $EKV_DEVICE, else
+                           "auto". auto: the first discrete/integrated GPU, else the CPU
+                           (never a CPU-type Vulkan device such as lavapipe); vulkan:
+                           a GPU or an error. Borrowed for the call. */
 };
 struct ekv_context_params ekv_context_default_params(void);
 
@@ -294,6 +321,15 @@ void ekv_context_free(struct ekv_context *ctx);
  * and its positions per sequence (the resolved n_ctx). */
 const struct ekv_model *ekv_context_model(const struct ekv_context *ctx);
 int32_t ekv_context_n_ctx(const struct ekv_context *ctx);
+/* Where a context runs: "cpu" or "vulkan:N (device name)" (owned by the
+ * context); the device memory it holds (weights, caches, scratch) now and
+ * at most, 0 on the CPU. */
+const char *ekv_context_device(const struct ekv_context *ctx);
+uint64_t ekv_context_device_bytes(const struct ekv_context *ctx);
+uint64_t ekv_context_device_peak_bytes(const struct ekv_context *ctx);
+/* True when a sequence runs on the context's GPU (its policy and cache
+ * type are supported there); false on the CPU. */
+bool ekv_seq_on_device(const struct ekv_seq *seq);
 
 /* New empty sequence with the given KV policy (NULL = full cache). The
  * context must outlive the sequence. *out is owned by the caller. */

@@ -1,9 +1,13 @@
 #!/bin/sh
 # Installs what ekv needs, from Debian's packages only (apt-get).
 #   scripts/setup.sh         to build and run ekv (scripts/demo.sh): compiler,
-#                            CMake, cJSON, stb, libmicrohttpd, gnuplot
+#                            CMake, cJSON, stb, libmicrohttpd, gnuplot, and for
+#                            the GPU backend the Vulkan headers, volk, glslc and
+#                            the loader (libvulkan1)
 #   scripts/setup.sh --test  also what the test suite needs (scripts/test.sh):
-#                            curl, python3 (tests/cli_longctx.sh), Node.js and npm, and with npm the official
+#                            curl, python3 (tests/cli_longctx.sh), lavapipe
+#                            (mesa-vulkan-drivers) and the Khronos validation
+#                            layer for the GPU tests, Node.js and npm, and with npm the official
 #                            OpenAI SDK for Node, pinned by
 #                            tests/node/package-lock.json, into tests/node/node_modules
 # Safe to run again: what is present is skipped.
@@ -16,7 +20,9 @@ case "${1:-}" in
     *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
 esac
 PKGS="build-essential cmake pkg-config libcjson-dev libstb-dev libmicrohttpd-dev gnuplot-nox"
+PKGS="$PKGS libvulkan-dev libvulkan-volk-dev glslc libvulkan1"
 [ $TEST -eq 0 ] || PKGS="$PKGS curl python3" # python3: tests/cli_longctx.sh rebuilds data/longctx
+[ $TEST -eq 0 ] || PKGS="$PKGS mesa-vulkan-drivers vulkan-validationlayers" # lavapipe + validation: GPU tests
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

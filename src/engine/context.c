@@ -4,6 +4,7 @@
  * into chunks for block-wise compression, batching decode steps of several
  * sequences, and reporting cache statistics.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -63,6 +64,19 @@ enum ekv_status ekv_context_reserve(struct ekv_context *c, int32_t rows) {
     return EKV_OK;
 }
 
+/* The device a context runs on: params, else $EKV_DEVICE, else auto. */
+static enum ekv_status open_device(struct ekv_context *c, const char *spec) {
+    if (!spec || !*spec) spec = getenv("EKV_DEVICE");
+    if (!spec || !*spec) spec = "auto";
+    snprintf(c->device_name, sizeof c->device_name, "cpu");
+    if (!strcmp(spec, "cpu")) return EKV_OK;
+    c->gpu_required = strcmp(spec, "auto") != 0;
+    enum ekv_status s = ekv_vk_ctx_new(c, spec, &c->gpu);
+    if (s != EKV_OK) return s;
+    if (c->gpu) snprintf(c->device_name, sizeof c->device_name, "%s", ekv_vk_ctx_name(c->gpu));
+    return EKV_OK;
+}
+
 enum ekv_status ekv_context_new(const struct ekv_model *model, const struct ekv_context_params *params,
                                 struct ekv_context **out) {
     ekv_err_clear();
@@ -77,9 +91,11 @@ enum ekv_status ekv_context_new(const struct ekv_model *model, const struct ekv_
     if (!c) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     c->model = model;
     c->params = p;
+    c->params.device = NULL; /* borrowed for this call only */
     ekv_model_rope_params(model, p.n_ctx, &c->rope);
     enum ekv_status s = ekv_pool_new(p.n_threads, &c->pool);
     if (s == EKV_OK) s = ekv_context_reserve(c, 1);
+    if (s == EKV_OK) s = open_device(c, p.device);
     if (s != EKV_OK) {
         ekv_context_free(c);
         return s;
@@ -90,6 +106,7 @@ enum ekv_status ekv_context_new(const struct ekv_model *model, const struct ekv_
 
 void ekv_context_free(struct ekv_context *c) {
     if (!c) return;
+    ekv_vk_ctx_free(c->gpu);
     ekv_pool_free(c->pool);
     free_scratch(c);
     free(c);
@@ -111,6 +128,19 @@ enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params 
     }
     s->kv->swa_window = in->sliding_window;
     s->kv->rope = ctx->rope; /* the keys' RoPE, for policies that move keys between positions */
+    if (ctx->gpu) {
+        const char *why = NULL;
+        if (ekv_vk_seq_supported(s, &why)) {
+            st = ekv_vk_seq_new(ctx->gpu, s, &s->gpu);
+        } else if (ctx->gpu_required) {
+            st = ekv_err(EKV_ERR_UNSUPPORTED, "ekv_seq_new: %s cannot run this cache on the GPU yet: %s "
+                                              "(use device cpu or auto)", ctx->device_name, why);
+        }
+        if (st != EKV_OK) {
+            ekv_seq_free(s);
+            return st;
+        }
+    }
     *out = s;
     return EKV_OK;
 }
@@ -118,6 +148,7 @@ enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params 
 void ekv_seq_free(struct ekv_seq *s) {
     if (!s) return;
     if (s->prefill) ekv_prefill_detach(s->prefill);
+    if (s->gpu) ekv_vk_seq_free(s->ctx->gpu, s->gpu);
     ekv_kv_free(s->kv);
     free(s);
 }
@@ -252,6 +283,15 @@ enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const 
         if (tokens[i] < 0 || tokens[i] >= m->info.n_vocab)
             return ekv_err(EKV_ERR_INVALID_ARG, "token id %d out of range", tokens[i]);
     }
+    for (int32_t i = 1; i < n; i++)
+        if (ekv_seq_backend(seqs[i]) != ekv_seq_backend(seqs[0])) { /* some on the GPU, some not */
+            const int32_t V = m->info.n_vocab;
+            for (int32_t j = 0; j < n; j++) {
+                enum ekv_status r = ekv_seq_decode(seqs[j], tokens[j], logits ? logits + (size_t)j * V : NULL);
+                if (r != EKV_OK) return r;
+            }
+            return EKV_OK;
+        }
     enum ekv_status s = ekv_context_reserve(ctx, n);
     if (s != EKV_OK) return s;
     struct ekv_fwd_part *parts = calloc((size_t)n, sizeof *parts);
@@ -278,6 +318,15 @@ void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
     memset(st, 0, sizeof *st);
     const struct ekv_kv *kv = seq->kv;
     st->n_seen = seq->n_seen;
+    if (seq->gpu) { /* a full cache on the device: every position of every (layer, KV head) */
+        st->entries = st->entries_full = seq->n_seen * kv->n_layer * kv->n_head_kv;
+        st->bytes = st->bytes_full = ekv_vk_seq_bytes(seq->gpu, seq->n_seen, &st->bytes_alloc);
+        st->peak_bytes_alloc = st->bytes_alloc;
+        st->bytes_full_f32 = (uint64_t)st->entries_full * 2u * (uint64_t)kv->head_dim * sizeof(float);
+        st->type_k = kv->params.type_k;
+        st->type_v = kv->params.type_v;
+        return;
+    }
     for (int32_t l = 0; l < kv->n_layer; l++)
         for (int32_t h = 0; h < kv->n_head_kv; h++) {
             const struct ekv_kv_head *hd = &kv->layers[l].heads[h];
@@ -321,6 +370,16 @@ int64_t ekv_seq_kv_window_start(const struct ekv_seq *seq) {
 const struct ekv_model *ekv_context_model(const struct ekv_context *ctx) { return ctx ? ctx->model : NULL; }
 
 int32_t ekv_context_n_ctx(const struct ekv_context *ctx) { return ctx ? ctx->params.n_ctx : 0; }
+
+const char *ekv_context_device(const struct ekv_context *ctx) { return ctx ? ctx->device_name : "cpu"; }
+uint64_t ekv_context_device_bytes(const struct ekv_context *ctx) { return ctx ? ekv_vk_ctx_bytes(ctx->gpu, false) : 0; }
+uint64_t ekv_context_device_peak_bytes(const struct ekv_context *ctx) {
+    return ctx ? ekv_vk_ctx_bytes(ctx->gpu, true) : 0;
+}
+bool ekv_seq_on_device(const struct ekv_seq *seq) { return seq && seq->gpu; }
+const struct ekv_backend_ops *ekv_seq_backend(const struct ekv_seq *seq) {
+    return seq->gpu ? &ekv_backend_vk : &ekv_backend_cpu;
+}
 
 enum ekv_status ekv_seq_kv_record_attention(struct ekv_seq *seq, bool on) {
     if (!seq) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_kv_record_attention: NULL sequence");

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "ekv.h"
+#include "engine/backend.h"
 #include "kernels/kernels.h"
 #include "kv/kv.h"
 #include "model/model.h"
@@ -30,6 +31,9 @@ struct ekv_context {
     float *up;     /* [ffn_rows][n_ff] */
     float *rope_cs;/* [rows][rope_dim] {cos, sin} pairs of each row's position */
     struct ekv_rope_params rope; /* the model's RoPE for this context's n_ctx */
+    struct ekv_vk_ctx *gpu;      /* the Vulkan device with the model's weights, or NULL (CPU) */
+    bool gpu_required;           /* the device was named (vulkan[:N]), not chosen by auto */
+    char device_name[320];       /* "cpu" or "vulkan:N (name)" */
 };
 
 struct ekv_seq {
@@ -38,6 +42,7 @@ struct ekv_seq {
     int64_t n_seen;  /* positions fed so far */
     struct ekv_prefill *prefill; /* a prompt being read in pieces (prefill.c), or NULL */
     bool broken;     /* a prompt was abandoned half read: layers hold different lengths */
+    struct ekv_vk_seq *gpu; /* the device cache when the sequence runs on the context's GPU, else NULL */
 };
 
 /* One sequence's share of the rows of a forward: rows [row0, row0 + n). */
@@ -63,7 +68,8 @@ enum ekv_status ekv_forward(struct ekv_context *ctx, struct ekv_fwd_part *parts,
 int64_t ekv_forward_rope0(const struct ekv_fwd_part *part);
 enum ekv_status ekv_forward_layer(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
                                   int32_t n_rows, int il, const int64_t *rope0, struct ekv_kv_part *kvp);
-enum ekv_status ekv_forward_output(struct ekv_context *ctx, int32_t n_rows, int32_t out_row0, float *logits);
+enum ekv_status ekv_forward_output(struct ekv_context *ctx, const struct ekv_backend_ops *be, int32_t n_rows,
+                                   int32_t out_row0, float *logits);
 
 /* Checks an input against a sequence (segments, tags, context room);
  * *total gets its positions. */

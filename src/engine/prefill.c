@@ -50,6 +50,9 @@ enum ekv_status ekv_prefill_new(struct ekv_seq *seq, const struct ekv_input *in,
     enum ekv_status s = ekv_seq_ready(seq, "ekv_prefill_new");
     if (s != EKV_OK) return s;
     if ((s = ekv_input_check(seq, in, &total)) != EKV_OK) return ekv_err_prefix(s, "ekv_prefill_new");
+    if (seq->gpu)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "ekv_prefill_new: a prompt read in pieces runs on the CPU only "
+                                            "(this sequence is on %s; use device cpu)", seq->ctx->device_name);
     const struct ekv_model_info *mi = &seq->ctx->model->info;
     struct ekv_prefill *p = calloc(1, sizeof *p);
     if (!p) return ekv_err(EKV_ERR_NOMEM, "out of memory");
@@ -173,7 +176,7 @@ static enum ekv_status layer_done(struct ekv_prefill *p, float *logits) {
     struct ekv_context *ctx = seq->ctx;
     const size_t D = (size_t)ctx->model->info.n_embd;
     memcpy(ctx->x, p->x + (size_t)(p->n - 1) * D, D * sizeof(float));
-    return ekv_forward_output(ctx, 1, 0, logits);
+    return ekv_forward_output(ctx, &ekv_backend_cpu, 1, 0, logits);
 }
 
 enum ekv_status ekv_prefill_step(struct ekv_prefill *p, int32_t max_units, float *logits, bool *done) {

@@ -74,6 +74,7 @@ struct cli_params {
     bool no_repack;              /* keep Q8_0/Q4_0 matrices in the file's layout */
     long threads;                /* -1 = the library's default */
     long n_ctx;                  /* 0 = the model's trained context */
+    const char *device;          /* --device: NULL = $EKV_DEVICE, else auto */
     /* prompt and generation (run, serve) */
     const char *prompt;
     const char *prompt_file;
@@ -109,7 +110,7 @@ struct cli_params {
     long reps;
     bool warmup;
     /* info */
-    bool tensors, metadata;
+    bool tensors, metadata, list_devices;
     /* tokenize */
     bool tok_ids, tok_no_bos, tok_parse_special, tok_show_count;
     /* mkmodel, quantize (output, weight_type) */

@@ -378,7 +378,8 @@ static int bench_grid(struct bench *b) {
     for (int a = 0; a < 7; a++) per_ctx *= (size_t)ax[a]->n;
     int rc = 0;
     for (int ti = 0; ti < p->threads_list.n && rc == 0; ti++) {
-        struct ekv_context_params cp = {.n_threads = (int32_t)p->threads_list.i[ti], .n_ctx = (int32_t)b->n_ctx};
+        struct ekv_context_params cp = {.n_threads = (int32_t)p->threads_list.i[ti], .n_ctx = (int32_t)b->n_ctx,
+                                        .device = p->device};
         struct ekv_context *ctx = NULL;
         enum ekv_status s = ekv_context_new(b->model, &cp, &ctx);
         if (s != EKV_OK) return cli_fail(CMD, s);

@@ -13,7 +13,7 @@
 static const char *const CMD = "info";
 
 static const struct cli_help k_help = {
-    "usage: ekv info [-m FILE] [--no-tensors] [--no-metadata]",
+    "usage: ekv info [-m FILE] [--no-tensors] [--no-metadata]\n       ekv info --devices",
     "Describes a GGUF or llama2.c model: hyper-parameters, KV-cache bytes per token,\n"
     "GGUF metadata and tensors (type, shape, bytes). Any GGUF (vocabulary-only files and\n"
     "mmproj files too) is listed.",
@@ -89,11 +89,33 @@ static int info_gguf(const char *path, bool tensors, bool metadata) {
     return 0;
 }
 
+/* ekv info --devices: the CPU, then every Vulkan device with what the
+ * backend needs of it. */
+static int list_devices(void) {
+    struct ekv_device_info d[16];
+    int32_t n = 0;
+    enum ekv_status s = ekv_devices_list(d, 16, &n);
+    if (s != EKV_OK) return cli_fail(CMD, s);
+    printf("cpu: the host processor (always available)\n");
+    if (n == 0) printf("no Vulkan devices%s%s\n", ekv_last_error()[0] ? ": " : "", ekv_last_error());
+    for (int32_t i = 0; i < n && i < 16; i++) {
+        printf("vulkan:%d: %s (%s), Vulkan %u.%u.%u, driver %s, %.1f GiB device memory, subgroup %u, fp16 %s, "
+               "int8 %s, cooperative matrix %s%s\n",
+               (int)d[i].index, d[i].name, d[i].type, d[i].api_version >> 22, (d[i].api_version >> 12) & 0x3ffu,
+               d[i].api_version & 0xfffu, d[i].driver[0] ? d[i].driver : "?", d[i].memory_bytes / 1073741824.0,
+               d[i].subgroup_size, d[i].fp16 ? "yes" : "no", d[i].int8 ? "yes" : "no", d[i].coopmat ? "yes" : "no",
+               d[i].usable ? (strcmp(d[i].type, "cpu") ? "" : " (a CPU device: used only when named, vulkan:N)")
+                           : " (not usable: lacks Vulkan 1.2, buffer device addresses or 8/16-bit storage)");
+    }
+    return 0;
+}
+
 static int cmd_info_main(int argc, char **argv) {
     struct cli_params p;
     cli_params_init(&p, CLI_INFO);
     int rc = cli_parse(CMD, argc, argv, &p, &k_help);
     if (rc) return rc == 2 ? 0 : rc;
+    if (p.list_devices) return list_devices();
     const char *path = p.model ? p.model : cli_default_model();
     const bool tensors = p.tensors, metadata = p.metadata;
     printf("file: %s\n", path);

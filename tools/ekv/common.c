@@ -83,6 +83,7 @@ struct cli_opt {
 #define HUGE30 (1L << 30)
 
 static const char *check_template(const char *v);
+static const char *check_device(const char *v);
 static const char *check_rope_scaling(const char *v);
 static bool fn_pool(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_pool_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
@@ -108,6 +109,10 @@ static const struct cli_opt k_opts[] = {
      "online cores, at most 8", false},
     {B, G_MODEL, "-t, --threads", NULL, "LIST", "worker threads", K_LIST_LONG, OFF(threads_list), 1, 256, NULL,
      NULL, NULL, false},
+    {R | E | B | S, G_MODEL, "-dev, --device", NULL, "DEV",
+     "compute device: auto (the first GPU, else the CPU), cpu, vulkan\n(a GPU or an error) or vulkan:N "
+     "(ekv info --devices lists them)", K_STR, OFF(device), 0, 0, check_device, NULL, "$EKV_DEVICE, else auto",
+     false},
     {R | E | B | S, G_MODEL, "-c, --ctx-size", "--ctx", "N", "positions per sequence", K_LONG, OFF(n_ctx), 0, BIG,
      NULL, NULL, "the model's trained context", false},
 
@@ -267,6 +272,8 @@ static const struct cli_opt k_opts[] = {
      OFF(tok_show_count), 0, 0, NULL, NULL, NULL, false},
 
     /* info */
+    {I, G_INFO, "--devices", "--list-devices", NULL, "list the compute devices (Vulkan GPUs and the CPU) and exit",
+     K_FLAG, OFF(list_devices), 0, 0, NULL, NULL, NULL, false},
     {I, G_INFO, "--no-tensors", NULL, NULL, "do not list tensors", K_NOFLAG, OFF(tensors), 0, 0, NULL, NULL, NULL,
      false},
     {I, G_INFO, "--no-metadata", NULL, NULL, "do not list metadata", K_NOFLAG, OFF(metadata), 0, 0, NULL, NULL,
@@ -370,6 +377,14 @@ static const char *check_rope_scaling(const char *v) {
     if (!strcmp(v, "none") || !strcmp(v, "linear") || !strcmp(v, "yarn")) return NULL;
     snprintf(msg, sizeof msg, "unknown RoPE scaling '%.64s' (known: none, linear, yarn)", v);
     return msg;
+}
+
+static const char *check_device(const char *v) {
+    if (!strcmp(v, "auto") || !strcmp(v, "cpu") || !strcmp(v, "vulkan")) return NULL;
+    if (!strncmp(v, "vulkan:", 7) && v[7] >= '0' && v[7] <= '9' && strspn(v + 7, "0123456789") == strlen(v + 7) &&
+        strlen(v + 7) <= 4)
+        return NULL;
+    return "expected auto, cpu, vulkan or vulkan:N";
 }
 
 static const char *check_template(const char *v) {
@@ -947,6 +962,7 @@ bool cli_load_model(const char *cmd, const struct cli_params *p, struct ekv_mode
     struct ekv_context_params cp = ekv_context_default_params();
     if (p->threads > 0) cp.n_threads = (int32_t)p->threads;
     cp.n_ctx = (int32_t)p->n_ctx;
+    cp.device = p->device;
     if ((s = ekv_context_new(*model, &cp, ctx)) != EKV_OK) {
         cli_fail(cmd, s);
         ekv_model_free(*model);

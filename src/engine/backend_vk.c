@@ -1,0 +1,624 @@
+/*
+ * backend_vk.c — the operations of the forward on a Vulkan GPU (backend.h).
+ *
+ * At context creation every tensor the forward reads is uploaded once:
+ * matrices in the layout the shaders want (F32/F16/BF16 rows as stored;
+ * Q8_0 and Q4_0 split into an fp16 scale array and a quant array, so the
+ * shaders read 16-byte vectors), norms and biases as f32. The token
+ * embeddings stay on the host: input rows (tokens or image embeddings) are
+ * built there and copied in at the start of the forward, as are the RoPE
+ * {cos, sin} rows, computed by the CPU's own ekv_rope_sincos_ext so every
+ * scaling is exactly the CPU's.
+ *
+ * A forward is one command buffer: begin() opens it, each op records
+ * dispatches, end() submits once and waits, then the logits (written by the
+ * classifier straight into host-visible memory) are copied out. A sequence
+ * on the GPU owns a full cache per layer, K and V [n_head_kv][n_ctx]
+ * [head_dim] in f16 or f32 (entry index = position). The compressing
+ * policies stay on the CPU in this version (ekv_vk_seq_supported).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "engine/backend.h"
+#include "engine/engine.h"
+#include "gpu/vk.h"
+#include "kernels/quant.h"
+
+#define EKV_VK_ATTN_CHUNK 256 /* keys per chunk in attn.comp */
+#define EKV_VK_MATVEC_NT 8    /* activation rows per workgroup in matvec.comp */
+
+struct ekv_vk_tensor {
+    const void *key;          /* the host pointer it came from (weight data or vector) */
+    struct ekv_vk_buf buf;
+    enum ekv_dtype type;
+    int64_t ne0, ne1;
+    size_t q_off;             /* Q8_0/Q4_0: byte offset of the quants after the scales */
+};
+
+struct ekv_vk_ctx {
+    struct ekv_vk *vk;
+    struct ekv_vk_tensor *t;  /* [n_t] sorted by key */
+    int32_t n_t, cap_t;
+    struct ekv_vk_buf act[EKV_ACT_COUNT];
+    struct ekv_vk_buf gate, up; /* [rows][n_ff] */
+    struct ekv_vk_buf xin;      /* host-visible [rows][n_embd] input rows */
+    struct ekv_vk_buf cs;       /* host-visible [rows][rope_dim] RoPE rows */
+    struct ekv_vk_buf logits;   /* host-visible [rows][n_vocab] */
+    struct ekv_vk_buf part;     /* attention partials */
+    int32_t rows_cap;
+    size_t part_cap;            /* floats */
+    /* the forward being recorded */
+    int32_t n_rows;
+    bool cs_done;
+    float *logits_dst;
+    int32_t logits_rows;
+};
+
+struct ekv_vk_seq {
+    int32_t n_layer;
+    int32_t n_ctx;
+    bool f32;
+    struct ekv_vk_buf *k, *v;  /* [n_layer] each [n_head_kv][n_ctx][head_dim] */
+    uint64_t bytes_per_pos;    /* K and V of one position, all layers and heads */
+};
+
+/* ---- push constants (layouts of the shaders' push_constant blocks) ---- */
+
+struct pc_rmsnorm { uint64_t x, w, y; uint32_t n, rows, x_stride, y_stride; float eps; };
+struct pc_matvec {
+    uint64_t w, s, x, y, b;
+    uint32_t ne0, ne1, n, x_stride, y_stride, flags;
+};
+struct pc_rope {
+    uint64_t q, k, cs;
+    uint32_t n_head, n_head_kv, head_dim, rope_dim, neox, rows, q_stride, k_stride;
+};
+struct pc_kv_store {
+    uint64_t k, v, kc, vc;
+    uint32_t n_head_kv, head_dim, n_ctx, pos0, rows, kv_stride, f32;
+};
+struct pc_attn {
+    uint64_t q, kc, vc, part;
+    uint32_t n_head, n_head_kv, head_dim, n_ctx, pos0, rows, q_stride, n_split, split_len, window, f32;
+    float scale;
+};
+struct pc_combine { uint64_t part, out; uint32_t n_head, head_dim, rows, n_split, out_stride; };
+struct pc_glu { uint64_t g, u; uint32_t n, gelu; };
+struct pc_copy { uint64_t y, x; uint32_t n; float scale; };
+
+/* ---- tensors ---- */
+
+static int cmp_tensor(const void *a, const void *b) {
+    const struct ekv_vk_tensor *x = a, *y = b;
+    return x->key < y->key ? -1 : x->key > y->key;
+}
+
+static const struct ekv_vk_tensor *find(const struct ekv_vk_ctx *g, const void *key) {
+    struct ekv_vk_tensor k = {.key = key};
+    return bsearch(&k, g->t, (size_t)g->n_t, sizeof *g->t, cmp_tensor);
+}
+
+static bool type_on_gpu(enum ekv_dtype t) {
+    return t == EKV_F32 || t == EKV_F16 || t == EKV_BF16 || t == EKV_Q8_0 || t == EKV_Q4_0;
+}
+
+static struct ekv_vk_tensor *add_tensor(struct ekv_vk_ctx *g, const void *key) {
+    for (int32_t i = 0; i < g->n_t; i++)
+        if (g->t[i].key == key) return NULL; /* already there (tied or shared) */
+    if (g->n_t == g->cap_t) {
+        int32_t cap = g->cap_t ? g->cap_t * 2 : 64;
+        struct ekv_vk_tensor *t = realloc(g->t, (size_t)cap * sizeof *t);
+        if (!t) return NULL;
+        g->t = t;
+        g->cap_t = cap;
+    }
+    struct ekv_vk_tensor *t = &g->t[g->n_t++];
+    memset(t, 0, sizeof *t);
+    t->key = key;
+    return t;
+}
+
+static enum ekv_status upload_vector(struct ekv_vk_ctx *g, const float *v, int64_t n, const char *what) {
+    if (!v) return EKV_OK;
+    if (find(g, v)) return EKV_OK;
+    struct ekv_vk_tensor *t = add_tensor(g, v);
+    if (!t) return g->n_t && g->t ? EKV_OK : ekv_err(EKV_ERR_NOMEM, "out of memory");
+    t->type = EKV_F32;
+    t->ne0 = n;
+    t->ne1 = 1;
+    enum ekv_status s = ekv_vk_buf_new(g->vk, (size_t)n * sizeof(float), false, what, &t->buf);
+    if (s == EKV_OK) s = ekv_vk_upload(g->vk, &t->buf, 0, v, (size_t)n * sizeof(float));
+    qsort(g->t, (size_t)g->n_t, sizeof *g->t, cmp_tensor);
+    return s;
+}
+
+/* Q8_0/Q4_0 rows to [scales][quants] (see the file comment); dst: the whole buffer. */
+static enum ekv_status split_quant(const struct ekv_weight *w, uint8_t *dst, size_t q_off) {
+    const int64_t nb = w->ne0 / EKV_QK8_0;
+    uint8_t *row = malloc(w->row_bytes);
+    if (!row) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    uint16_t *sc = (uint16_t *)(void *)dst;
+    for (int64_t r = 0; r < w->ne1; r++) {
+        ekv_x16_unpack_row(w, r, row);
+        for (int64_t b = 0; b < nb; b++) {
+            if (w->type == EKV_Q8_0) {
+                const struct ekv_block_q8_0 *blk = (const struct ekv_block_q8_0 *)(const void *)row + b;
+                memcpy(&sc[r * nb + b], &blk->d, 2);
+                memcpy(dst + q_off + (size_t)(r * w->ne0 + b * 32), blk->qs, 32);
+            } else {
+                const struct ekv_block_q4_0 *blk = (const struct ekv_block_q4_0 *)(const void *)row + b;
+                memcpy(&sc[r * nb + b], &blk->d, 2);
+                memcpy(dst + q_off + (size_t)(r * nb + b) * 16, blk->qs, 16);
+            }
+        }
+    }
+    free(row);
+    return EKV_OK;
+}
+
+static enum ekv_status upload_weight(struct ekv_vk_ctx *g, const struct ekv_weight *w, const char *what) {
+    if (find(g, w->data)) return EKV_OK;
+    if (!type_on_gpu(w->type))
+        return ekv_err(EKV_ERR_UNSUPPORTED, "%s: weight type %s has no GPU shader yet", what,
+                       ekv_dtype_name(w->type));
+    size_t el_row = 0, bytes = 0, q_off = 0;
+    if (!ekv_dtype_row_bytes(w->type, w->ne0, &el_row) || !ekv_mul_ok(el_row, (size_t)w->ne1, &bytes))
+        return ekv_err(EKV_ERR_OVERFLOW, "%s: %lld x %lld is too large", what, (long long)w->ne1, (long long)w->ne0);
+    bool quant = w->type == EKV_Q8_0 || w->type == EKV_Q4_0;
+    if (quant) {
+        q_off = ((size_t)w->ne1 * (size_t)(w->ne0 / 32) * 2 + 15) & ~(size_t)15;
+        bytes = q_off + (size_t)w->ne1 * (size_t)(w->ne0 / 32) * (w->type == EKV_Q8_0 ? 32 : 16);
+    }
+    struct ekv_vk_tensor *t = add_tensor(g, w->data);
+    if (!t) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    t->type = w->type;
+    t->ne0 = w->ne0;
+    t->ne1 = w->ne1;
+    t->q_off = q_off;
+    enum ekv_status s = ekv_vk_buf_new(g->vk, bytes, false, what, &t->buf);
+    if (s == EKV_OK) {
+        if (quant) {
+            uint8_t *tmp = malloc(bytes);
+            if (!tmp) s = ekv_err(EKV_ERR_NOMEM, "%s: out of host memory for %zu bytes", what, bytes);
+            if (s == EKV_OK) s = split_quant(w, tmp, q_off);
+            if (s == EKV_OK) s = ekv_vk_upload(g->vk, &t->buf, 0, tmp, bytes);
+            free(tmp);
+        } else if (w->row_bytes == el_row) {
+            s = ekv_vk_upload(g->vk, &t->buf, 0, w->data, bytes);
+        } else {
+            for (int64_t r = 0; r < w->ne1 && s == EKV_OK; r++)
+                s = ekv_vk_upload(g->vk, &t->buf, (size_t)r * el_row, (const char *)w->data + (size_t)r * w->row_bytes,
+                                  el_row);
+        }
+    }
+    qsort(g->t, (size_t)g->n_t, sizeof *g->t, cmp_tensor);
+    return s;
+}
+
+static enum ekv_status check_types(const struct ekv_model *m) {
+    const struct ekv_model_info *in = &m->info;
+    if (in->head_dim > 256) return ekv_err(EKV_ERR_UNSUPPORTED, "head_dim %d > 256 has no GPU attention yet", in->head_dim);
+    if (in->n_head % in->n_head_kv) return ekv_err(EKV_ERR_UNSUPPORTED, "n_head not a multiple of n_head_kv");
+    if (!type_on_gpu(m->output.type))
+        return ekv_err(EKV_ERR_UNSUPPORTED, "output: weight type %s has no GPU shader yet", ekv_dtype_name(m->output.type));
+    for (int32_t l = 0; l < in->n_layer; l++) {
+        const struct ekv_layer_weights *L = &m->layers[l];
+        const struct ekv_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            if (!type_on_gpu(ws[i]->type))
+                return ekv_err(EKV_ERR_UNSUPPORTED, "layer %d: weight type %s has no GPU shader yet", (int)l,
+                               ekv_dtype_name(ws[i]->type));
+    }
+    return EKV_OK;
+}
+
+static enum ekv_status upload_model(struct ekv_vk_ctx *g, const struct ekv_model *m) {
+    const struct ekv_model_info *in = &m->info;
+    const int64_t D = in->n_embd, QD = (int64_t)in->n_head * in->head_dim, KVD = (int64_t)in->n_head_kv * in->head_dim;
+    enum ekv_status s = EKV_OK;
+    char what[64];
+    for (int32_t l = 0; l < in->n_layer && s == EKV_OK; l++) {
+        const struct ekv_layer_weights *L = &m->layers[l];
+        snprintf(what, sizeof what, "layer %d weights", (int)l);
+        const struct ekv_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7 && s == EKV_OK; i++) s = upload_weight(g, ws[i], what);
+        if (s == EKV_OK) s = upload_vector(g, L->attn_norm, D, what);
+        if (s == EKV_OK) s = upload_vector(g, L->ffn_norm, D, what);
+        if (s == EKV_OK) s = upload_vector(g, L->bq, QD, what);
+        if (s == EKV_OK) s = upload_vector(g, L->bk, KVD, what);
+        if (s == EKV_OK) s = upload_vector(g, L->bv, KVD, what);
+    }
+    if (s == EKV_OK) s = upload_vector(g, m->output_norm, D, "output norm");
+    if (s == EKV_OK) s = upload_weight(g, &m->output, "output (classifier)");
+    return s;
+}
+
+/* ---- context ---- */
+
+static void free_scratch(struct ekv_vk_ctx *g) {
+    for (int a = 0; a < EKV_ACT_COUNT; a++) ekv_vk_buf_free(g->vk, &g->act[a]);
+    ekv_vk_buf_free(g->vk, &g->gate);
+    ekv_vk_buf_free(g->vk, &g->up);
+    ekv_vk_buf_free(g->vk, &g->xin);
+    ekv_vk_buf_free(g->vk, &g->cs);
+    ekv_vk_buf_free(g->vk, &g->logits);
+    g->rows_cap = 0;
+}
+
+static size_t act_width(const struct ekv_model_info *in, int a) {
+    if (a == EKV_ACT_Q || a == EKV_ACT_ATT) return (size_t)in->n_head * (size_t)in->head_dim;
+    if (a == EKV_ACT_K || a == EKV_ACT_V) return (size_t)in->n_head_kv * (size_t)in->head_dim;
+    return (size_t)in->n_embd;
+}
+
+static enum ekv_status reserve_rows(struct ekv_vk_ctx *g, const struct ekv_model_info *in, int32_t rows) {
+    if (rows <= g->rows_cap) return EKV_OK;
+    free_scratch(g);
+    int32_t want = rows < 8 ? 8 : rows;
+    const size_t R = (size_t)want, F = sizeof(float);
+    enum ekv_status s = EKV_OK;
+    for (int a = 0; a < EKV_ACT_COUNT && s == EKV_OK; a++)
+        s = ekv_vk_buf_new(g->vk, R * act_width(in, a) * F, false, "activations", &g->act[a]);
+    if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_ff * F, false, "activations", &g->gate);
+    if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_ff * F, false, "activations", &g->up);
+    if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_embd * F, true, "input rows", &g->xin);
+    if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->rope_dim * F, true, "rope rows", &g->cs);
+    if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_vocab * F, true, "logits", &g->logits);
+    if (s != EKV_OK) {
+        free_scratch(g);
+        return ekv_err_prefix(s, "GPU scratch for %d rows", (int)rows);
+    }
+    g->rows_cap = want;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_vk_ctx_new(struct ekv_context *ctx, const char *spec, struct ekv_vk_ctx **out) {
+    *out = NULL;
+    const bool required = strcmp(spec, "auto") != 0;
+    struct ekv_vk *vk = NULL;
+    enum ekv_status s = ekv_vk_open(spec, &vk);
+    if (s != EKV_OK) return s;
+    if (!vk) return EKV_OK; /* auto and no GPU: the CPU */
+    if ((s = check_types(ctx->model)) != EKV_OK) {
+        ekv_vk_close(vk);
+        if (!required) {
+            ekv_err_clear();
+            return EKV_OK;
+        }
+        return ekv_err_prefix(s, "device %s", spec);
+    }
+    struct ekv_vk_ctx *g = calloc(1, sizeof *g);
+    if (!g) {
+        ekv_vk_close(vk);
+        return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    }
+    g->vk = vk;
+    s = upload_model(g, ctx->model);
+    if (s == EKV_OK) s = reserve_rows(g, &ctx->model->info, 8);
+    if (s != EKV_OK) {
+        ekv_vk_ctx_free(g);
+        return ekv_err_prefix(s, "%s: the model's weights", ekv_vk_name(vk));
+    }
+    *out = g;
+    return EKV_OK;
+}
+
+void ekv_vk_ctx_free(struct ekv_vk_ctx *g) {
+    if (!g) return;
+    free_scratch(g);
+    ekv_vk_buf_free(g->vk, &g->part);
+    for (int32_t i = 0; i < g->n_t; i++) ekv_vk_buf_free(g->vk, &g->t[i].buf);
+    free(g->t);
+    ekv_vk_close(g->vk);
+    free(g);
+}
+
+const char *ekv_vk_ctx_name(const struct ekv_vk_ctx *g) { return ekv_vk_name(g->vk); }
+uint64_t ekv_vk_ctx_bytes(const struct ekv_vk_ctx *g, bool peak) {
+    if (!g) return 0;
+    return peak ? ekv_vk_peak_bytes(g->vk) : ekv_vk_bytes(g->vk);
+}
+uint64_t ekv_vk_ctx_validation(const struct ekv_vk_ctx *g, const char **first) {
+    if (first) *first = g ? ekv_vk_validation_first(g->vk) : "";
+    return g ? ekv_vk_validation_errors(g->vk) : 0;
+}
+
+/* ---- sequences ---- */
+
+bool ekv_vk_seq_supported(const struct ekv_seq *seq, const char **why) {
+    const struct ekv_kv *kv = seq->kv;
+    if (strcmp(kv->policy_name, "full") != 0) {
+        *why = "compressing policies run on the CPU in this version (GPU: policy full)";
+        return false;
+    }
+    if (kv->params.type_k != kv->params.type_v ||
+        (kv->params.type_k != EKV_KV_F16 && kv->params.type_k != EKV_KV_F32)) {
+        *why = "cache storage types other than f16 and f32 (the same for K and V) run on the CPU in this version";
+        return false;
+    }
+    if (kv->params.max_tokens > 0) {
+        *why = "a cap on cache entries (--kv-tokens) runs on the CPU in this version";
+        return false;
+    }
+    return true;
+}
+
+enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq **out) {
+    *out = NULL;
+    const struct ekv_model_info *in = &seq->ctx->model->info;
+    struct ekv_vk_seq *s = calloc(1, sizeof *s);
+    if (!s) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    s->n_layer = in->n_layer;
+    s->n_ctx = seq->ctx->params.n_ctx;
+    s->f32 = seq->kv->params.type_k == EKV_KV_F32;
+    s->k = calloc((size_t)in->n_layer, sizeof *s->k);
+    s->v = calloc((size_t)in->n_layer, sizeof *s->v);
+    const size_t el = s->f32 ? 4 : 2;
+    size_t per_layer = 0;
+    enum ekv_status st = EKV_OK;
+    if (!s->k || !s->v) st = ekv_err(EKV_ERR_NOMEM, "out of memory");
+    else if (!ekv_mul_ok((size_t)in->n_head_kv * (size_t)in->head_dim * el, (size_t)s->n_ctx, &per_layer))
+        st = ekv_err(EKV_ERR_OVERFLOW, "a cache of %d positions is too large", (int)s->n_ctx);
+    for (int32_t l = 0; l < in->n_layer && st == EKV_OK; l++) {
+        st = ekv_vk_buf_new(g->vk, per_layer, false, "KV cache", &s->k[l]);
+        if (st == EKV_OK) st = ekv_vk_buf_new(g->vk, per_layer, false, "KV cache", &s->v[l]);
+    }
+    s->bytes_per_pos = 2u * (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * (uint64_t)in->head_dim * el;
+    if (st != EKV_OK) {
+        ekv_vk_seq_free(g, s);
+        return ekv_err_prefix(st, "%s: a full cache of %d positions", ekv_vk_name(g->vk), (int)seq->ctx->params.n_ctx);
+    }
+    *out = s;
+    return EKV_OK;
+}
+
+void ekv_vk_seq_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
+    if (!s) return;
+    for (int32_t l = 0; l < s->n_layer; l++) {
+        if (s->k) ekv_vk_buf_free(g->vk, &s->k[l]);
+        if (s->v) ekv_vk_buf_free(g->vk, &s->v[l]);
+    }
+    free(s->k);
+    free(s->v);
+    free(s);
+}
+
+uint64_t ekv_vk_seq_bytes(const struct ekv_vk_seq *s, int64_t n_seen, uint64_t *alloc) {
+    if (alloc) *alloc = s->bytes_per_pos * (uint64_t)s->n_ctx;
+    return s->bytes_per_pos * (uint64_t)n_seen;
+}
+
+/* ---- operations ---- */
+
+static struct ekv_vk_ctx *G(struct ekv_context *ctx) { return ctx->gpu; }
+
+static uint64_t act_addr(struct ekv_context *ctx, enum ekv_act a, int32_t row0) {
+    return G(ctx)->act[a].addr + (uint64_t)row0 * act_width(&ctx->model->info, a) * sizeof(float);
+}
+
+static uint32_t grid_rows(int64_t n) { return (uint32_t)(n < 32768 ? (n < 1 ? 1 : n) : 32768); }
+
+static enum ekv_status vk_begin(struct ekv_context *ctx, int32_t n_rows) {
+    struct ekv_vk_ctx *g = G(ctx);
+    const struct ekv_model_info *in = &ctx->model->info;
+    enum ekv_status s = reserve_rows(g, in, n_rows);
+    if (s != EKV_OK) return s;
+    memcpy(g->xin.host, ctx->x, (size_t)n_rows * (size_t)in->n_embd * sizeof(float));
+    if ((s = ekv_vk_begin(g->vk)) != EKV_OK) return s;
+    g->n_rows = n_rows;
+    g->cs_done = false;
+    g->logits_dst = NULL;
+    g->logits_rows = 0;
+    ekv_vk_copy(g->vk, &g->xin, 0, &g->act[EKV_ACT_X], 0, (size_t)n_rows * (size_t)in->n_embd * sizeof(float));
+    return EKV_OK;
+}
+
+static enum ekv_status vk_seq_begin(struct ekv_context *ctx, struct ekv_fwd_part *part) {
+    const struct ekv_vk_seq *s = part->seq->gpu;
+    if (part->step.pos0 < 0 || part->step.pos0 + part->n > s->n_ctx)
+        return ekv_err(EKV_ERR_CONTEXT_FULL, "positions %lld..%lld beyond the GPU cache of %d",
+                       (long long)part->step.pos0, (long long)(part->step.pos0 + part->n), (int)s->n_ctx);
+    return EKV_OK;
+}
+
+static enum ekv_status vk_seq_end(struct ekv_context *ctx, struct ekv_fwd_part *part) { return EKV_OK; }
+
+static enum ekv_status vk_rmsnorm(struct ekv_context *ctx, enum ekv_act dst, enum ekv_act src, int32_t src_row0,
+                                  const float *w, int32_t n_rows) {
+    const struct ekv_vk_tensor *t = find(G(ctx), w);
+    if (!t) return ekv_err(EKV_ERR_INTERNAL, "norm weight not on the device");
+    const uint32_t D = (uint32_t)ctx->model->info.n_embd;
+    struct pc_rmsnorm pc = {.x = act_addr(ctx, src, src_row0), .w = t->buf.addr, .y = act_addr(ctx, dst, 0), .n = D,
+                            .rows = (uint32_t)n_rows, .x_stride = D, .y_stride = D, .eps = ctx->model->info.norm_eps};
+    ekv_vk_dispatch(G(ctx)->vk, EKV_VK_RMSNORM, &pc, sizeof pc, grid_rows(n_rows), 1, 1);
+    return EKV_OK;
+}
+
+static enum ekv_vk_pipe matvec_pipe(enum ekv_dtype t) {
+    switch (t) {
+    case EKV_F16: return EKV_VK_MATVEC_F16;
+    case EKV_BF16: return EKV_VK_MATVEC_BF16;
+    case EKV_Q8_0: return EKV_VK_MATVEC_Q8_0;
+    case EKV_Q4_0: return EKV_VK_MATVEC_Q4_0;
+    default: return EKV_VK_MATVEC_F32;
+    }
+}
+
+/* y (rows [0, n), stride y_stride) (+)= W x (+ b) */
+static enum ekv_status matvec(struct ekv_context *ctx, const struct ekv_weight *w, uint64_t x, uint32_t x_stride,
+                              uint64_t y, uint32_t y_stride, const float *bias, bool acc, int32_t n_rows) {
+    struct ekv_vk_ctx *g = G(ctx);
+    const struct ekv_vk_tensor *t = find(g, w->data);
+    if (!t) return ekv_err(EKV_ERR_INTERNAL, "weight not on the device");
+    const struct ekv_vk_tensor *b = bias ? find(g, bias) : NULL;
+    if (bias && !b) return ekv_err(EKV_ERR_INTERNAL, "bias not on the device");
+    struct pc_matvec pc = {.w = t->buf.addr + t->q_off, .s = t->buf.addr, .x = x, .y = y, .b = b ? b->buf.addr : 0,
+                           .ne0 = (uint32_t)t->ne0, .ne1 = (uint32_t)t->ne1, .n = (uint32_t)n_rows,
+                           .x_stride = x_stride, .y_stride = y_stride, .flags = (acc ? 1u : 0u) | (b ? 2u : 0u)};
+    uint32_t gy = (uint32_t)((n_rows + EKV_VK_MATVEC_NT - 1) / EKV_VK_MATVEC_NT);
+    ekv_vk_dispatch(g->vk, matvec_pipe(t->type), &pc, sizeof pc, grid_rows(t->ne1), gy, 1);
+    return EKV_OK;
+}
+
+static enum ekv_status vk_matmul(struct ekv_context *ctx, const struct ekv_weight *const *w, const float *const *bias,
+                                 int n_w, enum ekv_act src, const enum ekv_act *dst, int32_t n_rows) {
+    const struct ekv_model_info *in = &ctx->model->info;
+    for (int i = 0; i < n_w; i++) {
+        enum ekv_status s = matvec(ctx, w[i], act_addr(ctx, src, 0), (uint32_t)act_width(in, src),
+                                   act_addr(ctx, dst[i], 0), (uint32_t)act_width(in, dst[i]), bias ? bias[i] : NULL,
+                                   false, n_rows);
+        if (s != EKV_OK) return s;
+    }
+    return EKV_OK;
+}
+
+static enum ekv_status vk_matmul_add(struct ekv_context *ctx, const struct ekv_weight *w, enum ekv_act src,
+                                     enum ekv_act dst, int32_t n_rows) {
+    const struct ekv_model_info *in = &ctx->model->info;
+    return matvec(ctx, w, act_addr(ctx, src, 0), (uint32_t)act_width(in, src), act_addr(ctx, dst, 0),
+                  (uint32_t)act_width(in, dst), NULL, true, n_rows);
+}
+
+static enum ekv_status vk_rope(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
+                               const int64_t *rope0) {
+    struct ekv_vk_ctx *g = G(ctx);
+    const struct ekv_model_info *in = &ctx->model->info;
+    const int RD = in->rope_dim;
+    if (!g->cs_done) { /* the same rows for every layer: computed once per forward */
+        float *cs = g->cs.host;
+        for (int32_t p = 0; p < n_parts; p++)
+            for (int32_t i = 0; i < parts[p].n; i++)
+                ekv_rope_sincos_ext(&ctx->rope, rope0[p] + i, cs + (size_t)(parts[p].row0 + i) * RD);
+        g->cs_done = true;
+    }
+    if (RD <= 0) return EKV_OK;
+    struct pc_rope pc = {.q = act_addr(ctx, EKV_ACT_Q, 0), .k = act_addr(ctx, EKV_ACT_K, 0), .cs = g->cs.addr,
+                         .n_head = (uint32_t)in->n_head, .n_head_kv = (uint32_t)in->n_head_kv,
+                         .head_dim = (uint32_t)in->head_dim,
+                         .rope_dim = (uint32_t)(RD > in->head_dim ? in->head_dim : RD), .neox = in->rope_neox,
+                         .rows = (uint32_t)g->n_rows, .q_stride = (uint32_t)act_width(in, EKV_ACT_Q),
+                         .k_stride = (uint32_t)act_width(in, EKV_ACT_K)};
+    ekv_vk_dispatch(g->vk, EKV_VK_ROPE, &pc, sizeof pc, (uint32_t)g->n_rows, (uint32_t)(in->n_head + in->n_head_kv), 1);
+    return EKV_OK;
+}
+
+/* Splits of the keys [0, kv_end) for rows x heads workgroups. */
+static uint32_t split_len_for(int64_t kv_end, int32_t rows, int32_t n_head, uint32_t *n_split) {
+    int64_t chunks = (kv_end + EKV_VK_ATTN_CHUNK - 1) / EKV_VK_ATTN_CHUNK;
+    if (chunks < 1) chunks = 1;
+    int64_t want = 1024 / ((int64_t)rows * n_head); /* enough workgroups to fill a GPU */
+    if (want < 1) want = 1;
+    if (want > chunks) want = chunks;
+    int64_t per = (chunks + want - 1) / want;
+    *n_split = (uint32_t)((chunks + per - 1) / per);
+    return (uint32_t)(per * EKV_VK_ATTN_CHUNK);
+}
+
+static enum ekv_status vk_attention(struct ekv_context *ctx, int il, struct ekv_fwd_part *parts, int32_t n_parts,
+                                    struct ekv_kv_part *kvp) {
+    struct ekv_vk_ctx *g = G(ctx);
+    const struct ekv_model_info *in = &ctx->model->info;
+    const uint32_t HD = (uint32_t)in->head_dim, KVD = (uint32_t)act_width(in, EKV_ACT_K);
+    const uint32_t QD = (uint32_t)act_width(in, EKV_ACT_Q);
+    for (int32_t p = 0; p < n_parts; p++) {
+        const struct ekv_vk_seq *s = parts[p].seq->gpu;
+        const int32_t r0 = parts[p].row0, n = parts[p].n;
+        const uint32_t pos0 = (uint32_t)parts[p].step.pos0;
+        struct pc_kv_store ks = {.k = act_addr(ctx, EKV_ACT_K, r0), .v = act_addr(ctx, EKV_ACT_V, r0),
+                                 .kc = s->k[il].addr, .vc = s->v[il].addr, .n_head_kv = (uint32_t)in->n_head_kv,
+                                 .head_dim = HD, .n_ctx = (uint32_t)s->n_ctx, .pos0 = pos0, .rows = (uint32_t)n,
+                                 .kv_stride = KVD, .f32 = s->f32};
+        ekv_vk_dispatch(g->vk, EKV_VK_KV_STORE, &ks, sizeof ks, (uint32_t)n, (uint32_t)in->n_head_kv, 1);
+        uint32_t n_split = 1;
+        uint32_t split_len = split_len_for((int64_t)pos0 + n, n, in->n_head, &n_split);
+        size_t need = (size_t)n * (size_t)in->n_head * n_split * (HD + 2);
+        if (need > g->part_cap) return ekv_err(EKV_ERR_INTERNAL, "attention scratch too small");
+        struct pc_attn at = {.q = act_addr(ctx, EKV_ACT_Q, r0), .kc = s->k[il].addr, .vc = s->v[il].addr,
+                             .part = g->part.addr, .n_head = (uint32_t)in->n_head,
+                             .n_head_kv = (uint32_t)in->n_head_kv, .head_dim = HD, .n_ctx = (uint32_t)s->n_ctx,
+                             .pos0 = pos0, .rows = (uint32_t)n, .q_stride = QD, .n_split = n_split,
+                             .split_len = split_len, .window = (uint32_t)(in->sliding_window > 0 ? in->sliding_window : 0),
+                             .f32 = s->f32, .scale = 1.0f / sqrtf((float)HD)};
+        ekv_vk_dispatch(g->vk, EKV_VK_ATTN, &at, sizeof at, (uint32_t)in->n_head, (uint32_t)n, n_split);
+        struct pc_combine cb = {.part = g->part.addr, .out = act_addr(ctx, EKV_ACT_ATT, r0),
+                                .n_head = (uint32_t)in->n_head, .head_dim = HD, .rows = (uint32_t)n,
+                                .n_split = n_split, .out_stride = QD};
+        ekv_vk_dispatch(g->vk, EKV_VK_ATTN_COMBINE, &cb, sizeof cb, (uint32_t)in->n_head, (uint32_t)n, 1);
+    }
+    return EKV_OK;
+}
+
+static enum ekv_status vk_ffn(struct ekv_context *ctx, const struct ekv_layer_weights *L, int32_t n_rows) {
+    struct ekv_vk_ctx *g = G(ctx);
+    const struct ekv_model_info *in = &ctx->model->info;
+    const uint32_t D = (uint32_t)in->n_embd, FF = (uint32_t)in->n_ff;
+    const uint64_t xb = act_addr(ctx, EKV_ACT_XB, 0);
+    enum ekv_status s = matvec(ctx, &L->w_gate, xb, D, g->gate.addr, FF, NULL, false, n_rows);
+    if (s == EKV_OK) s = matvec(ctx, &L->w_up, xb, D, g->up.addr, FF, NULL, false, n_rows);
+    if (s != EKV_OK) return s;
+    const uint64_t n = (uint64_t)n_rows * FF;
+    struct pc_glu pc = {.g = g->gate.addr, .u = g->up.addr, .n = (uint32_t)n, .gelu = in->ffn_gelu};
+    ekv_vk_dispatch(g->vk, EKV_VK_GLU, &pc, sizeof pc, grid_rows((int64_t)((n + 255) / 256)), 1, 1);
+    return matvec(ctx, &L->w_down, g->gate.addr, FF, act_addr(ctx, EKV_ACT_X, 0), D, NULL, true, n_rows);
+}
+
+static enum ekv_status vk_classify(struct ekv_context *ctx, int32_t n_rows, float *logits) {
+    struct ekv_vk_ctx *g = G(ctx);
+    const struct ekv_model_info *in = &ctx->model->info;
+    g->logits_dst = logits;
+    g->logits_rows = n_rows;
+    return matvec(ctx, &ctx->model->output, act_addr(ctx, EKV_ACT_XB, 0), (uint32_t)in->n_embd, g->logits.addr,
+                  (uint32_t)in->n_vocab, NULL, false, n_rows);
+}
+
+static enum ekv_status vk_end(struct ekv_context *ctx, enum ekv_status status) {
+    struct ekv_vk_ctx *g = G(ctx);
+    if (status != EKV_OK) {
+        ekv_vk_abort(g->vk);
+        return status;
+    }
+    enum ekv_status s = ekv_vk_submit(g->vk);
+    if (s != EKV_OK) return s;
+    if (g->logits_dst)
+        memcpy(g->logits_dst, g->logits.host, (size_t)g->logits_rows * (size_t)ctx->model->info.n_vocab * sizeof(float));
+    return EKV_OK;
+}
+
+/* The attention scratch must be large enough before recording starts:
+ * begin() sizes it for the forward's rows at the deepest position. */
+static enum ekv_status vk_begin_sized(struct ekv_context *ctx, int32_t n_rows) {
+    struct ekv_vk_ctx *g = G(ctx);
+    const struct ekv_model_info *in = &ctx->model->info;
+    uint32_t n_split = 1, n1 = 1;
+    split_len_for(ctx->params.n_ctx, n_rows, in->n_head, &n_split); /* one part of n_rows rows */
+    split_len_for(ctx->params.n_ctx, 1, in->n_head, &n1);           /* 1-row parts, one after another */
+    size_t need = EKV_MAX((size_t)n_rows * (size_t)in->n_head * n_split, (size_t)in->n_head * n1) *
+                  (size_t)(in->head_dim + 2);
+    if (need > g->part_cap) {
+        ekv_vk_buf_free(g->vk, &g->part);
+        g->part_cap = 0;
+        enum ekv_status s = ekv_vk_buf_new(g->vk, need * sizeof(float), false, "attention scratch", &g->part);
+        if (s != EKV_OK) return s;
+        g->part_cap = need;
+    }
+    return vk_begin(ctx, n_rows);
+}
+
+const struct ekv_backend_ops ekv_backend_vk = {
+    .name = "vulkan",
+    .begin = vk_begin_sized,
+    .seq_begin = vk_seq_begin,
+    .seq_end = vk_seq_end,
+    .rmsnorm = vk_rmsnorm,
+    .matmul = vk_matmul,
+    .matmul_add = vk_matmul_add,
+    .rope = vk_rope,
+    .attention = vk_attention,
+    .ffn = vk_ffn,
+    .classify = vk_classify,
+    .end = vk_end,
+};

@@ -1,0 +1,51 @@
+# shaders.cmake — compiles src/gpu/shaders/*.comp into SPIR-V with glslc at
+# build time and embeds it in the library (ekv_vk_shaders.c, generated):
+# no shader compiler is needed at run time. The list is in the order of
+# enum ekv_vk_pipe (src/gpu/vk.h): NAME|SOURCE|DEFINE.
+set(EKV_VK_PIPES
+  "rmsnorm|rmsnorm.comp|"
+  "matvec_f32|matvec.comp|TYPE_F32"
+  "matvec_f16|matvec.comp|TYPE_F16"
+  "matvec_bf16|matvec.comp|TYPE_BF16"
+  "matvec_q8_0|matvec.comp|TYPE_Q8_0"
+  "matvec_q4_0|matvec.comp|TYPE_Q4_0"
+  "rope|rope.comp|"
+  "kv_store|kv_store.comp|"
+  "attn|attn.comp|"
+  "attn_combine|attn_combine.comp|"
+  "glu|glu.comp|"
+  "add|add.comp|"
+  "copy|copy.comp|"
+  "argmax|argmax.comp|")
+
+set(EKV_VK_SHADER_DIR ${PROJECT_SOURCE_DIR}/src/gpu/shaders)
+set(EKV_VK_GEN_DIR ${PROJECT_BINARY_DIR}/gpu)
+file(MAKE_DIRECTORY ${EKV_VK_GEN_DIR})
+file(GLOB EKV_VK_SHADER_DEPS ${EKV_VK_SHADER_DIR}/*.comp ${EKV_VK_SHADER_DIR}/*.glsl)
+set(EKV_VK_INCS "")
+set(EKV_VK_TABLE "")
+set(EKV_VK_ARRAYS "")
+foreach(entry ${EKV_VK_PIPES})
+  string(REPLACE "|" ";" parts "${entry}")
+  list(GET parts 0 name)
+  list(GET parts 1 src)
+  list(LENGTH parts np)
+  set(defs "")
+  if(np GREATER 2)
+    list(GET parts 2 def)
+    if(def)
+      set(defs "-D${def}")
+    endif()
+  endif()
+  set(out ${EKV_VK_GEN_DIR}/${name}.spv.inc)
+  add_custom_command(OUTPUT ${out}
+    COMMAND ${EKV_GLSLC} --target-env=vulkan1.2 -O -mfmt=c ${defs} -I ${EKV_VK_SHADER_DIR}
+            -o ${out} ${EKV_VK_SHADER_DIR}/${src}
+    DEPENDS ${EKV_VK_SHADER_DEPS}
+    COMMENT "glslc ${src} ${defs}")
+  list(APPEND EKV_VK_INCS ${out})
+  string(APPEND EKV_VK_ARRAYS "static const uint32_t ekv_spv_${name}[] =\n#include \"${name}.spv.inc\"\n;\n")
+  string(APPEND EKV_VK_TABLE "    {\"${name}\", ekv_spv_${name}, sizeof ekv_spv_${name}},\n")
+endforeach()
+configure_file(${PROJECT_SOURCE_DIR}/src/gpu/shaders.c.in ${EKV_VK_GEN_DIR}/ekv_vk_shaders.c @ONLY)
+add_custom_target(ekv_vk_spirv DEPENDS ${EKV_VK_INCS})

@@ -1,0 +1,79 @@
+#version 450
+// attn.comp — causal attention of a forward's query rows over a full
+// cache, split-K: workgroup (head, row, split) takes the keys
+// [split * split_len, (split + 1) * split_len) that the row may see
+// (positions <= its own, inside the sliding window when there is one), in
+// chunks of 256 with a running max and sum (online softmax), and writes its
+// unnormalised output with the max and sum of its exponentials to
+// part[row][head][split][head_dim + 2]; attn_combine.comp merges the splits.
+// GQA: query head h reads KV head h / (n_head / n_head_kv). head_dim <= 256.
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+#define CHUNK 256
+#define MAXD 256
+layout(local_size_x = 64) in;
+layout(push_constant) uniform P {
+    F32 q; F32 kc; F32 vc; F32 part;
+    uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint pos0; uint rows; uint q_stride;
+    uint n_split; uint split_len; uint window; uint f32; float scale;
+} pc;
+shared float sq[MAXD];
+shared float sp[CHUNK];
+
+float kval(uint i) { return pc.f32 != 0u ? pc.kc.d[i] : float(F16(pc.kc).d[i]); }
+float vval(uint i) { return pc.f32 != 0u ? pc.vc.d[i] : float(F16(pc.vc).d[i]); }
+
+void main() {
+    const uint h = gl_WorkGroupID.x, row = gl_WorkGroupID.y, si = gl_WorkGroupID.z;
+    const uint tid = gl_LocalInvocationID.x, nth = gl_WorkGroupSize.x;
+    const uint D = pc.head_dim;
+    const uint kvh = h / (pc.n_head / pc.n_head_kv);
+    const uint pos = pc.pos0 + row;
+    const uint lo_w = (pc.window > 0u && pos + 1u > pc.window) ? pos + 1u - pc.window : 0u;
+    const uint lo = max(lo_w, si * pc.split_len);
+    const uint hi = min(pos + 1u, (si + 1u) * pc.split_len); // exclusive
+    const uint ob = ((row * pc.n_head + h) * pc.n_split + si) * (D + 2u);
+    const uint kb = kvh * pc.n_ctx * D;
+    for (uint d = tid; d < D; d += nth) sq[d] = pc.q.d[row * pc.q_stride + h * D + d];
+    barrier();
+    float m = -1.0 / 0.0, l = 0.0;
+    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    for (uint c0 = lo; c0 < hi; c0 += CHUNK) {
+        const uint c1 = min(hi, c0 + CHUNK);
+        float lmax = -1.0 / 0.0;
+        for (uint j = c0 + tid; j < c1; j += nth) {
+            float s = 0.0;
+            for (uint d = 0; d < D; d++) s += sq[d] * kval(kb + j * D + d);
+            s *= pc.scale;
+            sp[j - c0] = s;
+            lmax = max(lmax, s);
+        }
+        const float nm = max(m, wg_max(lmax));
+        float lsum = 0.0;
+        for (uint j = c0 + tid; j < c1; j += nth) {
+            float e = exp(sp[j - c0] - nm);
+            sp[j - c0] = e;
+            lsum += e;
+        }
+        const float cl = wg_sum(lsum); // its barriers publish sp
+        const float corr = l > 0.0 ? exp(m - nm) : 0.0;
+        l = l * corr + cl;
+        for (uint k = 0; k < 4; k++) {
+            uint d = tid + k * nth;
+            if (d >= D) break;
+            float a = 0.0;
+            for (uint j = c0; j < c1; j++) a += sp[j - c0] * vval(kb + j * D + d);
+            acc[k] = acc[k] * corr + a;
+        }
+        m = nm;
+        barrier(); // sp is rewritten by the next chunk
+    }
+    for (uint k = 0; k < 4; k++) {
+        uint d = tid + k * nth;
+        if (d < D) pc.part.d[ob + d] = acc[k];
+    }
+    if (tid == 0) {
+        pc.part.d[ob + D] = m;
+        pc.part.d[ob + D + 1] = l;
+    }
+}

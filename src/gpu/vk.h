@@ -1,0 +1,112 @@
+/*
+ * vk.h — the Vulkan compute runtime under ekv's GPU backend: finding and
+ * opening a device (the loader is reached at run time through volk, so a
+ * binary without libvulkan still runs on the CPU), device buffers addressed
+ * by their 64-bit device address (VK_KHR_buffer_device_address, core in
+ * Vulkan 1.2: shaders take pointers in push constants, so no descriptor
+ * sets exist and a tensor may exceed maxStorageBufferRange), uploads and
+ * read-backs through one staging buffer, the compute pipelines built from
+ * the SPIR-V embedded at build time, and one command buffer that records a
+ * whole forward and is submitted once.
+ *
+ * Everything returns a status with a message naming what failed; nothing
+ * prints. The runtime knows no models: src/gpu/backend_vk.c does.
+ */
+#ifndef EKV_GPU_VK_H
+#define EKV_GPU_VK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ekv.h"
+
+struct ekv_vk;       /* an opened device with its queue, pools and pipelines */
+
+/* A device allocation: one VkBuffer bound to its own memory. */
+struct ekv_vk_buf {
+    void *buffer;      /* VkBuffer */
+    void *memory;      /* VkDeviceMemory */
+    uint64_t addr;     /* device address of byte 0 */
+    size_t bytes;
+    void *host;        /* mapped pointer for host-visible buffers, else NULL */
+};
+
+/* The compute shaders (src/gpu/shaders/NAME.comp), one pipeline each. */
+enum ekv_vk_pipe {
+    EKV_VK_RMSNORM = 0,
+    EKV_VK_MATVEC_F32,
+    EKV_VK_MATVEC_F16,
+    EKV_VK_MATVEC_BF16,
+    EKV_VK_MATVEC_Q8_0,
+    EKV_VK_MATVEC_Q4_0,
+    EKV_VK_ROPE,
+    EKV_VK_KV_STORE,
+    EKV_VK_ATTN,
+    EKV_VK_ATTN_COMBINE,
+    EKV_VK_GLU,
+    EKV_VK_ADD,
+    EKV_VK_COPY,
+    EKV_VK_ARGMAX,
+    EKV_VK_PIPE_COUNT
+};
+
+/* Lists the Vulkan devices (ekv_devices_list in ekv.h). */
+enum ekv_status ekv_vk_list(struct ekv_device_info *out, int32_t cap, int32_t *n_out);
+
+/* Opens a device: `spec` is "auto" (the first discrete or integrated GPU;
+ * never a CPU-type device; *out = NULL and EKV_OK when there is none, so
+ * the caller runs on the CPU), "vulkan" (the same, but a clear error when
+ * there is none) or "vulkan:N" (device N of ekv_vk_list, any type, e.g.
+ * lavapipe in tests). EKV_VK_VALIDATE=1 in the environment enables the
+ * Khronos validation layer; every message it gives is counted
+ * (ekv_vk_validation_errors). */
+enum ekv_status ekv_vk_open(const char *spec, struct ekv_vk **out);
+void ekv_vk_close(struct ekv_vk *vk);
+
+/* "NVIDIA H200 (vulkan:0)" etc.; the index; validation messages so far. */
+const char *ekv_vk_name(const struct ekv_vk *vk);
+int32_t ekv_vk_index(const struct ekv_vk *vk);
+uint64_t ekv_vk_validation_errors(const struct ekv_vk *vk);
+/* The first validation message (for test output), "" when none. */
+const char *ekv_vk_validation_first(const struct ekv_vk *vk);
+/* Device-local bytes allocated now and at most. */
+uint64_t ekv_vk_bytes(const struct ekv_vk *vk);
+uint64_t ekv_vk_peak_bytes(const struct ekv_vk *vk);
+/* The device's subgroup size (informative: shaders do not assume it). */
+uint32_t ekv_vk_subgroup_size(const struct ekv_vk *vk);
+
+/* Buffers. Device-local unless host_visible (then host-coherent and mapped
+ * at ->host). bytes 0 is allowed (one byte is allocated). A failed
+ * allocation leaves *b zeroed; freeing a zeroed buffer does nothing. */
+enum ekv_status ekv_vk_buf_new(struct ekv_vk *vk, size_t bytes, bool host_visible, const char *what,
+                               struct ekv_vk_buf *b);
+void ekv_vk_buf_free(struct ekv_vk *vk, struct ekv_vk_buf *b);
+
+/* Copies host bytes into / out of a device buffer at an offset, through
+ * the staging buffer (waits for completion; not for the hot path). */
+enum ekv_status ekv_vk_upload(struct ekv_vk *vk, struct ekv_vk_buf *dst, size_t off, const void *src, size_t n);
+enum ekv_status ekv_vk_download(struct ekv_vk *vk, const struct ekv_vk_buf *src, size_t off, void *dst, size_t n);
+enum ekv_status ekv_vk_fill_zero(struct ekv_vk *vk, struct ekv_vk_buf *dst);
+
+/* Recording: begin a command buffer, add dispatches (push constants of at
+ * most 128 bytes; each dispatch is followed by a compute-to-compute memory
+ * barrier, so dispatches run in order), then submit and wait. One
+ * recording at a time per device. */
+enum ekv_status ekv_vk_begin(struct ekv_vk *vk);
+void ekv_vk_dispatch(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, uint32_t push_bytes, uint32_t gx,
+                     uint32_t gy, uint32_t gz);
+/* Copies bytes between buffers inside the recording (followed by a barrier). */
+void ekv_vk_copy(struct ekv_vk *vk, const struct ekv_vk_buf *src, size_t src_off, struct ekv_vk_buf *dst,
+                 size_t dst_off, size_t n);
+/* Submits what was recorded and waits for it. Also returns an error when
+ * a dispatch could not be recorded (bad pipeline, push too large). */
+enum ekv_status ekv_vk_submit(struct ekv_vk *vk);
+
+/* Closes an open recording without running it (after a failure). */
+void ekv_vk_abort(struct ekv_vk *vk);
+
+/* Device-side timing of the last submission (ns), 0 when unknown. */
+uint64_t ekv_vk_last_submit_ns(const struct ekv_vk *vk);
+
+#endif
