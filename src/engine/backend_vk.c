@@ -26,9 +26,9 @@
 #include "engine/backend.h"
 #include "engine/engine.h"
 #include "gpu/vk.h"
+#include "gpu/vk_push.h"
 #include "kernels/quant.h"
 
-#define EKV_VK_ATTN_CHUNK 256 /* keys per chunk in attn.comp */
 #define EKV_VK_MATVEC_NT 8    /* activation rows per workgroup in matvec.comp */
 
 struct ekv_vk_tensor {
@@ -65,30 +65,6 @@ struct ekv_vk_seq {
     struct ekv_vk_buf *k, *v;  /* [n_layer] each [n_head_kv][n_ctx][head_dim] */
     uint64_t bytes_per_pos;    /* K and V of one position, all layers and heads */
 };
-
-/* ---- push constants (layouts of the shaders' push_constant blocks) ---- */
-
-struct pc_rmsnorm { uint64_t x, w, y; uint32_t n, rows, x_stride, y_stride; float eps; };
-struct pc_matvec {
-    uint64_t w, s, x, y, b;
-    uint32_t ne0, ne1, n, x_stride, y_stride, flags;
-};
-struct pc_rope {
-    uint64_t q, k, cs;
-    uint32_t n_head, n_head_kv, head_dim, rope_dim, neox, rows, q_stride, k_stride;
-};
-struct pc_kv_store {
-    uint64_t k, v, kc, vc;
-    uint32_t n_head_kv, head_dim, n_ctx, pos0, rows, kv_stride, f32;
-};
-struct pc_attn {
-    uint64_t q, kc, vc, part;
-    uint32_t n_head, n_head_kv, head_dim, n_ctx, pos0, rows, q_stride, n_split, split_len, window, f32;
-    float scale;
-};
-struct pc_combine { uint64_t part, out; uint32_t n_head, head_dim, rows, n_split, out_stride; };
-struct pc_glu { uint64_t g, u; uint32_t n, gelu; };
-struct pc_copy { uint64_t y, x; uint32_t n; float scale; };
 
 /* ---- tensors ---- */
 
@@ -432,7 +408,7 @@ static enum ekv_status vk_rmsnorm(struct ekv_context *ctx, enum ekv_act dst, enu
     const struct ekv_vk_tensor *t = find(G(ctx), w);
     if (!t) return ekv_err(EKV_ERR_INTERNAL, "norm weight not on the device");
     const uint32_t D = (uint32_t)ctx->model->info.n_embd;
-    struct pc_rmsnorm pc = {.x = act_addr(ctx, src, src_row0), .w = t->buf.addr, .y = act_addr(ctx, dst, 0), .n = D,
+    struct ekv_vk_pc_rmsnorm pc = {.x = act_addr(ctx, src, src_row0), .w = t->buf.addr, .y = act_addr(ctx, dst, 0), .n = D,
                             .rows = (uint32_t)n_rows, .x_stride = D, .y_stride = D, .eps = ctx->model->info.norm_eps};
     ekv_vk_dispatch(G(ctx)->vk, EKV_VK_RMSNORM, &pc, sizeof pc, grid_rows(n_rows), 1, 1);
     return EKV_OK;
@@ -456,11 +432,13 @@ static enum ekv_status matvec(struct ekv_context *ctx, const struct ekv_weight *
     if (!t) return ekv_err(EKV_ERR_INTERNAL, "weight not on the device");
     const struct ekv_vk_tensor *b = bias ? find(g, bias) : NULL;
     if (bias && !b) return ekv_err(EKV_ERR_INTERNAL, "bias not on the device");
-    struct pc_matvec pc = {.w = t->buf.addr + t->q_off, .s = t->buf.addr, .x = x, .y = y, .b = b ? b->buf.addr : 0,
+    struct ekv_vk_pc_matvec pc = {.w = t->buf.addr + t->q_off, .s = t->buf.addr, .x = x, .y = y, .b = b ? b->buf.addr : 0,
                            .ne0 = (uint32_t)t->ne0, .ne1 = (uint32_t)t->ne1, .n = (uint32_t)n_rows,
                            .x_stride = x_stride, .y_stride = y_stride, .flags = (acc ? 1u : 0u) | (b ? 2u : 0u)};
     uint32_t gy = (uint32_t)((n_rows + EKV_VK_MATVEC_NT - 1) / EKV_VK_MATVEC_NT);
-    ekv_vk_dispatch(g->vk, matvec_pipe(t->type), &pc, sizeof pc, grid_rows(t->ne1), gy, 1);
+    /* one output row per subgroup: 128 / subgroup size rows per workgroup (a hint: the shader strides) */
+    uint32_t sg = ekv_vk_subgroup_size(g->vk), per_wg = sg >= 1 && sg <= 128 ? 128 / sg : 1;
+    ekv_vk_dispatch(g->vk, matvec_pipe(t->type), &pc, sizeof pc, grid_rows((t->ne1 + per_wg - 1) / per_wg), gy, 1);
     return EKV_OK;
 }
 
@@ -496,7 +474,7 @@ static enum ekv_status vk_rope(struct ekv_context *ctx, struct ekv_fwd_part *par
         g->cs_done = true;
     }
     if (RD <= 0) return EKV_OK;
-    struct pc_rope pc = {.q = act_addr(ctx, EKV_ACT_Q, 0), .k = act_addr(ctx, EKV_ACT_K, 0), .cs = g->cs.addr,
+    struct ekv_vk_pc_rope pc = {.q = act_addr(ctx, EKV_ACT_Q, 0), .k = act_addr(ctx, EKV_ACT_K, 0), .cs = g->cs.addr,
                          .n_head = (uint32_t)in->n_head, .n_head_kv = (uint32_t)in->n_head_kv,
                          .head_dim = (uint32_t)in->head_dim,
                          .rope_dim = (uint32_t)(RD > in->head_dim ? in->head_dim : RD), .neox = in->rope_neox,
@@ -506,16 +484,21 @@ static enum ekv_status vk_rope(struct ekv_context *ctx, struct ekv_fwd_part *par
     return EKV_OK;
 }
 
-/* Splits of the keys [0, kv_end) for rows x heads workgroups. */
-static uint32_t split_len_for(int64_t kv_end, int32_t rows, int32_t n_head, uint32_t *n_split) {
-    int64_t chunks = (kv_end + EKV_VK_ATTN_CHUNK - 1) / EKV_VK_ATTN_CHUNK;
-    if (chunks < 1) chunks = 1;
-    int64_t want = 1024 / ((int64_t)rows * n_head); /* enough workgroups to fill a GPU */
-    if (want < 1) want = 1;
-    if (want > chunks) want = chunks;
-    int64_t per = (chunks + want - 1) / want;
-    *n_split = (uint32_t)((chunks + per - 1) / per);
-    return (uint32_t)(per * EKV_VK_ATTN_CHUNK);
+/* Keys per split of the decode attention. Fixed, so that a row's keys are
+ * split and combined the same way whatever rows share its forward (batch
+ * invariance: alone == batched, a prompt in pieces == one piece). */
+#define EKV_VK_SPLIT 512
+/* Bytes of attention partials a forward may hold; longer prompts are
+ * attended in blocks of rows that fit. */
+#define EKV_VK_PART_BYTES ((size_t)64 << 20)
+
+static uint32_t n_splits(int64_t kv_end) { return (uint32_t)((kv_end + EKV_VK_SPLIT - 1) / EKV_VK_SPLIT); }
+
+/* Rows attended per block so that the partials of a block fit the buffer. */
+static int32_t attn_block_rows(const struct ekv_vk_ctx *g, const struct ekv_model_info *in, int64_t kv_end) {
+    size_t per_row = (size_t)in->n_head * n_splits(kv_end) * (size_t)(in->head_dim + 2);
+    size_t rows = g->part_cap / (per_row ? per_row : 1);
+    return rows < 1 ? 1 : rows > 65535 ? 65535 : (int32_t)rows;
 }
 
 static enum ekv_status vk_attention(struct ekv_context *ctx, int il, struct ekv_fwd_part *parts, int32_t n_parts,
@@ -528,26 +511,28 @@ static enum ekv_status vk_attention(struct ekv_context *ctx, int il, struct ekv_
         const struct ekv_vk_seq *s = parts[p].seq->gpu;
         const int32_t r0 = parts[p].row0, n = parts[p].n;
         const uint32_t pos0 = (uint32_t)parts[p].step.pos0;
-        struct pc_kv_store ks = {.k = act_addr(ctx, EKV_ACT_K, r0), .v = act_addr(ctx, EKV_ACT_V, r0),
+        struct ekv_vk_pc_kv_store ks = {.k = act_addr(ctx, EKV_ACT_K, r0), .v = act_addr(ctx, EKV_ACT_V, r0),
                                  .kc = s->k[il].addr, .vc = s->v[il].addr, .n_head_kv = (uint32_t)in->n_head_kv,
                                  .head_dim = HD, .n_ctx = (uint32_t)s->n_ctx, .pos0 = pos0, .rows = (uint32_t)n,
                                  .kv_stride = KVD, .f32 = s->f32};
         ekv_vk_dispatch(g->vk, EKV_VK_KV_STORE, &ks, sizeof ks, (uint32_t)n, (uint32_t)in->n_head_kv, 1);
-        uint32_t n_split = 1;
-        uint32_t split_len = split_len_for((int64_t)pos0 + n, n, in->n_head, &n_split);
-        size_t need = (size_t)n * (size_t)in->n_head * n_split * (HD + 2);
-        if (need > g->part_cap) return ekv_err(EKV_ERR_INTERNAL, "attention scratch too small");
-        struct pc_attn at = {.q = act_addr(ctx, EKV_ACT_Q, r0), .kc = s->k[il].addr, .vc = s->v[il].addr,
-                             .part = g->part.addr, .n_head = (uint32_t)in->n_head,
-                             .n_head_kv = (uint32_t)in->n_head_kv, .head_dim = HD, .n_ctx = (uint32_t)s->n_ctx,
-                             .pos0 = pos0, .rows = (uint32_t)n, .q_stride = QD, .n_split = n_split,
-                             .split_len = split_len, .window = (uint32_t)(in->sliding_window > 0 ? in->sliding_window : 0),
-                             .f32 = s->f32, .scale = 1.0f / sqrtf((float)HD)};
-        ekv_vk_dispatch(g->vk, EKV_VK_ATTN, &at, sizeof at, (uint32_t)in->n_head, (uint32_t)n, n_split);
-        struct pc_combine cb = {.part = g->part.addr, .out = act_addr(ctx, EKV_ACT_ATT, r0),
-                                .n_head = (uint32_t)in->n_head, .head_dim = HD, .rows = (uint32_t)n,
-                                .n_split = n_split, .out_stride = QD};
-        ekv_vk_dispatch(g->vk, EKV_VK_ATTN_COMBINE, &cb, sizeof cb, (uint32_t)in->n_head, (uint32_t)n, 1);
+        const uint32_t n_split = n_splits((int64_t)pos0 + n);
+        const int32_t block = attn_block_rows(g, in, (int64_t)pos0 + n);
+        for (int32_t b0 = 0; b0 < n; b0 += block) {
+            const int32_t nb = EKV_MIN(block, n - b0);
+            struct ekv_vk_pc_attn at = {.q = act_addr(ctx, EKV_ACT_Q, r0 + b0), .kc = s->k[il].addr, .vc = s->v[il].addr,
+                                 .part = g->part.addr, .n_head = (uint32_t)in->n_head,
+                                 .n_head_kv = (uint32_t)in->n_head_kv, .head_dim = HD, .n_ctx = (uint32_t)s->n_ctx,
+                                 .pos0 = pos0 + (uint32_t)b0, .rows = (uint32_t)nb, .q_stride = QD,
+                                 .n_split = n_split, .split_len = EKV_VK_SPLIT,
+                                 .window = (uint32_t)(in->sliding_window > 0 ? in->sliding_window : 0),
+                                 .f32 = s->f32, .scale = 1.0f / sqrtf((float)HD)};
+            ekv_vk_dispatch(g->vk, EKV_VK_ATTN, &at, sizeof at, (uint32_t)in->n_head, (uint32_t)nb, n_split);
+            struct ekv_vk_pc_combine cb = {.part = g->part.addr, .out = act_addr(ctx, EKV_ACT_ATT, r0 + b0),
+                                    .n_head = (uint32_t)in->n_head, .head_dim = HD, .rows = (uint32_t)nb,
+                                    .n_split = n_split, .out_stride = QD};
+            ekv_vk_dispatch(g->vk, EKV_VK_ATTN_COMBINE, &cb, sizeof cb, (uint32_t)in->n_head, (uint32_t)nb, 1);
+        }
     }
     return EKV_OK;
 }
@@ -561,7 +546,7 @@ static enum ekv_status vk_ffn(struct ekv_context *ctx, const struct ekv_layer_we
     if (s == EKV_OK) s = matvec(ctx, &L->w_up, xb, D, g->up.addr, FF, NULL, false, n_rows);
     if (s != EKV_OK) return s;
     const uint64_t n = (uint64_t)n_rows * FF;
-    struct pc_glu pc = {.g = g->gate.addr, .u = g->up.addr, .n = (uint32_t)n, .gelu = in->ffn_gelu};
+    struct ekv_vk_pc_glu pc = {.g = g->gate.addr, .u = g->up.addr, .n = (uint32_t)n, .gelu = in->ffn_gelu};
     ekv_vk_dispatch(g->vk, EKV_VK_GLU, &pc, sizeof pc, grid_rows((int64_t)((n + 255) / 256)), 1, 1);
     return matvec(ctx, &L->w_down, g->gate.addr, FF, act_addr(ctx, EKV_ACT_X, 0), D, NULL, true, n_rows);
 }
@@ -593,11 +578,10 @@ static enum ekv_status vk_end(struct ekv_context *ctx, enum ekv_status status) {
 static enum ekv_status vk_begin_sized(struct ekv_context *ctx, int32_t n_rows) {
     struct ekv_vk_ctx *g = G(ctx);
     const struct ekv_model_info *in = &ctx->model->info;
-    uint32_t n_split = 1, n1 = 1;
-    split_len_for(ctx->params.n_ctx, n_rows, in->n_head, &n_split); /* one part of n_rows rows */
-    split_len_for(ctx->params.n_ctx, 1, in->n_head, &n1);           /* 1-row parts, one after another */
-    size_t need = EKV_MAX((size_t)n_rows * (size_t)in->n_head * n_split, (size_t)in->n_head * n1) *
-                  (size_t)(in->head_dim + 2);
+    /* partials of one row at full depth, or of all rows if fewer, up to EKV_VK_PART_BYTES */
+    const size_t per_row = (size_t)in->n_head * n_splits(ctx->params.n_ctx) * (size_t)(in->head_dim + 2);
+    size_t need = per_row * (size_t)n_rows;
+    if (need * sizeof(float) > EKV_VK_PART_BYTES) need = EKV_MAX(per_row, EKV_VK_PART_BYTES / sizeof(float));
     if (need > g->part_cap) {
         ekv_vk_buf_free(g->vk, &g->part);
         g->part_cap = 0;

@@ -347,6 +347,7 @@ void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
 int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head) {
     const struct ekv_kv *kv = seq->kv;
     if (layer < 0 || layer >= kv->n_layer || kv_head < 0 || kv_head >= kv->n_head_kv) return 0;
+    if (seq->gpu) return (int32_t)seq->n_seen; /* a full cache on the device */
     return kv->layers[layer].heads[kv_head].len;
 }
 
@@ -355,6 +356,14 @@ enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int
     const struct ekv_kv *kv = seq->kv;
     if (layer < 0 || layer >= kv->n_layer || kv_head < 0 || kv_head >= kv->n_head_kv)
         return ekv_err(EKV_ERR_INVALID_ARG, "layer %d / KV head %d out of range", layer, kv_head);
+    if (seq->gpu) { /* a full cache on the device: every position, weight 1 (tags are not kept there) */
+        for (int64_t i = 0; i < seq->n_seen; i++) {
+            if (positions) positions[i] = (int32_t)i;
+            if (weights) weights[i] = 1.0f;
+            if (tags) tags[i] = EKV_TAG_TEXT;
+        }
+        return EKV_OK;
+    }
     const struct ekv_kv_head *h = &kv->layers[layer].heads[kv_head];
     if (positions) memcpy(positions, h->pos, (size_t)h->len * sizeof *positions);
     if (weights) memcpy(weights, h->weight, (size_t)h->len * sizeof *weights);
@@ -383,6 +392,9 @@ const struct ekv_backend_ops *ekv_seq_backend(const struct ekv_seq *seq) {
 
 enum ekv_status ekv_seq_kv_record_attention(struct ekv_seq *seq, bool on) {
     if (!seq) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_kv_record_attention: NULL sequence");
+    if (seq->gpu && on)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "ekv_seq_kv_record_attention: attention is not recorded on the GPU "
+                                            "(%s) in this version; use device cpu", seq->ctx->device_name);
     if (on) seq->kv->extra_stats |= EKV_STAT_LASTROW;
     else seq->kv->extra_stats &= ~(unsigned)EKV_STAT_LASTROW;
     return EKV_OK;

@@ -1,8 +1,9 @@
 #version 450
 // matvec.comp — Y[t][r] = (acc ? Y[t][r] : 0) + sum_c W[r][c] X[t][c] (+ b[r]),
-// for up to 8 rows t of X per workgroup, one output row r per workgroup
-// (grid-stride over rows). One pass over the weight row serves all 8
-// activation rows. Compiled once per weight type (-DTYPE_*):
+// for up to 8 rows t of X per workgroup, one output row r per subgroup
+// (grid-stride over rows, whatever the subgroup size: the host's grid
+// size is only a hint). One pass over the weight row serves all 8
+// activation rows; the sum is a subgroup reduction, no barrier. Compiled once per weight type (-DTYPE_*):
 //   F32, F16, BF16: rows of ne0 values (vector loads when ne0 % 8 == 0);
 //   Q8_0: repacked at upload, fp16 scales [ne1][ne0/32] at `s`, int8
 //         quants [ne1][ne0] at `w`;
@@ -22,8 +23,9 @@ float xv(uint t, uint c) { return pc.x.d[t * pc.x_stride + c]; }
 void main() {
     const uint t0 = gl_WorkGroupID.y * NT;
     const uint nt = min(uint(NT), pc.n - t0);
-    const uint tid = gl_LocalInvocationID.x, nth = gl_WorkGroupSize.x;
-    for (uint r = gl_WorkGroupID.x; r < pc.ne1; r += gl_NumWorkGroups.x) {
+    const uint tid = gl_SubgroupInvocationID, nth = gl_SubgroupSize;
+    for (uint r = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; r < pc.ne1;
+         r += gl_NumWorkGroups.x * gl_NumSubgroups) {
         float acc[NT];
         for (uint t = 0; t < NT; t++) acc[t] = 0.0;
 #if defined(TYPE_F32)
@@ -117,8 +119,8 @@ void main() {
 #error "define TYPE_F32, TYPE_F16, TYPE_BF16, TYPE_Q8_0 or TYPE_Q4_0"
 #endif
         for (uint t = 0; t < nt; t++) {
-            float v = wg_sum(acc[t]);
-            if (tid == 0) {
+            float v = subgroupAdd(acc[t]);
+            if (subgroupElect()) {
                 uint yo = (t0 + t) * pc.y_stride + r;
                 if ((pc.flags & 2u) != 0u) v += pc.b.d[r];
                 if ((pc.flags & 1u) != 0u) v += pc.y.d[yo];

@@ -1,0 +1,35 @@
+/*
+ * vk_push.h — the push constants of each compute shader, as C structs
+ * (the layouts of the push_constant blocks in src/gpu/shaders/NAME.comp:
+ * device addresses first, then 32-bit fields). Shared by the backend and
+ * the shader tests.
+ */
+#ifndef EKV_GPU_VK_PUSH_H
+#define EKV_GPU_VK_PUSH_H
+
+#include <stdint.h>
+
+struct ekv_vk_pc_rmsnorm { uint64_t x, w, y; uint32_t n, rows, x_stride, y_stride; float eps; };
+struct ekv_vk_pc_matvec {
+    uint64_t w, s, x, y, b;
+    uint32_t ne0, ne1, n, x_stride, y_stride, flags;
+};
+struct ekv_vk_pc_rope {
+    uint64_t q, k, cs;
+    uint32_t n_head, n_head_kv, head_dim, rope_dim, neox, rows, q_stride, k_stride;
+};
+struct ekv_vk_pc_kv_store {
+    uint64_t k, v, kc, vc;
+    uint32_t n_head_kv, head_dim, n_ctx, pos0, rows, kv_stride, f32;
+};
+struct ekv_vk_pc_attn {
+    uint64_t q, kc, vc, part;
+    uint32_t n_head, n_head_kv, head_dim, n_ctx, pos0, rows, q_stride, n_split, split_len, window, f32;
+    float scale;
+};
+struct ekv_vk_pc_combine { uint64_t part, out; uint32_t n_head, head_dim, rows, n_split, out_stride; };
+struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
+struct ekv_vk_pc_copy { uint64_t y, x; uint32_t n; float scale; };
+
+
+#endif
