@@ -14,6 +14,7 @@
  * - faults: no GPU for `vulkan`, a bad index, a bad spec, a policy the GPU
  *   does not run yet on an explicitly named device.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -381,6 +382,10 @@ static void test_faults(void) {
 
 int main(void) {
     setenv("EKV_VK_VALIDATE", "1", 0);
+    /* keep lavapipe loaded until exit, so that LeakSanitizer names its
+     * frames and tests/lsan_gpu.supp can suppress the driver's own blocks
+     * (the handle is left open on purpose) */
+    (void)dlopen("libvulkan_lvp.so", RTLD_NOW | RTLD_GLOBAL);
     if (!pick_device()) {
         fprintf(stderr, "no usable Vulkan device (scripts/setup.sh --test installs lavapipe, mesa-vulkan-drivers): %s\n",
                 ekv_last_error());

@@ -75,6 +75,7 @@ static int cmp_tensor(const void *a, const void *b) {
 
 static const struct ekv_vk_tensor *find(const struct ekv_vk_ctx *g, const void *key) {
     struct ekv_vk_tensor k = {.key = key};
+    if (g->n_t == 0) return NULL;
     return bsearch(&k, g->t, (size_t)g->n_t, sizeof *g->t, cmp_tensor);
 }
 
@@ -102,7 +103,7 @@ static enum ekv_status upload_vector(struct ekv_vk_ctx *g, const float *v, int64
     if (!v) return EKV_OK;
     if (find(g, v)) return EKV_OK;
     struct ekv_vk_tensor *t = add_tensor(g, v);
-    if (!t) return g->n_t && g->t ? EKV_OK : ekv_err(EKV_ERR_NOMEM, "out of memory");
+    if (!t) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     t->type = EKV_F32;
     t->ne0 = n;
     t->ne1 = 1;
