@@ -327,6 +327,9 @@ int32_t ekv_context_n_ctx(const struct ekv_context *ctx);
 const char *ekv_context_device(const struct ekv_context *ctx);
 uint64_t ekv_context_device_bytes(const struct ekv_context *ctx);
 uint64_t ekv_context_device_peak_bytes(const struct ekv_context *ctx);
+/* Device time (ns) of the context's last GPU forward, from the device's own
+ * timestamps; 0 on the CPU or when the device has no timestamps. */
+uint64_t ekv_context_device_last_ns(const struct ekv_context *ctx);
 /* True when a sequence runs on the context's GPU (its policy and cache
  * type are supported there); false on the CPU. */
 bool ekv_seq_on_device(const struct ekv_seq *seq);

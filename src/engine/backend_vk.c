@@ -299,6 +299,7 @@ uint64_t ekv_vk_ctx_bytes(const struct ekv_vk_ctx *g, bool peak) {
     if (!g) return 0;
     return peak ? ekv_vk_peak_bytes(g->vk) : ekv_vk_bytes(g->vk);
 }
+uint64_t ekv_vk_ctx_last_ns(const struct ekv_vk_ctx *g) { return g ? ekv_vk_last_submit_ns(g->vk) : 0; }
 uint64_t ekv_vk_ctx_validation(const struct ekv_vk_ctx *g, const char **first) {
     if (first) *first = g ? ekv_vk_validation_first(g->vk) : "";
     return g ? ekv_vk_validation_errors(g->vk) : 0;
@@ -488,7 +489,7 @@ static enum ekv_status vk_rope(struct ekv_context *ctx, struct ekv_fwd_part *par
 /* Keys per split of the decode attention. Fixed, so that a row's keys are
  * split and combined the same way whatever rows share its forward (batch
  * invariance: alone == batched, a prompt in pieces == one piece). */
-#define EKV_VK_SPLIT 512
+#define EKV_VK_SPLIT 128
 /* Bytes of attention partials a forward may hold; longer prompts are
  * attended in blocks of rows that fit. */
 #define EKV_VK_PART_BYTES ((size_t)64 << 20)

@@ -386,6 +386,9 @@ uint64_t ekv_context_device_peak_bytes(const struct ekv_context *ctx) {
     return ctx ? ekv_vk_ctx_bytes(ctx->gpu, true) : 0;
 }
 bool ekv_seq_on_device(const struct ekv_seq *seq) { return seq && seq->gpu; }
+uint64_t ekv_context_device_last_ns(const struct ekv_context *ctx) {
+    return ctx ? ekv_vk_ctx_last_ns(ctx->gpu) : 0;
+}
 const struct ekv_backend_ops *ekv_seq_backend(const struct ekv_seq *seq) {
     return seq->gpu ? &ekv_backend_vk : &ekv_backend_cpu;
 }

@@ -638,6 +638,10 @@ static void run_report(const struct run *r) {
             (long long)r->n_prompt, pp_s, pp_s > 0 ? r->n_prompt / pp_s : 0.0, r->n_gen, tg_s,
             tg_s > 0 ? n_dec / tg_s : 0.0, r->n_gen ? r->t_first - r->t_start : 0.0, r->stop, r->n_threads,
             cli_peak_rss() / 1048576.0);
+    if (ekv_seq_on_device(r->seq))
+        fprintf(stderr, "ekv run: device %s, %.1f MiB of device memory (peak %.1f), last forward %.3f ms on the device\n",
+                ekv_context_device(r->ctx), ekv_context_device_bytes(r->ctx) / 1048576.0,
+                ekv_context_device_peak_bytes(r->ctx) / 1048576.0, ekv_context_device_last_ns(r->ctx) / 1e6);
 }
 
 static void run_free(struct run *r) {

@@ -43,7 +43,17 @@ void main() {
         float lmax = -1.0 / 0.0;
         for (uint j = c0 + tid; j < c1; j += nth) {
             float s = 0.0;
-            for (uint d = 0; d < D; d++) s += sq[d] * kval(kb + j * D + d);
+            if (pc.f32 == 0u && (D & 7u) == 0u) { // f16 keys: 8 per 16-byte load
+                const uint k8 = (kb + j * D) / 8u;
+                for (uint e = 0; e < D / 8u; e++) {
+                    uvec4 u = U4(pc.kc).d[k8 + e];
+                    const uint o = 8u * e;
+                    s += dot(vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)), vec4(sq[o], sq[o + 1], sq[o + 2], sq[o + 3]));
+                    s += dot(vec4(unpackHalf2x16(u.z), unpackHalf2x16(u.w)), vec4(sq[o + 4], sq[o + 5], sq[o + 6], sq[o + 7]));
+                }
+            } else {
+                for (uint d = 0; d < D; d++) s += sq[d] * kval(kb + j * D + d);
+            }
             s *= pc.scale;
             sp[j - c0] = s;
             lmax = max(lmax, s);
