@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "eval/eval.h"
 #include "engine/engine.h"
 #include "gpu/vk.h"
 #include "gpu/vk_push.h"
@@ -173,11 +174,10 @@ static void check_validation(struct ekv_context *c) {
     CHECK_MSG(n == 0, "%llu validation messages, first: %s", (unsigned long long)n, first);
 }
 
+/* The greedy token (the project's own argmax, src/eval/metrics.c); -1 on NaN logits. */
 static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
+    size_t i = 0;
+    return ekv_argmax(x, (size_t)n, &i) == EKV_OK ? (int32_t)i : -1;
 }
 
 /* stories260K: prompt logits close to the CPU's, 64 greedy tokens equal. */

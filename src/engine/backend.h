@@ -16,6 +16,7 @@
 #define EKV_ENGINE_BACKEND_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ekv.h"
@@ -37,6 +38,10 @@ enum ekv_act {
     EKV_ACT_ATT,   /* [rows][n_head * head_dim] attention output */
     EKV_ACT_COUNT
 };
+
+struct ekv_model_info;
+/* Floats per row of an activation slot (n_embd, n_head * head_dim or n_head_kv * head_dim). */
+size_t ekv_act_width(const struct ekv_model_info *in, enum ekv_act a);
 
 struct ekv_backend_ops {
     const char *name;

@@ -26,17 +26,6 @@ static float *act(struct ekv_context *ctx, enum ekv_act a) {
     }
 }
 
-static int64_t act_width(const struct ekv_context *ctx, enum ekv_act a) {
-    const struct ekv_model_info *in = &ctx->model->info;
-    switch (a) {
-    case EKV_ACT_Q:
-    case EKV_ACT_ATT: return (int64_t)in->n_head * in->head_dim;
-    case EKV_ACT_K:
-    case EKV_ACT_V: return (int64_t)in->n_head_kv * in->head_dim;
-    default: return in->n_embd;
-    }
-}
-
 static enum ekv_status cpu_begin(struct ekv_context *ctx, int32_t n_rows) { return EKV_OK; }
 
 static enum ekv_status cpu_seq_begin(struct ekv_context *ctx, struct ekv_fwd_part *part) {
@@ -67,7 +56,7 @@ static enum ekv_status cpu_matmul(struct ekv_context *ctx, const struct ekv_weig
     if (s != EKV_OK) return s;
     for (int i = 0; i < n_w; i++) {
         if (!bias || !bias[i]) continue;
-        const int64_t W = act_width(ctx, dst[i]);
+        const int64_t W = (int64_t)ekv_act_width(&ctx->model->info, dst[i]);
         for (int32_t r = 0; r < n_rows; r++) ekv_add(out[i] + (size_t)r * W, bias[i], W);
     }
     return EKV_OK;
@@ -77,7 +66,7 @@ static enum ekv_status cpu_matmul_add(struct ekv_context *ctx, const struct ekv_
                                       enum ekv_act dst, int32_t n_rows) {
     enum ekv_status s = ekv_matmul(ctx->pool, w, act(ctx, src), n_rows, ctx->proj);
     if (s != EKV_OK) return s;
-    const int64_t W = act_width(ctx, dst);
+    const int64_t W = (int64_t)ekv_act_width(&ctx->model->info, dst);
     float *y = act(ctx, dst);
     for (int32_t r = 0; r < n_rows; r++) ekv_add(y + (size_t)r * W, ctx->proj + (size_t)r * W, W);
     return EKV_OK;

@@ -83,9 +83,16 @@ static bool type_on_gpu(enum ekv_dtype t) {
     return t == EKV_F32 || t == EKV_F16 || t == EKV_BF16 || t == EKV_Q8_0 || t == EKV_Q4_0;
 }
 
-static struct ekv_vk_tensor *add_tensor(struct ekv_vk_ctx *g, const void *key) {
+/* During upload the table is unsorted (find() needs it sorted: upload_model
+ * sorts it once at the end); a tensor shared by two weights (tied output) is
+ * uploaded once. */
+static bool have_tensor(const struct ekv_vk_ctx *g, const void *key) {
     for (int32_t i = 0; i < g->n_t; i++)
-        if (g->t[i].key == key) return NULL; /* already there (tied or shared) */
+        if (g->t[i].key == key) return true;
+    return false;
+}
+
+static struct ekv_vk_tensor *add_tensor(struct ekv_vk_ctx *g, const void *key) {
     if (g->n_t == g->cap_t) {
         int32_t cap = g->cap_t ? g->cap_t * 2 : 64;
         struct ekv_vk_tensor *t = realloc(g->t, (size_t)cap * sizeof *t);
@@ -100,8 +107,7 @@ static struct ekv_vk_tensor *add_tensor(struct ekv_vk_ctx *g, const void *key) {
 }
 
 static enum ekv_status upload_vector(struct ekv_vk_ctx *g, const float *v, int64_t n, const char *what) {
-    if (!v) return EKV_OK;
-    if (find(g, v)) return EKV_OK;
+    if (!v || have_tensor(g, v)) return EKV_OK;
     struct ekv_vk_tensor *t = add_tensor(g, v);
     if (!t) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     t->type = EKV_F32;
@@ -109,7 +115,6 @@ static enum ekv_status upload_vector(struct ekv_vk_ctx *g, const float *v, int64
     t->ne1 = 1;
     enum ekv_status s = ekv_vk_buf_new(g->vk, (size_t)n * sizeof(float), false, what, &t->buf);
     if (s == EKV_OK) s = ekv_vk_upload(g->vk, &t->buf, 0, v, (size_t)n * sizeof(float));
-    qsort(g->t, (size_t)g->n_t, sizeof *g->t, cmp_tensor);
     return s;
 }
 
@@ -138,7 +143,7 @@ static enum ekv_status split_quant(const struct ekv_weight *w, uint8_t *dst, siz
 }
 
 static enum ekv_status upload_weight(struct ekv_vk_ctx *g, const struct ekv_weight *w, const char *what) {
-    if (find(g, w->data)) return EKV_OK;
+    if (have_tensor(g, w->data)) return EKV_OK;
     if (!type_on_gpu(w->type))
         return ekv_err(EKV_ERR_UNSUPPORTED, "%s: weight type %s has no GPU shader yet", what,
                        ekv_dtype_name(w->type));
@@ -172,7 +177,6 @@ static enum ekv_status upload_weight(struct ekv_vk_ctx *g, const struct ekv_weig
                                   el_row);
         }
     }
-    qsort(g->t, (size_t)g->n_t, sizeof *g->t, cmp_tensor);
     return s;
 }
 
@@ -211,6 +215,7 @@ static enum ekv_status upload_model(struct ekv_vk_ctx *g, const struct ekv_model
     }
     if (s == EKV_OK) s = upload_vector(g, m->output_norm, D, "output norm");
     if (s == EKV_OK) s = upload_weight(g, &m->output, "output (classifier)");
+    qsort(g->t, (size_t)g->n_t, sizeof *g->t, cmp_tensor);
     return s;
 }
 
@@ -226,12 +231,6 @@ static void free_scratch(struct ekv_vk_ctx *g) {
     g->rows_cap = 0;
 }
 
-static size_t act_width(const struct ekv_model_info *in, int a) {
-    if (a == EKV_ACT_Q || a == EKV_ACT_ATT) return (size_t)in->n_head * (size_t)in->head_dim;
-    if (a == EKV_ACT_K || a == EKV_ACT_V) return (size_t)in->n_head_kv * (size_t)in->head_dim;
-    return (size_t)in->n_embd;
-}
-
 static enum ekv_status reserve_rows(struct ekv_vk_ctx *g, const struct ekv_model_info *in, int32_t rows) {
     if (rows <= g->rows_cap) return EKV_OK;
     free_scratch(g);
@@ -239,7 +238,7 @@ static enum ekv_status reserve_rows(struct ekv_vk_ctx *g, const struct ekv_model
     const size_t R = (size_t)want, F = sizeof(float);
     enum ekv_status s = EKV_OK;
     for (int a = 0; a < EKV_ACT_COUNT && s == EKV_OK; a++)
-        s = ekv_vk_buf_new(g->vk, R * act_width(in, a) * F, false, "activations", &g->act[a]);
+        s = ekv_vk_buf_new(g->vk, R * ekv_act_width(in, a) * F, false, "activations", &g->act[a]);
     if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_ff * F, false, "activations", &g->gate);
     if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_ff * F, false, "activations", &g->up);
     if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_embd * F, true, "input rows", &g->xin);
@@ -370,21 +369,52 @@ uint64_t ekv_vk_seq_bytes(const struct ekv_vk_seq *s, int64_t n_seen, uint64_t *
     return s->bytes_per_pos * (uint64_t)n_seen;
 }
 
+/* Keys per split of the decode attention. Fixed, so that a row's keys are
+ * split and combined the same way whatever rows share its forward (batch
+ * invariance: alone == batched, a prompt in pieces == one piece). */
+#define EKV_VK_SPLIT 128
+/* Bytes of attention partials a forward may hold; longer prompts are
+ * attended in blocks of rows that fit. */
+#define EKV_VK_PART_BYTES ((size_t)64 << 20)
+
+static uint32_t n_splits(int64_t kv_end) { return (uint32_t)((kv_end + EKV_VK_SPLIT - 1) / EKV_VK_SPLIT); }
+
+/* Rows attended per block so that the partials of a block fit the buffer. */
+static int32_t attn_block_rows(const struct ekv_vk_ctx *g, const struct ekv_model_info *in, int64_t kv_end) {
+    size_t per_row = (size_t)in->n_head * n_splits(kv_end) * (size_t)(in->head_dim + 2);
+    size_t rows = g->part_cap / (per_row ? per_row : 1);
+    return rows < 1 ? 1 : rows > 65535 ? 65535 : (int32_t)rows;
+}
+
 /* ---- operations ---- */
 
 static struct ekv_vk_ctx *G(struct ekv_context *ctx) { return ctx->gpu; }
 
 static uint64_t act_addr(struct ekv_context *ctx, enum ekv_act a, int32_t row0) {
-    return G(ctx)->act[a].addr + (uint64_t)row0 * act_width(&ctx->model->info, a) * sizeof(float);
+    return G(ctx)->act[a].addr + (uint64_t)row0 * ekv_act_width(&ctx->model->info, a) * sizeof(float);
 }
 
 static uint32_t grid_rows(int64_t n) { return (uint32_t)(n < 32768 ? (n < 1 ? 1 : n) : 32768); }
 
+/* Sizes the scratch for the forward's rows (the attention partials too:
+ * they must be large enough before recording starts), copies the input rows
+ * in and opens the recording. */
 static enum ekv_status vk_begin(struct ekv_context *ctx, int32_t n_rows) {
     struct ekv_vk_ctx *g = G(ctx);
     const struct ekv_model_info *in = &ctx->model->info;
     enum ekv_status s = reserve_rows(g, in, n_rows);
     if (s != EKV_OK) return s;
+    /* partials of one row at full depth, or of all rows if fewer, up to EKV_VK_PART_BYTES */
+    const size_t per_row = (size_t)in->n_head * n_splits(ctx->params.n_ctx) * (size_t)(in->head_dim + 2);
+    size_t need = per_row * (size_t)n_rows;
+    if (need * sizeof(float) > EKV_VK_PART_BYTES) need = EKV_MAX(per_row, EKV_VK_PART_BYTES / sizeof(float));
+    if (need > g->part_cap) {
+        ekv_vk_buf_free(g->vk, &g->part);
+        g->part_cap = 0;
+        s = ekv_vk_buf_new(g->vk, need * sizeof(float), false, "attention scratch", &g->part);
+        if (s != EKV_OK) return s;
+        g->part_cap = need;
+    }
     memcpy(g->xin.host, ctx->x, (size_t)n_rows * (size_t)in->n_embd * sizeof(float));
     if ((s = ekv_vk_begin(g->vk)) != EKV_OK) return s;
     g->n_rows = n_rows;
@@ -448,8 +478,8 @@ static enum ekv_status vk_matmul(struct ekv_context *ctx, const struct ekv_weigh
                                  int n_w, enum ekv_act src, const enum ekv_act *dst, int32_t n_rows) {
     const struct ekv_model_info *in = &ctx->model->info;
     for (int i = 0; i < n_w; i++) {
-        enum ekv_status s = matvec(ctx, w[i], act_addr(ctx, src, 0), (uint32_t)act_width(in, src),
-                                   act_addr(ctx, dst[i], 0), (uint32_t)act_width(in, dst[i]), bias ? bias[i] : NULL,
+        enum ekv_status s = matvec(ctx, w[i], act_addr(ctx, src, 0), (uint32_t)ekv_act_width(in, src),
+                                   act_addr(ctx, dst[i], 0), (uint32_t)ekv_act_width(in, dst[i]), bias ? bias[i] : NULL,
                                    false, n_rows);
         if (s != EKV_OK) return s;
     }
@@ -459,8 +489,8 @@ static enum ekv_status vk_matmul(struct ekv_context *ctx, const struct ekv_weigh
 static enum ekv_status vk_matmul_add(struct ekv_context *ctx, const struct ekv_weight *w, enum ekv_act src,
                                      enum ekv_act dst, int32_t n_rows) {
     const struct ekv_model_info *in = &ctx->model->info;
-    return matvec(ctx, w, act_addr(ctx, src, 0), (uint32_t)act_width(in, src), act_addr(ctx, dst, 0),
-                  (uint32_t)act_width(in, dst), NULL, true, n_rows);
+    return matvec(ctx, w, act_addr(ctx, src, 0), (uint32_t)ekv_act_width(in, src), act_addr(ctx, dst, 0),
+                  (uint32_t)ekv_act_width(in, dst), NULL, true, n_rows);
 }
 
 static enum ekv_status vk_rope(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
@@ -480,35 +510,18 @@ static enum ekv_status vk_rope(struct ekv_context *ctx, struct ekv_fwd_part *par
                          .n_head = (uint32_t)in->n_head, .n_head_kv = (uint32_t)in->n_head_kv,
                          .head_dim = (uint32_t)in->head_dim,
                          .rope_dim = (uint32_t)(RD > in->head_dim ? in->head_dim : RD), .neox = in->rope_neox,
-                         .rows = (uint32_t)g->n_rows, .q_stride = (uint32_t)act_width(in, EKV_ACT_Q),
-                         .k_stride = (uint32_t)act_width(in, EKV_ACT_K)};
+                         .rows = (uint32_t)g->n_rows, .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q),
+                         .k_stride = (uint32_t)ekv_act_width(in, EKV_ACT_K)};
     ekv_vk_dispatch(g->vk, EKV_VK_ROPE, &pc, sizeof pc, (uint32_t)g->n_rows, (uint32_t)(in->n_head + in->n_head_kv), 1);
     return EKV_OK;
-}
-
-/* Keys per split of the decode attention. Fixed, so that a row's keys are
- * split and combined the same way whatever rows share its forward (batch
- * invariance: alone == batched, a prompt in pieces == one piece). */
-#define EKV_VK_SPLIT 128
-/* Bytes of attention partials a forward may hold; longer prompts are
- * attended in blocks of rows that fit. */
-#define EKV_VK_PART_BYTES ((size_t)64 << 20)
-
-static uint32_t n_splits(int64_t kv_end) { return (uint32_t)((kv_end + EKV_VK_SPLIT - 1) / EKV_VK_SPLIT); }
-
-/* Rows attended per block so that the partials of a block fit the buffer. */
-static int32_t attn_block_rows(const struct ekv_vk_ctx *g, const struct ekv_model_info *in, int64_t kv_end) {
-    size_t per_row = (size_t)in->n_head * n_splits(kv_end) * (size_t)(in->head_dim + 2);
-    size_t rows = g->part_cap / (per_row ? per_row : 1);
-    return rows < 1 ? 1 : rows > 65535 ? 65535 : (int32_t)rows;
 }
 
 static enum ekv_status vk_attention(struct ekv_context *ctx, int il, struct ekv_fwd_part *parts, int32_t n_parts,
                                     struct ekv_kv_part *kvp) {
     struct ekv_vk_ctx *g = G(ctx);
     const struct ekv_model_info *in = &ctx->model->info;
-    const uint32_t HD = (uint32_t)in->head_dim, KVD = (uint32_t)act_width(in, EKV_ACT_K);
-    const uint32_t QD = (uint32_t)act_width(in, EKV_ACT_Q);
+    const uint32_t HD = (uint32_t)in->head_dim, KVD = (uint32_t)ekv_act_width(in, EKV_ACT_K);
+    const uint32_t QD = (uint32_t)ekv_act_width(in, EKV_ACT_Q);
     for (int32_t p = 0; p < n_parts; p++) {
         const struct ekv_vk_seq *s = parts[p].seq->gpu;
         const int32_t r0 = parts[p].row0, n = parts[p].n;
@@ -575,28 +588,9 @@ static enum ekv_status vk_end(struct ekv_context *ctx, enum ekv_status status) {
     return EKV_OK;
 }
 
-/* The attention scratch must be large enough before recording starts:
- * begin() sizes it for the forward's rows at the deepest position. */
-static enum ekv_status vk_begin_sized(struct ekv_context *ctx, int32_t n_rows) {
-    struct ekv_vk_ctx *g = G(ctx);
-    const struct ekv_model_info *in = &ctx->model->info;
-    /* partials of one row at full depth, or of all rows if fewer, up to EKV_VK_PART_BYTES */
-    const size_t per_row = (size_t)in->n_head * n_splits(ctx->params.n_ctx) * (size_t)(in->head_dim + 2);
-    size_t need = per_row * (size_t)n_rows;
-    if (need * sizeof(float) > EKV_VK_PART_BYTES) need = EKV_MAX(per_row, EKV_VK_PART_BYTES / sizeof(float));
-    if (need > g->part_cap) {
-        ekv_vk_buf_free(g->vk, &g->part);
-        g->part_cap = 0;
-        enum ekv_status s = ekv_vk_buf_new(g->vk, need * sizeof(float), false, "attention scratch", &g->part);
-        if (s != EKV_OK) return s;
-        g->part_cap = need;
-    }
-    return vk_begin(ctx, n_rows);
-}
-
 const struct ekv_backend_ops ekv_backend_vk = {
     .name = "vulkan",
-    .begin = vk_begin_sized,
+    .begin = vk_begin,
     .seq_begin = vk_seq_begin,
     .seq_end = vk_seq_end,
     .rmsnorm = vk_rmsnorm,

@@ -30,6 +30,12 @@ enum ekv_status ekv_forward_embed(const struct ekv_model *m, int32_t token, floa
     return EKV_OK;
 }
 
+size_t ekv_act_width(const struct ekv_model_info *in, enum ekv_act a) {
+    if (a == EKV_ACT_Q || a == EKV_ACT_ATT) return (size_t)in->n_head * (size_t)in->head_dim;
+    if (a == EKV_ACT_K || a == EKV_ACT_V) return (size_t)in->n_head_kv * (size_t)in->head_dim;
+    return (size_t)in->n_embd;
+}
+
 int64_t ekv_forward_rope0(const struct ekv_fwd_part *part) {
     /* the true position unless the policy moves it (Elastic Cache's
      * reference mode: the compressed cache length, POLICIES.md 0.6) */

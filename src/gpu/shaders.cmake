@@ -13,10 +13,7 @@ set(EKV_VK_PIPES
   "kv_store|kv_store.comp|"
   "attn|attn.comp|"
   "attn_combine|attn_combine.comp|"
-  "glu|glu.comp|"
-  "add|add.comp|"
-  "copy|copy.comp|"
-  "argmax|argmax.comp|")
+  "glu|glu.comp|")
 
 set(EKV_VK_SHADER_DIR ${PROJECT_SOURCE_DIR}/src/gpu/shaders)
 set(EKV_VK_GEN_DIR ${PROJECT_BINARY_DIR}/gpu)

@@ -45,9 +45,6 @@ enum ekv_vk_pipe {
     EKV_VK_ATTN,
     EKV_VK_ATTN_COMBINE,
     EKV_VK_GLU,
-    EKV_VK_ADD,
-    EKV_VK_COPY,
-    EKV_VK_ARGMAX,
     EKV_VK_PIPE_COUNT
 };
 
@@ -64,9 +61,8 @@ enum ekv_status ekv_vk_list(struct ekv_device_info *out, int32_t cap, int32_t *n
 enum ekv_status ekv_vk_open(const char *spec, struct ekv_vk **out);
 void ekv_vk_close(struct ekv_vk *vk);
 
-/* "NVIDIA H200 (vulkan:0)" etc.; the index; validation messages so far. */
+/* "vulkan:0 (NVIDIA H200)" etc.; validation messages so far. */
 const char *ekv_vk_name(const struct ekv_vk *vk);
-int32_t ekv_vk_index(const struct ekv_vk *vk);
 uint64_t ekv_vk_validation_errors(const struct ekv_vk *vk);
 /* The first validation message (for test output), "" when none. */
 const char *ekv_vk_validation_first(const struct ekv_vk *vk);
@@ -87,7 +83,6 @@ void ekv_vk_buf_free(struct ekv_vk *vk, struct ekv_vk_buf *b);
  * the staging buffer (waits for completion; not for the hot path). */
 enum ekv_status ekv_vk_upload(struct ekv_vk *vk, struct ekv_vk_buf *dst, size_t off, const void *src, size_t n);
 enum ekv_status ekv_vk_download(struct ekv_vk *vk, const struct ekv_vk_buf *src, size_t off, void *dst, size_t n);
-enum ekv_status ekv_vk_fill_zero(struct ekv_vk *vk, struct ekv_vk_buf *dst);
 
 /* Recording: begin a command buffer, add dispatches (push constants of at
  * most 128 bytes; each dispatch is followed by a compute-to-compute memory

@@ -283,7 +283,6 @@ enum ekv_status ekv_vk_open(const char *spec, struct ekv_vk **out) {
 }
 
 const char *ekv_vk_name(const struct ekv_vk *vk) { return vk->name; }
-int32_t ekv_vk_index(const struct ekv_vk *vk) { return vk->info.index; }
 uint64_t ekv_vk_validation_errors(const struct ekv_vk *vk) { return vk ? vk->n_validation : 0; }
 const char *ekv_vk_validation_first(const struct ekv_vk *vk) { return vk ? vk->validation_first : ""; }
 uint64_t ekv_vk_bytes(const struct ekv_vk *vk) { return vk ? vk->bytes : 0; }

@@ -29,7 +29,6 @@ struct ekv_vk_pc_attn {
 };
 struct ekv_vk_pc_combine { uint64_t part, out; uint32_t n_head, head_dim, rows, n_split, out_stride; };
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
-struct ekv_vk_pc_copy { uint64_t y, x; uint32_t n; float scale; };
 
 
 #endif

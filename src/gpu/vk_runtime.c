@@ -260,17 +260,6 @@ enum ekv_status ekv_vk_download(struct ekv_vk *vk, const struct ekv_vk_buf *src,
     return EKV_OK;
 }
 
-enum ekv_status ekv_vk_fill_zero(struct ekv_vk *vk, struct ekv_vk_buf *dst) {
-    if (dst->host) {
-        memset(dst->host, 0, dst->bytes);
-        return EKV_OK;
-    }
-    enum ekv_status s = ekv_vk_begin(vk);
-    if (s != EKV_OK) return s;
-    vkCmdFillBuffer(vk->cmd, (VkBuffer)dst->buffer, 0, VK_WHOLE_SIZE, 0);
-    return ekv_vk_submit(vk);
-}
-
 enum ekv_status ekv_vk_begin(struct ekv_vk *vk) {
     if (vk->recording) return ekv_err(EKV_ERR_INTERNAL, "a recording is already open on %s", vk->name);
     VkResult r = vkResetCommandBuffer(vk->cmd, 0);
