@@ -330,6 +330,12 @@ uint64_t ekv_context_device_peak_bytes(const struct ekv_context *ctx);
 /* Device time (ns) of the context's last GPU forward, from the device's own
  * timestamps; 0 on the CPU or when the device has no timestamps. */
 uint64_t ekv_context_device_last_ns(const struct ekv_context *ctx);
+/* With EKV_VK_PROFILE=1 in the environment when the context was made: the
+ * device time of every shader summed over the context's forwards, as text
+ * (one line per shader: name, dispatches, total ms, mean us, share),
+ * written to buf (cap bytes, NUL-terminated, cut to fit). EKV_ERR_UNSUPPORTED
+ * on the CPU or without profiling. */
+enum ekv_status ekv_context_device_profile(const struct ekv_context *ctx, char *buf, size_t cap);
 /* True when a sequence runs on the context's GPU (its policy and cache
  * type are supported there); false on the CPU. */
 bool ekv_seq_on_device(const struct ekv_seq *seq);

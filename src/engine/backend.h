@@ -91,6 +91,8 @@ const char *ekv_vk_ctx_name(const struct ekv_vk_ctx *g);
 uint64_t ekv_vk_ctx_bytes(const struct ekv_vk_ctx *g, bool peak);
 /* Device time of the last forward (ns), 0 when unknown or g is NULL. */
 uint64_t ekv_vk_ctx_last_ns(const struct ekv_vk_ctx *g);
+/* The per-shader profile as text (ekv_context_device_profile). */
+enum ekv_status ekv_vk_ctx_profile(const struct ekv_vk_ctx *g, char *buf, size_t cap);
 /* Validation-layer messages so far (tests fail on any). */
 uint64_t ekv_vk_ctx_validation(const struct ekv_vk_ctx *g, const char **first);
 /* Whether a sequence with these cache parameters can run on the GPU

@@ -299,6 +299,28 @@ uint64_t ekv_vk_ctx_bytes(const struct ekv_vk_ctx *g, bool peak) {
     return peak ? ekv_vk_peak_bytes(g->vk) : ekv_vk_bytes(g->vk);
 }
 uint64_t ekv_vk_ctx_last_ns(const struct ekv_vk_ctx *g) { return g ? ekv_vk_last_submit_ns(g->vk) : 0; }
+enum ekv_status ekv_vk_ctx_profile(const struct ekv_vk_ctx *g, char *buf, size_t cap) {
+    uint64_t ns[EKV_VK_PIPE_COUNT], calls[EKV_VK_PIPE_COUNT], total = 0;
+    if (!g || !buf || cap == 0 || !ekv_vk_profile(g->vk, ns, calls))
+        return ekv_err(EKV_ERR_UNSUPPORTED, "no device profile (a GPU context made with EKV_VK_PROFILE=1)");
+    for (int p = 0; p < EKV_VK_PIPE_COUNT; p++) total += ns[p];
+    size_t used = (size_t)snprintf(buf, cap, "%-14s %10s %12s %10s %6s\n", "shader", "dispatches", "total ms",
+                                   "mean us", "share");
+    bool done[EKV_VK_PIPE_COUNT] = {false};
+    for (int k = 0; k < EKV_VK_PIPE_COUNT && used < cap; k++) { /* largest first */
+        int best = -1;
+        for (int p = 0; p < EKV_VK_PIPE_COUNT; p++)
+            if (!done[p] && calls[p] && (best < 0 || ns[p] > ns[best])) best = p;
+        if (best < 0) break;
+        done[best] = true;
+        used += (size_t)snprintf(buf + used, cap - used, "%-14s %10llu %12.3f %10.2f %5.1f%%\n",
+                                 ekv_vk_pipe_name((enum ekv_vk_pipe)best), (unsigned long long)calls[best],
+                                 ns[best] / 1e6, ns[best] / 1e3 / (double)calls[best],
+                                 total ? 100.0 * (double)ns[best] / (double)total : 0.0);
+    }
+    return EKV_OK;
+}
+
 uint64_t ekv_vk_ctx_validation(const struct ekv_vk_ctx *g, const char **first) {
     if (first) *first = g ? ekv_vk_validation_first(g->vk) : "";
     return g ? ekv_vk_validation_errors(g->vk) : 0;
@@ -458,7 +480,8 @@ static enum ekv_vk_pipe matvec_pipe(enum ekv_dtype t) {
 
 /* y (rows [0, n), stride y_stride) (+)= W x (+ b) */
 static enum ekv_status matvec(struct ekv_context *ctx, const struct ekv_weight *w, uint64_t x, uint32_t x_stride,
-                              uint64_t y, uint32_t y_stride, const float *bias, bool acc, int32_t n_rows) {
+                              uint64_t y, uint32_t y_stride, const float *bias, bool acc, int32_t n_rows,
+                              bool with_barrier) {
     struct ekv_vk_ctx *g = G(ctx);
     const struct ekv_vk_tensor *t = find(g, w->data);
     if (!t) return ekv_err(EKV_ERR_INTERNAL, "weight not on the device");
@@ -470,7 +493,8 @@ static enum ekv_status matvec(struct ekv_context *ctx, const struct ekv_weight *
     uint32_t gy = (uint32_t)((n_rows + EKV_VK_MATVEC_NT - 1) / EKV_VK_MATVEC_NT);
     /* one output row per subgroup: 128 / subgroup size rows per workgroup (a hint: the shader strides) */
     uint32_t sg = ekv_vk_subgroup_size(g->vk), per_wg = sg >= 1 && sg <= 128 ? 128 / sg : 1;
-    ekv_vk_dispatch(g->vk, matvec_pipe(t->type), &pc, sizeof pc, grid_rows((t->ne1 + per_wg - 1) / per_wg), gy, 1);
+    (with_barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, matvec_pipe(t->type), &pc, sizeof pc,
+                                                           grid_rows((t->ne1 + per_wg - 1) / per_wg), gy, 1);
     return EKV_OK;
 }
 
@@ -480,7 +504,7 @@ static enum ekv_status vk_matmul(struct ekv_context *ctx, const struct ekv_weigh
     for (int i = 0; i < n_w; i++) {
         enum ekv_status s = matvec(ctx, w[i], act_addr(ctx, src, 0), (uint32_t)ekv_act_width(in, src),
                                    act_addr(ctx, dst[i], 0), (uint32_t)ekv_act_width(in, dst[i]), bias ? bias[i] : NULL,
-                                   false, n_rows);
+                                   false, n_rows, i == n_w - 1); /* independent products: one barrier after all */
         if (s != EKV_OK) return s;
     }
     return EKV_OK;
@@ -490,7 +514,7 @@ static enum ekv_status vk_matmul_add(struct ekv_context *ctx, const struct ekv_w
                                      enum ekv_act dst, int32_t n_rows) {
     const struct ekv_model_info *in = &ctx->model->info;
     return matvec(ctx, w, act_addr(ctx, src, 0), (uint32_t)ekv_act_width(in, src), act_addr(ctx, dst, 0),
-                  (uint32_t)ekv_act_width(in, dst), NULL, true, n_rows);
+                  (uint32_t)ekv_act_width(in, dst), NULL, true, n_rows, true);
 }
 
 static enum ekv_status vk_rope(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
@@ -557,13 +581,13 @@ static enum ekv_status vk_ffn(struct ekv_context *ctx, const struct ekv_layer_we
     const struct ekv_model_info *in = &ctx->model->info;
     const uint32_t D = (uint32_t)in->n_embd, FF = (uint32_t)in->n_ff;
     const uint64_t xb = act_addr(ctx, EKV_ACT_XB, 0);
-    enum ekv_status s = matvec(ctx, &L->w_gate, xb, D, g->gate.addr, FF, NULL, false, n_rows);
-    if (s == EKV_OK) s = matvec(ctx, &L->w_up, xb, D, g->up.addr, FF, NULL, false, n_rows);
+    enum ekv_status s = matvec(ctx, &L->w_gate, xb, D, g->gate.addr, FF, NULL, false, n_rows, false);
+    if (s == EKV_OK) s = matvec(ctx, &L->w_up, xb, D, g->up.addr, FF, NULL, false, n_rows, true);
     if (s != EKV_OK) return s;
     const uint64_t n = (uint64_t)n_rows * FF;
     struct ekv_vk_pc_glu pc = {.g = g->gate.addr, .u = g->up.addr, .n = (uint32_t)n, .gelu = in->ffn_gelu};
     ekv_vk_dispatch(g->vk, EKV_VK_GLU, &pc, sizeof pc, grid_rows((int64_t)((n + 255) / 256)), 1, 1);
-    return matvec(ctx, &L->w_down, g->gate.addr, FF, act_addr(ctx, EKV_ACT_X, 0), D, NULL, true, n_rows);
+    return matvec(ctx, &L->w_down, g->gate.addr, FF, act_addr(ctx, EKV_ACT_X, 0), D, NULL, true, n_rows, true);
 }
 
 static enum ekv_status vk_classify(struct ekv_context *ctx, int32_t n_rows, float *logits) {
@@ -572,7 +596,7 @@ static enum ekv_status vk_classify(struct ekv_context *ctx, int32_t n_rows, floa
     g->logits_dst = logits;
     g->logits_rows = n_rows;
     return matvec(ctx, &ctx->model->output, act_addr(ctx, EKV_ACT_XB, 0), (uint32_t)in->n_embd, g->logits.addr,
-                  (uint32_t)in->n_vocab, NULL, false, n_rows);
+                  (uint32_t)in->n_vocab, NULL, false, n_rows, true);
 }
 
 static enum ekv_status vk_end(struct ekv_context *ctx, enum ekv_status status) {

@@ -386,6 +386,11 @@ uint64_t ekv_context_device_peak_bytes(const struct ekv_context *ctx) {
     return ctx ? ekv_vk_ctx_bytes(ctx->gpu, true) : 0;
 }
 bool ekv_seq_on_device(const struct ekv_seq *seq) { return seq && seq->gpu; }
+enum ekv_status ekv_context_device_profile(const struct ekv_context *ctx, char *buf, size_t cap) {
+    ekv_err_clear();
+    return ekv_vk_ctx_profile(ctx ? ctx->gpu : NULL, buf, cap);
+}
+
 uint64_t ekv_context_device_last_ns(const struct ekv_context *ctx) {
     return ctx ? ekv_vk_ctx_last_ns(ctx->gpu) : 0;
 }

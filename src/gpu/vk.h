@@ -91,6 +91,11 @@ enum ekv_status ekv_vk_download(struct ekv_vk *vk, const struct ekv_vk_buf *src,
 enum ekv_status ekv_vk_begin(struct ekv_vk *vk);
 void ekv_vk_dispatch(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, uint32_t push_bytes, uint32_t gx,
                      uint32_t gy, uint32_t gz);
+/* The same without the barrier after it: for a dispatch whose results the
+ * next dispatch does not read (Q, K and V projections; gate and up), so the
+ * device may run them together. */
+void ekv_vk_dispatch_nb(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, uint32_t push_bytes, uint32_t gx,
+                        uint32_t gy, uint32_t gz);
 /* Copies bytes between buffers inside the recording (followed by a barrier). */
 void ekv_vk_copy(struct ekv_vk *vk, const struct ekv_vk_buf *src, size_t src_off, struct ekv_vk_buf *dst,
                  size_t dst_off, size_t n);
@@ -100,6 +105,12 @@ enum ekv_status ekv_vk_submit(struct ekv_vk *vk);
 
 /* Closes an open recording without running it (after a failure). */
 void ekv_vk_abort(struct ekv_vk *vk);
+
+/* Per-pipeline device time summed over every submission since the device
+ * was opened, when EKV_VK_PROFILE=1 was set then (a timestamp after each
+ * dispatch; false otherwise). ns, calls: [EKV_VK_PIPE_COUNT]. */
+bool ekv_vk_profile(const struct ekv_vk *vk, uint64_t *ns, uint64_t *calls);
+const char *ekv_vk_pipe_name(enum ekv_vk_pipe p);
 
 /* Device-side timing of the last submission (ns), 0 when unknown. */
 uint64_t ekv_vk_last_submit_ns(const struct ekv_vk *vk);

@@ -10,6 +10,8 @@
 
 #include "gpu/vk.h"
 
+#define EKV_VK_PROF_MAX 4096
+
 struct ekv_vk {
     VkInstance instance;
     VkDebugUtilsMessengerEXT messenger;
@@ -22,6 +24,12 @@ struct ekv_vk {
     VkFence fence;
     VkQueryPool timestamps;     /* 2 queries around each submission, or NULL */
     double ns_per_tick;
+    /* EKV_VK_PROFILE=1: a timestamp after every dispatch, summed per pipeline */
+    VkQueryPool prof_pool;
+    uint32_t prof_n;                       /* dispatches timed in the open recording */
+    uint8_t prof_pipe[EKV_VK_PROF_MAX];    /* pipeline of each */
+    uint64_t prof_ns[EKV_VK_PIPE_COUNT];
+    uint64_t prof_calls[EKV_VK_PIPE_COUNT];
     uint64_t last_ns;
     VkPipelineLayout layout;    /* no descriptor sets; 128 bytes of push constants */
     VkPipeline pipes[EKV_VK_PIPE_COUNT];

@@ -15,6 +15,8 @@
 #include "core/util.h"
 #include "gpu/vk_impl.h"
 
+static void profile_collect(struct ekv_vk *vk);
+
 #define EKV_VK_STAGING_BYTES ((size_t)16 << 20)
 #define EKV_VK_PUSH_BYTES 128u
 
@@ -124,6 +126,11 @@ enum ekv_status ekv_vk_device_init(struct ekv_vk *vk) {
                                      .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 2};
         if (vkCreateQueryPool(vk->dev, &qpi, NULL, &vk->timestamps) != VK_SUCCESS) vk->timestamps = VK_NULL_HANDLE;
         vk->ns_per_tick = p2.properties.limits.timestampPeriod;
+        const char *e = getenv("EKV_VK_PROFILE");
+        qpi.queryCount = EKV_VK_PROF_MAX + 1;
+        if (vk->timestamps && e && *e && strcmp(e, "0") != 0 &&
+            vkCreateQueryPool(vk->dev, &qpi, NULL, &vk->prof_pool) != VK_SUCCESS)
+            vk->prof_pool = VK_NULL_HANDLE;
     }
     enum ekv_status s = create_pipelines(vk);
     if (s != EKV_OK) return s;
@@ -141,6 +148,7 @@ void ekv_vk_close(struct ekv_vk *vk) {
         }
         if (vk->layout) vkDestroyPipelineLayout(vk->dev, vk->layout, NULL);
         if (vk->timestamps) vkDestroyQueryPool(vk->dev, vk->timestamps, NULL);
+        if (vk->prof_pool) vkDestroyQueryPool(vk->dev, vk->prof_pool, NULL);
         if (vk->fence) vkDestroyFence(vk->dev, vk->fence, NULL);
         if (vk->cmd_pool) vkDestroyCommandPool(vk->dev, vk->cmd_pool, NULL);
         vkDestroyDevice(vk->dev, NULL);
@@ -271,6 +279,11 @@ enum ekv_status ekv_vk_begin(struct ekv_vk *vk) {
         vkCmdResetQueryPool(vk->cmd, vk->timestamps, 0, 2);
         vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, vk->timestamps, 0);
     }
+    vk->prof_n = 0;
+    if (vk->prof_pool) {
+        vkCmdResetQueryPool(vk->cmd, vk->prof_pool, 0, EKV_VK_PROF_MAX + 1);
+        vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, vk->prof_pool, 0);
+    }
     vk->recording = true;
     vk->record_status = EKV_OK;
     vk->record_error[0] = '\0';
@@ -293,8 +306,8 @@ static void record_fail(struct ekv_vk *vk, const char *what) {
     snprintf(vk->record_error, sizeof vk->record_error, "%s", what);
 }
 
-void ekv_vk_dispatch(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, uint32_t push_bytes, uint32_t gx,
-                     uint32_t gy, uint32_t gz) {
+static void dispatch(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, uint32_t push_bytes, uint32_t gx,
+                     uint32_t gy, uint32_t gz, bool with_barrier) {
     if (!vk->recording) return record_fail(vk, "dispatch outside a recording");
     if ((unsigned)p >= EKV_VK_PIPE_COUNT || push_bytes > EKV_VK_PUSH_BYTES)
         return record_fail(vk, "bad pipeline or push constants too large");
@@ -303,7 +316,21 @@ void ekv_vk_dispatch(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, ui
     vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->pipes[p]);
     if (push_bytes) vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
     vkCmdDispatch(vk->cmd, gx, gy, gz);
-    barrier(vk);
+    if (with_barrier) barrier(vk);
+    if (vk->prof_pool && vk->prof_n < EKV_VK_PROF_MAX) {
+        vk->prof_pipe[vk->prof_n++] = (uint8_t)p;
+        vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, vk->prof_pool, vk->prof_n);
+    }
+}
+
+void ekv_vk_dispatch(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, uint32_t push_bytes, uint32_t gx,
+                     uint32_t gy, uint32_t gz) {
+    dispatch(vk, p, push, push_bytes, gx, gy, gz, true);
+}
+
+void ekv_vk_dispatch_nb(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, uint32_t push_bytes, uint32_t gx,
+                        uint32_t gy, uint32_t gz) {
+    dispatch(vk, p, push, push_bytes, gx, gy, gz, false);
 }
 
 void ekv_vk_copy(struct ekv_vk *vk, const struct ekv_vk_buf *src, size_t src_off, struct ekv_vk_buf *dst,
@@ -336,6 +363,7 @@ enum ekv_status ekv_vk_submit(struct ekv_vk *vk) {
                                   VK_QUERY_RESULT_64_BIT) == VK_SUCCESS && t[1] >= t[0])
             vk->last_ns = (uint64_t)((double)(t[1] - t[0]) * vk->ns_per_tick);
     }
+    profile_collect(vk);
     return EKV_OK;
 }
 
@@ -343,6 +371,34 @@ void ekv_vk_abort(struct ekv_vk *vk) {
     if (!vk || !vk->recording) return;
     vk->recording = false;
     vkEndCommandBuffer(vk->cmd);
+}
+
+/* Adds the timed dispatches of the last submission to the per-pipeline sums. */
+static void profile_collect(struct ekv_vk *vk) {
+    if (!vk->prof_pool || vk->prof_n == 0) return;
+    uint64_t *t = malloc(sizeof *t * (vk->prof_n + 1));
+    if (t && vkGetQueryPoolResults(vk->dev, vk->prof_pool, 0, vk->prof_n + 1, sizeof *t * (vk->prof_n + 1), t,
+                                   sizeof *t, VK_QUERY_RESULT_64_BIT) == VK_SUCCESS)
+        for (uint32_t i = 0; i < vk->prof_n; i++) {
+            vk->prof_ns[vk->prof_pipe[i]] += t[i + 1] > t[i] ? (uint64_t)((double)(t[i + 1] - t[i]) * vk->ns_per_tick) : 0;
+            vk->prof_calls[vk->prof_pipe[i]]++;
+        }
+    free(t);
+    vk->prof_n = 0;
+}
+
+bool ekv_vk_profile(const struct ekv_vk *vk, uint64_t *ns, uint64_t *calls) {
+    if (!vk || !vk->prof_pool) return false;
+    memcpy(ns, vk->prof_ns, sizeof vk->prof_ns);
+    memcpy(calls, vk->prof_calls, sizeof vk->prof_calls);
+    return true;
+}
+
+const char *ekv_vk_pipe_name(enum ekv_vk_pipe p) {
+    size_t n;
+    const char *name = "?";
+    ekv_vk_spirv(p, &n, &name);
+    return name;
 }
 
 uint64_t ekv_vk_last_submit_ns(const struct ekv_vk *vk) { return vk->last_ns; }

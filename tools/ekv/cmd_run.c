@@ -642,6 +642,9 @@ static void run_report(const struct run *r) {
         fprintf(stderr, "ekv run: device %s, %.1f MiB of device memory (peak %.1f), last forward %.3f ms on the device\n",
                 ekv_context_device(r->ctx), ekv_context_device_bytes(r->ctx) / 1048576.0,
                 ekv_context_device_peak_bytes(r->ctx) / 1048576.0, ekv_context_device_last_ns(r->ctx) / 1e6);
+    char prof[2048];
+    if (ekv_seq_on_device(r->seq) && ekv_context_device_profile(r->ctx, prof, sizeof prof) == EKV_OK)
+        fprintf(stderr, "ekv run: device time by shader (EKV_VK_PROFILE), all forwards:\n%s", prof);
 }
 
 static void run_free(struct run *r) {
