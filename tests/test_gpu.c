@@ -275,6 +275,34 @@ static void test_ref28m_agreement(const char *path, const char *label, double mi
     ekv_model_free(m);
 }
 
+/* EKV_VK_PROFILE: device time per shader, summed over forwards; none on the CPU. */
+static void test_profile(void) {
+    struct ekv_model *m = NULL;
+    CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &m));
+    if (!m) return;
+    setenv("EKV_VK_PROFILE", "1", 1);
+    struct ekv_context *cg = ctx_on(m, g_dev, 64), *cc = ctx_on(m, "cpu", 64);
+    unsetenv("EKV_VK_PROFILE");
+    struct ekv_seq *s = NULL;
+    CHECK_OK(ekv_seq_new(cg, NULL, &s));
+    int32_t toks[3] = {1, 400, 20};
+    float *lg = malloc(sizeof(float) * m->info.n_vocab);
+    CHECK_OK(ekv_seq_prefill(s, toks, 3, lg));
+    CHECK_OK(ekv_seq_decode(s, 7, lg));
+    char buf[2048];
+    CHECK_OK(ekv_context_device_profile(cg, buf, sizeof buf));
+    /* 5 layers x 2 forwards: 10 attention dispatches, 10 x 3 projections + wo + 3 ffn + classifier */
+    CHECK_MSG(strstr(buf, "matvec_f32") && strstr(buf, "rmsnorm") && strstr(buf, "attn "), "%s", buf);
+    const char *a = strstr(buf, "\nattn ");
+    CHECK(a && strtoull(a + 6, NULL, 10) == 10);
+    CHECK(ekv_context_device_profile(cc, buf, sizeof buf) == EKV_ERR_UNSUPPORTED);
+    check_validation(cg);
+    free(lg);
+    ekv_seq_free(s);
+    ekv_context_free(cg), ekv_context_free(cc);
+    ekv_model_free(m);
+}
+
 /* Batched decode == alone; a prompt in two pieces == one piece; bit for bit. */
 static void test_batch_invariance(void) {
     struct ekv_model *m = NULL;
@@ -396,6 +424,7 @@ int main(void) {
     test_stories_greedy();
     test_batch_invariance();
     test_faults();
+    test_profile();
     /* F16, the model's own format: the CPU converts activations to f16 for F16
      * weights or not (see the printed number); Q8_0: the CPU quantises
      * activations to Q8 blocks (as llama.cpp's CPU does), the GPU keeps them
