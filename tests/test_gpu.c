@@ -26,6 +26,7 @@
 #include "gpu/vk.h"
 #include "gpu/vk_push.h"
 #include "kernels/quant.h"
+#include <unistd.h>
 #include "testutil.h"
 
 static char g_dev[32];
@@ -55,10 +56,11 @@ static float frand(void) {
     return (float)((xs >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
-/* One matvec shader: W [ne1][ne0] of type t, X [n][ne0] -> Y [n][ne1],
- * with a bias and accumulation on top, against double sums of the
- * dequantised weights. Returns the largest error relative to sum |w x|. */
-static double check_matvec(struct ekv_vk *vk, enum ekv_dtype t, int ne0, int ne1, int n) {
+/* One matvec shader in both shapes (decode, prompt): W [ne1][ne0] of type
+ * t, X [n][ne0] -> Y [n][ne1], with a bias and accumulation on top, against
+ * double sums of the dequantised weights. Returns the largest error
+ * relative to sum |w x|; *same: whether both shapes gave the same bits. */
+static double check_matvec(struct ekv_vk *vk, enum ekv_dtype t, int ne0, int ne1, int n, bool *same) {
     size_t rb = 0;
     ekv_dtype_row_bytes(t, ne0, &rb);
     uint8_t *rows = malloc(rb * (size_t)ne1);
@@ -84,6 +86,14 @@ static double check_matvec(struct ekv_vk *vk, enum ekv_dtype t, int ne0, int ne1
     /* the device layout: rows as stored, or Q8_0/Q4_0 as scales then quants */
     size_t bytes = rb * (size_t)ne1, q_off = 0;
     uint8_t *dev = rows;
+    if (t == EKV_Q6_K) { /* blocks padded from 210 to 212 bytes */
+        const int nb = ne0 / 256;
+        bytes = (size_t)ne1 * nb * 212;
+        dev = calloc(1, bytes);
+        for (int r = 0; r < ne1; r++)
+            for (int k = 0; k < nb; k++)
+                memcpy(dev + ((size_t)r * nb + k) * 212, rows + (size_t)r * rb + (size_t)k * 210, 210);
+    }
     if (t == EKV_Q8_0 || t == EKV_Q4_0) {
         const int nb = ne0 / 32, qb = t == EKV_Q8_0 ? 32 : 16, blk = t == EKV_Q8_0 ? 34 : 18;
         q_off = ((size_t)ne1 * nb * 2 + 15) & ~(size_t)15;
@@ -101,23 +111,32 @@ static double check_matvec(struct ekv_vk *vk, enum ekv_dtype t, int ne0, int ne1
     CHECK_OK(ekv_vk_buf_new(vk, sizeof(float) * (size_t)ne0 * n, false, "x", &bx));
     CHECK_OK(ekv_vk_buf_new(vk, sizeof(float) * (size_t)ne1 * n, false, "y", &by));
     CHECK_OK(ekv_vk_buf_new(vk, sizeof(float) * (size_t)ne1, false, "b", &bb));
+
     CHECK_OK(ekv_vk_upload(vk, &bw, 0, dev, bytes));
     CHECK_OK(ekv_vk_upload(vk, &bx, 0, x, sizeof(float) * (size_t)ne0 * n));
     CHECK_OK(ekv_vk_upload(vk, &by, 0, y0, sizeof(float) * (size_t)ne1 * n));
     CHECK_OK(ekv_vk_upload(vk, &bb, 0, b, sizeof(float) * (size_t)ne1));
-    enum ekv_vk_pipe p = t == EKV_F32    ? EKV_VK_MATVEC_F32
-                         : t == EKV_F16  ? EKV_VK_MATVEC_F16
-                         : t == EKV_BF16 ? EKV_VK_MATVEC_BF16
-                         : t == EKV_Q8_0 ? EKV_VK_MATVEC_Q8_0
-                                         : EKV_VK_MATVEC_Q4_0;
+    const enum ekv_dtype order[] = {EKV_F32, EKV_F16, EKV_BF16, EKV_Q8_0, EKV_Q4_0, EKV_Q4_K, EKV_Q5_K, EKV_Q6_K};
+    int ti = 0;
+    while (order[ti] != t) ti++;
+    double worst = 0.0;
+    float *y_first = malloc(sizeof(float) * (size_t)ne1 * n);
+    *same = true;
+    /* shapes: decode, prompt */
+    for (int shape = 0; shape < 2; shape++) {
+    enum ekv_vk_pipe p = ekv_vk_matvec_pipe((enum ekv_vk_mv_type)ti, ekv_vk_matvec_m(vk), shape);
     struct ekv_vk_pc_matvec pc = {.w = bw.addr + q_off, .s = bw.addr, .x = bx.addr, .y = by.addr, .b = bb.addr,
                                   .ne0 = (uint32_t)ne0, .ne1 = (uint32_t)ne1, .n = (uint32_t)n,
-                                  .x_stride = (uint32_t)ne0, .y_stride = (uint32_t)ne1, .flags = 3};
+                                  .x_stride = (uint32_t)ne0, .y_stride = (uint32_t)ne1,
+                                  .flags = EKV_VK_MV_ACC | EKV_VK_MV_BIAS};
+    CHECK_OK(ekv_vk_upload(vk, &by, 0, y0, sizeof(float) * (size_t)ne1 * n));
     CHECK_OK(ekv_vk_begin(vk));
-    ekv_vk_dispatch(vk, p, &pc, sizeof pc, (uint32_t)(ne1 < 5 ? ne1 : 5), (uint32_t)((n + 7) / 8), 1);
+    /* fewer workgroups than row blocks: the grid-stride loop is exercised */
+    ekv_vk_dispatch(vk, p, &pc, sizeof pc, (uint32_t)(ne1 < 3 ? ne1 : 3), (uint32_t)((n + 7) / 8), 1);
     CHECK_OK(ekv_vk_submit(vk));
     CHECK_OK(ekv_vk_download(vk, &by, 0, y, sizeof(float) * (size_t)ne1 * n));
-    double worst = 0.0;
+    if (shape == 0) memcpy(y_first, y, sizeof(float) * (size_t)ne1 * n);
+    else *same = *same && !memcmp(y_first, y, sizeof(float) * (size_t)ne1 * n);
     for (int tt = 0; tt < n; tt++)
         for (int r = 0; r < ne1; r++) {
             double sum = 0.0, mag = 0.0;
@@ -130,6 +149,8 @@ static double check_matvec(struct ekv_vk *vk, enum ekv_dtype t, int ne0, int ne1
             double err = fabs(y[(size_t)tt * ne1 + r] - want) / (mag + fabs(b[r]) + fabs(y0[(size_t)tt * ne1 + r]));
             if (err > worst) worst = err;
         }
+    }
+    free(y_first);
     ekv_vk_buf_free(vk, &bw), ekv_vk_buf_free(vk, &bx), ekv_vk_buf_free(vk, &by), ekv_vk_buf_free(vk, &bb);
     if (dev != rows) free(dev);
     free(rows), free(wf), free(x), free(y0), free(b), free(y);
@@ -143,17 +164,25 @@ static void test_matvec_shaders(void) {
     /* shapes: rows not multiples of the grid (grid-stride), 1 and many
      * activation rows (8 per workgroup), columns with and without the
      * vector path (ne0 % 8) */
-    const int shapes[][3] = {{64, 7, 1}, {96, 33, 3}, {256, 130, 9}, {512, 17, 17}, {40, 5, 2}, {36, 9, 1}};
-    const enum ekv_dtype types[] = {EKV_F32, EKV_F16, EKV_BF16, EKV_Q8_0, EKV_Q4_0};
-    for (size_t ti = 0; ti < 5; ti++)
+    /* rows of 8k values (the shader reads 16-byte pieces; the engine refuses others) */
+    const int shapes[][3] = {{64, 7, 1},   {96, 33, 3},   {256, 130, 9}, {512, 17, 17}, {40, 5, 2},
+                             {768, 21, 11}, {1024, 3, 1}, {2304, 70, 4}};
+    const enum ekv_dtype types[] = {EKV_F32, EKV_F16, EKV_BF16, EKV_Q8_0, EKV_Q4_0, EKV_Q4_K, EKV_Q5_K, EKV_Q6_K};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const enum ekv_dtype t = types[ti];
+        const int blk = t == EKV_Q4_K || t == EKV_Q5_K || t == EKV_Q6_K ? 256 : t == EKV_Q8_0 || t == EKV_Q4_0 ? 32 : 1;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int ne0 = shapes[si][0], ne1 = shapes[si][1], n = shapes[si][2];
-            if ((types[ti] == EKV_Q8_0 || types[ti] == EKV_Q4_0) && ne0 % 32) continue;
-            double e = check_matvec(vk, types[ti], ne0, ne1, n);
-            /* float32 sums of up to 512 products: relative error of a few ulps x sqrt(n) */
+            if (ne0 % blk) continue;
+            bool same = false;
+            double e = check_matvec(vk, types[ti], ne0, ne1, n, &same);
+            /* float32 sums of up to 2304 products: relative error of a few ulps x sqrt(n) */
             CHECK_MSG(e < 2e-5, "matvec %s %dx%d x %d rows: relative error %.3g", ekv_dtype_name(types[ti]), ne1,
                       ne0, n, e);
+            CHECK_MSG(same, "matvec %s %dx%d x %d rows: decode and prompt shapes differ", ekv_dtype_name(types[ti]),
+                      ne1, ne0, n);
         }
+    }
     CHECK_MSG(ekv_vk_validation_errors(vk) == 0, "%llu validation messages, first: %s",
               (unsigned long long)ekv_vk_validation_errors(vk), ekv_vk_validation_first(vk));
     ekv_vk_close(vk);
@@ -228,7 +257,10 @@ static void test_stories_greedy(void) {
 }
 
 /* ekv-ref-28m Q8_0: teacher-forced top-1 agreement over 512 positions. */
-static void test_ref28m_agreement(const char *path, const char *label, double min_agree) {
+/* Teacher-forced top-1 agreement GPU vs CPU over the first n positions of a
+ * data/longctx text, and the largest logit difference relative to the
+ * largest logit (below max_rel). */
+static void test_ref28m_agreement(const char *path, const char *label, int n, double min_agree, double max_rel) {
     struct ekv_model *m = NULL;
     CHECK_OK(ekv_model_load(path, NULL, &m));
     if (!m) return;
@@ -239,7 +271,7 @@ static void test_ref28m_agreement(const char *path, const char *label, double mi
         ekv_model_free(m);
         return;
     }
-    enum { N = 512 };
+    const int N = n;
     int32_t *toks = malloc(sizeof(int32_t) * (len + 8));
     size_t ntz = 0;
     CHECK_OK(ekv_tokenize(m, text, len, true, false, toks, len + 8, &ntz));
@@ -267,7 +299,7 @@ static void test_ref28m_agreement(const char *path, const char *label, double mi
     printf("%s, %d positions: top-1 agreement %.4f, max |gpu - cpu| / max |logit| %.3g\n", label, N,
            agree / (double)N, maxrel);
     CHECK_MSG(agree >= (int)ceil(min_agree * N), "%s: top-1 agreement %d of %d", label, agree, N);
-    CHECK(maxrel < 0.05);
+    CHECK_MSG(maxrel < max_rel, "%s: max relative logit difference %.3g", label, maxrel);
     check_validation(cg);
     free(lg), free(lc), free(toks), free(text);
     ekv_seq_free(sg), ekv_seq_free(sc);
@@ -432,10 +464,28 @@ int main(void) {
     FILE *f16 = fopen(tu_shared("models/ekv-ref-28m-f16.gguf"), "rb");
     if (f16) {
         fclose(f16);
-        test_ref28m_agreement(tu_shared("models/ekv-ref-28m-f16.gguf"), "ekv-ref-28m-f16", 0.995);
+        test_ref28m_agreement(tu_shared("models/ekv-ref-28m-f16.gguf"), "ekv-ref-28m-f16", 512, 0.995, 0.05);
+        /* K-quants (converted here: ekv quantize --type q4_k / q6_k); the CPU
+         * quantises activations to Q8_K blocks (one scale per 256 values,
+         * coarser than Q8_0's 32), the GPU keeps them f32: bounds measured
+         * on lavapipe over 256 positions: q4_k 0.941, 0.0488; q6_k 0.965,
+         * 0.0372; 128 are checked (the GPU's own rounding is bounded by the shader
+         * test above: < 2e-5 of sum |w x| against the dequantised weights) */
+        const char *kt[2] = {"q4_k", "q6_k"};
+        const double kmin[2] = {0.93, 0.955};
+        for (int i = 0; i < 2; i++) {
+            char path[64], label[48];
+            snprintf(path, sizeof path, "/tmp/ekv-test-gpu-%ld-%s.gguf", (long)getpid(), kt[i]);
+            snprintf(label, sizeof label, "ekv-ref-28m-%s", kt[i]);
+            struct ekv_quantize_params qp = ekv_quantize_default_params();
+            qp.type = kt[i];
+            CHECK_OK(ekv_model_quantize(tu_shared("models/ekv-ref-28m-f16.gguf"), path, &qp, NULL));
+            test_ref28m_agreement(path, label, 128, kmin[i], 0.08);
+            remove(path);
+        }
     } else {
         printf("skipped: ../shared absent (ekv-ref-28m-f16.gguf)\n");
     }
-    test_ref28m_agreement(tu_src("models/ekv-ref-28m-q8_0.gguf"), "ekv-ref-28m-q8_0", 0.98);
+    test_ref28m_agreement(tu_src("models/ekv-ref-28m-q8_0.gguf"), "ekv-ref-28m-q8_0", 256, 0.98, 0.05);
     return test_finish("test_gpu");
 }

@@ -23,6 +23,8 @@
 #   EKV_GPU_BENCH_KEEP=1        keep the synthetic models and unpacked tools
 #   EKV_GPU_BENCH_DEVICE=vulkan the --device of the GPU runs (e.g. vulkan:1)
 #   EKV_GPU_BENCH_ICD=JSON      a Vulkan driver JSON to try before the NVIDIA ones found
+#   EKV_GPU_BENCH_TEST=FILE     a test binary (build/tests/test_gpu) to run on the GPU too
+#                               (EKV_TEST_DEVICE set; models it cannot find are reported skipped)
 #   EKV_GPU_BENCH_DRY=1         plumbing check on any machine: GPU runs on vulkan:0 (lavapipe),
 #                               tiny grids, 1-layer synthetic models
 # Outputs: two files in $OUT (few, for tools that bring back only a handful):
@@ -421,6 +423,21 @@ same_text() { # same_text NAME MODEL PROMPT
 }
 same_text stories260K models/stories260K.gguf "Once upon a time"
 same_text 28m-q8_0 "$REF28" "static int"
+if [ -n "${EKV_GPU_BENCH_TEST:-}" ]; then
+    tb=$(absp "$EKV_GPU_BENCH_TEST")
+    command -v ldd > /dev/null && fill_missing "$tb"
+    step "test binary $(basename "$tb") on $VK_DEV" 240 env "LD_LIBRARY_PATH=$EKV_LD" "EKV_TEST_DEVICE=$VK_DEV" EKV_VK_VALIDATE=0 "$tb" \
+        > "$D/test-gpu.txt" 2>&1
+    grep -v ' ok ' "$D/test-gpu.txt" | tail -n 25
+fi
+
+# per-shader device time of a greedy run (EKV_VK_PROFILE=1)
+profile() { # profile NAME MODEL
+    step "profile $1 $VK_DEV" 120 env EKV_VK_PROFILE=1 "${EKVCMD[@]}" run -m "$2" -p "Once upon a time" -n 128 \
+        --temp 0 --device "$VK_DEV" > /dev/null 2> "$D/profile-$1.err"
+    grep -A 30 -E 'prompt .* tokens in|device time by shader' "$D/profile-$1.err" | grep -v '^ekv run: kv'
+}
+profile 28m-q8_0 "$REF28"
 
 # ------------------------------------------------------------------ GPU speed
 echo
@@ -463,6 +480,7 @@ for key in tl-f16 tl-q8_0; do
         ls -l "${MODEL[$key]}" | awk '{ print $5, $NF }'
         ekv_gpu "$key" "$SMALL_P" "$SMALL_N" "$SMALL_R"
         lb_run "$key" "$SMALL_P" "$SMALL_N" "$SMALL_R"
+        [ "$key" = tl-f16 ] && profile "$key" "${MODEL[$key]}"
     else
         echo "mkmodel failed or timed out for $key: skipped"
     fi

@@ -29,7 +29,7 @@
 #include "gpu/vk_push.h"
 #include "kernels/quant.h"
 
-#define EKV_VK_MATVEC_NT 8    /* activation rows per workgroup in matvec.comp */
+#define EKV_VK_MATVEC_NT 8    /* activation rows per workgroup in matvec.comp (NT) */
 
 struct ekv_vk_tensor {
     const void *key;          /* the host pointer it came from (weight data or vector) */
@@ -44,7 +44,7 @@ struct ekv_vk_ctx {
     struct ekv_vk_tensor *t;  /* [n_t] sorted by key */
     int32_t n_t, cap_t;
     struct ekv_vk_buf act[EKV_ACT_COUNT];
-    struct ekv_vk_buf gate, up; /* [rows][n_ff] */
+    struct ekv_vk_buf gate, up; /* [rows][ff_stride], the columns past n_ff zero */
     struct ekv_vk_buf xin;      /* host-visible [rows][n_embd] input rows */
     struct ekv_vk_buf cs;       /* host-visible [rows][rope_dim] RoPE rows */
     struct ekv_vk_buf logits;   /* host-visible [rows][n_vocab] */
@@ -54,6 +54,7 @@ struct ekv_vk_ctx {
     /* the forward being recorded */
     int32_t n_rows;
     bool cs_done;
+
     float *logits_dst;
     int32_t logits_rows;
 };
@@ -65,6 +66,10 @@ struct ekv_vk_seq {
     struct ekv_vk_buf *k, *v;  /* [n_layer] each [n_head_kv][n_ctx][head_dim] */
     uint64_t bytes_per_pos;    /* K and V of one position, all layers and heads */
 };
+
+/* Floats per row of the gate/up activations: n_ff rounded up to 8 (the
+ * down projection's rows are padded with zeros to match at upload). */
+static int64_t ff_stride(const struct ekv_model_info *in) { return (in->n_ff + 7) & ~(int64_t)7; }
 
 /* ---- tensors ---- */
 
@@ -80,8 +85,27 @@ static const struct ekv_vk_tensor *find(const struct ekv_vk_ctx *g, const void *
 }
 
 static bool type_on_gpu(enum ekv_dtype t) {
-    return t == EKV_F32 || t == EKV_F16 || t == EKV_BF16 || t == EKV_Q8_0 || t == EKV_Q4_0;
+    return t == EKV_F32 || t == EKV_F16 || t == EKV_BF16 || t == EKV_Q8_0 || t == EKV_Q4_0 || t == EKV_Q4_K ||
+           t == EKV_Q5_K || t == EKV_Q6_K;
 }
+
+/* matvec.comp's index of a weight type */
+static enum ekv_vk_mv_type mv_type(enum ekv_dtype t) {
+    switch (t) {
+    case EKV_F16: return EKV_VK_W_F16;
+    case EKV_BF16: return EKV_VK_W_BF16;
+    case EKV_Q8_0: return EKV_VK_W_Q8_0;
+    case EKV_Q4_0: return EKV_VK_W_Q4_0;
+    case EKV_Q4_K: return EKV_VK_W_Q4_K;
+    case EKV_Q5_K: return EKV_VK_W_Q5_K;
+    case EKV_Q6_K: return EKV_VK_W_Q6_K;
+    default: return EKV_VK_W_F32;
+    }
+}
+
+/* Bytes of a K-quant block on the device: as stored, Q6_K padded to whole words. */
+static size_t kquant_block_bytes(enum ekv_dtype t) { return t == EKV_Q4_K ? 144 : t == EKV_Q5_K ? 176 : 212; }
+static size_t kquant_src_bytes(enum ekv_dtype t) { return t == EKV_Q6_K ? 210 : kquant_block_bytes(t); }
 
 /* During upload the table is unsorted (find() needs it sorted: upload_model
  * sorts it once at the end); a tensor shared by two weights (tied output) is
@@ -142,6 +166,20 @@ static enum ekv_status split_quant(const struct ekv_weight *w, uint8_t *dst, siz
     return EKV_OK;
 }
 
+/* K-quant rows as blocks of kquant_block_bytes each (Q6_K: 2 bytes of padding). */
+static enum ekv_status pad_kquant(const struct ekv_weight *w, uint8_t *dst) {
+    const int64_t nb = w->ne0 / 256;
+    const size_t sb = kquant_src_bytes(w->type), db = kquant_block_bytes(w->type);
+    uint8_t *row = malloc(w->row_bytes);
+    if (!row) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    for (int64_t r = 0; r < w->ne1; r++) {
+        ekv_x16_unpack_row(w, r, row);
+        for (int64_t b = 0; b < nb; b++) memcpy(dst + (size_t)(r * nb + b) * db, row + (size_t)b * sb, sb);
+    }
+    free(row);
+    return EKV_OK;
+}
+
 static enum ekv_status upload_weight(struct ekv_vk_ctx *g, const struct ekv_weight *w, const char *what) {
     if (have_tensor(g, w->data)) return EKV_OK;
     if (!type_on_gpu(w->type))
@@ -150,31 +188,44 @@ static enum ekv_status upload_weight(struct ekv_vk_ctx *g, const struct ekv_weig
     size_t el_row = 0, bytes = 0, q_off = 0;
     if (!ekv_dtype_row_bytes(w->type, w->ne0, &el_row) || !ekv_mul_ok(el_row, (size_t)w->ne1, &bytes))
         return ekv_err(EKV_ERR_OVERFLOW, "%s: %lld x %lld is too large", what, (long long)w->ne1, (long long)w->ne0);
-    bool quant = w->type == EKV_Q8_0 || w->type == EKV_Q4_0;
+    const bool quant = w->type == EKV_Q8_0 || w->type == EKV_Q4_0;
+    const bool kquant = w->type == EKV_Q4_K || w->type == EKV_Q5_K || w->type == EKV_Q6_K;
     if (quant) {
         q_off = ((size_t)w->ne1 * (size_t)(w->ne0 / 32) * 2 + 15) & ~(size_t)15;
         bytes = q_off + (size_t)w->ne1 * (size_t)(w->ne0 / 32) * (w->type == EKV_Q8_0 ? 32 : 16);
+    } else if (kquant && !ekv_mul_ok((size_t)w->ne1 * (size_t)(w->ne0 / 256), kquant_block_bytes(w->type), &bytes)) {
+        return ekv_err(EKV_ERR_OVERFLOW, "%s: %lld x %lld is too large", what, (long long)w->ne1, (long long)w->ne0);
     }
+    /* F32/F16/BF16 rows of a length not a multiple of 8 (the down
+     * projection of a small model): padded with zeros to one */
+    const int64_t ne0p = quant || kquant ? w->ne0 : (w->ne0 + 7) & ~(int64_t)7;
+    size_t dst_row = el_row;
+    if (ne0p != w->ne0 && (!ekv_dtype_row_bytes(w->type, ne0p, &dst_row) || !ekv_mul_ok(dst_row, (size_t)w->ne1, &bytes)))
+        return ekv_err(EKV_ERR_OVERFLOW, "%s: %lld x %lld is too large", what, (long long)w->ne1, (long long)w->ne0);
     struct ekv_vk_tensor *t = add_tensor(g, w->data);
     if (!t) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     t->type = w->type;
-    t->ne0 = w->ne0;
+    t->ne0 = ne0p;
     t->ne1 = w->ne1;
     t->q_off = q_off;
     enum ekv_status s = ekv_vk_buf_new(g->vk, bytes, false, what, &t->buf);
     if (s == EKV_OK) {
-        if (quant) {
+        if (quant || kquant) {
             uint8_t *tmp = malloc(bytes);
             if (!tmp) s = ekv_err(EKV_ERR_NOMEM, "%s: out of host memory for %zu bytes", what, bytes);
-            if (s == EKV_OK) s = split_quant(w, tmp, q_off);
+            if (s == EKV_OK) s = quant ? split_quant(w, tmp, q_off) : pad_kquant(w, tmp);
             if (s == EKV_OK) s = ekv_vk_upload(g->vk, &t->buf, 0, tmp, bytes);
             free(tmp);
-        } else if (w->row_bytes == el_row) {
+        } else if (w->row_bytes == el_row && dst_row == el_row) {
             s = ekv_vk_upload(g->vk, &t->buf, 0, w->data, bytes);
         } else {
-            for (int64_t r = 0; r < w->ne1 && s == EKV_OK; r++)
-                s = ekv_vk_upload(g->vk, &t->buf, (size_t)r * el_row, (const char *)w->data + (size_t)r * w->row_bytes,
-                                  el_row);
+            uint8_t *row = calloc(1, dst_row);
+            if (!row) s = ekv_err(EKV_ERR_NOMEM, "out of memory");
+            for (int64_t r = 0; r < w->ne1 && s == EKV_OK; r++) {
+                memcpy(row, (const char *)w->data + (size_t)r * w->row_bytes, el_row);
+                s = ekv_vk_upload(g->vk, &t->buf, (size_t)r * dst_row, row, dst_row);
+            }
+            free(row);
         }
     }
     return s;
@@ -184,6 +235,12 @@ static enum ekv_status check_types(const struct ekv_model *m) {
     const struct ekv_model_info *in = &m->info;
     if (in->head_dim > 256) return ekv_err(EKV_ERR_UNSUPPORTED, "head_dim %d > 256 has no GPU attention yet", in->head_dim);
     if (in->n_head % in->n_head_kv) return ekv_err(EKV_ERR_UNSUPPORTED, "n_head not a multiple of n_head_kv");
+    /* matvec.comp reads rows 16 bytes at a time (n_ff: padded, ff_stride) */
+    const int64_t widths[3] = {in->n_embd, (int64_t)in->n_head * in->head_dim, (int64_t)in->n_head_kv * in->head_dim};
+    for (int i = 0; i < 3; i++)
+        if (widths[i] % 8)
+            return ekv_err(EKV_ERR_UNSUPPORTED, "activation rows of %lld values (not a multiple of 8) have no GPU shader",
+                           (long long)widths[i]);
     if (!type_on_gpu(m->output.type))
         return ekv_err(EKV_ERR_UNSUPPORTED, "output: weight type %s has no GPU shader yet", ekv_dtype_name(m->output.type));
     for (int32_t l = 0; l < in->n_layer; l++) {
@@ -221,6 +278,29 @@ static enum ekv_status upload_model(struct ekv_vk_ctx *g, const struct ekv_model
 
 /* ---- context ---- */
 
+/* Builds the pipelines the model's forward uses (else built on first use). */
+static enum ekv_status prepare_pipelines(struct ekv_vk_ctx *g, const struct ekv_model *m) {
+    bool used[EKV_VK_W_COUNT] = {false};
+    used[mv_type(m->output.type)] = true;
+    for (int32_t l = 0; l < m->info.n_layer; l++) {
+        const struct ekv_layer_weights *L = &m->layers[l];
+        const struct ekv_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) used[mv_type(ws[i]->type)] = true;
+    }
+    const uint32_t mm = ekv_vk_matvec_m(g->vk);
+    if (mm == 0)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "subgroups of %u invocations (the matvec shader needs 8 or more)",
+                       ekv_vk_subgroup_size(g->vk));
+    enum ekv_status s = EKV_OK;
+    for (int t = 0; t < EKV_VK_W_COUNT && s == EKV_OK; t++)
+        for (int prompt = 0; prompt < 2 && used[t] && s == EKV_OK; prompt++)
+            s = ekv_vk_prepare(g->vk, ekv_vk_matvec_pipe((enum ekv_vk_mv_type)t, mm, prompt));
+    const enum ekv_vk_pipe rest[6] = {EKV_VK_RMSNORM, EKV_VK_ROPE, EKV_VK_KV_STORE, EKV_VK_ATTN, EKV_VK_ATTN_COMBINE,
+                                      EKV_VK_GLU};
+    for (int i = 0; i < 6 && s == EKV_OK; i++) s = ekv_vk_prepare(g->vk, rest[i]);
+    return s;
+}
+
 static void free_scratch(struct ekv_vk_ctx *g) {
     for (int a = 0; a < EKV_ACT_COUNT; a++) ekv_vk_buf_free(g->vk, &g->act[a]);
     ekv_vk_buf_free(g->vk, &g->gate);
@@ -239,8 +319,16 @@ static enum ekv_status reserve_rows(struct ekv_vk_ctx *g, const struct ekv_model
     enum ekv_status s = EKV_OK;
     for (int a = 0; a < EKV_ACT_COUNT && s == EKV_OK; a++)
         s = ekv_vk_buf_new(g->vk, R * ekv_act_width(in, a) * F, false, "activations", &g->act[a]);
-    if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_ff * F, false, "activations", &g->gate);
-    if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_ff * F, false, "activations", &g->up);
+    const size_t FS = (size_t)ff_stride(in);
+    if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * FS * F, false, "activations", &g->gate);
+    if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * FS * F, false, "activations", &g->up);
+    if (s == EKV_OK && FS != (size_t)in->n_ff) { /* the pad columns are never written: zero them once */
+        float *zero = calloc(R * FS, F);
+        if (!zero) s = ekv_err(EKV_ERR_NOMEM, "out of memory");
+        if (s == EKV_OK) s = ekv_vk_upload(g->vk, &g->gate, 0, zero, R * FS * F);
+        if (s == EKV_OK) s = ekv_vk_upload(g->vk, &g->up, 0, zero, R * FS * F);
+        free(zero);
+    }
     if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_embd * F, true, "input rows", &g->xin);
     if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->rope_dim * F, true, "rope rows", &g->cs);
     if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_vocab * F, true, "logits", &g->logits);
@@ -273,7 +361,8 @@ enum ekv_status ekv_vk_ctx_new(struct ekv_context *ctx, const char *spec, struct
         return ekv_err(EKV_ERR_NOMEM, "out of memory");
     }
     g->vk = vk;
-    s = upload_model(g, ctx->model);
+    s = prepare_pipelines(g, ctx->model);
+    if (s == EKV_OK) s = upload_model(g, ctx->model);
     if (s == EKV_OK) s = reserve_rows(g, &ctx->model->info, 8);
     if (s != EKV_OK) {
         ekv_vk_ctx_free(g);
@@ -443,6 +532,7 @@ static enum ekv_status vk_begin(struct ekv_context *ctx, int32_t n_rows) {
     g->cs_done = false;
     g->logits_dst = NULL;
     g->logits_rows = 0;
+
     ekv_vk_copy(g->vk, &g->xin, 0, &g->act[EKV_ACT_X], 0, (size_t)n_rows * (size_t)in->n_embd * sizeof(float));
     return EKV_OK;
 }
@@ -468,16 +558,6 @@ static enum ekv_status vk_rmsnorm(struct ekv_context *ctx, enum ekv_act dst, enu
     return EKV_OK;
 }
 
-static enum ekv_vk_pipe matvec_pipe(enum ekv_dtype t) {
-    switch (t) {
-    case EKV_F16: return EKV_VK_MATVEC_F16;
-    case EKV_BF16: return EKV_VK_MATVEC_BF16;
-    case EKV_Q8_0: return EKV_VK_MATVEC_Q8_0;
-    case EKV_Q4_0: return EKV_VK_MATVEC_Q4_0;
-    default: return EKV_VK_MATVEC_F32;
-    }
-}
-
 /* y (rows [0, n), stride y_stride) (+)= W x (+ b) */
 static enum ekv_status matvec(struct ekv_context *ctx, const struct ekv_weight *w, uint64_t x, uint32_t x_stride,
                               uint64_t y, uint32_t y_stride, const float *bias, bool acc, int32_t n_rows,
@@ -489,11 +569,19 @@ static enum ekv_status matvec(struct ekv_context *ctx, const struct ekv_weight *
     if (bias && !b) return ekv_err(EKV_ERR_INTERNAL, "bias not on the device");
     struct ekv_vk_pc_matvec pc = {.w = t->buf.addr + t->q_off, .s = t->buf.addr, .x = x, .y = y, .b = b ? b->buf.addr : 0,
                            .ne0 = (uint32_t)t->ne0, .ne1 = (uint32_t)t->ne1, .n = (uint32_t)n_rows,
-                           .x_stride = x_stride, .y_stride = y_stride, .flags = (acc ? 1u : 0u) | (b ? 2u : 0u)};
-    uint32_t gy = (uint32_t)((n_rows + EKV_VK_MATVEC_NT - 1) / EKV_VK_MATVEC_NT);
-    /* one output row per subgroup: 128 / subgroup size rows per workgroup (a hint: the shader strides) */
-    uint32_t sg = ekv_vk_subgroup_size(g->vk), per_wg = sg >= 1 && sg <= 128 ? 128 / sg : 1;
-    (with_barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, matvec_pipe(t->type), &pc, sizeof pc,
+                           .x_stride = x_stride, .y_stride = y_stride,
+                           .flags = (acc ? EKV_VK_MV_ACC : 0u) | (b ? EKV_VK_MV_BIAS : 0u)};
+    if (t->ne0 % 8 != 0 || x_stride % 4 != 0 || (x & 15) != 0)
+        return ekv_err(EKV_ERR_INTERNAL, "GPU matvec: rows of %lld (stride %u) are not in 16-byte pieces",
+                       (long long)t->ne0, x_stride);
+    const uint32_t gy = (uint32_t)((n_rows + EKV_VK_MATVEC_NT - 1) / EKV_VK_MATVEC_NT);
+    /* more than one workgroup of activation rows: the prompt shape, which
+     * reuses each activation chunk over 4 weight rows (the same sums) */
+    const bool prompt = n_rows > EKV_VK_MATVEC_NT;
+    /* rows per workgroup: (128 / (32 / M)) groups of RM (1, or 4 in the prompt shape) */
+    const uint32_t m = ekv_vk_matvec_m(g->vk);
+    const int64_t per_wg = (int64_t)(128 / (32 / m)) * (prompt && m == 1 ? 4 : 1);
+    (with_barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_matvec_pipe(mv_type(t->type), m, prompt), &pc, sizeof pc,
                                                            grid_rows((t->ne1 + per_wg - 1) / per_wg), gy, 1);
     return EKV_OK;
 }
@@ -579,11 +667,12 @@ static enum ekv_status vk_attention(struct ekv_context *ctx, int il, struct ekv_
 static enum ekv_status vk_ffn(struct ekv_context *ctx, const struct ekv_layer_weights *L, int32_t n_rows) {
     struct ekv_vk_ctx *g = G(ctx);
     const struct ekv_model_info *in = &ctx->model->info;
-    const uint32_t D = (uint32_t)in->n_embd, FF = (uint32_t)in->n_ff;
+    const uint32_t D = (uint32_t)in->n_embd, FF = (uint32_t)ff_stride(in);
     const uint64_t xb = act_addr(ctx, EKV_ACT_XB, 0);
     enum ekv_status s = matvec(ctx, &L->w_gate, xb, D, g->gate.addr, FF, NULL, false, n_rows, false);
     if (s == EKV_OK) s = matvec(ctx, &L->w_up, xb, D, g->up.addr, FF, NULL, false, n_rows, true);
     if (s != EKV_OK) return s;
+    /* the pad columns of gate and up are zero and stay zero: act(0) * 0 */
     const uint64_t n = (uint64_t)n_rows * FF;
     struct ekv_vk_pc_glu pc = {.g = g->gate.addr, .u = g->up.addr, .n = (uint32_t)n, .gelu = in->ffn_gelu};
     ekv_vk_dispatch(g->vk, EKV_VK_GLU, &pc, sizeof pc, grid_rows((int64_t)((n + 255) / 256)), 1, 1);

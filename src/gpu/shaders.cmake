@@ -1,7 +1,7 @@
 # shaders.cmake — compiles src/gpu/shaders/*.comp into SPIR-V with glslc at
 # build time and embeds it in the library (ekv_vk_shaders.c, generated):
 # no shader compiler is needed at run time. The list is in the order of
-# enum ekv_vk_pipe (src/gpu/vk.h): NAME|SOURCE|DEFINE.
+# enum ekv_vk_pipe (src/gpu/vk.h): NAME|SOURCE|DEFINE[,DEFINE...].
 set(EKV_VK_PIPES
   "rmsnorm|rmsnorm.comp|"
   "matvec_f32|matvec.comp|TYPE_F32"
@@ -9,6 +9,49 @@ set(EKV_VK_PIPES
   "matvec_bf16|matvec.comp|TYPE_BF16"
   "matvec_q8_0|matvec.comp|TYPE_Q8_0"
   "matvec_q4_0|matvec.comp|TYPE_Q4_0"
+  "matvec_q4_K|matvec.comp|TYPE_Q4_K"
+  "matvec_q5_K|matvec.comp|TYPE_Q5_K"
+  "matvec_q6_K|matvec.comp|TYPE_Q6_K"
+  "matvec_f32_s16|matvec.comp|TYPE_F32,M=2"
+  "matvec_f16_s16|matvec.comp|TYPE_F16,M=2"
+  "matvec_bf16_s16|matvec.comp|TYPE_BF16,M=2"
+  "matvec_q8_0_s16|matvec.comp|TYPE_Q8_0,M=2"
+  "matvec_q4_0_s16|matvec.comp|TYPE_Q4_0,M=2"
+  "matvec_q4_K_s16|matvec.comp|TYPE_Q4_K,M=2"
+  "matvec_q5_K_s16|matvec.comp|TYPE_Q5_K,M=2"
+  "matvec_q6_K_s16|matvec.comp|TYPE_Q6_K,M=2"
+  "matvec_f32_s8|matvec.comp|TYPE_F32,M=4"
+  "matvec_f16_s8|matvec.comp|TYPE_F16,M=4"
+  "matvec_bf16_s8|matvec.comp|TYPE_BF16,M=4"
+  "matvec_q8_0_s8|matvec.comp|TYPE_Q8_0,M=4"
+  "matvec_q4_0_s8|matvec.comp|TYPE_Q4_0,M=4"
+  "matvec_q4_K_s8|matvec.comp|TYPE_Q4_K,M=4"
+  "matvec_q5_K_s8|matvec.comp|TYPE_Q5_K,M=4"
+  "matvec_q6_K_s8|matvec.comp|TYPE_Q6_K,M=4"
+  "matmul_f32|matvec.comp|TYPE_F32,PROMPT"
+  "matmul_f16|matvec.comp|TYPE_F16,PROMPT"
+  "matmul_bf16|matvec.comp|TYPE_BF16,PROMPT"
+  "matmul_q8_0|matvec.comp|TYPE_Q8_0,PROMPT"
+  "matmul_q4_0|matvec.comp|TYPE_Q4_0,PROMPT"
+  "matmul_q4_K|matvec.comp|TYPE_Q4_K,PROMPT"
+  "matmul_q5_K|matvec.comp|TYPE_Q5_K,PROMPT"
+  "matmul_q6_K|matvec.comp|TYPE_Q6_K,PROMPT"
+  "matmul_f32_s16|matvec.comp|TYPE_F32,PROMPT,M=2"
+  "matmul_f16_s16|matvec.comp|TYPE_F16,PROMPT,M=2"
+  "matmul_bf16_s16|matvec.comp|TYPE_BF16,PROMPT,M=2"
+  "matmul_q8_0_s16|matvec.comp|TYPE_Q8_0,PROMPT,M=2"
+  "matmul_q4_0_s16|matvec.comp|TYPE_Q4_0,PROMPT,M=2"
+  "matmul_q4_K_s16|matvec.comp|TYPE_Q4_K,PROMPT,M=2"
+  "matmul_q5_K_s16|matvec.comp|TYPE_Q5_K,PROMPT,M=2"
+  "matmul_q6_K_s16|matvec.comp|TYPE_Q6_K,PROMPT,M=2"
+  "matmul_f32_s8|matvec.comp|TYPE_F32,PROMPT,M=4"
+  "matmul_f16_s8|matvec.comp|TYPE_F16,PROMPT,M=4"
+  "matmul_bf16_s8|matvec.comp|TYPE_BF16,PROMPT,M=4"
+  "matmul_q8_0_s8|matvec.comp|TYPE_Q8_0,PROMPT,M=4"
+  "matmul_q4_0_s8|matvec.comp|TYPE_Q4_0,PROMPT,M=4"
+  "matmul_q4_K_s8|matvec.comp|TYPE_Q4_K,PROMPT,M=4"
+  "matmul_q5_K_s8|matvec.comp|TYPE_Q5_K,PROMPT,M=4"
+  "matmul_q6_K_s8|matvec.comp|TYPE_Q6_K,PROMPT,M=4"
   "rope|rope.comp|"
   "kv_store|kv_store.comp|"
   "attn|attn.comp|"
@@ -31,7 +74,10 @@ foreach(entry ${EKV_VK_PIPES})
   if(np GREATER 2)
     list(GET parts 2 def)
     if(def)
-      set(defs "-D${def}")
+      string(REPLACE "," ";" deflist "${def}")
+      foreach(d ${deflist})
+        list(APPEND defs "-D${d}")
+      endforeach()
     endif()
   endif()
   set(out ${EKV_VK_GEN_DIR}/${name}.spv.inc)

@@ -35,18 +35,29 @@ struct ekv_vk_buf {
 /* The compute shaders (src/gpu/shaders/NAME.comp), one pipeline each. */
 enum ekv_vk_pipe {
     EKV_VK_RMSNORM = 0,
-    EKV_VK_MATVEC_F32,
-    EKV_VK_MATVEC_F16,
-    EKV_VK_MATVEC_BF16,
-    EKV_VK_MATVEC_Q8_0,
-    EKV_VK_MATVEC_Q4_0,
-    EKV_VK_ROPE,
+    /* matvec.comp, 48 variants: ekv_vk_matvec_pipe() */
+    EKV_VK_MATVEC_FIRST,
+    EKV_VK_ROPE = EKV_VK_MATVEC_FIRST + 48,
     EKV_VK_KV_STORE,
     EKV_VK_ATTN,
     EKV_VK_ATTN_COMBINE,
     EKV_VK_GLU,
     EKV_VK_PIPE_COUNT
 };
+
+/* Weight types of matvec.comp, in pipeline order. */
+enum ekv_vk_mv_type {
+    EKV_VK_W_F32 = 0, EKV_VK_W_F16, EKV_VK_W_BF16, EKV_VK_W_Q8_0, EKV_VK_W_Q4_0, EKV_VK_W_Q4_K, EKV_VK_W_Q5_K,
+    EKV_VK_W_Q6_K, EKV_VK_W_COUNT
+};
+/* The matvec pipeline of a weight type, lanes per invocation m (1, 2 or 4:
+ * ekv_vk_matvec_m) and shape (prompt: 4 weight rows per group; the same
+ * sums as the decode shape, bit for bit). The order of
+ * src/gpu/shaders.cmake: shape, then m, then type. */
+static inline enum ekv_vk_pipe ekv_vk_matvec_pipe(enum ekv_vk_mv_type t, uint32_t m, int prompt) {
+    const int mi = m >= 4 ? 2 : m == 2 ? 1 : 0;
+    return (enum ekv_vk_pipe)(EKV_VK_MATVEC_FIRST + ((prompt ? 3 : 0) + mi) * EKV_VK_W_COUNT + (int)t);
+}
 
 /* Lists the Vulkan devices (ekv_devices_list in ekv.h). */
 enum ekv_status ekv_vk_list(struct ekv_device_info *out, int32_t cap, int32_t *n_out);
@@ -71,6 +82,13 @@ uint64_t ekv_vk_bytes(const struct ekv_vk *vk);
 uint64_t ekv_vk_peak_bytes(const struct ekv_vk *vk);
 /* The device's subgroup size (informative: shaders do not assume it). */
 uint32_t ekv_vk_subgroup_size(const struct ekv_vk *vk);
+/* matvec.comp's lanes per invocation: 32 / subgroup size for subgroups of
+ * 8 and 16, 1 for 32 or more; 0 for smaller ones (no matvec variant). Its
+ * workgroups hold 128 / (32 / M) weight-row groups. */
+uint32_t ekv_vk_matvec_m(const struct ekv_vk *vk);
+/* Builds a pipeline now (they are built on first use otherwise), so that a
+ * failure shows where it can be reported. */
+enum ekv_status ekv_vk_prepare(struct ekv_vk *vk, enum ekv_vk_pipe p);
 
 /* Buffers. Device-local unless host_visible (then host-coherent and mapped
  * at ->host). bytes 0 is allowed (one byte is allocated). A failed

@@ -14,6 +14,11 @@ struct ekv_vk_pc_matvec {
     uint64_t w, s, x, y, b;
     uint32_t ne0, ne1, n, x_stride, y_stride, flags;
 };
+/* ekv_vk_pc_matvec.flags */
+enum {
+    EKV_VK_MV_ACC = 1,      /* Y += */
+    EKV_VK_MV_BIAS = 2      /* + b */
+};
 struct ekv_vk_pc_rope {
     uint64_t q, k, cs;
     uint32_t n_head, n_head_kv, head_dim, rope_dim, neox, rows, q_stride, k_stride;

@@ -38,29 +38,32 @@ static int32_t memory_type(VkPhysicalDevice pd, VkMemoryPropertyFlags want, VkMe
     return -1;
 }
 
-static enum ekv_status create_pipelines(struct ekv_vk *vk) {
+static enum ekv_status create_layout(struct ekv_vk *vk) {
     VkPushConstantRange pr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .offset = 0, .size = EKV_VK_PUSH_BYTES};
     VkPipelineLayoutCreateInfo li = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
                                      .pushConstantRangeCount = 1, .pPushConstantRanges = &pr};
     VkResult r = vkCreatePipelineLayout(vk->dev, &li, NULL, &vk->layout);
-    if (r != VK_SUCCESS) return vkfail(r, "vkCreatePipelineLayout");
-    for (int p = 0; p < EKV_VK_PIPE_COUNT; p++) {
-        size_t nb = 0;
-        const char *name = "";
-        const uint32_t *code = ekv_vk_spirv((enum ekv_vk_pipe)p, &nb, &name);
-        if (!code || nb == 0) return ekv_err(EKV_ERR_INTERNAL, "shader %d is not embedded in this build", p);
-        VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = nb,
-                                       .pCode = code};
-        if ((r = vkCreateShaderModule(vk->dev, &mi, NULL, &vk->modules[p])) != VK_SUCCESS)
-            return ekv_err_prefix(vkfail(r, "vkCreateShaderModule"), "shader %s", name);
-        VkComputePipelineCreateInfo ci = {
-            .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
-            .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
-                      .stage = VK_SHADER_STAGE_COMPUTE_BIT, .module = vk->modules[p], .pName = "main"},
-            .layout = vk->layout};
-        if ((r = vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, &vk->pipes[p])) != VK_SUCCESS)
-            return ekv_err_prefix(vkfail(r, "vkCreateComputePipelines"), "shader %s", name);
-    }
+    return r != VK_SUCCESS ? vkfail(r, "vkCreatePipelineLayout") : EKV_OK;
+}
+
+/* Pipelines are built on first use (a model needs few of the variants, and
+ * building is slow on CPU-type devices). */
+static enum ekv_status create_pipeline(struct ekv_vk *vk, int p) {
+    size_t nb = 0;
+    const char *name = "";
+    const uint32_t *code = ekv_vk_spirv((enum ekv_vk_pipe)p, &nb, &name);
+    if (!code || nb == 0) return ekv_err(EKV_ERR_INTERNAL, "shader %d is not embedded in this build", p);
+    VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = nb, .pCode = code};
+    VkResult r;
+    if (!vk->modules[p] && (r = vkCreateShaderModule(vk->dev, &mi, NULL, &vk->modules[p])) != VK_SUCCESS)
+        return ekv_err_prefix(vkfail(r, "vkCreateShaderModule"), "shader %s", name);
+    VkComputePipelineCreateInfo ci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                  .module = vk->modules[p], .pName = "main"},
+        .layout = vk->layout};
+    if ((r = vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, &vk->pipes[p])) != VK_SUCCESS)
+        return ekv_err_prefix(vkfail(r, "vkCreateComputePipelines"), "shader %s", name);
     return EKV_OK;
 }
 
@@ -132,7 +135,7 @@ enum ekv_status ekv_vk_device_init(struct ekv_vk *vk) {
             vkCreateQueryPool(vk->dev, &qpi, NULL, &vk->prof_pool) != VK_SUCCESS)
             vk->prof_pool = VK_NULL_HANDLE;
     }
-    enum ekv_status s = create_pipelines(vk);
+    enum ekv_status s = create_layout(vk);
     if (s != EKV_OK) return s;
     return ekv_vk_buf_new(vk, EKV_VK_STAGING_BYTES, true, "staging buffer", &vk->staging);
 }
@@ -306,6 +309,11 @@ static void record_fail(struct ekv_vk *vk, const char *what) {
     snprintf(vk->record_error, sizeof vk->record_error, "%s", what);
 }
 
+enum ekv_status ekv_vk_prepare(struct ekv_vk *vk, enum ekv_vk_pipe p) {
+    if ((unsigned)p >= EKV_VK_PIPE_COUNT) return ekv_err(EKV_ERR_INTERNAL, "bad pipeline %d", (int)p);
+    return vk->pipes[p] ? EKV_OK : create_pipeline(vk, (int)p);
+}
+
 static void dispatch(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, uint32_t push_bytes, uint32_t gx,
                      uint32_t gy, uint32_t gz, bool with_barrier) {
     if (!vk->recording) return record_fail(vk, "dispatch outside a recording");
@@ -313,6 +321,13 @@ static void dispatch(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, ui
         return record_fail(vk, "bad pipeline or push constants too large");
     if (gx == 0 || gy == 0 || gz == 0) return; /* nothing to do */
     if (gx > 65535 || gy > 65535 || gz > 65535) return record_fail(vk, "dispatch grid over 65535");
+    if (!vk->pipes[p] && create_pipeline(vk, (int)p) != EKV_OK) {
+        if (vk->record_status == EKV_OK) {
+            vk->record_status = EKV_ERR_UNSUPPORTED;
+            snprintf(vk->record_error, sizeof vk->record_error, "%s", ekv_last_error());
+        }
+        return;
+    }
     vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->pipes[p]);
     if (push_bytes) vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
     vkCmdDispatch(vk->cmd, gx, gy, gz);

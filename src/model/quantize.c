@@ -2,14 +2,16 @@
  * quantize.c — ekv_model_quantize (include/ekv.h): llama-quantize's job for
  * the weight types ekv computes with. A GGUF model whose tensors are F32,
  * F16 or BF16 is rewritten with every matrix ("*weight" tensors of two or
- * more dimensions, llama.cpp's rule) converted to Q8_0, Q4_0 or F16; 1-D
+ * more dimensions, llama.cpp's rule) converted to Q8_0, Q4_0, Q4_K, Q5_K,
+ * Q6_K or F16; 1-D
  * tensors (norms, biases) stay as they are (F32), and so does every
  * metadata key except general.file_type (set to llama.cpp's file-type
  * number) and general.quantization_version (2 for quantised outputs).
  *
  * Every matrix gets the requested type ("pure" in llama-quantize's terms:
  * no per-tensor mixing such as Q6_K for the output matrix). A matrix whose
- * rows are not a multiple of the type's block (32) falls back to F16,
+ * rows are not a multiple of the type's block (32; 256 for the K-quants)
+ * falls back to F16,
  * counted in the result. Tensors are converted row by row while the file is
  * written (never the whole model in memory), through the GGUF writer, which
  * writes "<out>.tmp" and renames it, so a failure leaves no output file.
@@ -19,6 +21,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "core/util.h"
@@ -38,6 +41,9 @@ static const struct {
 } k_targets[] = {
     {"q8_0", EKV_Q8_0, 7},
     {"q4_0", EKV_Q4_0, 2},
+    {"q4_k", EKV_Q4_K, 14}, /* llama.cpp's MOSTLY_Q4_K_S, 15 and 17 being its mixes */
+    {"q5_k", EKV_Q5_K, 16}, /* MOSTLY_Q5_K_S */
+    {"q6_k", EKV_Q6_K, 18}, /* MOSTLY_Q6_K */
     {"f16", EKV_F16, 1},
 };
 
@@ -145,9 +151,9 @@ enum ekv_status ekv_model_quantize(const char *in_path, const char *out_path, co
     struct ekv_quantize_params p = params ? *params : ekv_quantize_default_params();
     int ti = -1;
     for (size_t i = 0; i < EKV_ARRAY_LEN(k_targets) && p.type; i++)
-        if (strcmp(p.type, k_targets[i].name) == 0) ti = (int)i;
+        if (strcasecmp(p.type, k_targets[i].name) == 0) ti = (int)i; /* q4_K or q4_k */
     if (ti < 0)
-        return ekv_err(EKV_ERR_INVALID_ARG, "unknown quantisation type '%s' (known: q8_0, q4_0, f16)",
+        return ekv_err(EKV_ERR_INVALID_ARG, "unknown quantisation type '%s' (known: q8_0, q4_0, q4_k, q5_k, q6_k, f16)",
                        p.type ? p.type : "(null)");
     if (same_file(in_path, out_path))
         return ekv_err(EKV_ERR_INVALID_ARG, "%s: the output would overwrite the input", out_path);

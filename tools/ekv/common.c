@@ -237,7 +237,7 @@ static const struct cli_opt k_opts[] = {
      OFF(vocab), 0, 0, NULL, NULL, "", false},
     {Q, G_MKMODEL, "-o, --output", NULL, "FILE", "GGUF to write (must differ from the input)", K_STR, OFF(output), 0,
      0, NULL, NULL, "", false},
-    {Q, G_MKMODEL, "--type", NULL, "T", "type of the matrices: q8_0, q4_0 or f16", K_STR, OFF(weight_type), 0, 0,
+    {Q, G_MKMODEL, "--type", NULL, "T", "type of the matrices: q8_0, q4_0, q4_k, q5_k, q6_k or f16", K_STR, OFF(weight_type), 0, 0,
      NULL, NULL, NULL, false},
     {M, G_MKMODEL, "--seed", NULL, "N", "random seed of the weights; same seed, same bytes", K_U64,
      OFF(weight_seed), 0, 0, NULL, NULL, NULL, false},
