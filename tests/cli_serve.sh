@@ -110,9 +110,11 @@ grep -q -- "--kv-sinks expects an integer" "$T/r" && ok || bad "kv validated by 
 curl -s "$URL/metrics" > "$T/m"
 for m in ekv_requests_total ekv_prompt_tokens_total ekv_completion_tokens_total ekv_requests_running \
          ekv_requests_queued ekv_kv_bytes_used ekv_kv_bytes_allowed ekv_kv_bytes_reserved ekv_kv_tokens_evicted_total \
-         ekv_kv_tokens_merged_total ekv_requests_rejected_busy_total; do
+         ekv_kv_tokens_merged_total ekv_requests_rejected_busy_total ekv_device_bytes ekv_device_peak_bytes; do
   grep -q "^$m" "$T/m" && grep -q "^# TYPE $m " "$T/m" && ok || bad "metric $m"
 done
+# the tests run on the CPU (EKV_DEVICE=cpu): no device memory
+grep -q '^ekv_device_bytes 0$' "$T/m" && ok || bad "ekv_device_bytes on the CPU: $(grep '^ekv_device_bytes' "$T/m")"
 ct=$(sed -n 's/^ekv_completion_tokens_total //p' "$T/m"); ev=$(sed -n 's/^ekv_kv_tokens_evicted_total //p' "$T/m")
 mg=$(sed -n 's/^ekv_kv_tokens_merged_total //p' "$T/m")
 [ "$ct" -ge 400 ] && [ "$ev" -gt 0 ] && [ "$mg" -gt 0 ] && ok || bad "metric counters: completion $ct, evicted $ev, merged $mg"

@@ -452,6 +452,16 @@ int main(void) {
         tu_fail++;
         return test_finish("test_gpu");
     }
+    { /* a device that cannot be opened (no validation layer, a failing
+       * driver): one clear failure instead of a cascade */
+        struct ekv_vk *probe = NULL;
+        if (ekv_vk_open(g_dev, &probe) != EKV_OK || !probe) {
+            fprintf(stderr, "test_gpu: device %s cannot be opened: %s\n", g_dev, ekv_last_error());
+            tu_fail++;
+            return test_finish("test_gpu");
+        }
+        ekv_vk_close(probe);
+    }
     test_matvec_shaders();
     test_stories_greedy();
     test_batch_invariance();

@@ -143,6 +143,7 @@ struct srv_stats {
     double engine_prefill_seconds; /* engine time reading prompts */
     int running_max;              /* most sequences admitted at once */
     uint64_t cancelled;
+    uint64_t device_bytes, device_peak_bytes; /* the context's GPU memory (0 on the CPU), set by the engine */
 };
 
 struct srv {

@@ -499,6 +499,8 @@ static void *engine_main(void *arg) {
             srv->st.engine_decode_seconds += t1 - t0;
         }
         if (pre) srv->st.engine_prefill_seconds += t2 - t1;
+        srv->st.device_bytes = ekv_context_device_bytes(srv->ctx); /* ctx is the engine thread's */
+        srv->st.device_peak_bytes = ekv_context_device_peak_bytes(srv->ctx);
         for (int i = 0; i < n_out; i++) {
             struct token_out *o = &b.outs[i];
             struct srv_job *j = o->job;
@@ -520,6 +522,8 @@ static void *engine_main(void *arg) {
 }
 
 enum ekv_status srv_engine_start(struct srv *srv) {
+    srv->st.device_bytes = ekv_context_device_bytes(srv->ctx); /* before the engine owns ctx */
+    srv->st.device_peak_bytes = ekv_context_device_peak_bytes(srv->ctx);
     if (pthread_create(&srv->engine, NULL, engine_main, srv) != 0)
         return EKV_ERR_NOMEM;
     srv->engine_started = true;

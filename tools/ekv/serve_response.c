@@ -328,6 +328,9 @@ char *srv_metrics_text(struct srv *srv) {
     metric(&t, "kv_tokens_merged_total", "counter", "cache entries merged, summed over layers and heads of finished requests",
            (double)st.merged);
     metric(&t, "rss_bytes", "gauge", "resident set size of the server", (double)cli_rss());
+    metric(&t, "device_bytes", "gauge", "GPU memory the context holds (weights, activations, caches; 0 on the CPU)",
+           (double)st.device_bytes);
+    metric(&t, "device_peak_bytes", "gauge", "most GPU memory the context held since start", (double)st.device_peak_bytes);
     if (t.oom) {
         free(t.s);
         return NULL;
