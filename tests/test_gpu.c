@@ -379,6 +379,70 @@ static void test_batch_invariance(void) {
     ekv_model_free(m);
 }
 
+/* Every tiny architecture preset of `ekv mkmodel` (F32 weights, F32 cache)
+ * and every RoPE scaling, GPU against CPU: prompt logits of every row and
+ * four decode steps, max |gpu - cpu| / max |logit| stated per case (2-3e-7
+ * measured on lavapipe; bound 1e-5). Gemma's shape (GeGLU, head 256) has no
+ * tiny preset: its full vocabulary would make a 2 GB test file. */
+static void test_presets(void) {
+    static const struct {
+        const char *label, *args;
+        int n;
+    } cases[] = {
+        {"tiny-llama3 (rope_freqs, tied output)", "--preset tiny-llama3", 96},
+        {"tiny-llama3, linear x4", "--preset tiny-llama3 --rope-scaling linear --rope-scale 4", 96},
+        {"tiny-llama3, yarn x4 from 1024", "--preset tiny-llama3 --rope-scaling yarn --rope-scale 4 --rope-orig-ctx 1024",
+         96},
+        {"tiny-mistral (sliding window 32)", "--preset tiny-mistral", 100},
+        {"tiny-phi3 (fused QKV/gate-up, NeoX, longrope long factors)", "--preset tiny-phi3", 96},
+        {"tiny-vlm language model (n_ff 172: padded rows)", "--preset tiny-vlm", 96},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        char path[96], cmd[512];
+        snprintf(path, sizeof path, "/tmp/ekv-test-gpu-%ld-preset%d.gguf", (long)getpid(), (int)ci);
+        snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel %s --type f32 -o '%s' > /dev/null 2>&1", EKV_BINARY_DIR,
+                 cases[ci].args, path);
+        CHECK_MSG(system(cmd) == 0, "%s: %s failed", cases[ci].label, cmd);
+        struct ekv_model *m = NULL;
+        CHECK_OK(ekv_model_load(path, NULL, &m));
+        if (!m) continue;
+        struct ekv_context *cg = ctx_on(m, g_dev, 1024), *cc = ctx_on(m, "cpu", 1024);
+        struct ekv_kv_params kp = ekv_kv_default_params();
+        kp.type_k = kp.type_v = EKV_KV_F32;
+        struct ekv_seq *sg = NULL, *sc = NULL;
+        CHECK_OK(ekv_seq_new(cg, &kp, &sg));
+        CHECK_OK(ekv_seq_new(cc, &kp, &sc));
+        CHECK(sg && ekv_seq_on_device(sg));
+        const int32_t V = m->info.n_vocab, N = cases[ci].n;
+        int32_t toks[128];
+        for (int32_t i = 0; i < N; i++) toks[i] = 1 + (i * 37 + 11) % (V - 1);
+        float *lg = malloc(sizeof(float) * (size_t)V * N), *lc = malloc(sizeof(float) * (size_t)V * N);
+        struct ekv_segment seg = {.tokens = toks, .n = N, .tag = EKV_TAG_TEXT};
+        struct ekv_input in = {.segs = &seg, .n_segs = 1, .is_prompt = true, .logits_all = true};
+        CHECK_OK(ekv_seq_eval(sg, &in, lg));
+        CHECK_OK(ekv_seq_eval(sc, &in, lc));
+        double maxd = 0.0, maxv = 0.0;
+        for (size_t i = 0; i < (size_t)V * N; i++) maxd = fmax(maxd, fabs(lg[i] - lc[i])), maxv = fmax(maxv, fabs(lc[i]));
+        const float *last = lc + (size_t)V * (N - 1);
+        for (int step = 0; step < 4; step++) { /* both follow the CPU's greedy token */
+            const int32_t t = argmax(step == 0 ? last : lc, V);
+            CHECK_OK(ekv_seq_decode(sg, t, lg));
+            CHECK_OK(ekv_seq_decode(sc, t, lc));
+            for (int32_t i = 0; i < V; i++) maxd = fmax(maxd, fabs(lg[i] - lc[i])), maxv = fmax(maxv, fabs(lc[i]));
+        }
+        printf("%s: %d prompt rows + 4 decode steps, max |gpu - cpu| / max |logit| %.3g\n", cases[ci].label, N,
+               maxv > 0 ? maxd / maxv : maxd);
+        CHECK_MSG(maxv > 0 && maxd <= 1e-5 * maxv, "%s: max |gpu - cpu| %.3g of max |logit| %.3g", cases[ci].label, maxd,
+                  maxv);
+        check_validation(cg);
+        free(lg), free(lc);
+        ekv_seq_free(sg), ekv_seq_free(sc);
+        ekv_context_free(cg), ekv_context_free(cc);
+        ekv_model_free(m);
+        remove(path);
+    }
+}
+
 static void test_faults(void) {
     struct ekv_model *m = NULL;
     CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &m));
@@ -464,6 +528,7 @@ int main(void) {
     }
     test_matvec_shaders();
     test_stories_greedy();
+    test_presets();
     test_batch_invariance();
     test_faults();
     test_profile();
