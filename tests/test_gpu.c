@@ -60,7 +60,8 @@ static float frand(void) {
  * t, X [n][ne0] -> Y [n][ne1], with a bias and accumulation on top, against
  * double sums of the dequantised weights. Returns the largest error
  * relative to sum |w x|; *same: whether both shapes gave the same bits. */
-static double check_matvec(struct ekv_vk *vk, enum ekv_dtype t, int ne0, int ne1, int n, bool *same) {
+static double check_matvec(struct ekv_vk *vk, enum ekv_dtype t, enum ekv_vk_mv_type mt, int ne0, int ne1, int n,
+                           bool *same) {
     size_t rb = 0;
     ekv_dtype_row_bytes(t, ne0, &rb);
     uint8_t *rows = malloc(rb * (size_t)ne1);
@@ -116,15 +117,12 @@ static double check_matvec(struct ekv_vk *vk, enum ekv_dtype t, int ne0, int ne1
     CHECK_OK(ekv_vk_upload(vk, &bx, 0, x, sizeof(float) * (size_t)ne0 * n));
     CHECK_OK(ekv_vk_upload(vk, &by, 0, y0, sizeof(float) * (size_t)ne1 * n));
     CHECK_OK(ekv_vk_upload(vk, &bb, 0, b, sizeof(float) * (size_t)ne1));
-    const enum ekv_dtype order[] = {EKV_F32, EKV_F16, EKV_BF16, EKV_Q8_0, EKV_Q4_0, EKV_Q4_K, EKV_Q5_K, EKV_Q6_K};
-    int ti = 0;
-    while (order[ti] != t) ti++;
     double worst = 0.0;
     float *y_first = malloc(sizeof(float) * (size_t)ne1 * n);
     *same = true;
     /* shapes: decode, prompt */
     for (int shape = 0; shape < 2; shape++) {
-    enum ekv_vk_pipe p = ekv_vk_matvec_pipe((enum ekv_vk_mv_type)ti, ekv_vk_matvec_m(vk), shape);
+    enum ekv_vk_pipe p = ekv_vk_matvec_pipe(mt, ekv_vk_matvec_m(vk), shape);
     struct ekv_vk_pc_matvec pc = {.w = bw.addr + q_off, .s = bw.addr, .x = bx.addr, .y = by.addr, .b = bb.addr,
                                   .ne0 = (uint32_t)ne0, .ne1 = (uint32_t)ne1, .n = (uint32_t)n,
                                   .x_stride = (uint32_t)ne0, .y_stride = (uint32_t)ne1,
@@ -167,6 +165,7 @@ static void test_matvec_shaders(void) {
     /* rows of 8k values (the shader reads 16-byte pieces; the engine refuses others) */
     const int shapes[][3] = {{64, 7, 1},   {96, 33, 3},   {256, 130, 9}, {512, 17, 17}, {40, 5, 2},
                              {768, 21, 11}, {1024, 3, 1}, {2304, 70, 4}};
+    /* in the order of enum ekv_vk_mv_type (the pipelines) */
     const enum ekv_dtype types[] = {EKV_F32, EKV_F16, EKV_BF16, EKV_Q8_0, EKV_Q4_0, EKV_Q4_K, EKV_Q5_K, EKV_Q6_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const enum ekv_dtype t = types[ti];
@@ -175,7 +174,7 @@ static void test_matvec_shaders(void) {
             const int ne0 = shapes[si][0], ne1 = shapes[si][1], n = shapes[si][2];
             if (ne0 % blk) continue;
             bool same = false;
-            double e = check_matvec(vk, types[ti], ne0, ne1, n, &same);
+            double e = check_matvec(vk, types[ti], (enum ekv_vk_mv_type)ti, ne0, ne1, n, &same);
             /* float32 sums of up to 2304 products: relative error of a few ulps x sqrt(n) */
             CHECK_MSG(e < 2e-5, "matvec %s %dx%d x %d rows: relative error %.3g", ekv_dtype_name(types[ti]), ne1,
                       ne0, n, e);

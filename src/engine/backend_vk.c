@@ -84,23 +84,24 @@ static const struct ekv_vk_tensor *find(const struct ekv_vk_ctx *g, const void *
     return bsearch(&k, g->t, (size_t)g->n_t, sizeof *g->t, cmp_tensor);
 }
 
-static bool type_on_gpu(enum ekv_dtype t) {
-    return t == EKV_F32 || t == EKV_F16 || t == EKV_BF16 || t == EKV_Q8_0 || t == EKV_Q4_0 || t == EKV_Q4_K ||
-           t == EKV_Q5_K || t == EKV_Q6_K;
+/* matvec.comp's weight types, in the order of enum ekv_vk_mv_type */
+static const enum ekv_dtype k_mv_types[EKV_VK_W_COUNT] = {EKV_F32,  EKV_F16,  EKV_BF16, EKV_Q8_0,
+                                                          EKV_Q4_0, EKV_Q4_K, EKV_Q5_K, EKV_Q6_K};
+
+/* matvec.comp's index of a weight type; EKV_VK_W_COUNT: no shader for it */
+static enum ekv_vk_mv_type mv_type(enum ekv_dtype t) {
+    int i = 0;
+    while (i < EKV_VK_W_COUNT && k_mv_types[i] != t) i++;
+    return (enum ekv_vk_mv_type)i;
 }
 
-/* matvec.comp's index of a weight type */
-static enum ekv_vk_mv_type mv_type(enum ekv_dtype t) {
-    switch (t) {
-    case EKV_F16: return EKV_VK_W_F16;
-    case EKV_BF16: return EKV_VK_W_BF16;
-    case EKV_Q8_0: return EKV_VK_W_Q8_0;
-    case EKV_Q4_0: return EKV_VK_W_Q4_0;
-    case EKV_Q4_K: return EKV_VK_W_Q4_K;
-    case EKV_Q5_K: return EKV_VK_W_Q5_K;
-    case EKV_Q6_K: return EKV_VK_W_Q6_K;
-    default: return EKV_VK_W_F32;
-    }
+static bool type_on_gpu(enum ekv_dtype t) { return mv_type(t) != EKV_VK_W_COUNT; }
+
+/* The matrices of a layer the forward multiplies by. */
+enum { EKV_VK_LAYER_MATS = 7 };
+static void layer_mats(const struct ekv_layer_weights *L, const struct ekv_weight *ws[EKV_VK_LAYER_MATS]) {
+    ws[0] = &L->wq, ws[1] = &L->wk, ws[2] = &L->wv, ws[3] = &L->wo;
+    ws[4] = &L->w_gate, ws[5] = &L->w_up, ws[6] = &L->w_down;
 }
 
 /* Bytes of a K-quant block on the device: as stored, Q6_K padded to whole words. */
@@ -245,8 +246,9 @@ static enum ekv_status check_types(const struct ekv_model *m) {
         return ekv_err(EKV_ERR_UNSUPPORTED, "output: weight type %s has no GPU shader yet", ekv_dtype_name(m->output.type));
     for (int32_t l = 0; l < in->n_layer; l++) {
         const struct ekv_layer_weights *L = &m->layers[l];
-        const struct ekv_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
+        const struct ekv_weight *ws[EKV_VK_LAYER_MATS];
+        layer_mats(L, ws);
+        for (int i = 0; i < EKV_VK_LAYER_MATS; i++)
             if (!type_on_gpu(ws[i]->type))
                 return ekv_err(EKV_ERR_UNSUPPORTED, "layer %d: weight type %s has no GPU shader yet", (int)l,
                                ekv_dtype_name(ws[i]->type));
@@ -262,8 +264,9 @@ static enum ekv_status upload_model(struct ekv_vk_ctx *g, const struct ekv_model
     for (int32_t l = 0; l < in->n_layer && s == EKV_OK; l++) {
         const struct ekv_layer_weights *L = &m->layers[l];
         snprintf(what, sizeof what, "layer %d weights", (int)l);
-        const struct ekv_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7 && s == EKV_OK; i++) s = upload_weight(g, ws[i], what);
+        const struct ekv_weight *ws[EKV_VK_LAYER_MATS];
+        layer_mats(L, ws);
+        for (int i = 0; i < EKV_VK_LAYER_MATS && s == EKV_OK; i++) s = upload_weight(g, ws[i], what);
         if (s == EKV_OK) s = upload_vector(g, L->attn_norm, D, what);
         if (s == EKV_OK) s = upload_vector(g, L->ffn_norm, D, what);
         if (s == EKV_OK) s = upload_vector(g, L->bq, QD, what);
@@ -280,12 +283,13 @@ static enum ekv_status upload_model(struct ekv_vk_ctx *g, const struct ekv_model
 
 /* Builds the pipelines the model's forward uses (else built on first use). */
 static enum ekv_status prepare_pipelines(struct ekv_vk_ctx *g, const struct ekv_model *m) {
-    bool used[EKV_VK_W_COUNT] = {false};
+    bool used[EKV_VK_W_COUNT + 1] = {false}; /* + 1: a type without a shader (refused earlier) */
     used[mv_type(m->output.type)] = true;
     for (int32_t l = 0; l < m->info.n_layer; l++) {
         const struct ekv_layer_weights *L = &m->layers[l];
-        const struct ekv_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) used[mv_type(ws[i]->type)] = true;
+        const struct ekv_weight *ws[EKV_VK_LAYER_MATS];
+        layer_mats(L, ws);
+        for (int i = 0; i < EKV_VK_LAYER_MATS; i++) used[mv_type(ws[i]->type)] = true;
     }
     const uint32_t mm = ekv_vk_matvec_m(g->vk);
     if (mm == 0)

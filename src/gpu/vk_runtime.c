@@ -303,11 +303,14 @@ static void barrier(struct ekv_vk *vk) {
                          0, NULL);
 }
 
-static void record_fail(struct ekv_vk *vk, const char *what) {
+/* The first failure of a recording, reported by ekv_vk_submit. */
+static void record_fail_as(struct ekv_vk *vk, enum ekv_status s, const char *what) {
     if (vk->record_status != EKV_OK) return;
-    vk->record_status = EKV_ERR_INTERNAL;
+    vk->record_status = s;
     snprintf(vk->record_error, sizeof vk->record_error, "%s", what);
 }
+
+static void record_fail(struct ekv_vk *vk, const char *what) { record_fail_as(vk, EKV_ERR_INTERNAL, what); }
 
 enum ekv_status ekv_vk_prepare(struct ekv_vk *vk, enum ekv_vk_pipe p) {
     if ((unsigned)p >= EKV_VK_PIPE_COUNT) return ekv_err(EKV_ERR_INTERNAL, "bad pipeline %d", (int)p);
@@ -321,13 +324,7 @@ static void dispatch(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push, ui
         return record_fail(vk, "bad pipeline or push constants too large");
     if (gx == 0 || gy == 0 || gz == 0) return; /* nothing to do */
     if (gx > 65535 || gy > 65535 || gz > 65535) return record_fail(vk, "dispatch grid over 65535");
-    if (!vk->pipes[p] && create_pipeline(vk, (int)p) != EKV_OK) {
-        if (vk->record_status == EKV_OK) {
-            vk->record_status = EKV_ERR_UNSUPPORTED;
-            snprintf(vk->record_error, sizeof vk->record_error, "%s", ekv_last_error());
-        }
-        return;
-    }
+    if (ekv_vk_prepare(vk, p) != EKV_OK) return record_fail_as(vk, EKV_ERR_UNSUPPORTED, ekv_last_error());
     vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->pipes[p]);
     if (push_bytes) vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
     vkCmdDispatch(vk->cmd, gx, gy, gz);

@@ -35,7 +35,6 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
-#extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_shuffle_relative : require
 
 #define L 32
@@ -188,7 +187,7 @@ void store(uint r, uint t, float sum) {
 // over the 32 lanes.
 #define SE (L / M) // invocations per group
 
-// The tree over a group's lanes, each invocation holding M of them; the sum reaches every invocation.
+// The tree over a group's lanes, each invocation holding M of them; the sum is in invocation q == 0.
 float tree32(float v[M]) {
     precise float a[M];
     [[unroll]] for (uint m = 0; m < M; m++) a[m] = v[m];
@@ -196,7 +195,7 @@ float tree32(float v[M]) {
         [[unroll]] for (uint m = 0; m < s; m++) a[m] = a[m] + a[m + s];
     precise float r = a[0];
     [[unroll]] for (uint s = SE / 2; s > 0; s >>= 1) r = r + subgroupShuffleDown(r, s);
-    return subgroupShuffle(r, gl_SubgroupInvocationID & ~(SE - 1u));
+    return r;
 }
 
 void main() {
