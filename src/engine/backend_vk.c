@@ -12,10 +12,8 @@
  *
  * A forward is one command buffer: begin() opens it, each op records
  * dispatches, end() submits once and waits, then the logits (written by the
- * classifier straight into host-visible memory) are copied out. A sequence
- * on the GPU owns a full cache per layer, K and V [n_head_kv][n_ctx]
- * [head_dim] in f16 or f32 (entry index = position). The compressing
- * policies stay on the CPU in this version (ekv_vk_seq_supported).
+ * classifier straight into host-visible memory) are copied out. The KV
+ * caches and the attention are backend_vk_kv.c's.
  */
 #include <math.h>
 #include <stdio.h>
@@ -24,48 +22,13 @@
 
 #include "core/util.h"
 #include "engine/backend.h"
+#include "engine/backend_vk.h"
 #include "engine/engine.h"
 #include "gpu/vk.h"
 #include "gpu/vk_push.h"
 #include "kernels/quant.h"
 
 #define EKV_VK_MATVEC_NT 8    /* activation rows per workgroup in matvec.comp (NT) */
-
-struct ekv_vk_tensor {
-    const void *key;          /* the host pointer it came from (weight data or vector) */
-    struct ekv_vk_buf buf;
-    enum ekv_dtype type;
-    int64_t ne0, ne1;
-    size_t q_off;             /* Q8_0/Q4_0: byte offset of the quants after the scales */
-};
-
-struct ekv_vk_ctx {
-    struct ekv_vk *vk;
-    struct ekv_vk_tensor *t;  /* [n_t] sorted by key */
-    int32_t n_t, cap_t;
-    struct ekv_vk_buf act[EKV_ACT_COUNT];
-    struct ekv_vk_buf gate, up; /* [rows][ff_stride], the columns past n_ff zero */
-    struct ekv_vk_buf xin;      /* host-visible [rows][n_embd] input rows */
-    struct ekv_vk_buf cs;       /* host-visible [rows][rope_dim] RoPE rows */
-    struct ekv_vk_buf logits;   /* host-visible [rows][n_vocab] */
-    struct ekv_vk_buf part;     /* attention partials */
-    int32_t rows_cap;
-    size_t part_cap;            /* floats */
-    /* the forward being recorded */
-    int32_t n_rows;
-    bool cs_done;
-
-    float *logits_dst;
-    int32_t logits_rows;
-};
-
-struct ekv_vk_seq {
-    int32_t n_layer;
-    int32_t n_ctx;
-    bool f32;
-    struct ekv_vk_buf *k, *v;  /* [n_layer] each [n_head_kv][n_ctx][head_dim] */
-    uint64_t bytes_per_pos;    /* K and V of one position, all layers and heads */
-};
 
 /* Floats per row of the gate/up activations: n_ff rounded up to 8 (the
  * down projection's rows are padded with zeros to match at upload). */
@@ -234,7 +197,9 @@ static enum ekv_status upload_weight(struct ekv_vk_ctx *g, const struct ekv_weig
 
 static enum ekv_status check_types(const struct ekv_model *m) {
     const struct ekv_model_info *in = &m->info;
-    if (in->head_dim > 256) return ekv_err(EKV_ERR_UNSUPPORTED, "head_dim %d > 256 has no GPU attention yet", in->head_dim);
+    if (in->head_dim > 256 || in->head_dim % 8)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "head_dim %d (not a multiple of 8 up to 256) has no GPU attention yet",
+                       in->head_dim);
     if (in->n_head % in->n_head_kv) return ekv_err(EKV_ERR_UNSUPPORTED, "n_head not a multiple of n_head_kv");
     /* matvec.comp reads rows 16 bytes at a time (n_ff: padded, ff_stride) */
     const int64_t widths[3] = {in->n_embd, (int64_t)in->n_head * in->head_dim, (int64_t)in->n_head_kv * in->head_dim};
@@ -299,9 +264,10 @@ static enum ekv_status prepare_pipelines(struct ekv_vk_ctx *g, const struct ekv_
     for (int t = 0; t < EKV_VK_W_COUNT && s == EKV_OK; t++)
         for (int prompt = 0; prompt < 2 && used[t] && s == EKV_OK; prompt++)
             s = ekv_vk_prepare(g->vk, ekv_vk_matvec_pipe((enum ekv_vk_mv_type)t, mm, prompt));
-    const enum ekv_vk_pipe rest[6] = {EKV_VK_RMSNORM, EKV_VK_ROPE, EKV_VK_KV_STORE, EKV_VK_ATTN, EKV_VK_ATTN_COMBINE,
-                                      EKV_VK_GLU};
-    for (int i = 0; i < 6 && s == EKV_OK; i++) s = ekv_vk_prepare(g->vk, rest[i]);
+    const enum ekv_vk_pipe rest[4] = {EKV_VK_RMSNORM, EKV_VK_ROPE, EKV_VK_ATTN_COMBINE, EKV_VK_GLU};
+    for (int i = 0; i < 4 && s == EKV_OK; i++) s = ekv_vk_prepare(g->vk, rest[i]);
+    /* the default cache (f16); other storage types when a sequence asks */
+    if (s == EKV_OK) s = ekv_vk_kv_prepare(g, EKV_KV_F16, EKV_KV_F16);
     return s;
 }
 
@@ -379,7 +345,7 @@ enum ekv_status ekv_vk_ctx_new(struct ekv_context *ctx, const char *spec, struct
 void ekv_vk_ctx_free(struct ekv_vk_ctx *g) {
     if (!g) return;
     free_scratch(g);
-    ekv_vk_buf_free(g->vk, &g->part);
+    ekv_vk_kv_free_scratch(g);
     for (int32_t i = 0; i < g->n_t; i++) ekv_vk_buf_free(g->vk, &g->t[i].buf);
     free(g->t);
     ekv_vk_close(g->vk);
@@ -419,95 +385,11 @@ uint64_t ekv_vk_ctx_validation(const struct ekv_vk_ctx *g, const char **first) {
     return g ? ekv_vk_validation_errors(g->vk) : 0;
 }
 
-/* ---- sequences ---- */
-
-bool ekv_vk_seq_supported(const struct ekv_seq *seq, const char **why) {
-    const struct ekv_kv *kv = seq->kv;
-    if (strcmp(kv->policy_name, "full") != 0) {
-        *why = "compressing policies run on the CPU in this version (GPU: policy full)";
-        return false;
-    }
-    if (kv->params.type_k != kv->params.type_v ||
-        (kv->params.type_k != EKV_KV_F16 && kv->params.type_k != EKV_KV_F32)) {
-        *why = "cache storage types other than f16 and f32 (the same for K and V) run on the CPU in this version";
-        return false;
-    }
-    if (kv->params.max_tokens > 0) {
-        *why = "a cap on cache entries (--kv-tokens) runs on the CPU in this version";
-        return false;
-    }
-    return true;
-}
-
-enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq **out) {
-    *out = NULL;
-    const struct ekv_model_info *in = &seq->ctx->model->info;
-    struct ekv_vk_seq *s = calloc(1, sizeof *s);
-    if (!s) return ekv_err(EKV_ERR_NOMEM, "out of memory");
-    s->n_layer = in->n_layer;
-    s->n_ctx = seq->ctx->params.n_ctx;
-    s->f32 = seq->kv->params.type_k == EKV_KV_F32;
-    s->k = calloc((size_t)in->n_layer, sizeof *s->k);
-    s->v = calloc((size_t)in->n_layer, sizeof *s->v);
-    const size_t el = s->f32 ? 4 : 2;
-    size_t per_layer = 0;
-    enum ekv_status st = EKV_OK;
-    if (!s->k || !s->v) st = ekv_err(EKV_ERR_NOMEM, "out of memory");
-    else if (!ekv_mul_ok((size_t)in->n_head_kv * (size_t)in->head_dim * el, (size_t)s->n_ctx, &per_layer))
-        st = ekv_err(EKV_ERR_OVERFLOW, "a cache of %d positions is too large", (int)s->n_ctx);
-    for (int32_t l = 0; l < in->n_layer && st == EKV_OK; l++) {
-        st = ekv_vk_buf_new(g->vk, per_layer, false, "KV cache", &s->k[l]);
-        if (st == EKV_OK) st = ekv_vk_buf_new(g->vk, per_layer, false, "KV cache", &s->v[l]);
-    }
-    s->bytes_per_pos = 2u * (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * (uint64_t)in->head_dim * el;
-    if (st != EKV_OK) {
-        ekv_vk_seq_free(g, s);
-        return ekv_err_prefix(st, "%s: a full cache of %d positions", ekv_vk_name(g->vk), (int)seq->ctx->params.n_ctx);
-    }
-    *out = s;
-    return EKV_OK;
-}
-
-void ekv_vk_seq_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
-    if (!s) return;
-    for (int32_t l = 0; l < s->n_layer; l++) {
-        if (s->k) ekv_vk_buf_free(g->vk, &s->k[l]);
-        if (s->v) ekv_vk_buf_free(g->vk, &s->v[l]);
-    }
-    free(s->k);
-    free(s->v);
-    free(s);
-}
-
-uint64_t ekv_vk_seq_bytes(const struct ekv_vk_seq *s, int64_t n_seen, uint64_t *alloc) {
-    if (alloc) *alloc = s->bytes_per_pos * (uint64_t)s->n_ctx;
-    return s->bytes_per_pos * (uint64_t)n_seen;
-}
-
-/* Keys per split of the decode attention. Fixed, so that a row's keys are
- * split and combined the same way whatever rows share its forward (batch
- * invariance: alone == batched, a prompt in pieces == one piece). */
-#define EKV_VK_SPLIT 128
-/* Bytes of attention partials a forward may hold; longer prompts are
- * attended in blocks of rows that fit. */
-#define EKV_VK_PART_BYTES ((size_t)64 << 20)
-
-static uint32_t n_splits(int64_t kv_end) { return (uint32_t)((kv_end + EKV_VK_SPLIT - 1) / EKV_VK_SPLIT); }
-
-/* Rows attended per block so that the partials of a block fit the buffer. */
-static int32_t attn_block_rows(const struct ekv_vk_ctx *g, const struct ekv_model_info *in, int64_t kv_end) {
-    size_t per_row = (size_t)in->n_head * n_splits(kv_end) * (size_t)(in->head_dim + 2);
-    size_t rows = g->part_cap / (per_row ? per_row : 1);
-    return rows < 1 ? 1 : rows > 65535 ? 65535 : (int32_t)rows;
-}
-
 /* ---- operations ---- */
 
-static struct ekv_vk_ctx *G(struct ekv_context *ctx) { return ctx->gpu; }
+static struct ekv_vk_ctx *G(struct ekv_context *ctx) { return ekv_vk_of(ctx); }
 
-static uint64_t act_addr(struct ekv_context *ctx, enum ekv_act a, int32_t row0) {
-    return G(ctx)->act[a].addr + (uint64_t)row0 * ekv_act_width(&ctx->model->info, a) * sizeof(float);
-}
+static uint64_t act_addr(struct ekv_context *ctx, enum ekv_act a, int32_t row0) { return ekv_vk_act_addr(ctx, a, row0); }
 
 static uint32_t grid_rows(int64_t n) { return (uint32_t)(n < 32768 ? (n < 1 ? 1 : n) : 32768); }
 
@@ -519,17 +401,7 @@ static enum ekv_status vk_begin(struct ekv_context *ctx, int32_t n_rows) {
     const struct ekv_model_info *in = &ctx->model->info;
     enum ekv_status s = reserve_rows(g, in, n_rows);
     if (s != EKV_OK) return s;
-    /* partials of one row at full depth, or of all rows if fewer, up to EKV_VK_PART_BYTES */
-    const size_t per_row = (size_t)in->n_head * n_splits(ctx->params.n_ctx) * (size_t)(in->head_dim + 2);
-    size_t need = per_row * (size_t)n_rows;
-    if (need * sizeof(float) > EKV_VK_PART_BYTES) need = EKV_MAX(per_row, EKV_VK_PART_BYTES / sizeof(float));
-    if (need > g->part_cap) {
-        ekv_vk_buf_free(g->vk, &g->part);
-        g->part_cap = 0;
-        s = ekv_vk_buf_new(g->vk, need * sizeof(float), false, "attention scratch", &g->part);
-        if (s != EKV_OK) return s;
-        g->part_cap = need;
-    }
+    if ((s = ekv_vk_kv_begin(ctx, n_rows)) != EKV_OK) return s;
     memcpy(g->xin.host, ctx->x, (size_t)n_rows * (size_t)in->n_embd * sizeof(float));
     if ((s = ekv_vk_begin(g->vk)) != EKV_OK) return s;
     g->n_rows = n_rows;
@@ -542,14 +414,15 @@ static enum ekv_status vk_begin(struct ekv_context *ctx, int32_t n_rows) {
 }
 
 static enum ekv_status vk_seq_begin(struct ekv_context *ctx, struct ekv_fwd_part *part) {
-    const struct ekv_vk_seq *s = part->seq->gpu;
-    if (part->step.pos0 < 0 || part->step.pos0 + part->n > s->n_ctx)
-        return ekv_err(EKV_ERR_CONTEXT_FULL, "positions %lld..%lld beyond the GPU cache of %d",
-                       (long long)part->step.pos0, (long long)(part->step.pos0 + part->n), (int)s->n_ctx);
-    return EKV_OK;
+    (void)ctx;
+    return ekv_vk_kv_part_begin(part);
 }
 
-static enum ekv_status vk_seq_end(struct ekv_context *ctx, struct ekv_fwd_part *part) { return EKV_OK; }
+static enum ekv_status vk_seq_end(struct ekv_context *ctx, struct ekv_fwd_part *part) {
+    (void)ctx;
+    ekv_vk_kv_part_done(part);
+    return EKV_OK;
+}
 
 static enum ekv_status vk_rmsnorm(struct ekv_context *ctx, enum ekv_act dst, enum ekv_act src, int32_t src_row0,
                                   const float *w, int32_t n_rows) {
@@ -634,38 +507,8 @@ static enum ekv_status vk_rope(struct ekv_context *ctx, struct ekv_fwd_part *par
 
 static enum ekv_status vk_attention(struct ekv_context *ctx, int il, struct ekv_fwd_part *parts, int32_t n_parts,
                                     struct ekv_kv_part *kvp) {
-    struct ekv_vk_ctx *g = G(ctx);
-    const struct ekv_model_info *in = &ctx->model->info;
-    const uint32_t HD = (uint32_t)in->head_dim, KVD = (uint32_t)ekv_act_width(in, EKV_ACT_K);
-    const uint32_t QD = (uint32_t)ekv_act_width(in, EKV_ACT_Q);
-    for (int32_t p = 0; p < n_parts; p++) {
-        const struct ekv_vk_seq *s = parts[p].seq->gpu;
-        const int32_t r0 = parts[p].row0, n = parts[p].n;
-        const uint32_t pos0 = (uint32_t)parts[p].step.pos0;
-        struct ekv_vk_pc_kv_store ks = {.k = act_addr(ctx, EKV_ACT_K, r0), .v = act_addr(ctx, EKV_ACT_V, r0),
-                                 .kc = s->k[il].addr, .vc = s->v[il].addr, .n_head_kv = (uint32_t)in->n_head_kv,
-                                 .head_dim = HD, .n_ctx = (uint32_t)s->n_ctx, .pos0 = pos0, .rows = (uint32_t)n,
-                                 .kv_stride = KVD, .f32 = s->f32};
-        ekv_vk_dispatch(g->vk, EKV_VK_KV_STORE, &ks, sizeof ks, (uint32_t)n, (uint32_t)in->n_head_kv, 1);
-        const uint32_t n_split = n_splits((int64_t)pos0 + n);
-        const int32_t block = attn_block_rows(g, in, (int64_t)pos0 + n);
-        for (int32_t b0 = 0; b0 < n; b0 += block) {
-            const int32_t nb = EKV_MIN(block, n - b0);
-            struct ekv_vk_pc_attn at = {.q = act_addr(ctx, EKV_ACT_Q, r0 + b0), .kc = s->k[il].addr, .vc = s->v[il].addr,
-                                 .part = g->part.addr, .n_head = (uint32_t)in->n_head,
-                                 .n_head_kv = (uint32_t)in->n_head_kv, .head_dim = HD, .n_ctx = (uint32_t)s->n_ctx,
-                                 .pos0 = pos0 + (uint32_t)b0, .rows = (uint32_t)nb, .q_stride = QD,
-                                 .n_split = n_split, .split_len = EKV_VK_SPLIT,
-                                 .window = (uint32_t)(in->sliding_window > 0 ? in->sliding_window : 0),
-                                 .f32 = s->f32, .scale = 1.0f / sqrtf((float)HD)};
-            ekv_vk_dispatch(g->vk, EKV_VK_ATTN, &at, sizeof at, (uint32_t)in->n_head, (uint32_t)nb, n_split);
-            struct ekv_vk_pc_combine cb = {.part = g->part.addr, .out = act_addr(ctx, EKV_ACT_ATT, r0 + b0),
-                                    .n_head = (uint32_t)in->n_head, .head_dim = HD, .rows = (uint32_t)nb,
-                                    .n_split = n_split, .out_stride = QD};
-            ekv_vk_dispatch(g->vk, EKV_VK_ATTN_COMBINE, &cb, sizeof cb, (uint32_t)in->n_head, (uint32_t)nb, 1);
-        }
-    }
-    return EKV_OK;
+    (void)kvp;
+    return ekv_vk_kv_attention(ctx, il, parts, n_parts);
 }
 
 static enum ekv_status vk_ffn(struct ekv_context *ctx, const struct ekv_layer_weights *L, int32_t n_rows) {

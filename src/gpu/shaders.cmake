@@ -52,9 +52,30 @@ set(EKV_VK_PIPES
   "matmul_q4_K_s8|matvec.comp|TYPE_Q4_K,PROMPT,M=4"
   "matmul_q5_K_s8|matvec.comp|TYPE_Q5_K,PROMPT,M=4"
   "matmul_q6_K_s8|matvec.comp|TYPE_Q6_K,PROMPT,M=4"
-  "rope|rope.comp|"
-  "kv_store|kv_store.comp|"
-  "attn|attn.comp|"
+  "rope|rope.comp|")
+# the KV cache's storage types, in the order of enum ekv_kv_type (from f32)
+set(EKV_VK_KV_TYPES f32 f16 q8_0 q4_0 kivi2 kivi4)
+set(EKV_VK_KV_DEFS KV_F32 KV_F16 KV_Q8_0 KV_Q4_0 KV_KIVI2 KV_KIVI4)
+foreach(i RANGE 3) # kv_store: the row types (KIVI rows go to the scratch as f16)
+  list(GET EKV_VK_KV_TYPES ${i} tn)
+  list(GET EKV_VK_KV_DEFS ${i} td)
+  list(APPEND EKV_VK_PIPES "kv_store_${tn}|kv_store.comp|ST=${td}")
+endforeach()
+foreach(i RANGE 5) # attn: key type x value type
+  foreach(j RANGE 5)
+    list(GET EKV_VK_KV_TYPES ${i} kn)
+    list(GET EKV_VK_KV_DEFS ${i} kd)
+    list(GET EKV_VK_KV_TYPES ${j} vn)
+    list(GET EKV_VK_KV_DEFS ${j} vd)
+    list(APPEND EKV_VK_PIPES "attn_${kn}_${vn}|attn.comp|KT=${kd},VT=${vd}")
+  endforeach()
+endforeach()
+list(APPEND EKV_VK_PIPES
+  "kivi_keys2|kivi.comp|KEYS,BITS=2"
+  "kivi_keys4|kivi.comp|KEYS,BITS=4"
+  "kivi_values2|kivi.comp|VALUES,BITS=2"
+  "kivi_values4|kivi.comp|VALUES,BITS=4"
+  "kivi_copy|kivi.comp|COPY"
   "attn_combine|attn_combine.comp|"
   "glu|glu.comp|")
 

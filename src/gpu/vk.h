@@ -38,8 +38,16 @@ enum ekv_vk_pipe {
     /* matvec.comp, 48 variants: ekv_vk_matvec_pipe() */
     EKV_VK_MATVEC_FIRST,
     EKV_VK_ROPE = EKV_VK_MATVEC_FIRST + 48,
-    EKV_VK_KV_STORE,
-    EKV_VK_ATTN,
+    /* kv_store.comp per row storage type (f32, f16, q8_0, q4_0): ekv_vk_kv_store_pipe() */
+    EKV_VK_KV_STORE_FIRST,
+    /* attn.comp per key type x value type (6 x 6): ekv_vk_attn_pipe() */
+    EKV_VK_ATTN_FIRST = EKV_VK_KV_STORE_FIRST + 4,
+    /* kivi.comp: quantise keys (2, 4 bits), values (2, 4 bits), keep in the ring */
+    EKV_VK_KIVI_KEYS2 = EKV_VK_ATTN_FIRST + 36,
+    EKV_VK_KIVI_KEYS4,
+    EKV_VK_KIVI_VALUES2,
+    EKV_VK_KIVI_VALUES4,
+    EKV_VK_KIVI_COPY,
     EKV_VK_ATTN_COMBINE,
     EKV_VK_GLU,
     EKV_VK_PIPE_COUNT
@@ -57,6 +65,19 @@ enum ekv_vk_mv_type {
 static inline enum ekv_vk_pipe ekv_vk_matvec_pipe(enum ekv_vk_mv_type t, uint32_t m, int prompt) {
     const int mi = m >= 4 ? 2 : m == 2 ? 1 : 0;
     return (enum ekv_vk_pipe)(EKV_VK_MATVEC_FIRST + ((prompt ? 3 : 0) + mi) * EKV_VK_W_COUNT + (int)t);
+}
+
+/* The shaders' index of a cache storage type: enum ekv_kv_type from
+ * EKV_KV_F32 (0 f32, 1 f16, 2 q8_0, 3 q4_0, 4 kivi2, 5 kivi4; kvq.glsl). */
+static inline int ekv_vk_kv_index(enum ekv_kv_type t) { return (int)t - (int)EKV_KV_F32; }
+/* kv_store.comp for a row type (f32, f16, q8_0, q4_0; KIVI rows: f16). */
+static inline enum ekv_vk_pipe ekv_vk_kv_store_pipe(enum ekv_kv_type t) {
+    const int i = ekv_vk_kv_index(t);
+    return (enum ekv_vk_pipe)(EKV_VK_KV_STORE_FIRST + (i > 3 ? 1 : i));
+}
+/* attn.comp for a key and a value storage type. */
+static inline enum ekv_vk_pipe ekv_vk_attn_pipe(enum ekv_kv_type k, enum ekv_kv_type v) {
+    return (enum ekv_vk_pipe)(EKV_VK_ATTN_FIRST + 6 * ekv_vk_kv_index(k) + ekv_vk_kv_index(v));
 }
 
 /* Lists the Vulkan devices (ekv_devices_list in ekv.h). */
@@ -86,6 +107,9 @@ uint32_t ekv_vk_subgroup_size(const struct ekv_vk *vk);
  * 8 and 16, 1 for 32 or more; 0 for smaller ones (no matvec variant). Its
  * workgroups hold 128 / (32 / M) weight-row groups. */
 uint32_t ekv_vk_matvec_m(const struct ekv_vk *vk);
+/* Whether shaders may use doubles (shaderFloat64): the quantising KV
+ * cache types need them to round exactly as the CPU does. */
+bool ekv_vk_has_f64(const struct ekv_vk *vk);
 /* Builds a pipeline now (they are built on first use otherwise), so that a
  * failure shows where it can be reported. */
 enum ekv_status ekv_vk_prepare(struct ekv_vk *vk, enum ekv_vk_pipe p);

@@ -19,6 +19,7 @@ struct ekv_vk {
     VkDevice dev;
     VkQueue queue;
     uint32_t queue_family;
+    bool f64;                   /* shaderFloat64 enabled */
     VkCommandPool cmd_pool;
     VkCommandBuffer cmd;
     VkFence fence;

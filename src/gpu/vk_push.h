@@ -24,13 +24,18 @@ struct ekv_vk_pc_rope {
     uint32_t n_head, n_head_kv, head_dim, rope_dim, neox, rows, q_stride, k_stride;
 };
 struct ekv_vk_pc_kv_store {
-    uint64_t k, v, kc, vc;
-    uint32_t n_head_kv, head_dim, n_ctx, pos0, rows, kv_stride, f32;
+    uint64_t src, dst;
+    uint32_t H, D, hstride, e0, rows, src_stride;
 };
 struct ekv_vk_pc_attn {
-    uint64_t q, kc, vc, part;
-    uint32_t n_head, n_head_kv, head_dim, n_ctx, pos0, rows, q_stride, n_split, split_len, window, f32;
+    uint64_t q, kc, vc, part, kscr, vscr;
+    uint32_t n_head, n_head_kv, head_dim, n_ctx, pos0, rows, q_stride, n_split, split_len, window;
     float scale;
+    uint32_t g, tc_k, tc_v, nq_k, nq_v, scr_stride, kv_pos0;
+};
+struct ekv_vk_pc_kivi {
+    uint64_t base, scr;
+    uint32_t H, C, D, G, TC, pos0, j0, n, scr_stride;
 };
 struct ekv_vk_pc_combine { uint64_t part, out; uint32_t n_head, head_dim, rows, n_split, out_stride; };
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };

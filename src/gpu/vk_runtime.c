@@ -92,6 +92,8 @@ enum ekv_status ekv_vk_device_init(struct ekv_vk *vk) {
     VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11};
     f2.features.shaderInt64 = have.features.shaderInt64;
     f2.features.shaderInt16 = have.features.shaderInt16;
+    f2.features.shaderFloat64 = have.features.shaderFloat64; /* the KV cache's quantisers (kvq_quant.glsl) */
+    vk->f64 = have.features.shaderFloat64;
     float prio = 1.0f;
     VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                   .queueFamilyIndex = vk->queue_family, .queueCount = 1, .pQueuePriorities = &prio};

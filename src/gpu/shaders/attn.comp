@@ -6,22 +6,30 @@
 // chunks of 256 with a running max and sum (online softmax), and writes its
 // unnormalised output with the max and sum of its exponentials to
 // part[row][head][split][head_dim + 2]; attn_combine.comp merges the splits.
-// GQA: query head h reads KV head h / (n_head / n_head_kv). head_dim <= 256.
+// GQA: query head h reads KV head h / (n_head / n_head_kv). head_dim <= 256
+// and a multiple of 8. Compiled per storage type of the keys and of the
+// values (-DKT=KV_F16 -DVT=KV_Q8_0 ...; kvq.glsl reads them).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
+#include "kvq.glsl"
 #define CHUNK 256
 #define MAXD 256
 layout(local_size_x = 64) in;
 layout(push_constant) uniform P {
-    F32 q; F32 kc; F32 vc; F32 part;
+    F32 q; U32 kc; U32 vc; F32 part; F16 kscr; F16 vscr;
     uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint pos0; uint rows; uint q_stride;
-    uint n_split; uint split_len; uint window; uint f32; float scale;
+    uint n_split; uint split_len; uint window; float scale;
+    uint g; uint tc_k; uint tc_v; uint nq_k; uint nq_v; uint scr_stride; uint kv_pos0;
 } pc;
 shared float sq[MAXD];
 shared float sp[CHUNK];
 
-float kval(uint i) { return pc.f32 != 0u ? pc.kc.d[i] : float(F16(pc.kc).d[i]); }
-float vval(uint i) { return pc.f32 != 0u ? pc.vc.d[i] : float(F16(pc.vc).d[i]); }
+KvSide kside() {
+    return KvSide(pc.kc, pc.kscr, pc.n_head_kv, pc.n_ctx, pc.head_dim, pc.g, pc.tc_k, pc.nq_k, pc.kv_pos0, pc.scr_stride);
+}
+KvSide vside() {
+    return KvSide(pc.vc, pc.vscr, pc.n_head_kv, pc.n_ctx, pc.head_dim, pc.g, pc.tc_v, pc.nq_v, pc.kv_pos0, pc.scr_stride);
+}
 
 void main() {
     const uint h = gl_WorkGroupID.x, row = gl_WorkGroupID.y, si = gl_WorkGroupID.z;
@@ -33,7 +41,7 @@ void main() {
     const uint lo = max(lo_w, si * pc.split_len);
     const uint hi = min(pos + 1u, (si + 1u) * pc.split_len); // exclusive
     const uint ob = ((row * pc.n_head + h) * pc.n_split + si) * (D + 2u);
-    const uint kb = kvh * pc.n_ctx * D;
+    KvSide ks = kside(), vs = vside();
     for (uint d = tid; d < D; d += nth) sq[d] = pc.q.d[row * pc.q_stride + h * D + d];
     barrier();
     float m = -1.0 / 0.0, l = 0.0;
@@ -43,16 +51,12 @@ void main() {
         float lmax = -1.0 / 0.0;
         for (uint j = c0 + tid; j < c1; j += nth) {
             float s = 0.0;
-            if (pc.f32 == 0u && (D & 7u) == 0u) { // f16 keys: 8 per 16-byte load
-                const uint k8 = (kb + j * D) / 8u;
-                for (uint e = 0; e < D / 8u; e++) {
-                    uvec4 u = U4(pc.kc).d[k8 + e];
-                    const uint o = 8u * e;
-                    s += dot(vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)), vec4(sq[o], sq[o + 1], sq[o + 2], sq[o + 3]));
-                    s += dot(vec4(unpackHalf2x16(u.z), unpackHalf2x16(u.w)), vec4(sq[o + 4], sq[o + 5], sq[o + 6], sq[o + 7]));
-                }
-            } else {
-                for (uint d = 0; d < D; d++) s += sq[d] * kval(kb + j * D + d);
+            for (uint e = 0; e < D / 8u; e++) { // 8 channels at a time
+                float k[8];
+                kv_row8(KT, false, ks, kvh, j, e, k);
+                const uint o = 8u * e;
+                s += dot(vec4(k[0], k[1], k[2], k[3]), vec4(sq[o], sq[o + 1], sq[o + 2], sq[o + 3]));
+                s += dot(vec4(k[4], k[5], k[6], k[7]), vec4(sq[o + 4], sq[o + 5], sq[o + 6], sq[o + 7]));
             }
             s *= pc.scale;
             sp[j - c0] = s;
@@ -72,7 +76,7 @@ void main() {
             uint d = tid + k * nth;
             if (d >= D) break;
             float a = 0.0;
-            for (uint j = c0; j < c1; j++) a += sp[j - c0] * vval(kb + j * D + d);
+            for (uint j = c0; j < c1; j++) a += sp[j - c0] * kv_elem(VT, true, vs, kvh, j, d);
             acc[k] = acc[k] * corr + a;
         }
         m = nm;
