@@ -466,7 +466,7 @@ static float kv_value(int i) {
     }
 }
 
-/* The device's quantisers against the CPU's, bit for bit: kv_store
+/* The device's quantisers against the CPU's, bit for bit: rope_store
  * (q8_0, q4_0 rows) and kivi.comp (KIVI keys per channel over groups,
  * values per entry over channel groups; sources in the ring and in the
  * forward's scratch), on values with exact ties and constant groups, and
@@ -485,23 +485,31 @@ static void test_kv_quantisers(void) {
     float *x = malloc(sizeof(float) * ROWS * H * D);
     for (int i = 0; i < ROWS * H * D; i++) x[i] = kv_value(i) * ((i / 7) % 3 == 0 ? -1.0f : 1.0f);
     for (int i = 0; i < D; i++) x[5 * H * D + i] = 1.5f; /* a constant row */
-    struct ekv_vk_buf src, dst;
+    struct ekv_vk_buf src;
     CHECK_OK(ekv_vk_buf_new(vk, sizeof(float) * ROWS * H * D, false, "src", &src));
     CHECK_OK(ekv_vk_upload(vk, &src, 0, x, sizeof(float) * ROWS * H * D));
+    /* one rope_store dispatch (no rotation, no query heads): keys as q8_0, values as q4_0 */
     const enum ekv_kv_type rt[2] = {EKV_KV_Q8_0, EKV_KV_Q4_0};
+    struct ekv_vk_buf dst[2];
+    size_t p0[2], bytes[2];
+    for (int ti = 0; ti < 2; ti++) {
+        p0[ti] = (size_t)H * C * (ti == 0 ? D : D / 2);
+        bytes[ti] = p0[ti] + (size_t)H * C * (D / 32) * 2 + 4;
+        CHECK_OK(ekv_vk_buf_new(vk, bytes[ti], false, "dst", &dst[ti]));
+    }
+    struct ekv_vk_pc_rope_store pc = {.k = src.addr, .v = src.addr, .kdst = dst[0].addr, .vdst = dst[1].addr,
+                                      .n_head = 0, .H = H, .D = D, .rows = ROWS, .kv_stride = H * D,
+                                      .k_hstride = C, .k_e0 = E0, .v_hstride = C, .v_e0 = E0};
+    const enum ekv_vk_pipe rsp = ekv_vk_rope_store_pipe(rt[0], rt[1]);
+    CHECK_OK(ekv_vk_prepare(vk, rsp));
+    CHECK_OK(ekv_vk_begin(vk));
+    ekv_vk_dispatch(vk, rsp, &pc, sizeof pc, ROWS, H, 1);
+    CHECK_OK(ekv_vk_submit(vk));
     for (int ti = 0; ti < 2; ti++) {
         const bool q8 = rt[ti] == EKV_KV_Q8_0;
         const size_t rowb = q8 ? D : D / 2, blk = q8 ? sizeof(struct ekv_block_q8_0) : sizeof(struct ekv_block_q4_0);
-        const size_t p0 = (size_t)H * C * rowb, bytes = p0 + (size_t)H * C * (D / 32) * 2 + 4;
-        uint8_t *got = malloc(bytes), *want = malloc(blk * (D / 32));
-        CHECK_OK(ekv_vk_buf_new(vk, bytes, false, "dst", &dst));
-        struct ekv_vk_pc_kv_store pc = {.src = src.addr, .dst = dst.addr, .H = H, .D = D, .hstride = C, .e0 = E0,
-                                        .rows = ROWS, .src_stride = H * D};
-        CHECK_OK(ekv_vk_prepare(vk, ekv_vk_kv_store_pipe(rt[ti])));
-        CHECK_OK(ekv_vk_begin(vk));
-        ekv_vk_dispatch(vk, ekv_vk_kv_store_pipe(rt[ti]), &pc, sizeof pc, ROWS, H, 1);
-        CHECK_OK(ekv_vk_submit(vk));
-        CHECK_OK(ekv_vk_download(vk, &dst, 0, got, bytes));
+        uint8_t *got = malloc(bytes[ti]), *want = malloc(blk * (D / 32));
+        CHECK_OK(ekv_vk_download(vk, &dst[ti], 0, got, bytes[ti]));
         int bad = 0;
         for (int r = 0; r < ROWS; r++)
             for (int h = 0; h < H; h++) {
@@ -510,12 +518,12 @@ static void test_kv_quantisers(void) {
                 else ekv_quant_q4_0(x + ((size_t)r * H + h) * D, want, D);
                 for (int b = 0; b < D / 32; b++) {
                     const uint8_t *wb = want + b * blk;
-                    bad += memcmp(got + p0 + (ent * (D / 32) + b) * 2, wb, 2) != 0;
+                    bad += memcmp(got + p0[ti] + (ent * (D / 32) + b) * 2, wb, 2) != 0;
                     bad += memcmp(got + ent * rowb + b * (rowb / (D / 32)), wb + 2, blk - 2) != 0;
                 }
             }
-        CHECK_MSG(bad == 0, "kv_store %s: %d blocks differ from the CPU's", ekv_kv_type_name(rt[ti]), bad);
-        ekv_vk_buf_free(vk, &dst);
+        CHECK_MSG(bad == 0, "rope_store %s: %d blocks differ from the CPU's", ekv_kv_type_name(rt[ti]), bad);
+        ekv_vk_buf_free(vk, &dst[ti]);
         free(got), free(want);
     }
     /* KIVI: entries [0, N) of which [0, P) in the ring (TC = P) and [P, N)

@@ -264,8 +264,8 @@ static enum ekv_status prepare_pipelines(struct ekv_vk_ctx *g, const struct ekv_
     for (int t = 0; t < EKV_VK_W_COUNT && s == EKV_OK; t++)
         for (int prompt = 0; prompt < 2 && used[t] && s == EKV_OK; prompt++)
             s = ekv_vk_prepare(g->vk, ekv_vk_matvec_pipe((enum ekv_vk_mv_type)t, mm, prompt));
-    const enum ekv_vk_pipe rest[4] = {EKV_VK_RMSNORM, EKV_VK_ROPE, EKV_VK_ATTN_COMBINE, EKV_VK_GLU};
-    for (int i = 0; i < 4 && s == EKV_OK; i++) s = ekv_vk_prepare(g->vk, rest[i]);
+    const enum ekv_vk_pipe rest[3] = {EKV_VK_RMSNORM, EKV_VK_ATTN_COMBINE, EKV_VK_GLU};
+    for (int i = 0; i < 3 && s == EKV_OK; i++) s = ekv_vk_prepare(g->vk, rest[i]);
     /* the default cache (f16); other storage types when a sequence asks */
     if (s == EKV_OK) s = ekv_vk_kv_prepare(g, EKV_KV_F16, EKV_KV_F16);
     return s;
@@ -482,26 +482,20 @@ static enum ekv_status vk_matmul_add(struct ekv_context *ctx, const struct ekv_w
                   (uint32_t)ekv_act_width(in, dst), NULL, true, n_rows, true);
 }
 
+/* The {cos, sin} rows of the forward, computed here for every row (the same
+ * for every layer: once per forward); the rotation itself is recorded with
+ * each part's cache store (ekv_vk_kv_attention: rope_store.comp). */
 static enum ekv_status vk_rope(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,
                                const int64_t *rope0) {
     struct ekv_vk_ctx *g = G(ctx);
-    const struct ekv_model_info *in = &ctx->model->info;
-    const int RD = in->rope_dim;
-    if (!g->cs_done) { /* the same rows for every layer: computed once per forward */
+    const int RD = ctx->model->info.rope_dim;
+    if (!g->cs_done && RD > 0) {
         float *cs = g->cs.host;
         for (int32_t p = 0; p < n_parts; p++)
             for (int32_t i = 0; i < parts[p].n; i++)
                 ekv_rope_sincos_ext(&ctx->rope, rope0[p] + i, cs + (size_t)(parts[p].row0 + i) * RD);
-        g->cs_done = true;
     }
-    if (RD <= 0) return EKV_OK;
-    struct ekv_vk_pc_rope pc = {.q = act_addr(ctx, EKV_ACT_Q, 0), .k = act_addr(ctx, EKV_ACT_K, 0), .cs = g->cs.addr,
-                         .n_head = (uint32_t)in->n_head, .n_head_kv = (uint32_t)in->n_head_kv,
-                         .head_dim = (uint32_t)in->head_dim,
-                         .rope_dim = (uint32_t)(RD > in->head_dim ? in->head_dim : RD), .neox = in->rope_neox,
-                         .rows = (uint32_t)g->n_rows, .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q),
-                         .k_stride = (uint32_t)ekv_act_width(in, EKV_ACT_K)};
-    ekv_vk_dispatch(g->vk, EKV_VK_ROPE, &pc, sizeof pc, (uint32_t)g->n_rows, (uint32_t)(in->n_head + in->n_head_kv), 1);
+    g->cs_done = true;
     return EKV_OK;
 }
 

@@ -9,9 +9,10 @@
  * bit for bit, so a GPU cache holds exactly what the CPU's would, and the
  * attention differs from the CPU's only by the order of its sums.
  *
- * Per layer and forward: kv_store writes the new rows (row types: into the
- * cache, quantised; KIVI: into a scratch in fp16, as the CPU keeps them
- * until the forward ends), attn + attn_combine attend, then for KIVI
+ * Per layer and part of a forward: rope_store rotates the part's queries
+ * and keys and writes the new keys and values (row types: into the cache,
+ * quantised; KIVI: into a scratch in fp16, as the CPU keeps them until the
+ * forward ends), attn + attn_combine attend, then for KIVI
  * kivi.comp applies the residual rule (keys: whole blocks of max(R, G)
  * entries in groups of G; values: all but the newest R) and moves the rows
  * that stay in full precision into the side's ring. A full cache never
@@ -118,8 +119,7 @@ bool ekv_vk_seq_supported(const struct ekv_seq *seq, const char **why) {
 }
 
 enum ekv_status ekv_vk_kv_prepare(struct ekv_vk_ctx *g, enum ekv_kv_type tk, enum ekv_kv_type tv) {
-    enum ekv_status s = ekv_vk_prepare(g->vk, ekv_vk_kv_store_pipe(tk));
-    if (s == EKV_OK) s = ekv_vk_prepare(g->vk, ekv_vk_kv_store_pipe(tv));
+    enum ekv_status s = ekv_vk_prepare(g->vk, ekv_vk_rope_store_pipe(tk, tv));
     if (s == EKV_OK) s = ekv_vk_prepare(g->vk, ekv_vk_attn_pipe(tk, tv));
     if (s == EKV_OK && kivi(tk))
         s = ekv_vk_prepare(g->vk, tk == EKV_KV_KIVI2 ? EKV_VK_KIVI_KEYS2 : EKV_VK_KIVI_KEYS4);
@@ -278,24 +278,36 @@ static uint64_t scr_addr(const struct ekv_vk_ctx *g, const struct ekv_vk_seq *s,
     return g->kv_scr.addr + side + (uint64_t)row0 * s->D * 2;
 }
 
-static void store_side(struct ekv_context *ctx, const struct ekv_vk_seq *s, const struct ekv_vk_side *sd, int il,
-                       const struct ekv_fwd_part *part, bool barrier) {
-    struct ekv_vk_ctx *g = ekv_vk_of(ctx);
-    const bool k = !sd->is_v;
-    struct ekv_vk_pc_kv_store pc = {.src = ekv_vk_act_addr(ctx, k ? EKV_ACT_K : EKV_ACT_V, part->row0),
-                                    .H = s->H, .D = s->D, .rows = (uint32_t)part->n,
-                                    .src_stride = (uint32_t)ekv_act_width(&ctx->model->info, EKV_ACT_K)};
+/* Where a side's rows of a part go: the cache, or (KIVI) the scratch. */
+static void store_dst(const struct ekv_vk_ctx *g, const struct ekv_vk_seq *s, const struct ekv_vk_side *sd, int il,
+                      const struct ekv_fwd_part *part, uint64_t *dst, uint32_t *hstride, uint32_t *e0) {
     if (kivi(sd->type)) { /* the whole scratch, rows from the part's first */
-        pc.dst = scr_addr(g, s, sd->is_v, 0);
-        pc.hstride = (uint32_t)g->kv_scr_rows;
-        pc.e0 = (uint32_t)part->row0;
+        *dst = scr_addr(g, s, sd->is_v, 0);
+        *hstride = (uint32_t)g->kv_scr_rows;
+        *e0 = (uint32_t)part->row0;
     } else {
-        pc.dst = sd->buf[il].addr;
-        pc.hstride = (uint32_t)s->n_ctx;
-        pc.e0 = (uint32_t)part->step.pos0;
+        *dst = sd->buf[il].addr;
+        *hstride = (uint32_t)s->n_ctx;
+        *e0 = (uint32_t)part->step.pos0;
     }
-    (barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_kv_store_pipe(sd->type), &pc, sizeof pc,
-                                                    (uint32_t)part->n, s->H, 1);
+}
+
+/* Rotates the part's Q and K rows and writes K and V into the cache. */
+static void rope_store(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part) {
+    struct ekv_vk_ctx *g = ekv_vk_of(ctx);
+    const struct ekv_model_info *in = &ctx->model->info;
+    const int32_t r0 = part->row0;
+    const uint32_t RD = (uint32_t)(in->rope_dim > 0 ? in->rope_dim : 0);
+    struct ekv_vk_pc_rope_store pc = {
+        .q = ekv_vk_act_addr(ctx, EKV_ACT_Q, r0), .k = ekv_vk_act_addr(ctx, EKV_ACT_K, r0),
+        .v = ekv_vk_act_addr(ctx, EKV_ACT_V, r0), .cs = g->cs.addr + (uint64_t)r0 * RD * sizeof(float),
+        .n_head = (uint32_t)in->n_head, .H = s->H, .D = s->D,
+        .rope_dim = RD > s->D ? s->D : RD, .neox = in->rope_neox, .rows = (uint32_t)part->n,
+        .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q), .kv_stride = (uint32_t)ekv_act_width(in, EKV_ACT_K)};
+    store_dst(g, s, &s->k, il, part, &pc.kdst, &pc.k_hstride, &pc.k_e0);
+    store_dst(g, s, &s->v, il, part, &pc.vdst, &pc.v_hstride, &pc.v_e0);
+    ekv_vk_dispatch(g->vk, ekv_vk_rope_store_pipe(s->k.type, s->v.type), &pc, sizeof pc, (uint32_t)part->n,
+                    (uint32_t)in->n_head + s->H, 1);
 }
 
 /* KIVI's residual rule for one side after the layer's attention. */
@@ -365,8 +377,7 @@ enum ekv_status ekv_vk_kv_attention(struct ekv_context *ctx, int il, struct ekv_
         if ((kivi(s->k.type) || kivi(s->v.type)) && parts[p].row0 + parts[p].n > g->kv_scr_rows)
             return ekv_err(EKV_ERR_INTERNAL, "KIVI scratch of %d rows for rows up to %d", (int)g->kv_scr_rows,
                            (int)(parts[p].row0 + parts[p].n));
-        store_side(ctx, s, &s->k, il, &parts[p], false); /* K and V stores are independent: one barrier */
-        store_side(ctx, s, &s->v, il, &parts[p], true);
+        rope_store(ctx, s, il, &parts[p]);
         attend_part(ctx, s, il, &parts[p]);
         if (kivi(s->k.type)) flush_side(g, s, &s->k, il, &parts[p]);
         if (kivi(s->v.type)) flush_side(g, s, &s->v, il, &parts[p]);

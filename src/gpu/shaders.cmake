@@ -51,15 +51,18 @@ set(EKV_VK_PIPES
   "matmul_q4_0_s8|matvec.comp|TYPE_Q4_0,PROMPT,M=4"
   "matmul_q4_K_s8|matvec.comp|TYPE_Q4_K,PROMPT,M=4"
   "matmul_q5_K_s8|matvec.comp|TYPE_Q5_K,PROMPT,M=4"
-  "matmul_q6_K_s8|matvec.comp|TYPE_Q6_K,PROMPT,M=4"
-  "rope|rope.comp|")
+  "matmul_q6_K_s8|matvec.comp|TYPE_Q6_K,PROMPT,M=4")
 # the KV cache's storage types, in the order of enum ekv_kv_type (from f32)
 set(EKV_VK_KV_TYPES f32 f16 q8_0 q4_0 kivi2 kivi4)
 set(EKV_VK_KV_DEFS KV_F32 KV_F16 KV_Q8_0 KV_Q4_0 KV_KIVI2 KV_KIVI4)
-foreach(i RANGE 3) # kv_store: the row types (KIVI rows go to the scratch as f16)
-  list(GET EKV_VK_KV_TYPES ${i} tn)
-  list(GET EKV_VK_KV_DEFS ${i} td)
-  list(APPEND EKV_VK_PIPES "kv_store_${tn}|kv_store.comp|ST=${td}")
+foreach(i RANGE 3) # rope_store: key row type x value row type (KIVI rows go to the scratch as f16)
+  foreach(j RANGE 3)
+    list(GET EKV_VK_KV_TYPES ${i} kn)
+    list(GET EKV_VK_KV_DEFS ${i} kd)
+    list(GET EKV_VK_KV_TYPES ${j} vn)
+    list(GET EKV_VK_KV_DEFS ${j} vd)
+    list(APPEND EKV_VK_PIPES "rope_store_${kn}_${vn}|rope_store.comp|SK=${kd},SV=${vd}")
+  endforeach()
 endforeach()
 foreach(i RANGE 5) # attn: key type x value type
   foreach(j RANGE 5)
@@ -79,6 +82,9 @@ list(APPEND EKV_VK_PIPES
   "attn_combine|attn_combine.comp|"
   "glu|glu.comp|")
 
+# Extra defines for every shader, for measuring a variant side by side
+# (e.g. -DEKV_VK_SHADER_DEFS=CHUNK_TREE in a second build directory).
+set(EKV_VK_SHADER_DEFS "" CACHE STRING "extra -D defines for every GPU shader (experiments)")
 set(EKV_VK_SHADER_DIR ${PROJECT_SOURCE_DIR}/src/gpu/shaders)
 set(EKV_VK_GEN_DIR ${PROJECT_BINARY_DIR}/gpu)
 file(MAKE_DIRECTORY ${EKV_VK_GEN_DIR})
@@ -101,6 +107,9 @@ foreach(entry ${EKV_VK_PIPES})
       endforeach()
     endif()
   endif()
+  foreach(d ${EKV_VK_SHADER_DEFS})
+    list(APPEND defs "-D${d}")
+  endforeach()
   set(out ${EKV_VK_GEN_DIR}/${name}.spv.inc)
   add_custom_command(OUTPUT ${out}
     COMMAND ${EKV_GLSLC} --target-env=vulkan1.2 -O -mfmt=c ${defs} -I ${EKV_VK_SHADER_DIR}

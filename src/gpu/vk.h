@@ -37,11 +37,10 @@ enum ekv_vk_pipe {
     EKV_VK_RMSNORM = 0,
     /* matvec.comp, 48 variants: ekv_vk_matvec_pipe() */
     EKV_VK_MATVEC_FIRST,
-    EKV_VK_ROPE = EKV_VK_MATVEC_FIRST + 48,
-    /* kv_store.comp per row storage type (f32, f16, q8_0, q4_0): ekv_vk_kv_store_pipe() */
-    EKV_VK_KV_STORE_FIRST,
+    /* rope_store.comp per key x value row type (4 x 4): ekv_vk_rope_store_pipe() */
+    EKV_VK_ROPE_STORE_FIRST = EKV_VK_MATVEC_FIRST + 48,
     /* attn.comp per key type x value type (6 x 6): ekv_vk_attn_pipe() */
-    EKV_VK_ATTN_FIRST = EKV_VK_KV_STORE_FIRST + 4,
+    EKV_VK_ATTN_FIRST = EKV_VK_ROPE_STORE_FIRST + 16,
     /* kivi.comp: quantise keys (2, 4 bits), values (2, 4 bits), keep in the ring */
     EKV_VK_KIVI_KEYS2 = EKV_VK_ATTN_FIRST + 36,
     EKV_VK_KIVI_KEYS4,
@@ -70,10 +69,11 @@ static inline enum ekv_vk_pipe ekv_vk_matvec_pipe(enum ekv_vk_mv_type t, uint32_
 /* The shaders' index of a cache storage type: enum ekv_kv_type from
  * EKV_KV_F32 (0 f32, 1 f16, 2 q8_0, 3 q4_0, 4 kivi2, 5 kivi4; kvq.glsl). */
 static inline int ekv_vk_kv_index(enum ekv_kv_type t) { return (int)t - (int)EKV_KV_F32; }
-/* kv_store.comp for a row type (f32, f16, q8_0, q4_0; KIVI rows: f16). */
-static inline enum ekv_vk_pipe ekv_vk_kv_store_pipe(enum ekv_kv_type t) {
-    const int i = ekv_vk_kv_index(t);
-    return (enum ekv_vk_pipe)(EKV_VK_KV_STORE_FIRST + (i > 3 ? 1 : i));
+/* rope_store.comp for a key and a value storage type (KIVI sides are
+ * written as f16 rows into the forward's scratch). */
+static inline enum ekv_vk_pipe ekv_vk_rope_store_pipe(enum ekv_kv_type k, enum ekv_kv_type v) {
+    const int i = ekv_vk_kv_index(k), j = ekv_vk_kv_index(v);
+    return (enum ekv_vk_pipe)(EKV_VK_ROPE_STORE_FIRST + 4 * (i > 3 ? 1 : i) + (j > 3 ? 1 : j));
 }
 /* attn.comp for a key and a value storage type. */
 static inline enum ekv_vk_pipe ekv_vk_attn_pipe(enum ekv_kv_type k, enum ekv_kv_type v) {

@@ -19,13 +19,9 @@ enum {
     EKV_VK_MV_ACC = 1,      /* Y += */
     EKV_VK_MV_BIAS = 2      /* + b */
 };
-struct ekv_vk_pc_rope {
-    uint64_t q, k, cs;
-    uint32_t n_head, n_head_kv, head_dim, rope_dim, neox, rows, q_stride, k_stride;
-};
-struct ekv_vk_pc_kv_store {
-    uint64_t src, dst;
-    uint32_t H, D, hstride, e0, rows, src_stride;
+struct ekv_vk_pc_rope_store {
+    uint64_t q, k, v, cs, kdst, vdst;
+    uint32_t n_head, H, D, rope_dim, neox, rows, q_stride, kv_stride, k_hstride, k_e0, v_hstride, v_e0;
 };
 struct ekv_vk_pc_attn {
     uint64_t q, kc, vc, part, kscr, vscr;
