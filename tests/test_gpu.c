@@ -410,7 +410,7 @@ static void test_presets(void) {
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         char path[96], cmd[512];
         snprintf(path, sizeof path, "/tmp/ekv-test-gpu-%ld-preset%d.gguf", (long)getpid(), (int)ci);
-        snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel %s --type f32 -o '%s' > /dev/null 2>&1", EKV_BINARY_DIR,
+        snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel %s --type f32 -o '%s' > /dev/null 2>&1", tu_bin(),
                  cases[ci].args, path);
         CHECK_MSG(system(cmd) == 0, "%s: %s failed", cases[ci].label, cmd);
         struct ekv_model *m = NULL;
@@ -630,7 +630,7 @@ static void test_kv_types(void) {
     for (int i = 0; i < 2; i++) {
         char cmd[512];
         snprintf(paths[i], sizeof paths[i], "/tmp/ekv-test-gpu-%ld-kv%d.gguf", (long)getpid(), i);
-        snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset %s --type f32 -o '%s' > /dev/null 2>&1", EKV_BINARY_DIR,
+        snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset %s --type f32 -o '%s' > /dev/null 2>&1", tu_bin(),
                  presets[i], paths[i]);
         CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
         CHECK_OK(ekv_model_load(paths[i], NULL, &models[i]));

@@ -13,7 +13,15 @@ static const char *join(const char *dir, const char *rel) {
     return b;
 }
 
-const char *tu_src(const char *rel) { return join(EKV_SOURCE_DIR, rel); }
+/* $EKV_TEST_SOURCE_DIR / $EKV_TEST_BINARY_DIR, when set, stand for the
+ * checkout and the build folder (a test binary run on another machine,
+ * e.g. bench/gpu/ab.sh on the GPU machine) */
+static const char *dir_or(const char *env, const char *dflt) {
+    const char *e = getenv(env);
+    return e && *e ? e : dflt;
+}
+const char *tu_src(const char *rel) { return join(dir_or("EKV_TEST_SOURCE_DIR", EKV_SOURCE_DIR), rel); }
+const char *tu_bin(void) { return dir_or("EKV_TEST_BINARY_DIR", EKV_BINARY_DIR); }
 const char *tu_shared(const char *rel) { return join(EKV_SHARED_DIR, rel); }
 
 char *tu_read_file(const char *path, size_t *len) {

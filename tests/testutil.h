@@ -25,6 +25,8 @@ extern int tu_pass, tu_fail;
 /* Path helpers: repository file and ../shared file (static buffer per call slot). */
 const char *tu_src(const char *rel);
 const char *tu_shared(const char *rel);
+/* The build folder (for the ekv binary). */
+const char *tu_bin(void);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL on failure. */
 char *tu_read_file(const char *path, size_t *len);
 int test_finish(const char *name);

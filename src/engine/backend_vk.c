@@ -363,7 +363,7 @@ enum ekv_status ekv_vk_ctx_profile(const struct ekv_vk_ctx *g, char *buf, size_t
     if (!g || !buf || cap == 0 || !ekv_vk_profile(g->vk, ns, calls))
         return ekv_err(EKV_ERR_UNSUPPORTED, "no device profile (a GPU context made with EKV_VK_PROFILE=1)");
     for (int p = 0; p < EKV_VK_PIPE_COUNT; p++) total += ns[p];
-    size_t used = (size_t)snprintf(buf, cap, "%-14s %10s %12s %10s %6s\n", "shader", "dispatches", "total ms",
+    size_t used = (size_t)snprintf(buf, cap, "%-20s %10s %12s %10s %6s\n", "shader", "dispatches", "total ms",
                                    "mean us", "share");
     bool done[EKV_VK_PIPE_COUNT] = {false};
     for (int k = 0; k < EKV_VK_PIPE_COUNT && used < cap; k++) { /* largest first */
@@ -372,7 +372,7 @@ enum ekv_status ekv_vk_ctx_profile(const struct ekv_vk_ctx *g, char *buf, size_t
             if (!done[p] && calls[p] && (best < 0 || ns[p] > ns[best])) best = p;
         if (best < 0) break;
         done[best] = true;
-        used += (size_t)snprintf(buf + used, cap - used, "%-14s %10llu %12.3f %10.2f %5.1f%%\n",
+        used += (size_t)snprintf(buf + used, cap - used, "%-20s %10llu %12.3f %10.2f %5.1f%%\n",
                                  ekv_vk_pipe_name((enum ekv_vk_pipe)best), (unsigned long long)calls[best],
                                  ns[best] / 1e6, ns[best] / 1e3 / (double)calls[best],
                                  total ? 100.0 * (double)ns[best] / (double)total : 0.0);

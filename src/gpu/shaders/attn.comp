@@ -10,6 +10,7 @@
 // and a multiple of 8. Compiled per storage type of the keys and of the
 // values (-DKT=KV_F16 -DVT=KV_Q8_0 ...; kvq.glsl reads them).
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "kvq.glsl"
 #define CHUNK 256
@@ -23,6 +24,7 @@ layout(push_constant) uniform P {
 } pc;
 shared float sq[MAXD];
 shared float sp[CHUNK];
+shared float sv[512]; // P V partial sums [NS][D] (NS * D = 8 * 64 / (D / 8) * (D / 8) <= 512)
 
 KvSide kside() {
     return KvSide(pc.kc, pc.kscr, pc.n_head_kv, pc.n_ctx, pc.head_dim, pc.g, pc.tc_k, pc.nq_k, pc.kv_pos0, pc.scr_stride);
@@ -42,6 +44,7 @@ void main() {
     const uint hi = min(pos + 1u, (si + 1u) * pc.split_len); // exclusive
     const uint ob = ((row * pc.n_head + h) * pc.n_split + si) * (D + 2u);
     KvSide ks = kside(), vs = vside();
+    const uint NO = D / 8u, NS = nth / NO, eo = tid % NO, ls = tid / NO; // octets, key lanes
     for (uint d = tid; d < D; d += nth) sq[d] = pc.q.d[row * pc.q_stride + h * D + d];
     barrier();
     float m = -1.0 / 0.0, l = 0.0;
@@ -51,12 +54,17 @@ void main() {
         float lmax = -1.0 / 0.0;
         for (uint j = c0 + tid; j < c1; j += nth) {
             float s = 0.0;
-            for (uint e = 0; e < D / 8u; e++) { // 8 channels at a time
-                float k[8];
-                kv_row8(KT, false, ks, kvh, j, e, k);
-                const uint o = 8u * e;
-                s += dot(vec4(k[0], k[1], k[2], k[3]), vec4(sq[o], sq[o + 1], sq[o + 2], sq[o + 3]));
-                s += dot(vec4(k[4], k[5], k[6], k[7]), vec4(sq[o + 4], sq[o + 5], sq[o + 6], sq[o + 7]));
+            for (uint e0 = 0; e0 < NO; e0 += 4u) { // 8 channels at a time, 4 loads in flight
+                float k[4][8];
+                [[unroll]] for (uint u = 0; u < 4u; u++)
+                    if (e0 + u < NO) kv_row8(KT, false, ks, kvh, j, e0 + u, k[u]);
+                [[unroll]] for (uint u = 0; u < 4u; u++)
+                    if (e0 + u < NO) {
+                        const uint o = 8u * (e0 + u);
+                        s += dot(vec4(k[u][0], k[u][1], k[u][2], k[u][3]), vec4(sq[o], sq[o + 1], sq[o + 2], sq[o + 3]));
+                        s += dot(vec4(k[u][4], k[u][5], k[u][6], k[u][7]),
+                                 vec4(sq[o + 4], sq[o + 5], sq[o + 6], sq[o + 7]));
+                    }
             }
             s *= pc.scale;
             sp[j - c0] = s;
@@ -72,11 +80,29 @@ void main() {
         const float cl = wg_sum(lsum); // its barriers publish sp
         const float corr = l > 0.0 ? exp(m - nm) : 0.0;
         l = l * corr + cl;
+        // P V: invocation (lane ls of NS, octet e) sums keys c0 + ls, + NS, ...
+        // in order (4 loads in flight), then the NS partial sums of each
+        // channel are added in lane order
+        if (ls < NS) {
+            float a[8] = float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+            for (uint j0 = c0 + ls; j0 < c1; j0 += 4u * NS) {
+                float v[4][8];
+                [[unroll]] for (uint u = 0; u < 4u; u++)
+                    if (j0 + u * NS < c1) kv_row8(VT, true, vs, kvh, j0 + u * NS, eo, v[u]);
+                [[unroll]] for (uint u = 0; u < 4u; u++)
+                    if (j0 + u * NS < c1) {
+                        const float p = sp[j0 + u * NS - c0];
+                        [[unroll]] for (uint i = 0; i < 8u; i++) a[i] += p * v[u][i];
+                    }
+            }
+            [[unroll]] for (uint i = 0; i < 8u; i++) sv[ls * D + 8u * eo + i] = a[i];
+        }
+        barrier();
         for (uint k = 0; k < 4; k++) {
             uint d = tid + k * nth;
             if (d >= D) break;
             float a = 0.0;
-            for (uint j = c0; j < c1; j++) a += sp[j - c0] * kv_elem(VT, true, vs, kvh, j, d);
+            for (uint q = 0; q < NS; q++) a += sv[q * D + d];
             acc[k] = acc[k] * corr + a;
         }
         m = nm;
