@@ -607,6 +607,171 @@ static void test_kv_quantisers(void) {
     ekv_vk_close(vk);
 }
 
+/* One side of a cache built on the host in kvq.glsl's layout (written here
+ * independently of the shaders: if the two disagree, the test below fails)
+ * from the floats x [H][E][D]: entries [0, nq) stored in the type (KIVI:
+ * codes), [nq, pos0) in the KIVI ring (slot j % tc), [pos0, E) in the
+ * scratch scr [H][E - pos0][D] (fp16). deq gets what the CPU reads. */
+enum { AT_H = 2, AT_C = 64, AT_D = 64, AT_G = 8 };
+static uint8_t *build_side(enum ekv_kv_type t, bool is_v, const float *x, int E, int nq, int pos0, int tc,
+                           size_t *bytes, uint16_t *scr, float *deq) {
+    const int H = AT_H, C = AT_C, D = AT_D, G = AT_G;
+    const bool kivi = ekv_kv_type_is_kivi(t);
+    const int bits = t == EKV_KV_KIVI2 ? 2 : 4;
+    const size_t rw = t == EKV_KV_F32 ? D : t == EKV_KV_F16 ? D / 2 : t == EKV_KV_Q8_0 ? D / 4 : t == EKV_KV_Q4_0 ? D / 8
+                                                                                          : (size_t)D * bits / 32;
+    const size_t p0 = (size_t)H * C * rw;
+    size_t pw = 0;
+    if (t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0) pw = ((size_t)H * C * (D / 32) + 1) / 2;
+    else if (kivi) pw = is_v ? (size_t)H * C * (D / G) : (size_t)H * ((C + G - 1) / G) * D;
+    const size_t r0 = p0 + ((pw + 1) & ~(size_t)1), words = r0 + (kivi ? (size_t)H * tc * D / 2 : 0);
+    uint8_t *b = calloc(words, 4);
+    *bytes = words * 4;
+    uint8_t tmp[4096];
+    for (int h = 0; h < H; h++) {
+        const float *xh = x + (size_t)h * E * D;
+        float *dh = deq + (size_t)h * E * D;
+        for (int j = 0; j < E; j++) {
+            const float *xj = xh + (size_t)j * D;
+            float *dj = dh + (size_t)j * D;
+            uint8_t *row = b + ((size_t)h * C + j) * rw * 4;
+            if (kivi && j >= nq) { /* full precision: ring or scratch */
+                uint16_t *dst = j < pos0 ? (uint16_t *)(void *)(b + r0 * 4) + ((size_t)h * tc + j % tc) * D
+                                         : scr + ((size_t)h * (E - pos0) + j - pos0) * D;
+                for (int c = 0; c < D; c++) dst[c] = ekv_f32_to_fp16(xj[c]), dj[c] = ekv_fp16_to_f32(dst[c]);
+            } else if (t == EKV_KV_F32) {
+                memcpy(row, xj, 4 * D), memcpy(dj, xj, 4 * D);
+            } else if (t == EKV_KV_F16) {
+                for (int c = 0; c < D; c++) {
+                    uint16_t v = ekv_f32_to_fp16(xj[c]);
+                    memcpy(row + 2 * c, &v, 2), dj[c] = ekv_fp16_to_f32(v);
+                }
+            } else if (t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0) {
+                const bool q8 = t == EKV_KV_Q8_0;
+                const size_t blk = q8 ? sizeof(struct ekv_block_q8_0) : sizeof(struct ekv_block_q4_0);
+                (q8 ? ekv_quant_q8_0 : ekv_quant_q4_0)(xj, tmp, D);
+                (q8 ? ekv_dequant_q8_0 : ekv_dequant_q4_0)(tmp, dj, D);
+                for (int k = 0; k < D / 32; k++) {
+                    memcpy(b + p0 * 4 + (((size_t)h * C + j) * (D / 32) + k) * 2, tmp + k * blk, 2);
+                    memcpy(row + k * (blk - 2), tmp + k * blk + 2, blk - 2);
+                }
+            } else if (is_v) { /* KIVI value row: [s][mn][codes] per channel group */
+                const size_t cb = (size_t)G * bits / 8;
+                ekv_kivi_quant_vrow(xj, D, G, bits, tmp);
+                ekv_kivi_dequant_vrow(tmp, D, G, bits, dj);
+                for (int g = 0; g < D / G; g++) {
+                    memcpy(b + (p0 + ((size_t)h * C + j) * (D / G) + g) * 4, tmp + g * (4 + cb), 4);
+                    memcpy(row + g * cb, tmp + g * (4 + cb) + 4, cb);
+                }
+            } else if (j % G == 0) { /* KIVI key group of G entries from j: [s: D][mn: D][codes: G rows] */
+                ekv_kivi_quant_kgroup(xj, G, D, bits, tmp);
+                ekv_kivi_dequant_kgroup(tmp, D, bits, 0, G, dj);
+                const uint16_t *sm = (const uint16_t *)(void *)tmp;
+                for (int c = 0; c < D; c++) {
+                    const uint32_t w = (uint32_t)sm[c] | ((uint32_t)sm[D + c] << 16);
+                    memcpy(b + (p0 + ((size_t)h * ((C + G - 1) / G) + j / G) * D + c) * 4, &w, 4);
+                }
+                memcpy(row, tmp + (size_t)D * 4, (size_t)G * rw * 4);
+            }
+        }
+    }
+    return b;
+}
+
+/* attn.comp + attn_combine.comp over caches built on the host (build_side)
+ * in every key type x value type, against attention in double over the
+ * values the CPU reads: the shader's reading of each layout (codes, group
+ * parameters, ring, scratch, quantised prefix) is exact, so only the order
+ * of sums differs (bound 1e-5 of the largest output). GQA 2, three query
+ * rows at positions 40-42 of 43 entries; KIVI: keys quantised up to 32,
+ * values up to 30, the rest in the ring (16 slots) and the scratch. */
+static void test_attn_read(void) {
+    struct ekv_vk *vk = NULL;
+    CHECK_OK(ekv_vk_open(g_dev, &vk));
+    if (!vk) return;
+    enum { NH = 4, ROWS = 3, POS0 = 40, E = POS0 + ROWS, TC = 16 };
+    const int H = AT_H, D = AT_D;
+    float *k = malloc(sizeof(float) * H * E * D), *v = malloc(sizeof(float) * H * E * D);
+    float *kd = malloc(sizeof(float) * H * E * D), *vd = malloc(sizeof(float) * H * E * D);
+    float q[ROWS * NH * AT_D], out[ROWS * NH * AT_D];
+    for (int i = 0; i < H * E * D; i++) k[i] = 2.0f * frand(), v[i] = frand() + (i % 7 == 0 ? 1.0f : 0.0f);
+    for (int i = 0; i < ROWS * NH * D; i++) q[i] = frand();
+    uint16_t *kscr = calloc((size_t)H * ROWS * D, 2), *vscr = calloc((size_t)H * ROWS * D, 2);
+    struct ekv_vk_buf bq, bo, bpart, bks, bvs, bk, bv;
+    CHECK_OK(ekv_vk_buf_new(vk, sizeof q, false, "q", &bq));
+    CHECK_OK(ekv_vk_buf_new(vk, sizeof out, false, "out", &bo));
+    CHECK_OK(ekv_vk_buf_new(vk, sizeof(float) * ROWS * NH * (D + 2), false, "part", &bpart));
+    CHECK_OK(ekv_vk_buf_new(vk, (size_t)H * ROWS * D * 2, false, "kscr", &bks));
+    CHECK_OK(ekv_vk_buf_new(vk, (size_t)H * ROWS * D * 2, false, "vscr", &bvs));
+    CHECK_OK(ekv_vk_upload(vk, &bq, 0, q, sizeof q));
+    double worst = 0.0;
+    int cases = 0;
+    for (int kt = EKV_KV_F32; kt <= EKV_KV_KIVI4; kt++)
+        for (int vt = EKV_KV_F32; vt <= EKV_KV_KIVI4; vt++) {
+            size_t kb = 0, vb = 0;
+            const bool kk = ekv_kv_type_is_kivi((enum ekv_kv_type)kt), vk2 = ekv_kv_type_is_kivi((enum ekv_kv_type)vt);
+            const int nqk = kk ? 32 : E, nqv = vk2 ? 30 : E;
+            uint8_t *hk = build_side((enum ekv_kv_type)kt, false, k, E, nqk, POS0, TC, &kb, kscr, kd);
+            uint8_t *hv = build_side((enum ekv_kv_type)vt, true, v, E, nqv, POS0, TC, &vb, vscr, vd);
+            CHECK_OK(ekv_vk_buf_new(vk, kb, false, "k", &bk));
+            CHECK_OK(ekv_vk_buf_new(vk, vb, false, "v", &bv));
+            CHECK_OK(ekv_vk_upload(vk, &bk, 0, hk, kb));
+            CHECK_OK(ekv_vk_upload(vk, &bv, 0, hv, vb));
+            CHECK_OK(ekv_vk_upload(vk, &bks, 0, kscr, (size_t)H * ROWS * D * 2));
+            CHECK_OK(ekv_vk_upload(vk, &bvs, 0, vscr, (size_t)H * ROWS * D * 2));
+            const enum ekv_vk_pipe ap = ekv_vk_attn_pipe((enum ekv_kv_type)kt, (enum ekv_kv_type)vt);
+            CHECK_OK(ekv_vk_prepare(vk, ap));
+            CHECK_OK(ekv_vk_prepare(vk, EKV_VK_ATTN_COMBINE));
+            struct ekv_vk_pc_attn at = {.q = bq.addr, .kc = bk.addr, .vc = bv.addr, .part = bpart.addr, .kscr = bks.addr,
+                                        .vscr = bvs.addr, .n_head = NH, .n_head_kv = H, .head_dim = D, .n_ctx = AT_C,
+                                        .pos0 = POS0, .rows = ROWS, .q_stride = NH * D, .n_split = 1, .split_len = 128,
+                                        .window = 0, .scale = 0.125f, .g = AT_G, .tc_k = kk ? TC : 0,
+                                        .tc_v = vk2 ? TC : 0, .nq_k = (uint32_t)nqk, .nq_v = (uint32_t)nqv,
+                                        .scr_stride = ROWS, .kv_pos0 = POS0};
+            struct ekv_vk_pc_combine cb = {.part = bpart.addr, .out = bo.addr, .n_head = NH, .head_dim = D,
+                                           .rows = ROWS, .n_split = 1, .out_stride = NH * D};
+            CHECK_OK(ekv_vk_begin(vk));
+            ekv_vk_dispatch(vk, ap, &at, sizeof at, NH, ROWS, 1);
+            ekv_vk_dispatch(vk, EKV_VK_ATTN_COMBINE, &cb, sizeof cb, NH, ROWS, 1);
+            CHECK_OK(ekv_vk_submit(vk));
+            CHECK_OK(ekv_vk_download(vk, &bo, 0, out, sizeof out));
+            double maxd = 0.0, maxv = 0.0;
+            for (int r = 0; r < ROWS; r++)
+                for (int h = 0; h < NH; h++) {
+                    const int hk2 = h / (NH / H), pos = POS0 + r;
+                    double sc[E], mx = -1e300, sum = 0.0;
+                    for (int j = 0; j <= pos; j++) {
+                        double d = 0.0;
+                        for (int c = 0; c < D; c++)
+                            d += (double)q[(r * NH + h) * D + c] * kd[((size_t)hk2 * E + j) * D + c];
+                        sc[j] = d * 0.125;
+                        mx = fmax(mx, sc[j]);
+                    }
+                    for (int j = 0; j <= pos; j++) sum += (sc[j] = exp(sc[j] - mx));
+                    for (int c = 0; c < D; c++) {
+                        double o = 0.0;
+                        for (int j = 0; j <= pos; j++) o += sc[j] / sum * vd[((size_t)hk2 * E + j) * D + c];
+                        maxd = fmax(maxd, fabs(o - out[(r * NH + h) * D + c]));
+                        maxv = fmax(maxv, fabs(o));
+                    }
+                }
+            worst = fmax(worst, maxd / maxv);
+            CHECK_MSG(maxd <= 1e-5 * maxv, "attn K %s V %s: max |gpu - ref| %.3g of %.3g",
+                      ekv_kv_type_name((enum ekv_kv_type)kt), ekv_kv_type_name((enum ekv_kv_type)vt), maxd, maxv);
+            cases++;
+            ekv_vk_buf_free(vk, &bk), ekv_vk_buf_free(vk, &bv);
+            free(hk), free(hv);
+        }
+    printf("attention over every key x value storage type (%d pairs), stored by the host: max |gpu - ref| / max "
+           "|out| %.3g\n", cases, worst);
+    CHECK_MSG(ekv_vk_validation_errors(vk) == 0, "%llu validation messages, first: %s",
+              (unsigned long long)ekv_vk_validation_errors(vk), ekv_vk_validation_first(vk));
+    ekv_vk_buf_free(vk, &bq), ekv_vk_buf_free(vk, &bo), ekv_vk_buf_free(vk, &bpart);
+    ekv_vk_buf_free(vk, &bks), ekv_vk_buf_free(vk, &bvs);
+    free(k), free(v), free(kd), free(vd), free(kscr), free(vscr);
+    ekv_vk_close(vk);
+}
+
 /* Every cache storage type, keys and values independently, on the GPU
  * against the CPU (the quantisers give the CPU's codes bit for bit:
  * test_kv_quantisers). KIVI with
@@ -622,7 +787,7 @@ static void test_kv_types(void) {
         {"tiny-llama3", EKV_KV_KIVI2, EKV_KV_KIVI2, 16, 32}, {"tiny-llama3", EKV_KV_KIVI4, EKV_KV_KIVI4, 16, 32},
         {"tiny-llama3", EKV_KV_F16, EKV_KV_Q4_0, 0, -1},   {"tiny-llama3", EKV_KV_KIVI2, EKV_KV_F32, 16, 16},
         {"tiny-llama3", EKV_KV_Q8_0, EKV_KV_KIVI4, 32, 0},  {"tiny-mistral", EKV_KV_KIVI4, EKV_KV_KIVI2, 8, 24},
-        {"tiny-mistral", EKV_KV_Q4_0, EKV_KV_Q8_0, 0, -1},
+        {"tiny-mistral", EKV_KV_Q4_0, EKV_KV_Q8_0, 0, -1},  {"tiny-llama3", EKV_KV_F16, EKV_KV_F32, 0, -1},
     };
     const char *presets[2] = {"tiny-llama3", "tiny-mistral"};
     struct ekv_model *models[2] = {NULL, NULL};
@@ -677,14 +842,21 @@ static void test_kv_types(void) {
                cases[ci].preset, ekv_kv_type_name(cases[ci].k), ekv_kv_type_name(cases[ci].v), (int)cases[ci].g,
                (int)cases[ci].r, N, STEPS, maxd / maxv, maxd_dec / maxv, (unsigned long long)st.bytes,
                (long long)st.n_seen);
-        /* 5e-5: storage rounds the keys and values (fp16 residuals, codes),
-         * and the GPU's inputs to that rounding differ from the CPU's by the
-         * order of the sums before it, so a value near a rounding boundary
-         * may land on the other side (measured on lavapipe: 2-3e-7 for the
-         * row types, up to 9.3e-6 with KIVI's fp16 residual; the f16 cache
-         * alone gives 2.6e-6). The quantisers themselves are checked bit
-         * for bit above. */
-        CHECK_MSG(maxv > 0 && maxd <= 5e-5 * maxv && maxd_dec <= 5e-5 * maxv,
+        /* The GPU computes keys and values in another order of sums than
+         * the CPU, so a value that close to a rounding boundary of its
+         * storage lands on the other side: for fp16 a last-bit change
+         * (measured: up to 9.4e-6 of the largest logit), for a quantised
+         * type one code step, a third of its group's range for 2-bit KIVI
+         * (H200, 2026-11-26: kivi2 9.4e-4, kivi4 2.2e-4, q8_0 3.7e-6;
+         * lavapipe saw no such flip in these cases). Storing and reading
+         * are exact (test_kv_quantisers, test_attn_read); what this test
+         * adds is the whole path — residual rule, ring, scratch, decode
+         * steps — whose mistakes (an entry not quantised, a wrong slot)
+         * move the logits by far more than 1e-2. */
+        const bool quantised = (cases[ci].k != EKV_KV_F32 && cases[ci].k != EKV_KV_F16) ||
+                               (cases[ci].v != EKV_KV_F32 && cases[ci].v != EKV_KV_F16);
+        const double bound = quantised ? 1e-2 : 5e-5;
+        CHECK_MSG(maxv > 0 && maxd <= bound * maxv && maxd_dec <= bound * maxv,
                   "K %s V %s: max |gpu - cpu| prompt %.3g decode %.3g of max |logit| %.3g",
                   ekv_kv_type_name(cases[ci].k), ekv_kv_type_name(cases[ci].v), maxd, maxd_dec, maxv);
         check_validation(cg);
@@ -792,6 +964,7 @@ int main(void) {
     if (only("stories")) test_stories_greedy();
     if (only("presets")) test_presets();
     if (only("kv_quant")) test_kv_quantisers();
+    if (only("attn_read")) test_attn_read();
     if (only("kv_types")) test_kv_types();
     if (only("batch")) test_batch_invariance();
     if (only("faults")) test_faults();

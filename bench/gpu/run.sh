@@ -313,7 +313,8 @@ same_text 28m-q8_0 "$REF28" "static int"
 if [ -n "${EKV_GPU_BENCH_TEST:-}" ]; then
     tb=$(absp "$EKV_GPU_BENCH_TEST")
     command -v ldd > /dev/null && fill_missing "$tb"
-    step "test binary $(basename "$tb") on $VK_DEV" 240 env "LD_LIBRARY_PATH=$EKV_LD" "EKV_TEST_DEVICE=$VK_DEV" EKV_VK_VALIDATE=0 "$tb" \
+    step "test binary $(basename "$tb") on $VK_DEV" 240 env "LD_LIBRARY_PATH=$EKV_LD" "EKV_TEST_DEVICE=$VK_DEV" EKV_VK_VALIDATE=0 \
+        "EKV_TEST_SOURCE_DIR=$repo" "EKV_TEST_BINARY_DIR=$(cd "$(dirname "$tb")/.." && pwd)" "$tb" \
         > "$D/test-gpu.txt" 2>&1
     grep -v ' ok ' "$D/test-gpu.txt" | tail -n 25
 fi

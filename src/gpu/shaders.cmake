@@ -83,7 +83,8 @@ list(APPEND EKV_VK_PIPES
   "glu|glu.comp|")
 
 # Extra defines for every shader, for measuring a variant side by side
-# (e.g. -DEKV_VK_SHADER_DEFS=CHUNK_TREE in a second build directory).
+# (e.g. -DEKV_VK_SHADER_DEFS=NAME in a second build directory, with an
+# #ifdef NAME in the shader; bench/gpu/ab.sh compares the builds).
 set(EKV_VK_SHADER_DEFS "" CACHE STRING "extra -D defines for every GPU shader (experiments)")
 set(EKV_VK_SHADER_DIR ${PROJECT_SOURCE_DIR}/src/gpu/shaders)
 set(EKV_VK_GEN_DIR ${PROJECT_BINARY_DIR}/gpu)

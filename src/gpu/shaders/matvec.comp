@@ -228,19 +228,9 @@ void main() {
                             if (t < nt) {
                                 float xv[8];
                                 load8(pc.x, t0 + t, k, xv);
-                                [[unroll]] for (uint i = 0; i < RM; i++) {
-#ifdef CHUNK_TREE
-                                    // the chunk's 8 products by a fixed pairwise tree, then one add
-                                    precise float p[4];
-                                    [[unroll]] for (uint e = 0; e < 4; e++)
-                                        p[e] = fma(w[u][m][i][2 * e + 1], xv[2 * e + 1], w[u][m][i][2 * e] * xv[2 * e]);
-                                    precise float c = (p[0] + p[1]) + (p[2] + p[3]);
-                                    acc[m][i][t] = acc[m][i][t] + c;
-#else
+                                [[unroll]] for (uint i = 0; i < RM; i++)
                                     [[unroll]] for (uint e = 0; e < 8; e++)
                                         acc[m][i][t] = fma(w[u][m][i][e], xv[e], acc[m][i][t]);
-#endif
-                                }
                             }
                         }
                     }
