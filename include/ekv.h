@@ -397,12 +397,18 @@ enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const 
  * the sequence takes no other input (ekv_seq_eval and ekv_decode_batch
  * refuse it). *out is owned by the caller; free it before its sequence or
  * after (a freed sequence cuts it off). Freeing it before it is done leaves
- * the sequence unusable (its layers hold different lengths): free that too. */
+ * the sequence unusable (its layers hold different lengths): free that too.
+ *
+ * A sequence on a GPU (ekv_seq_on_device) reads the prompt in chunks of
+ * `rows` rows through all layers instead, n_layer units per chunk (a step
+ * runs at least one chunk); the result is the same. With KIVI storage there
+ * the whole prompt is one chunk (KIVI quantises after each forward). */
 struct ekv_prefill;
 enum ekv_status ekv_prefill_new(struct ekv_seq *seq, const struct ekv_input *in, int32_t rows,
                                 struct ekv_prefill **out);
 /* Runs at most max_units units (a unit: up to `rows` rows through one
- * layer; a whole forward of `rows` tokens is n_layer units). *done is set
+ * layer; a whole forward of `rows` tokens is n_layer units; on a GPU at
+ * least one such forward). *done is set
  * once the whole prompt has been read; the last position's n_vocab logits
  * are then written to logits (caller-owned) when it is not NULL. After an
  * error the prompt cannot go on. */

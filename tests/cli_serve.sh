@@ -8,7 +8,8 @@
 # the API key (401; /health open), admission by --kv-mem (a request that
 # only fits compressed), and on ekv-ref-28m (../shared) 503 + Retry-After
 # when the queue is full and a client that hangs up having its job
-# cancelled and its cache freed at once. Every server must exit 0 on SIGTERM.
+# cancelled and its cache freed at once; the server on a GPU (lavapipe).
+# Every server must exit 0 on SIGTERM.
 # usage: cli_serve.sh EKV REPO SHARED
 set -u
 EKV=$1; REPO=$2; SHARED=$3
@@ -192,6 +193,30 @@ if [ -f "$SHARED/models/ekv-ref-28m-f16.gguf" ]; then
   stop_server ref && ok || bad "ref server exit"
 else
   echo "cli_serve: queue-full and hang-up cases skipped: ../shared absent"
+fi
+
+# ---- the server on a GPU (lavapipe in CI: $EKV_TEST_DEVICE or vulkan:0): the
+# prompt read in chunks through all layers there, the same greedy text as the
+# CPU's, KIVI storage (its prompt in one chunk), a policy the GPU does not run
+# refused with the reason (400), the device in the banner and /metrics ----
+GDEV=${EKV_TEST_DEVICE:-vulkan:0}
+if start_server gpu -m models/stories260K.gguf --device "$GDEV" -c 512 -t 2 --prefill-chunk 16; then
+  grep -q "device $GDEV" "$T/gpu.err" && ok || bad "banner names the device: $(head -1 "$T/gpu.err")"
+  P="Once upon a time, there was a little girl named Lily who liked to play outside in the park with her dog and her ball"
+  want=$("$EKV" run --device cpu -c 512 -p "$P" -n 32 --temp 0 --no-display-prompt 2>/dev/null)
+  code=$(post /v1/completions '{"prompt": "'"$P"'", "max_tokens": 32, "temperature": 0}')
+  got=$(jget choices.0.text < "$T/r")
+  [ "$code" = 200 ] && [ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "GPU server: '$got' != CPU '$want' ($code)"
+  want_k=$("$EKV" run --device cpu -c 512 -p "$P" -n 32 --temp 0 --no-display-prompt --kv-type kivi4 --kv-group 8 \
+    --kv-residual 8 2>/dev/null)
+  code=$(post /v1/completions '{"prompt": "'"$P"'", "max_tokens": 32, "temperature": 0, "kv": {"type": "kivi4", "group": 8, "residual": 8}}')
+  [ "$code" = 200 ] && [ "$(jget choices.0.text < "$T/r")" = "$want_k" ] && ok || bad "GPU server, kivi4: $code $(head -c 300 "$T/r")"
+  code=$(post /v1/completions '{"prompt": "Once", "max_tokens": 4, "kv": {"policy": "h2o", "budget": 0.5}}')
+  [ "$code" = 400 ] && grep -q 'policy full' "$T/r" && ok || bad "GPU server, h2o must be 400 with the reason: $code $(head -c 300 "$T/r")"
+  [ "$(curl -s "$URL/metrics" | sed -n 's/^ekv_device_bytes //p')" -gt 0 ] && ok || bad "GPU server: ekv_device_bytes"
+  stop_server gpu && ok || bad "GPU server exit"
+else
+  bad "the server does not start on $GDEV"
 fi
 
 cli_finish cli_serve

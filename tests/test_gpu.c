@@ -13,7 +13,7 @@
  *   for bit, and whole models with every storage type for K and V;
  * - batch invariance on the GPU: batched decode == each sequence alone (an
  *   f16 and a KIVI cache in one forward), a prompt in two pieces == one
- *   piece (bit for bit);
+ *   piece, a prompt read by ekv_prefill_* == one piece (bit for bit);
  * - faults: no GPU for `vulkan`, a bad index, a bad spec, a policy the GPU
  *   does not run yet on an explicitly named device.
  */
@@ -124,9 +124,9 @@ static double check_matvec(struct ekv_vk *vk, enum ekv_dtype t, enum ekv_vk_mv_t
     double worst = 0.0;
     float *y_first = malloc(sizeof(float) * (size_t)ne1 * n);
     *same = true;
-    /* shapes: decode, prompt */
-    for (int shape = 0; shape < 2; shape++) {
-    enum ekv_vk_pipe p = ekv_vk_matvec_pipe(mt, ekv_vk_matvec_m(vk), shape);
+    /* shapes: decode, prompt, one activation row per workgroup */
+    for (int shape = EKV_VK_MV_DECODE; shape <= EKV_VK_MV_ONE; shape++) {
+    enum ekv_vk_pipe p = ekv_vk_matvec_pipe(mt, ekv_vk_matvec_m(vk), (enum ekv_vk_mv_shape)shape);
     struct ekv_vk_pc_matvec pc = {.w = bw.addr + q_off, .s = bw.addr, .x = bx.addr, .y = by.addr, .b = bb.addr,
                                   .ne0 = (uint32_t)ne0, .ne1 = (uint32_t)ne1, .n = (uint32_t)n,
                                   .x_stride = (uint32_t)ne0, .y_stride = (uint32_t)ne1,
@@ -134,7 +134,8 @@ static double check_matvec(struct ekv_vk *vk, enum ekv_dtype t, enum ekv_vk_mv_t
     CHECK_OK(ekv_vk_upload(vk, &by, 0, y0, sizeof(float) * (size_t)ne1 * n));
     CHECK_OK(ekv_vk_begin(vk));
     /* fewer workgroups than row blocks: the grid-stride loop is exercised */
-    ekv_vk_dispatch(vk, p, &pc, sizeof pc, (uint32_t)(ne1 < 3 ? ne1 : 3), (uint32_t)((n + 7) / 8), 1);
+    ekv_vk_dispatch(vk, p, &pc, sizeof pc, (uint32_t)(ne1 < 3 ? ne1 : 3),
+                    (uint32_t)(shape == EKV_VK_MV_ONE ? n : (n + 7) / 8), 1);
     CHECK_OK(ekv_vk_submit(vk));
     CHECK_OK(ekv_vk_download(vk, &by, 0, y, sizeof(float) * (size_t)ne1 * n));
     if (shape == 0) memcpy(y_first, y, sizeof(float) * (size_t)ne1 * n);
@@ -870,6 +871,72 @@ static void test_kv_types(void) {
     }
 }
 
+/* A prompt read in pieces (ekv_prefill_*, the server's way) on the GPU: in
+ * chunks of 7 rows through all layers, equal bit for bit to the prompt in
+ * one piece (logits, then 4 decode steps), for row types and KIVI (one
+ * chunk there); units counted down. */
+static void test_prefill_pieces(void) {
+    char path[96], cmd[256];
+    snprintf(path, sizeof path, "/tmp/ekv-test-gpu-%ld-pf.gguf", (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-llama3 --type f32 -o '%s' > /dev/null 2>&1", tu_bin(), path);
+    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    struct ekv_model *m = NULL;
+    CHECK_OK(ekv_model_load(path, NULL, &m));
+    if (!m) return;
+    struct ekv_context *c = ctx_on(m, g_dev, 256);
+    const int32_t V = m->info.n_vocab, N = 45, L = m->info.n_layer;
+    int32_t toks[45];
+    for (int32_t i = 0; i < N; i++) toks[i] = 1 + (i * 53 + 7) % (V - 1);
+    const enum ekv_kv_type types[3] = {EKV_KV_F16, EKV_KV_Q8_0, EKV_KV_KIVI4};
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    for (int ti = 0; ti < 3; ti++) {
+        struct ekv_kv_params kp = ekv_kv_default_params();
+        kp.type_k = kp.type_v = types[ti];
+        kp.kv_group = 8;
+        kp.kv_residual = 16;
+        struct ekv_seq *a = NULL, *b = NULL;
+        CHECK_OK(ekv_seq_new(c, &kp, &a));
+        CHECK_OK(ekv_seq_new(c, &kp, &b));
+        if (!a || !b) {
+            ekv_seq_free(a), ekv_seq_free(b);
+            continue;
+        }
+        CHECK(ekv_seq_on_device(a) && ekv_seq_on_device(b));
+        CHECK_OK(ekv_seq_prefill(a, toks, N, la));
+        struct ekv_segment sg = {.tokens = toks, .n = N, .tag = EKV_TAG_TEXT};
+        struct ekv_input in = {.segs = &sg, .n_segs = 1, .is_prompt = true};
+        struct ekv_prefill *pf = NULL;
+        CHECK_OK(ekv_prefill_new(b, &in, 7, &pf));
+        const int64_t units0 = ekv_prefill_units_left(pf);
+        const bool kivi = types[ti] == EKV_KV_KIVI4;
+        CHECK_MSG(units0 == (int64_t)L * (kivi ? 1 : (N + 6) / 7), "%s: %lld units", ekv_kv_type_name(types[ti]),
+                  (long long)units0);
+        bool done = false;
+        int steps = 0;
+        while (!done && steps < 100) {
+            CHECK_OK(ekv_prefill_step(pf, 1, lb, &done)); /* 1 unit asked: a whole chunk runs */
+            steps++;
+            if (!done) CHECK(ekv_prefill_units_left(pf) == units0 - (int64_t)steps * L);
+        }
+        CHECK(done && ekv_prefill_units_left(pf) == 0 && steps == (kivi ? 1 : (N + 6) / 7));
+        ekv_prefill_free(pf);
+        bool same = !memcmp(la, lb, sizeof(float) * V);
+        for (int step = 0; step < 4; step++) {
+            const int32_t t = argmax(la, V);
+            CHECK_OK(ekv_seq_decode(a, t, la));
+            CHECK_OK(ekv_seq_decode(b, t, lb));
+            same = same && !memcmp(la, lb, sizeof(float) * V);
+        }
+        CHECK_MSG(same, "%s: the prompt in chunks of 7 differs from one piece", ekv_kv_type_name(types[ti]));
+        ekv_seq_free(a), ekv_seq_free(b);
+    }
+    check_validation(c);
+    free(la), free(lb);
+    ekv_context_free(c);
+    ekv_model_free(m);
+    remove(path);
+}
+
 static void test_faults(void) {
     struct ekv_model *m = NULL;
     CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &m));
@@ -915,11 +982,6 @@ static void test_faults(void) {
     int32_t toks[4] = {1, 400, 20, 33};
     float *lg = malloc(sizeof(float) * m->info.n_vocab);
     CHECK_OK(ekv_seq_prefill(sq, toks, 4, lg));
-    /* a prompt read in pieces is CPU-only for now: a clear error */
-    struct ekv_segment sg = {.tokens = toks, .n = 4, .tag = EKV_TAG_TEXT};
-    struct ekv_input in = {.segs = &sg, .n_segs = 1, .is_prompt = true};
-    struct ekv_prefill *pf = NULL;
-    CHECK(ekv_prefill_new(sq, &in, 2, &pf) == EKV_ERR_UNSUPPORTED && !pf);
     /* the context runs out: an error, not a crash */
     int32_t many[200];
     for (int i = 0; i < 200; i++) many[i] = 5;
@@ -967,6 +1029,7 @@ int main(void) {
     if (only("attn_read")) test_attn_read();
     if (only("kv_types")) test_kv_types();
     if (only("batch")) test_batch_invariance();
+    if (only("pieces")) test_prefill_pieces();
     if (only("faults")) test_faults();
     if (only("profile")) test_profile();
     if (!only("ref28m")) return test_finish("test_gpu");

@@ -262,8 +262,8 @@ static enum ekv_status prepare_pipelines(struct ekv_vk_ctx *g, const struct ekv_
                        ekv_vk_subgroup_size(g->vk));
     enum ekv_status s = EKV_OK;
     for (int t = 0; t < EKV_VK_W_COUNT && s == EKV_OK; t++)
-        for (int prompt = 0; prompt < 2 && used[t] && s == EKV_OK; prompt++)
-            s = ekv_vk_prepare(g->vk, ekv_vk_matvec_pipe((enum ekv_vk_mv_type)t, mm, prompt));
+        for (int shape = EKV_VK_MV_DECODE; shape <= EKV_VK_MV_ONE && used[t] && s == EKV_OK; shape++)
+            s = ekv_vk_prepare(g->vk, ekv_vk_matvec_pipe((enum ekv_vk_mv_type)t, mm, (enum ekv_vk_mv_shape)shape));
     const enum ekv_vk_pipe rest[3] = {EKV_VK_RMSNORM, EKV_VK_ATTN_COMBINE, EKV_VK_GLU};
     for (int i = 0; i < 3 && s == EKV_OK; i++) s = ekv_vk_prepare(g->vk, rest[i]);
     /* the default cache (f16); other storage types when a sequence asks */
@@ -451,15 +451,19 @@ static enum ekv_status matvec(struct ekv_context *ctx, const struct ekv_weight *
     if (t->ne0 % 8 != 0 || x_stride % 4 != 0 || (x & 15) != 0)
         return ekv_err(EKV_ERR_INTERNAL, "GPU matvec: rows of %lld (stride %u) are not in 16-byte pieces",
                        (long long)t->ne0, x_stride);
+    /* one row (decode of one sequence): the shape for one row (fewer
+     * registers); more than one workgroup of activation rows: the prompt shape,
+     * which reuses each activation chunk over 4 weight rows (the same sums
+     * in every shape) */
+    const enum ekv_vk_mv_shape shape = n_rows == 1                   ? EKV_VK_MV_ONE
+                                       : n_rows > EKV_VK_MATVEC_NT ? EKV_VK_MV_PROMPT
+                                                                   : EKV_VK_MV_DECODE;
     const uint32_t gy = (uint32_t)((n_rows + EKV_VK_MATVEC_NT - 1) / EKV_VK_MATVEC_NT);
-    /* more than one workgroup of activation rows: the prompt shape, which
-     * reuses each activation chunk over 4 weight rows (the same sums) */
-    const bool prompt = n_rows > EKV_VK_MATVEC_NT;
     /* rows per workgroup: (128 / (32 / M)) groups of RM (1, or 4 in the prompt shape) */
     const uint32_t m = ekv_vk_matvec_m(g->vk);
-    const int64_t per_wg = (int64_t)(128 / (32 / m)) * (prompt && m == 1 ? 4 : 1);
-    (with_barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_matvec_pipe(mv_type(t->type), m, prompt), &pc, sizeof pc,
-                                                           grid_rows((t->ne1 + per_wg - 1) / per_wg), gy, 1);
+    const int64_t per_wg = (int64_t)(128 / (32 / m)) * (shape == EKV_VK_MV_PROMPT && m == 1 ? 4 : 1);
+    (with_barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_matvec_pipe(mv_type(t->type), m, shape), &pc,
+                                                           sizeof pc, grid_rows((t->ne1 + per_wg - 1) / per_wg), gy, 1);
     return EKV_OK;
 }
 

@@ -16,12 +16,18 @@
  * Between pieces the residual stream of the block's rows lives here
  * ([n][n_embd] floats), since the context's scratch belongs to whoever runs
  * the next forward.
+ *
+ * A sequence on the GPU reads its prompt in chunks of rows through all
+ * layers instead (gpu_chunk): a unit there would be a submission and a
+ * read-back of the rows per layer.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
 #include "engine/engine.h"
+#include "kernels/kvquant.h"
+#include "kv/kv.h"
 
 struct ekv_prefill {
     struct ekv_seq *seq;
@@ -36,6 +42,7 @@ struct ekv_prefill {
     int32_t row;           /* next prompt offset to read through this layer */
     bool begun;            /* the policy's begin ran for the current block */
     bool done;
+    bool gpu;              /* the sequence is on the GPU: chunks through all layers (gpu_chunk) */
     struct ekv_fwd_part part; /* the current block as one prompt step */
     int64_t rope0;         /* RoPE position of the block's first row */
 };
@@ -50,9 +57,6 @@ enum ekv_status ekv_prefill_new(struct ekv_seq *seq, const struct ekv_input *in,
     enum ekv_status s = ekv_seq_ready(seq, "ekv_prefill_new");
     if (s != EKV_OK) return s;
     if ((s = ekv_input_check(seq, in, &total)) != EKV_OK) return ekv_err_prefix(s, "ekv_prefill_new");
-    if (seq->gpu)
-        return ekv_err(EKV_ERR_UNSUPPORTED, "ekv_prefill_new: a prompt read in pieces runs on the CPU only "
-                                            "(this sequence is on %s; use device cpu)", seq->ctx->device_name);
     const struct ekv_model_info *mi = &seq->ctx->model->info;
     struct ekv_prefill *p = calloc(1, sizeof *p);
     if (!p) return ekv_err(EKV_ERR_NOMEM, "out of memory");
@@ -73,6 +77,10 @@ enum ekv_status ekv_prefill_new(struct ekv_seq *seq, const struct ekv_input *in,
     p->pos0 = seq->n_seen;
     p->b0 = 0;
     p->b1 = p->block_len;
+    if (seq->gpu) { /* chunks of rows through all layers (gpu_chunk) */
+        p->gpu = true;
+        if (ekv_kv_type_is_kivi(seq->kv->fk.type) || ekv_kv_type_is_kivi(seq->kv->fv.type)) p->rows = p->n;
+    }
     seq->prefill = p;
     *out = p;
     return EKV_OK;
@@ -94,6 +102,7 @@ void ekv_prefill_detach(struct ekv_prefill *p) { p->seq = NULL; }
 int64_t ekv_prefill_units_left(const struct ekv_prefill *p) {
     if (!p || p->done || !p->seq) return 0;
     const int64_t L = p->seq->ctx->model->info.n_layer;
+    if (p->gpu) return L * ((p->n - p->row + p->rows - 1) / p->rows);
     int64_t units = 0;
     /* current block: rest of this layer, then whole layers */
     int64_t per_layer = (p->b1 - p->b0 + p->rows - 1) / p->rows;
@@ -179,6 +188,41 @@ static enum ekv_status layer_done(struct ekv_prefill *p, float *logits) {
     return ekv_forward_output(ctx, &ekv_backend_cpu, 1, 0, logits);
 }
 
+/* The GPU reads a prompt in chunks of p->rows rows, each a forward through
+ * all layers (one submission; a layer at a time would cost a submission
+ * and a read-back per unit). A sequence on the GPU has policy full, for
+ * which this equals the CPU's layer-major order: chunk c's rows attend to
+ * the rows before them, all already cached in every layer. Its KIVI
+ * storage quantises after every forward, so there the prompt is one chunk
+ * (as if read in one piece). */
+static enum ekv_status gpu_chunk(struct ekv_prefill *p, float *logits) {
+    struct ekv_seq *seq = p->seq;
+    struct ekv_context *ctx = seq->ctx;
+    const size_t D = (size_t)ctx->model->info.n_embd;
+    const int32_t n = EKV_MIN(p->rows, p->n - p->row);
+    const bool last = p->row + n == p->n;
+    enum ekv_status s = ekv_context_reserve(ctx, n);
+    if (s != EKV_OK) return s;
+    memcpy(ctx->x, p->x + (size_t)p->row * D, (size_t)n * D * sizeof(float));
+    struct ekv_fwd_part part = {.seq = seq, .row0 = 0, .n = n};
+    part.step.is_prompt = true;
+    part.step.last_chunk = last;
+    part.step.pos0 = seq->n_seen;
+    part.step.n_new = n;
+    part.step.prompt_pos0 = p->pos0;
+    part.step.prompt_len = p->n;
+    part.step.prompt_tags = p->tags;
+    part.step.tags = p->tags + p->row;
+    if ((s = ekv_forward(ctx, &part, 1, n, n - 1, last ? logits : NULL)) != EKV_OK) return s;
+    seq->n_seen += n;
+    p->row += n;
+    if (last) {
+        p->done = true;
+        seq->prefill = NULL;
+    }
+    return EKV_OK;
+}
+
 enum ekv_status ekv_prefill_step(struct ekv_prefill *p, int32_t max_units, float *logits, bool *done) {
     ekv_err_clear();
     if (!p || max_units < 1)
@@ -187,7 +231,12 @@ enum ekv_status ekv_prefill_step(struct ekv_prefill *p, int32_t max_units, float
     if (p->seq->prefill != p && !p->done)
         return ekv_err(EKV_ERR_INVALID_ARG, "ekv_prefill_step: the prompt failed before and cannot go on");
     enum ekv_status s = EKV_OK;
-    for (int32_t u = 0; u < max_units && !p->done && s == EKV_OK; u++) {
+    if (p->gpu) { /* whole forwards of n_layer units each; at least one */
+        const int32_t L = p->seq->ctx->model->info.n_layer;
+        for (int32_t u = 0; (u == 0 || u + L <= max_units) && !p->done && s == EKV_OK; u += L)
+            s = gpu_chunk(p, logits);
+    }
+    for (int32_t u = 0; u < max_units && !p->gpu && !p->done && s == EKV_OK; u++) {
         if (!p->begun && (s = block_begin(p)) != EKV_OK) break;
         if ((s = read_unit(p)) != EKV_OK) break;
         if (p->row == p->b1) s = layer_done(p, logits);

@@ -51,7 +51,31 @@ set(EKV_VK_PIPES
   "matmul_q4_0_s8|matvec.comp|TYPE_Q4_0,PROMPT,M=4"
   "matmul_q4_K_s8|matvec.comp|TYPE_Q4_K,PROMPT,M=4"
   "matmul_q5_K_s8|matvec.comp|TYPE_Q5_K,PROMPT,M=4"
-  "matmul_q6_K_s8|matvec.comp|TYPE_Q6_K,PROMPT,M=4")
+  "matmul_q6_K_s8|matvec.comp|TYPE_Q6_K,PROMPT,M=4"
+  "matvec1_f32|matvec.comp|TYPE_F32,ONE"
+  "matvec1_f16|matvec.comp|TYPE_F16,ONE"
+  "matvec1_bf16|matvec.comp|TYPE_BF16,ONE"
+  "matvec1_q8_0|matvec.comp|TYPE_Q8_0,ONE"
+  "matvec1_q4_0|matvec.comp|TYPE_Q4_0,ONE"
+  "matvec1_q4_K|matvec.comp|TYPE_Q4_K,ONE"
+  "matvec1_q5_K|matvec.comp|TYPE_Q5_K,ONE"
+  "matvec1_q6_K|matvec.comp|TYPE_Q6_K,ONE"
+  "matvec1_f32_s16|matvec.comp|TYPE_F32,ONE,M=2"
+  "matvec1_f16_s16|matvec.comp|TYPE_F16,ONE,M=2"
+  "matvec1_bf16_s16|matvec.comp|TYPE_BF16,ONE,M=2"
+  "matvec1_q8_0_s16|matvec.comp|TYPE_Q8_0,ONE,M=2"
+  "matvec1_q4_0_s16|matvec.comp|TYPE_Q4_0,ONE,M=2"
+  "matvec1_q4_K_s16|matvec.comp|TYPE_Q4_K,ONE,M=2"
+  "matvec1_q5_K_s16|matvec.comp|TYPE_Q5_K,ONE,M=2"
+  "matvec1_q6_K_s16|matvec.comp|TYPE_Q6_K,ONE,M=2"
+  "matvec1_f32_s8|matvec.comp|TYPE_F32,ONE,M=4"
+  "matvec1_f16_s8|matvec.comp|TYPE_F16,ONE,M=4"
+  "matvec1_bf16_s8|matvec.comp|TYPE_BF16,ONE,M=4"
+  "matvec1_q8_0_s8|matvec.comp|TYPE_Q8_0,ONE,M=4"
+  "matvec1_q4_0_s8|matvec.comp|TYPE_Q4_0,ONE,M=4"
+  "matvec1_q4_K_s8|matvec.comp|TYPE_Q4_K,ONE,M=4"
+  "matvec1_q5_K_s8|matvec.comp|TYPE_Q5_K,ONE,M=4"
+  "matvec1_q6_K_s8|matvec.comp|TYPE_Q6_K,ONE,M=4")
 # the KV cache's storage types, in the order of enum ekv_kv_type (from f32)
 set(EKV_VK_KV_TYPES f32 f16 q8_0 q4_0 kivi2 kivi4)
 set(EKV_VK_KV_DEFS KV_F32 KV_F16 KV_Q8_0 KV_Q4_0 KV_KIVI2 KV_KIVI4)

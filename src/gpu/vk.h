@@ -35,10 +35,10 @@ struct ekv_vk_buf {
 /* The compute shaders (src/gpu/shaders/NAME.comp), one pipeline each. */
 enum ekv_vk_pipe {
     EKV_VK_RMSNORM = 0,
-    /* matvec.comp, 48 variants: ekv_vk_matvec_pipe() */
+    /* matvec.comp, 72 variants: ekv_vk_matvec_pipe() */
     EKV_VK_MATVEC_FIRST,
     /* rope_store.comp per key x value row type (4 x 4): ekv_vk_rope_store_pipe() */
-    EKV_VK_ROPE_STORE_FIRST = EKV_VK_MATVEC_FIRST + 48,
+    EKV_VK_ROPE_STORE_FIRST = EKV_VK_MATVEC_FIRST + 72,
     /* attn.comp per key type x value type (6 x 6): ekv_vk_attn_pipe() */
     EKV_VK_ATTN_FIRST = EKV_VK_ROPE_STORE_FIRST + 16,
     /* kivi.comp: quantise keys (2, 4 bits), values (2, 4 bits), keep in the ring */
@@ -57,13 +57,17 @@ enum ekv_vk_mv_type {
     EKV_VK_W_F32 = 0, EKV_VK_W_F16, EKV_VK_W_BF16, EKV_VK_W_Q8_0, EKV_VK_W_Q4_0, EKV_VK_W_Q4_K, EKV_VK_W_Q5_K,
     EKV_VK_W_Q6_K, EKV_VK_W_COUNT
 };
+/* Shapes of matvec.comp: decode (up to 8 activation rows per workgroup),
+ * prompt (4 weight rows per group, 8 activation rows) and one (a single
+ * activation row per workgroup: fewer registers); all add up in the same order, so
+ * they give the same bits. */
+enum ekv_vk_mv_shape { EKV_VK_MV_DECODE = 0, EKV_VK_MV_PROMPT, EKV_VK_MV_ONE };
 /* The matvec pipeline of a weight type, lanes per invocation m (1, 2 or 4:
- * ekv_vk_matvec_m) and shape (prompt: 4 weight rows per group; the same
- * sums as the decode shape, bit for bit). The order of
- * src/gpu/shaders.cmake: shape, then m, then type. */
-static inline enum ekv_vk_pipe ekv_vk_matvec_pipe(enum ekv_vk_mv_type t, uint32_t m, int prompt) {
+ * ekv_vk_matvec_m) and shape. The order of src/gpu/shaders.cmake: shape,
+ * then m, then type. */
+static inline enum ekv_vk_pipe ekv_vk_matvec_pipe(enum ekv_vk_mv_type t, uint32_t m, enum ekv_vk_mv_shape shape) {
     const int mi = m >= 4 ? 2 : m == 2 ? 1 : 0;
-    return (enum ekv_vk_pipe)(EKV_VK_MATVEC_FIRST + ((prompt ? 3 : 0) + mi) * EKV_VK_W_COUNT + (int)t);
+    return (enum ekv_vk_pipe)(EKV_VK_MATVEC_FIRST + ((int)shape * 3 + mi) * EKV_VK_W_COUNT + (int)t);
 }
 
 /* The shaders' index of a cache storage type: enum ekv_kv_type from

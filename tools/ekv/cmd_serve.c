@@ -64,20 +64,17 @@ static bool serve_config(struct srv *srv, const struct cli_params *p) {
     return true;
 }
 
-/* The server reads prompts in pieces (ekv_prefill_*), which the GPU backend
- * does not do yet (issue 20): under auto it takes the CPU rather than
- * holding the weights on a GPU it would not use; a named GPU is refused. */
+/* The device: a named one (--device vulkan[:N], cpu) as asked; under auto
+ * the CPU. A GPU runs policy full only in this version (issue 20), and a
+ * server takes each request's policy: under auto, requests with other
+ * policies would fall back to the CPU one by one and batches mixing the two
+ * decode sequence by sequence, so auto keeps the server on the CPU. With a
+ * named GPU a request whose cache the GPU cannot run gets the reason. */
 static bool serve_device(const struct cli_params *p, struct cli_params *q) {
     *q = *p;
     const char *dev = p->device ? p->device : getenv("EKV_DEVICE");
-    if (!dev || !*dev || !strcmp(dev, "auto")) {
-        q->device = "cpu";
-        return true;
-    }
-    if (!strcmp(dev, "cpu")) return true;
-    cli_usage_error(CMD, "--device %s: the server runs on the CPU in this version (its piecewise prompt reading "
-                         "has no GPU path yet); use --device cpu or auto", dev);
-    return false;
+    if (!dev || !*dev || !strcmp(dev, "auto")) q->device = "cpu";
+    return true;
 }
 
 static bool serve_setup(struct srv *srv, const struct cli_params *p) {
@@ -111,10 +108,11 @@ static bool serve_setup(struct srv *srv, const struct cli_params *p) {
 static void serve_banner(const struct srv *srv, const struct cli_params *p, int port) {
     const struct srv_config *c = &srv->cfg;
     fprintf(stderr,
-            "ekv serve: %s (%s, %d layers, context %d, %.1f KiB of KV per token), %d threads, template %s\n"
+            "ekv serve: %s (%s, %d layers, context %d, %.1f KiB of KV per token), device %s, %d threads, template %s\n"
             "ekv serve: default policy %s at budget %g; --kv-mem %s%.1f MiB, --parallel %d, --queue %ld, "
             "prefill %d tokens per step%s\n",
-            c->model_id, srv->mi.arch, srv->mi.n_layer, c->n_ctx, srv->mi.kv_bytes_per_token / 1024.0, c->n_threads,
+            c->model_id, srv->mi.arch, srv->mi.n_layer, c->n_ctx, srv->mi.kv_bytes_per_token / 1024.0,
+            ekv_context_device(srv->ctx), c->n_threads,
             c->chat_template, c->kv_policy, c->kv.budget, c->kv_mem ? "" : "unlimited, ", c->kv_mem / 1048576.0,
             c->parallel, c->queue, c->prefill_chunk, srv->vision ? ", vision tower loaded" : "");
     /* the one line tests and scripts wait for (stdout, flushed) */
