@@ -104,6 +104,27 @@ check_error 405 /v1/completions '' -X GET
 check_error 413 /v1/completions "{\"prompt\": \"$(head -c 5000 /dev/zero | tr '\0' 'a')\"}"
 check_error 413 /v1/completions "{\"prompt\": \"$(head -c 5000 /dev/zero | tr '\0' 'a')\"}" -H 'Transfer-Encoding: chunked'
 [ "$(jget error.param < "$T/e")" = null ] || true
+# (issue 23, defects found from outside; each of these failed before its fix)
+# 9: 'messages' sent to /v1/completions names the wrong parameter
+check_error 400 /v1/completions '{"messages": [{"role": "user", "content": "hi"}]}'
+[ "$(jget error.param < "$T/e")" = messages ] && ok || bad "messages on /v1/completions: param $(jget error.param < "$T/e")"
+# 11: a body that says it is not JSON: 415; JSON with a charset, and curl's -d default, are fine
+check_error 415 /v1/completions '{"prompt": "x", "max_tokens": 1}' -H 'Content-Type: text/plain'
+[ "$(jget error.code < "$T/e")" = unsupported_media_type ] && ok || bad "415 code"
+code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json; charset=utf-8' "$URL/v1/completions" \
+  -d '{"prompt": "x", "max_tokens": 1}')
+[ "$code" = 200 ] && ok || bad "application/json; charset=utf-8 -> $code"
+# 12: /v1/models/{id} (the OpenAI SDK's models.retrieve)
+[ "$(curl -s "$URL/v1/models/stories260K.gguf" | jget id)" = stories260K.gguf ] && ok || bad "/v1/models/{id}"
+code=$(curl -s -o "$T/e" -w '%{http_code}' "$URL/v1/models/gpt-4")
+[ "$code" = 404 ] && [ "$(jget error.code < "$T/e")" = model_not_found ] && ok || bad "/v1/models/gpt-4 -> $code"
+# 1: the answer names the served model, never the request's own "model" string (a 1 MB one made
+# every streamed event 1 MB; here 3 kB, under --max-body, over 5 events)
+bigm=$(head -c 3000 /dev/zero | tr '\0' 'm')
+printf '{"prompt": "Once", "max_tokens": 4, "stream": true, "model": "%s"}' "$bigm" > "$T/bigm.json"
+curl -sN "$URL/v1/completions" -H 'Content-Type: application/json' --data-binary @"$T/bigm.json" > "$T/s"
+[ "$(wc -c < "$T/s")" -lt 3000 ] && grep -q '"model":"stories260K.gguf"' "$T/s" && ok \
+  || bad "a 3 kB model string must not be echoed: $(wc -c < "$T/s") bytes"
 post /v1/completions '{"prompt": "x", "kv": {"sinks": -3}}' > /dev/null
 grep -q -- "--kv-sinks expects an integer" "$T/r" && ok || bad "kv validated by the CLI's row: $(cat "$T/r")"
 
@@ -135,6 +156,10 @@ exec 3<&-
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cr3t' "$URL/v1/models")" = 200 ] && ok || bad "right key"
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && ok || bad "/health needs no key"
 curl -s "$URL/v1/completions" -d '{"prompt": "x"}' | jget error.code | grep -q invalid_api_key && ok || bad "401 body"
+# 10: the scheme is case-insensitive (RFC 7235); a 401 says which scheme (WWW-Authenticate)
+[ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: bearer s3cr3t' "$URL/v1/models")" = 200 ] && ok || bad "lower-case bearer"
+curl -s -D "$T/h" -o /dev/null "$URL/v1/models"
+grep -qi '^www-authenticate: Bearer' "$T/h" && ok || bad "401 without WWW-Authenticate: $(head -c 300 "$T/h")"
 stop_server key && ok || bad "key server exit"
 
 # ---- admission by --kv-mem: 0.1 MiB holds 81 full positions of stories260K (1280 B each) ----
@@ -191,6 +216,20 @@ if [ -f "$SHARED/models/ekv-ref-28m-f16.gguf" ]; then
   code=$(post /v1/completions '{"prompt": "static int", "max_tokens": 8, "temperature": 0}')
   [ "$code" = 200 ] && ok || bad "normal request after cancellations: $code"
   stop_server ref && ok || bad "ref server exit"
+  # 4: --queue 0 means nothing waits: a request runs if a slot is free, else 503 (it refused everything)
+  start_server ref0 -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --parallel 1 --queue 0 || exit 1
+  code=$(post /v1/completions '{"prompt": "static int", "max_tokens": 4}')
+  [ "$code" = 200 ] && ok || bad "--queue 0 with a free slot: $code"
+  curl -s -o /dev/null "$URL/v1/completions" -d "$long" & c1=$!
+  for _ in $(seq 1 1200); do curl -s "$URL/metrics" | grep -q '^ekv_requests_running 1$' && break; sleep 0.1; done
+  code=$(curl -s -D "$T/h" -o "$T/r" -w '%{http_code}' "$URL/v1/completions" -d '{"prompt": "x", "max_tokens": 2}')
+  [ "$code" = 503 ] && grep -qi '^retry-after: [0-9]' "$T/h" && [ "$(jget error.code < "$T/r")" = server_busy ] && ok \
+    || bad "--queue 0 with its one slot taken must be 503: $code"
+  kill "$c1" 2>/dev/null; wait "$c1" 2>/dev/null
+  for _ in $(seq 1 600); do curl -s "$URL/metrics" | grep -q '^ekv_requests_running 0$' && break; sleep 0.1; done
+  code=$(post /v1/completions '{"prompt": "static int", "max_tokens": 4}')
+  [ "$code" = 200 ] && ok || bad "--queue 0 after the slot freed: $code"
+  stop_server ref0 && ok || bad "ref0 server exit"
 else
   echo "cli_serve: queue-full and hang-up cases skipped: ../shared absent"
 fi
@@ -200,6 +239,16 @@ fi
 # CPU's, KIVI storage (its prompt in one chunk), a policy the GPU does not run
 # refused with the reason (400), the device in the banner and /metrics ----
 GDEV=${EKV_TEST_DEVICE:-vulkan:0}
+# Under ASan, LeakSanitizer reports lavapipe's own leftovers (tests/lsan_gpu.supp
+# says which) once the loader has unloaded the driver and its frames have no
+# names: the driver is preloaded (after the ASan runtime, which must come
+# first) so that it stays mapped and the suppressions apply, as test_gpu does
+# with dlopen; ekv's own allocations are checked as everywhere else.
+asan_lib=$(ldd "$EKV" 2>/dev/null | awk '/libasan/ { print $3; exit }')
+lvp_lib=$(ls /usr/lib/*/libvulkan_lvp.so 2>/dev/null | head -n 1)
+if [ -n "$asan_lib" ] && [ -n "$lvp_lib" ]; then
+  SRV_ENV=("LD_PRELOAD=$asan_lib $lvp_lib" "LSAN_OPTIONS=suppressions=$REPO/tests/lsan_gpu.supp:print_suppressions=0")
+fi
 if start_server gpu -m models/stories260K.gguf --device "$GDEV" -c 512 -t 2 --prefill-chunk 16; then
   grep -q "device $GDEV" "$T/gpu.err" && ok || bad "banner names the device: $(head -1 "$T/gpu.err")"
   P="Once upon a time, there was a little girl named Lily who liked to play outside in the park with her dog and her ball"
@@ -215,6 +264,7 @@ if start_server gpu -m models/stories260K.gguf --device "$GDEV" -c 512 -t 2 --pr
   [ "$code" = 400 ] && grep -q 'policy full' "$T/r" && ok || bad "GPU server, h2o must be 400 with the reason: $code $(head -c 300 "$T/r")"
   [ "$(curl -s "$URL/metrics" | sed -n 's/^ekv_device_bytes //p')" -gt 0 ] && ok || bad "GPU server: ekv_device_bytes"
   stop_server gpu && ok || bad "GPU server exit"
+  SRV_ENV=()
 else
   bad "the server does not start on $GDEV"
 fi

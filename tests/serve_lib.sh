@@ -10,6 +10,7 @@
 
 SRV_PIDS=""
 SRV_TEST_PID=$$
+SRV_ENV=() # VAR=VALUE words for the next start_server
 
 # watchdog PID : runs in the background while the test shell and the server
 # both live; stops the server (TERM, then KILL) if the test shell dies first
@@ -36,7 +37,7 @@ srv_wait() {
 # start_server NAME ARGS... : sets PORT_<NAME> and URL (of the last one started)
 start_server() {
     local name=$1; shift
-    "$EKV" serve --port 0 "$@" > "$T/$name.out" 2> "$T/$name.err" &
+    env "${SRV_ENV[@]}" "$EKV" serve --port 0 "$@" > "$T/$name.out" 2> "$T/$name.err" &
     local pid=$!
     SRV_PIDS="$SRV_PIDS $pid"
     ( srv_watchdog "$pid" ) < /dev/null > /dev/null 2>&1 &

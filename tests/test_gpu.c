@@ -619,8 +619,9 @@ static uint8_t *build_side(enum ekv_kv_type t, bool is_v, const float *x, int E,
     const int H = AT_H, C = AT_C, D = AT_D, G = AT_G;
     const bool kivi = ekv_kv_type_is_kivi(t);
     const int bits = t == EKV_KV_KIVI2 ? 2 : 4;
-    const size_t rw = t == EKV_KV_F32 ? D : t == EKV_KV_F16 ? D / 2 : t == EKV_KV_Q8_0 ? D / 4 : t == EKV_KV_Q4_0 ? D / 8
-                                                                                          : (size_t)D * bits / 32;
+    const int rwi = t == EKV_KV_F32 ? D : t == EKV_KV_F16 ? D / 2 : t == EKV_KV_Q8_0 ? D / 4 : t == EKV_KV_Q4_0 ? D / 8
+                                                                                        : D * bits / 32;
+    const size_t rw = (size_t)rwi;
     const size_t p0 = (size_t)H * C * rw;
     size_t pw = 0;
     if (t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0) pw = ((size_t)H * C * (D / 32) + 1) / 2;

@@ -57,7 +57,6 @@ enum srv_kind { SRV_CHAT, SRV_COMPLETION };
 /* A validated request; everything owned by it (srv_request_free). */
 struct srv_request {
     enum srv_kind kind;
-    char *model;                  /* as the client named it (NULL = the server's) */
     struct ekv_prompt *prompt;    /* text tokens and image slots (images set), or NULL: */
     int32_t *tokens;              /* the prompt as token ids (completions with a token array) */
     int32_t n_tokens;             /* positions of the prompt (tokens + image rows) */
@@ -208,6 +207,8 @@ char *srv_chunk_sse(const struct srv *srv, const struct srv_job *job, const char
                     bool final);
 char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *job);
 char *srv_models_json(const struct srv *srv);
+/* GET /v1/models/{id} of the served model. */
+char *srv_model_json(const struct srv *srv);
 char *srv_metrics_text(struct srv *srv); /* takes srv->mu */
 char *srv_health_json(struct srv *srv);  /* takes srv->mu */
 

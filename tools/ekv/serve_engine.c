@@ -135,13 +135,20 @@ struct srv_job *srv_submit(struct srv *srv, struct srv_request *req, struct srv_
     j->t_arrive = cli_now();
     j->refs = 2;
     pthread_mutex_lock(&srv->mu);
-    if (srv->stop || srv->n_queued >= cfg->queue) {
+    /* --queue 0: nothing waits; a request runs if a slot (and, with
+     * --kv-mem, the memory it projects, by the engine's last count) is free
+     * now, else 503 */
+    const bool full = cfg->queue > 0 ? srv->n_queued >= cfg->queue
+                                     : srv->n_queued + srv->n_active >= cfg->parallel ||
+                                           (cfg->kv_mem && srv->kv_reserved + need > cfg->kv_mem);
+    if (srv->stop || full) {
         bool stopping = srv->stop;
         if (!stopping) srv->st.rejected_busy++;
         pthread_mutex_unlock(&srv->mu);
         srv_fail(e, 503, "server_error", NULL, stopping ? "shutting_down" : "server_busy",
-                 stopping ? "the server is shutting down"
-                          : "the server is busy: %ld requests are waiting already; retry later",
+                 stopping          ? "the server is shutting down"
+                 : cfg->queue > 0 ? "the server is busy: %ld requests are waiting already; retry later"
+                                  : "the server is busy: no free slot now and --queue %ld; retry later",
                  cfg->queue);
         *req = j->req; /* back to the caller, who frees it */
         if (req->kv.policy) req->kv.policy = req->kv_policy;

@@ -18,6 +18,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -33,7 +34,7 @@ struct srv_http {
     struct srv *srv;
 };
 
-enum route { R_NONE, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_MODELS, R_HEALTH, R_METRICS };
+enum route { R_NONE, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_MODELS, R_MODEL, R_HEALTH, R_METRICS };
 
 /* Per-request state of a connection (MHD's con_cls). */
 struct conn {
@@ -43,6 +44,16 @@ struct conn {
     bool too_big;
     bool timeout_off; /* the idle timeout is suspended while the request runs */
 };
+
+/* The {id} of /v1/models/{id} or /models/{id}, NULL for other paths. */
+static const char *model_in_url(const char *url) {
+    static const char *k_pre[2] = {"/v1/models/", "/models/"};
+    for (int i = 0; i < 2; i++) {
+        const size_t n = strlen(k_pre[i]);
+        if (!strncmp(url, k_pre[i], n) && url[n]) return url + n;
+    }
+    return NULL;
+}
 
 static enum route find_route(const char *url) {
     static const struct { const char *path; enum route r; } k_routes[] = {
@@ -54,6 +65,7 @@ static enum route find_route(const char *url) {
     };
     for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
         if (!strcmp(url, k_routes[i].path)) return k_routes[i].r;
+    if (model_in_url(url)) return R_MODEL; /* /v1/models/{id} (the OpenAI SDK's models.retrieve) */
     return R_NONE;
 }
 
@@ -64,8 +76,17 @@ static void count_status(struct srv *srv, int status) {
 }
 
 /* Queues body (taken) with status and content type; NULL body = 500. */
+static enum MHD_Result send_body_h(struct srv *srv, struct MHD_Connection *c, int status, char *body,
+                                   const char *type, int retry_after, const char *hname, const char *hvalue);
+
 static enum MHD_Result send_body(struct srv *srv, struct MHD_Connection *c, int status, char *body, const char *type,
                                  int retry_after) {
+    return send_body_h(srv, c, status, body, type, retry_after, NULL, NULL);
+}
+
+/* The same with one more header (hname NULL: none). */
+static enum MHD_Result send_body_h(struct srv *srv, struct MHD_Connection *c, int status, char *body,
+                                   const char *type, int retry_after, const char *hname, const char *hvalue) {
     if (!body) {
         static const char k_oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                                     "\"param\":null,\"code\":null}}";
@@ -85,6 +106,7 @@ static enum MHD_Result send_body(struct srv *srv, struct MHD_Connection *c, int 
         snprintf(v, sizeof v, "%d", retry_after);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, v);
     }
+    if (hname) MHD_add_response_header(r, hname, hvalue);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     count_status(srv, status);
@@ -111,6 +133,19 @@ static enum MHD_Result fail(struct srv *srv, struct MHD_Connection *c, int statu
     return send_error(srv, c, &e);
 }
 
+/* Content types a JSON body may come with: application/json (any
+ * parameters, e.g. charset), and curl's default for -d
+ * (application/x-www-form-urlencoded), which people type by hand. */
+static bool json_content_type(const char *ct) {
+    while (*ct == ' ') ct++;
+    static const char *k_ok[2] = {"application/json", "application/x-www-form-urlencoded"};
+    for (int i = 0; i < 2; i++) {
+        const size_t n = strlen(k_ok[i]);
+        if (!strncasecmp(ct, k_ok[i], n) && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ')) return true;
+    }
+    return false;
+}
+
 /* Equal strings, in time that depends only on the length of the candidate. */
 static bool key_equal(const char *want, const char *got) {
     const size_t nw = strlen(want), ng = strlen(got);
@@ -122,8 +157,11 @@ static bool key_equal(const char *want, const char *got) {
 static bool authorized(const struct srv *srv, struct MHD_Connection *c) {
     if (!srv->cfg.api_key) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
-    return key_equal(srv->cfg.api_key, h + 7);
+    /* the scheme is case-insensitive (RFC 7235), then one or more spaces */
+    if (!h || strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t')) return false;
+    h += 6;
+    while (*h == ' ' || *h == '\t') h++;
+    return key_equal(srv->cfg.api_key, h);
 }
 
 /* Has the client closed its end? (peeks; never consumes a byte) */
@@ -338,13 +376,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         const bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         if (cs->route == R_NONE)
             return fail(srv, c, 404, "invalid_request_error", "not_found", "no endpoint %.200s", url);
-        if (cs->route != R_HEALTH && !authorized(srv, c))
-            return fail(srv, c, 401, "invalid_request_error", "invalid_api_key",
-                        "missing or incorrect API key (send 'Authorization: Bearer KEY')");
+        if (cs->route != R_HEALTH && !authorized(srv, c)) {
+            struct srv_error e = {.status = 401, .type = "invalid_request_error", .code = "invalid_api_key"};
+            snprintf(e.message, sizeof e.message, "missing or incorrect API key (send 'Authorization: Bearer KEY')");
+            return send_body_h(srv, c, 401, srv_error_json(&e), "application/json", 0, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                               "Bearer");
+        }
         const bool wants_post = cs->route == R_CHAT || cs->route == R_COMPLETIONS || cs->route == R_TOKENIZE;
         if ((wants_post && !post) || (!wants_post && !get))
             return fail(srv, c, 405, "invalid_request_error", "method_not_allowed", "%.200s does not take %.16s",
                         url, method);
+        const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+        if (wants_post && ct && !json_content_type(ct))
+            return fail(srv, c, 415, "invalid_request_error", "unsupported_media_type",
+                        "the body must be JSON (Content-Type: application/json), not %.100s", ct);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body + SRV_DRAIN_MAX)
             return fail(srv, c, 413, "invalid_request_error", "request_too_large",
@@ -387,6 +432,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_CHAT:
     case R_COMPLETIONS: return completions(srv, c, cs);
     case R_MODELS: return send_body(srv, c, 200, srv_models_json(srv), "application/json", 0);
+    case R_MODEL: {
+        const char *id = model_in_url(url);
+        if (strcmp(id, srv->cfg.model_id) != 0)
+            return fail(srv, c, 404, "invalid_request_error", "model_not_found", "the model '%.200s' does not exist",
+                        id);
+        return send_body(srv, c, 200, srv_model_json(srv), "application/json", 0);
+    }
     case R_HEALTH: return send_body(srv, c, 200, srv_health_json(srv), "application/json", 0);
     case R_METRICS: return send_body(srv, c, 200, srv_metrics_text(srv), "text/plain; version=0.0.4", 0);
     case R_TOKENIZE: {

@@ -46,7 +46,6 @@ bool srv_fail(struct srv_error *e, int status, const char *type, const char *par
 
 void srv_request_free(struct srv_request *r) {
     if (!r) return;
-    free(r->model);
     free(r->tokens);
     ekv_prompt_free(r->prompt);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
@@ -524,6 +523,8 @@ static bool prompt_tokens(const struct srv *srv, const cJSON *arr, struct srv_re
 
 static bool parse_completion(const struct srv *srv, const cJSON *root, struct srv_request *r, struct srv_error *e) {
     const cJSON *p = field(root, "prompt");
+    if (!p && field(root, "messages"))
+        return BAD("messages", "'messages' belongs to /v1/chat/completions; /v1/completions takes 'prompt'");
     if (!p) return BAD("prompt", "'prompt' is required");
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child)) p = p->child; /* ["text"], [[1, 2]] */
     struct images none = {0};
@@ -579,10 +580,6 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
             if (!isspace((unsigned char)*c)) ok = BAD(NULL, "the body has bytes after its JSON object (at byte %zu)", (size_t)(c - body));
     }
     ok = ok && refuse_unsupported(root, e) && parse_sampling(srv, root, r, e) && parse_kv(srv, root, r, e);
-    if (ok) {
-        const cJSON *m = field(root, "model");
-        if (m && !(r->model = strdup(m->valuestring))) ok = srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    }
     if (ok) ok = kind == SRV_CHAT ? parse_chat(srv, root, r, e) : parse_completion(srv, root, r, e);
     cJSON_Delete(root);
     return ok;

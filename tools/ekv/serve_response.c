@@ -65,8 +65,12 @@ char *srv_error_json(const struct srv_error *e) {
     return print(o);
 }
 
+/* The served model's name, as OpenAI answers (never the request's own
+ * "model" string: echoing it let one request make every streamed event as
+ * large as it liked). */
 static const char *model_id(const struct srv *srv, const struct srv_job *j) {
-    return j->req.model ? j->req.model : srv->cfg.model_id;
+    (void)j;
+    return srv->cfg.model_id;
 }
 
 /* id, object, created, model: the head of every completion object. */
@@ -210,15 +214,10 @@ char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *j) {
     return sse(o);
 }
 
-char *srv_models_json(const struct srv *srv) {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return NULL;
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
-    if (!data || !m) {
-        cJSON_Delete(m);
-        return print(o);
-    }
+/* The served model as /v1/models lists it (cJSON object, caller-owned). */
+static cJSON *model_object(const struct srv *srv) {
+    cJSON *m = cJSON_CreateObject();
+    if (!m) return NULL;
     cJSON_AddStringToObject(m, "id", srv->cfg.model_id);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)srv->t_epoch);
@@ -235,8 +234,26 @@ char *srv_models_json(const struct srv *srv) {
         cJSON_AddNumberToObject(meta, "kv_budget", srv->cfg.kv.budget);
         cJSON_AddNumberToObject(meta, "kv_bytes_per_token", (double)srv->mi.kv_bytes_per_token);
     }
+    return m;
+}
+
+char *srv_models_json(const struct srv *srv) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data"), *m = model_object(srv);
+    if (!data || !m) {
+        cJSON_Delete(m);
+        cJSON_Delete(o);
+        return NULL;
+    }
     cJSON_AddItemToArray(data, m);
     return print(o);
+}
+
+char *srv_model_json(const struct srv *srv) {
+    cJSON *m = model_object(srv);
+    return m ? print(m) : NULL;
 }
 
 char *srv_health_json(struct srv *srv) {
