@@ -114,6 +114,35 @@ check_error 415 /v1/completions '{"prompt": "x", "max_tokens": 1}' -H 'Content-T
 code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json; charset=utf-8' "$URL/v1/completions" \
   -d '{"prompt": "x", "max_tokens": 1}')
 [ "$code" = 200 ] && ok || bad "application/json; charset=utf-8 -> $code"
+# 5: JSON as RFC 8259 has it (cJSON alone took these, and cut strings at \u0000)
+for b in '{"prompt": "a\u0000b", "max_tokens": 1}' '{"prompt": "a\uZZZZ", "max_tokens": 1}' \
+  '{"prompt": "x", "max_tokens": 01}' '{"prompt": "x", "max_tokens": 1.}' '{"prompt": "x", "max_tokens": .5}' \
+  '{"prompt": "x", "max_tokens": 1e}' '{"prompt": "x", "stop": ["a",]}' '{"prompt": "x",}' '{"prompt": "\q"}' \
+  '{"prompt": tru}' '{"prompt": "x"} x' "$(printf '{"prompt": "a\tb"}')"; do
+  check_error 400 /v1/completions "$b" -H 'Content-Type: application/json'
+done
+deep=$(head -c 100 /dev/zero | tr '\0' '['); check_error 400 /v1/completions "{\"prompt\": $deep}"
+code=$(curl -s -o "$T/r" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+  --data-binary '{"prompt": "Once \u00e9\ud83d\ude00 \/", "max_tokens": 1, "temperature": 0.5e0, "top_p": 1E-0}')
+[ "$code" = 200 ] && ok || bad "valid JSON with escapes and exponents -> $code: $(head -c 200 "$T/r")"
+# 6: two Content-Length headers (which one a proxy believed is unknown): one 400
+code=$(python3 - "$URL" << 'PYEOF'
+import socket, sys
+host, port = sys.argv[1].split('//')[1].split(':')
+s = socket.create_connection((host, int(port)), timeout=10)
+body = b'{"prompt": "Once", "max_tokens": 1}'
+s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n'
+          b'Content-Length: %d\r\n\r\n' % len(body) + body)
+out = b''
+while b'\r\n\r\n' not in out or len(out) < 200:
+    d = s.recv(4096)
+    if not d:
+        break
+    out += d
+print(out.count(b'HTTP/1.1'), out.split(b' ')[1].decode(), int(b'duplicate_content_length' in out))
+PYEOF
+)
+[ "$code" = "1 400 1" ] && ok || bad "two Content-Length headers: $code"
 # 12: /v1/models/{id} (the OpenAI SDK's models.retrieve)
 [ "$(curl -s "$URL/v1/models/stories260K.gguf" | jget id)" = stories260K.gguf ] && ok || bad "/v1/models/{id}"
 code=$(curl -s -o "$T/e" -w '%{http_code}' "$URL/v1/models/gpt-4")

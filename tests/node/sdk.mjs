@@ -1,7 +1,7 @@
 // sdk.mjs — ekv serve driven by a client nobody here wrote: the official
 // OpenAI SDK for Node (npm package `openai`, pinned in package-lock.json),
 // with baseURL pointing at the server. Chat, streaming (chunks reassemble to
-// the non-streamed text), legacy completions, models.list, the per-request KV
+// the non-streamed text), legacy completions, models.list and .retrieve, the per-request KV
 // extension passed through the SDK, and errors the SDK maps to its own
 // classes (400 BadRequestError with OpenAI's error shape, 401
 // AuthenticationError).
@@ -85,6 +85,10 @@ await check('models', async () => {
   assert.equal(list.data.length, 1);
   assert.equal(list.data[0].object, 'model');
   assert.equal(list.data[0].id, 'stories260K.gguf');
+  const one = await client.models.retrieve('stories260K.gguf');
+  assert.equal(one.id, 'stories260K.gguf');
+  assert.equal(one.object, 'model');
+  await assert.rejects(client.models.retrieve('gpt-4'), (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
 });
 
 await check('400 -> BadRequestError', async () => {

@@ -180,6 +180,9 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
  * {"tokens": [...]}; NULL with e set on a bad request. */
 char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e);
 /* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)? */
+/* RFC 8259 syntax of s[0..n) (serve_json.c); false with the byte offset and
+ * a static reason. */
+bool srv_json_strict(const char *s, size_t n, size_t *at, const char **why);
 bool srv_utf8_valid(const char *s, size_t n);
 /* Length of the longest prefix of s[0..n) that ends on a whole UTF-8 character. */
 size_t srv_utf8_whole(const char *s, size_t n);

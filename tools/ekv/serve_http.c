@@ -133,6 +133,13 @@ static enum MHD_Result fail(struct srv *srv, struct MHD_Connection *c, int statu
     return send_error(srv, c, &e);
 }
 
+/* Counts the Content-Length headers (MHD keeps every one; it reads the first). */
+static enum MHD_Result count_content_length(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind, (void)value;
+    if (key && !strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) ++*(int *)cls;
+    return MHD_YES;
+}
+
 /* Content types a JSON body may come with: application/json (any
  * parameters, e.g. charset), and curl's default for -d
  * (application/x-www-form-urlencoded), which people type by hand. */
@@ -390,6 +397,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (wants_post && ct && !json_content_type(ct))
             return fail(srv, c, 415, "invalid_request_error", "unsupported_media_type",
                         "the body must be JSON (Content-Type: application/json), not %.100s", ct);
+        int n_cl = 0;
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_content_length, &n_cl);
+        if (n_cl > 1) /* which one a proxy in front believed is unknown: request smuggling */
+            return fail(srv, c, 400, "invalid_request_error", "duplicate_content_length",
+                        "the request has %d Content-Length headers", n_cl);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body + SRV_DRAIN_MAX)
             return fail(srv, c, 413, "invalid_request_error", "request_too_large",

@@ -534,27 +534,6 @@ static bool parse_completion(const struct srv *srv, const cJSON *root, struct sr
     return BAD("prompt", "'prompt' must be a string or an array of token ids");
 }
 
-/* JSON forbids raw control characters inside strings (cJSON lets them
- * through): the offset of the first one, or -1. */
-static long raw_control_in_string(const char *s, size_t n) {
-    bool in = false, esc = false;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (!in) {
-            in = c == '"';
-        } else if (esc) {
-            esc = false;
-        } else if (c == '\\') {
-            esc = true;
-        } else if (c == '"') {
-            in = false;
-        } else if (c < 0x20) {
-            return (long)i;
-        }
-    }
-    return -1;
-}
-
 bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *body, size_t len, struct srv_request *r,
                        struct srv_error *e) {
     memset(r, 0, sizeof *r);
@@ -565,8 +544,9 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
     r->kv = srv->cfg.kv;
     if (len == 0) return BAD(NULL, "the request has no body (a JSON object is expected)");
     if (!srv_utf8_valid(body, len)) return BAD(NULL, "the body is not valid UTF-8");
-    long ctl = raw_control_in_string(body, len);
-    if (ctl >= 0) return BAD(NULL, "the body is not valid JSON: a raw control character in a string at byte %ld", ctl);
+    size_t at = 0;
+    const char *why = NULL;
+    if (!srv_json_strict(body, len, &at, &why)) return BAD(NULL, "the body is not valid JSON: %s at byte %zu", why, at);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {
@@ -587,6 +567,10 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
 
 char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e) {
     if (len == 0 || !srv_utf8_valid(body, len)) return BAD(NULL, "the body must be a JSON object in UTF-8"), NULL;
+    size_t at = 0;
+    const char *why = NULL;
+    if (!srv_json_strict(body, len, &at, &why))
+        return BAD(NULL, "the body is not valid JSON: %s at byte %zu", why, at), NULL;
     cJSON *root = cJSON_ParseWithLength(body, len);
     const cJSON *content = root && cJSON_IsObject(root) ? field(root, "content") : NULL;
     bool add_special = true;
