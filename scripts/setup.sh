@@ -5,7 +5,8 @@
 #                            the GPU backend the Vulkan headers, volk, glslc and
 #                            the loader (libvulkan1)
 #   scripts/setup.sh --test  also what the test suite needs (scripts/test.sh):
-#                            curl, python3 (tests/cli_longctx.sh), lavapipe
+#                            curl, python3 (tests/cli_longctx.sh), clang (the
+#                            fuzz smoke, scripts/fuzz.sh), lavapipe
 #                            (mesa-vulkan-drivers) and the Khronos validation
 #                            layer for the GPU tests, Node.js and npm, and with npm the official
 #                            OpenAI SDK for Node, pinned by
@@ -22,6 +23,7 @@ esac
 PKGS="build-essential cmake pkg-config libcjson-dev libstb-dev libmicrohttpd-dev gnuplot-nox"
 PKGS="$PKGS libvulkan-dev libvulkan-volk-dev glslc libvulkan1"
 [ $TEST -eq 0 ] || PKGS="$PKGS curl python3" # python3: tests/cli_longctx.sh rebuilds data/longctx
+[ $TEST -eq 0 ] || PKGS="$PKGS clang" # the libFuzzer targets' smoke run (scripts/fuzz.sh)
 [ $TEST -eq 0 ] || PKGS="$PKGS mesa-vulkan-drivers vulkan-validationlayers" # lavapipe + validation: GPU tests
 missing=""
 for p in $PKGS; do

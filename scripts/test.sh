@@ -1,6 +1,7 @@
 #!/bin/sh
 # The README's second command: install, build and run the whole test suite,
-# then the same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+# then the same suite under AddressSanitizer + UndefinedBehaviorSanitizer,
+# then the fuzz smoke (scripts/fuzz.sh).
 set -eu
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
@@ -8,3 +9,5 @@ cd "$(dirname "$0")/.."
 (cd build && ctest --output-on-failure -j2)
 ./scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DEKV_SANITIZE=ON
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j2)
+# every libFuzzer target 30 s on its seed corpus (clang, ASan + UBSan)
+./scripts/fuzz.sh smoke

@@ -9,6 +9,9 @@
  * activation quantised once per call (Q8_0 for Q4_0/Q8_0, Q8_K for the
  * K-quants) using integer block dots, as llama.cpp does.
  */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -32,16 +35,32 @@ static const char *const k_isa_names[EKV_ISA_COUNT] = {"reference", "avx2", "avx
 
 bool ekv_cpu_has_avx2(void) { return ekv_cpu_isa() >= EKV_ISA_AVX2; }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* F16C and AVX-VNNI from CPUID itself: clang before 15 does not know their
+ * names in __builtin_cpu_supports (the AVX state they need is checked by
+ * the "avx2" test beside them). */
+static bool cpuid_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
+}
+static bool cpuid_avxvnni(void) {
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7) return false;
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a >> 4) & 1u;
+}
+#endif
+
 enum ekv_isa ekv_cpu_isa(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpuid_f16c()))
         return EKV_ISA_REF;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vnni"))
         return EKV_ISA_AVX512;
-    if (__builtin_cpu_supports("avxvnni")) return EKV_ISA_AVXVNNI;
+    if (cpuid_avxvnni()) return EKV_ISA_AVXVNNI;
     return EKV_ISA_AVX2;
 #else
     return EKV_ISA_REF;
@@ -50,7 +69,7 @@ enum ekv_isa ekv_cpu_isa(void) {
 
 static bool cpu_has_avxvnni(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    return __builtin_cpu_supports("avxvnni");
+    return cpuid_avxvnni();
 #else
     return false;
 #endif

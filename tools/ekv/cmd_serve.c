@@ -37,33 +37,6 @@ static volatile sig_atomic_t g_signal;
 
 static void on_signal(int sig) { g_signal = sig; }
 
-/* Settings from the flags, model facts, the chat template. */
-static bool serve_config(struct srv *srv, const struct cli_params *p) {
-    struct srv_config *c = &srv->cfg;
-    c->cli = p;
-    c->model_path = p->model ? p->model : cli_default_model();
-    if (p->alias) c->model_id = p->alias;
-    else {
-        const char *slash = strrchr(c->model_path, '/');
-        c->model_id = slash ? slash + 1 : c->model_path;
-    }
-    c->n_predict = p->n_predict;
-    c->ignore_eos = p->ignore_eos;
-    c->sampling = p->sampling;
-    c->seed_fixed = p->sampling.seed != UINT64_MAX;
-    c->kv = p->kv;
-    snprintf(c->kv_policy, sizeof c->kv_policy, "%s", p->kv.policy ? p->kv.policy : "full");
-    c->kv.policy = c->kv_policy;
-    c->parallel = (int32_t)p->parallel;
-    c->kv_mem = (uint64_t)(p->kv_mem_mib * 1048576.0);
-    c->queue = p->queue;
-    c->api_key = p->api_key && p->api_key[0] ? p->api_key : NULL;
-    c->max_body = (size_t)p->max_body;
-    c->timeout = (unsigned)p->timeout;
-    c->prefill_chunk = (int32_t)p->prefill_chunk;
-    return true;
-}
-
 /* The device: a named one (--device vulkan[:N], cpu) as asked; under auto
  * the CPU. A GPU runs policy full only in this version (issue 20), and a
  * server takes each request's policy: under auto, requests with other
@@ -143,7 +116,7 @@ static int cmd_serve_main(int argc, char **argv) {
     int port = 0;
     rc = 1;
     signal(SIGPIPE, SIG_IGN);
-    if (serve_config(srv, &p) && serve_setup(srv, &p) &&
+    if (srv_config_init(srv, &p) && serve_setup(srv, &p) &&
         srv_http_start(srv, p.host, (int)p.port, &http, &port) == EKV_OK) {
         serve_banner(srv, &p, port);
         serve_wait();

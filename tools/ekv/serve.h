@@ -172,6 +172,9 @@ struct srv {
 
 /* ---- serve_request.c ---- */
 
+/* The server's settings from the parsed flags (the model's own facts come
+ * later, once it is loaded); p must outlive srv. */
+bool srv_config_init(struct srv *srv, const struct cli_params *p);
 /* Parses and validates a request body for `kind` into r (zeroed first).
  * false with e set (4xx) on any problem. Tokenizes with srv's model. */
 bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *body, size_t len,
@@ -179,10 +182,10 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
 /* POST /tokenize (llama.cpp's): {"content": "...", "add_special": true} ->
  * {"tokens": [...]}; NULL with e set on a bad request. */
 char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e);
-/* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)? */
 /* RFC 8259 syntax of s[0..n) (serve_json.c); false with the byte offset and
  * a static reason. */
 bool srv_json_strict(const char *s, size_t n, size_t *at, const char **why);
+/* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)? */
 bool srv_utf8_valid(const char *s, size_t n);
 /* Length of the longest prefix of s[0..n) that ends on a whole UTF-8 character. */
 size_t srv_utf8_whole(const char *s, size_t n);

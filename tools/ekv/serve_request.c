@@ -534,6 +534,32 @@ static bool parse_completion(const struct srv *srv, const cJSON *root, struct sr
     return BAD("prompt", "'prompt' must be a string or an array of token ids");
 }
 
+bool srv_config_init(struct srv *srv, const struct cli_params *p) {
+    struct srv_config *c = &srv->cfg;
+    c->cli = p;
+    c->model_path = p->model ? p->model : cli_default_model();
+    if (p->alias) c->model_id = p->alias;
+    else {
+        const char *slash = strrchr(c->model_path, '/');
+        c->model_id = slash ? slash + 1 : c->model_path;
+    }
+    c->n_predict = p->n_predict;
+    c->ignore_eos = p->ignore_eos;
+    c->sampling = p->sampling;
+    c->seed_fixed = p->sampling.seed != UINT64_MAX;
+    c->kv = p->kv;
+    snprintf(c->kv_policy, sizeof c->kv_policy, "%s", p->kv.policy ? p->kv.policy : "full");
+    c->kv.policy = c->kv_policy;
+    c->parallel = (int32_t)p->parallel;
+    c->kv_mem = (uint64_t)(p->kv_mem_mib * 1048576.0);
+    c->queue = p->queue;
+    c->api_key = p->api_key && p->api_key[0] ? p->api_key : NULL;
+    c->max_body = (size_t)p->max_body;
+    c->timeout = (unsigned)p->timeout;
+    c->prefill_chunk = (int32_t)p->prefill_chunk;
+    return true;
+}
+
 bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *body, size_t len, struct srv_request *r,
                        struct srv_error *e) {
     memset(r, 0, sizeof *r);

@@ -1,0 +1,54 @@
+#!/bin/sh
+# Builds the libFuzzer targets (tests/fuzz, clang + ASan/UBSan, build-fuzz/)
+# and runs them:
+#   scripts/fuzz.sh smoke              every target 30 s on its seed corpus
+#                                      (part of scripts/test.sh)
+#   scripts/fuzz.sh run SECONDS [JOBS] every target SECONDS, JOBS processes
+#                                      each, corpora kept in build-fuzz/corpus-*
+# A crash stops the run with libFuzzer's report and the input saved as
+# build-fuzz/crash-*; minimise it (`build-fuzz/fuzz_X -minimize_crash=1 FILE`),
+# fix the bug, and commit the input to the target's corpus folder
+# (tests/fuzz/corpus/<target>/, named bad_* or ok_* for the request target)
+# so that ctest replays it. tests/fuzz/README.md says more.
+set -eu
+cd "$(dirname "$0")/.."
+MODE=${1:-smoke}
+case $MODE in
+    smoke) SECS=30 JOBS=1 ;;
+    run) SECS=${2:?usage: scripts/fuzz.sh run SECONDS [JOBS]} JOBS=${3:-1} ;;
+    *) echo "usage: scripts/fuzz.sh smoke | run SECONDS [JOBS]" >&2; exit 2 ;;
+esac
+command -v clang > /dev/null || { echo "fuzz.sh: clang is missing: run scripts/setup.sh --test" >&2; exit 1; }
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DEKV_FUZZ=ON -DEKV_SANITIZE=ON > /dev/null
+cmake --build build-fuzz --target fuzz_gguf fuzz_request -j"$(nproc)"
+B=$(pwd)/build-fuzz
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+if [ "$MODE" = run ]; then CG=$B/corpus-gguf CR=$B/corpus-request; else CG=$WORK/gguf CR=$WORK/request; fi
+mkdir -p "$CG" "$CR"
+# seeds: the hostile GGUF files test_gguf_hostile writes, a real model; the request corpus
+cmake --build build-fuzz --target test_gguf_hostile -j"$(nproc)" > /dev/null
+EKV_HOSTILE_DIR="$CG" "$B/tests/test_gguf_hostile" > /dev/null
+cp models/stories260K.gguf "$CG/"
+cp tests/fuzz/corpus/request/* "$CR/"
+cd "$B"  # crash-* files land here
+run() { # run NAME CORPUS MAXLEN
+    echo "fuzz.sh: $1, ${SECS}s x $JOBS job(s), corpus $2"
+    par=""
+    [ "$JOBS" -gt 1 ] && par="-jobs=$JOBS -workers=$JOBS"
+    rc=0
+    # shellcheck disable=SC2086 # par is two words or none
+    "$B/$1" -max_len="$3" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 $par "$2" \
+        > "$WORK/$1.log" 2>&1 || rc=$?
+    grep -E '^(stat::|Done|==|SUMMARY|.*ERROR|.*Test unit written)' "$WORK/$1.log" || true
+    # a failure: a non-zero status, or (parallel jobs) a crash-*/leak-*/timeout-* file
+    if [ "$rc" -ne 0 ] || ls "$B"/crash-* "$B"/leak-* "$B"/timeout-* > /dev/null 2>&1; then
+        tail -n 40 "$WORK/$1.log" >&2
+        echo "fuzz.sh: $1 failed (status $rc); the input is in $B (see the report above)" >&2
+        exit 1
+    fi
+}
+rm -f "$B"/crash-* "$B"/leak-* "$B"/timeout-*
+run fuzz_gguf "$CG" 65536
+run fuzz_request "$CR" 4096
+echo "fuzz.sh: no crash, leak or timeout"
