@@ -259,6 +259,30 @@ if [ -f "$SHARED/models/ekv-ref-28m-f16.gguf" ]; then
   code=$(post /v1/completions '{"prompt": "static int", "max_tokens": 4}')
   [ "$code" = 200 ] && ok || bad "--queue 0 after the slot freed: $code"
   stop_server ref0 && ok || bad "ref0 server exit"
+  # 3: SIGTERM drains: a running stream goes on to its end, a new request gets 503 shutting_down,
+  # and the server exits 0; a request still running at the --drain deadline gets 503
+  start_server drain -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --drain 120 || exit 1
+  curl -sN "$URL/v1/completions" -d '{"prompt": "static int", "max_tokens": 300, "ignore_eos": true, "stream": true}' \
+    > "$T/ds" & cs=$!
+  for _ in $(seq 1 1200); do [ "$(grep -c '^data: {' "$T/ds")" -ge 3 ] && break; sleep 0.05; done
+  kill -TERM "$PID_drain"
+  done_at_kill=$(grep -c '^data: \[DONE\]' "$T/ds")
+  sleep 0.3
+  code=$(curl -s -o "$T/r" -w '%{http_code}' "$URL/v1/completions" -d '{"prompt": "x", "max_tokens": 2}')
+  [ "$code" = 503 ] && [ "$(jget error.code < "$T/r")" = shutting_down ] && ok || bad "a request while draining: $code"
+  wait "$cs"
+  [ "$done_at_kill" = 0 ] && [ "$(jget --sse finish < "$T/ds")" = length ] && [ "$(grep -c '^data: {"id"' "$T/ds")" -ge 300 ] \
+    && ok || bad "the running stream must end in full after SIGTERM (done at kill: $done_at_kill; $(grep -c '^data: {' "$T/ds") events)"
+  srv_wait "$PID_drain" 120 && ok || bad "the draining server must exit 0"
+  SRV_PIDS=$(echo "$SRV_PIDS" | sed "s/ $PID_drain\b//"); PID_drain=
+  start_server drain1 -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --drain 1 || exit 1
+  curl -s -o "$T/dl" -w '%{http_code}' "$URL/v1/completions" -d "$long" > "$T/dlc" & cl=$!
+  for _ in $(seq 1 1200); do curl -s "$URL/metrics" | grep -q '^ekv_requests_running 1$' && break; sleep 0.1; done
+  kill -TERM "$PID_drain1"
+  wait "$cl"
+  [ "$(cat "$T/dlc")" = 503 ] && [ "$(jget error.code < "$T/dl")" = shutting_down ] && ok || bad "cut at the --drain deadline: $(cat "$T/dlc")"
+  srv_wait "$PID_drain1" 60 && ok || bad "the server must exit 0 after its --drain deadline"
+  SRV_PIDS=$(echo "$SRV_PIDS" | sed "s/ $PID_drain1\b//"); PID_drain1=
 else
   echo "cli_serve: queue-full and hang-up cases skipped: ../shared absent"
 fi

@@ -130,6 +130,7 @@ struct cli_params {
     const char *api_key;
     long max_body;               /* bytes */
     long timeout;                /* seconds of idle connection */
+    long drain;                  /* serve: seconds running requests get at shut-down */
     long prefill_chunk;          /* prompt tokens per engine step */
     const char *alias;           /* model name in /v1/models */
     /* list copies owned by the parse (cli_params_free) */

@@ -35,7 +35,12 @@ static const struct cli_help k_help = {
 
 static volatile sig_atomic_t g_signal;
 
-static void on_signal(int sig) { g_signal = sig; }
+static volatile sig_atomic_t g_signal_again; /* a second signal: no more draining */
+
+static void on_signal(int sig) {
+    if (g_signal) g_signal_again = 1;
+    g_signal = sig;
+}
 
 /* The device: a named one (--device vulkan[:N], cpu) as asked; under auto
  * the CPU. A GPU runs policy full only in this version (issue 20), and a
@@ -120,7 +125,9 @@ static int cmd_serve_main(int argc, char **argv) {
         srv_http_start(srv, p.host, (int)p.port, &http, &port) == EKV_OK) {
         serve_banner(srv, &p, port);
         serve_wait();
-        fprintf(stderr, "ekv serve: signal %d: shutting down\n", (int)g_signal);
+        fprintf(stderr, "ekv serve: signal %d: shutting down (running requests get up to %ld s; a second signal "
+                        "ends them)\n", (int)g_signal, p.drain);
+        srv_engine_drain(srv, (double)p.drain, &g_signal_again);
         rc = 0;
     }
     srv_engine_stop(srv); /* every job ends, so no connection thread waits on one */

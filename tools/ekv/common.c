@@ -219,6 +219,8 @@ static const struct cli_opt k_opts[] = {
      1L << 30, NULL, NULL, NULL, false},
     {S, G_SERVE, "-to, --timeout", NULL, "N", "seconds an idle connection is kept", K_LONG, OFF(timeout), 1, 86400,
      NULL, NULL, NULL, false},
+    {S, G_SERVE, "--drain", NULL, "N", "on SIGTERM/SIGINT: seconds the running requests get to finish (new and waiting "
+     "ones: 503; a second signal: at once)", K_LONG, OFF(drain), 0, 86400, NULL, NULL, NULL, false},
     {S, G_SERVE, "--prefill-chunk", NULL, "N", "prompt tokens read per engine step (bounds the stall of streams)",
      K_LONG, OFF(prefill_chunk), 16, 1L << 16, NULL, NULL, NULL, false},
     {S, G_SERVE, "-a, --alias", NULL, "NAME", "model id in /v1/models and responses (default: the file name)",
@@ -786,6 +788,7 @@ void cli_params_init(struct cli_params *p, unsigned tool) {
     p->queue = 64;
     p->max_body = 8L << 20;
     p->timeout = 60;
+    p->drain = 30;
     p->prefill_chunk = 256;
     if (tool == CLI_SERVE) p->n_predict = -1;
     if (tool == CLI_QUANTIZE) p->weight_type = "q8_0";

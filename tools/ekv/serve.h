@@ -27,6 +27,7 @@
 #define EKV_SERVE_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -156,6 +157,7 @@ struct srv {
     pthread_mutex_t mu;
     pthread_cond_t engine_cv;     /* wakes the engine */
     bool stop;                    /* (shared) shut-down */
+    bool draining;                /* (shared) shutting down: new requests 503, running ones finish */
     struct srv_job *queue_head, *queue_tail; /* (shared) waiting, FIFO */
     long n_queued;
     struct srv_job *active;       /* (shared) admitted: prefill and running */
@@ -193,6 +195,10 @@ size_t srv_utf8_whole(const char *s, size_t n);
 /* ---- serve_engine.c ---- */
 
 enum ekv_status srv_engine_start(struct srv *srv);
+/* Graceful shut-down: new and waiting requests get 503, the running ones
+ * up to `seconds` to finish (*interrupt becoming non-zero ends the wait at
+ * once); then srv_engine_stop ends what is left. */
+void srv_engine_drain(struct srv *srv, double seconds, volatile sig_atomic_t *interrupt);
 void srv_engine_stop(struct srv *srv);
 /* Submits a job (takes ownership of req). Returns the job (caller holds one
  * reference) or NULL with e set (503 when the queue is full, 400 when the

@@ -141,8 +141,8 @@ struct srv_job *srv_submit(struct srv *srv, struct srv_request *req, struct srv_
     const bool full = cfg->queue > 0 ? srv->n_queued >= cfg->queue
                                      : srv->n_queued + srv->n_active >= cfg->parallel ||
                                            (cfg->kv_mem && srv->kv_reserved + need > cfg->kv_mem);
-    if (srv->stop || full) {
-        bool stopping = srv->stop;
+    if (srv->stop || srv->draining || full) {
+        bool stopping = srv->stop || srv->draining;
         if (!stopping) srv->st.rejected_busy++;
         pthread_mutex_unlock(&srv->mu);
         srv_fail(e, 503, "server_error", NULL, stopping ? "shutting_down" : "server_busy",
@@ -434,8 +434,8 @@ static void step_decode(struct srv *srv, struct engine_buf *b, int n) {
     }
 }
 
-/* Fails every queued and active job (locked), at shut-down. */
-static void fail_all_locked(struct srv *srv) {
+/* Fails every queued job (locked), at shut-down. */
+static void fail_queued_locked(struct srv *srv) {
     while (srv->queue_head) {
         struct srv_job *j = srv->queue_head;
         srv->queue_head = j->next_in_list;
@@ -444,6 +444,11 @@ static void fail_all_locked(struct srv *srv) {
         job_finish_locked(srv, j);
     }
     srv->queue_tail = NULL;
+}
+
+/* Fails every queued and active job (locked), at shut-down. */
+static void fail_all_locked(struct srv *srv) {
+    fail_queued_locked(srv);
     while (srv->active) {
         struct srv_job *j = srv->active;
         srv_fail(&j->err, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
@@ -535,6 +540,22 @@ enum ekv_status srv_engine_start(struct srv *srv) {
         return EKV_ERR_NOMEM;
     srv->engine_started = true;
     return EKV_OK;
+}
+
+void srv_engine_drain(struct srv *srv, double seconds, volatile sig_atomic_t *interrupt) {
+    if (!srv->engine_started) return;
+    const double until = cli_now() + seconds;
+    pthread_mutex_lock(&srv->mu);
+    srv->draining = true;
+    fail_queued_locked(srv);
+    pthread_cond_signal(&srv->engine_cv);
+    while (srv->active && cli_now() < until && !*interrupt) {
+        pthread_mutex_unlock(&srv->mu);
+        struct timespec ts = {0, 20 * 1000 * 1000}; /* the engine finishes jobs on its own: look every 20 ms */
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&srv->mu);
+    }
+    pthread_mutex_unlock(&srv->mu);
 }
 
 void srv_engine_stop(struct srv *srv) {
