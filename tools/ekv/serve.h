@@ -166,6 +166,7 @@ struct srv {
     uint64_t kv_reserved;         /* (shared) */
     uint64_t kv_alloc;            /* (shared) bytes allocated by the caches */
     uint64_t next_id;
+    long n_live;                  /* (shared) jobs not yet freed by both sides */
     struct srv_stats st;
     double t_start;
     pthread_t engine;
@@ -199,6 +200,10 @@ enum ekv_status srv_engine_start(struct srv *srv);
  * up to `seconds` to finish (*interrupt becoming non-zero ends the wait at
  * once); then srv_engine_stop ends what is left. */
 void srv_engine_drain(struct srv *srv, double seconds, volatile sig_atomic_t *interrupt);
+/* After srv_engine_stop: waits (at most `seconds`) until the connection
+ * threads have sent every job's answer and let go of it, so that stopping
+ * the HTTP daemon does not cut an answer off. */
+void srv_engine_wait_released(struct srv *srv, double seconds);
 void srv_engine_stop(struct srv *srv);
 /* Submits a job (takes ownership of req). Returns the job (caller holds one
  * reference) or NULL with e set (503 when the queue is full, 400 when the

@@ -42,6 +42,13 @@ static void job_free(struct srv_job *j) {
     free(j);
 }
 
+/* Drops one side's hold on a job (locked); the last one frees it. */
+static void job_unref_locked(struct srv *srv, struct srv_job *j) {
+    if (--j->refs > 0) return;
+    job_free(j);
+    srv->n_live--;
+}
+
 /* The engine's resources of a job (engine thread only). */
 static void job_drop_engine(struct srv_job *j) {
     ekv_prefill_free(j->prefill);
@@ -77,7 +84,7 @@ static void job_finish_locked(struct srv *srv, struct srv_job *j) {
         srv->st.decode_seconds += j->t_done - j->t_prompt_done;
     }
     pthread_cond_broadcast(&j->cv);
-    if (--j->refs == 0) job_free(j);
+    job_unref_locked(srv, j);
 }
 
 /* Ends an active job (locked). */
@@ -157,6 +164,7 @@ struct srv_job *srv_submit(struct srv *srv, struct srv_request *req, struct srv_
         return NULL;
     }
     j->id = ++srv->next_id;
+    srv->n_live++;
     if (srv->queue_tail) srv->queue_tail->next_in_list = j;
     else srv->queue_head = j;
     srv->queue_tail = j;
@@ -186,7 +194,7 @@ void srv_release(struct srv *srv, struct srv_job *j) {
         j->cancel = true; /* the engine frees the cache at its next iteration */
         pthread_cond_signal(&srv->engine_cv);
     }
-    if (--j->refs == 0) job_free(j);
+    job_unref_locked(srv, j);
     pthread_mutex_unlock(&srv->mu);
 }
 
@@ -552,6 +560,18 @@ void srv_engine_drain(struct srv *srv, double seconds, volatile sig_atomic_t *in
     while (srv->active && cli_now() < until && !*interrupt) {
         pthread_mutex_unlock(&srv->mu);
         struct timespec ts = {0, 20 * 1000 * 1000}; /* the engine finishes jobs on its own: look every 20 ms */
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&srv->mu);
+    }
+    pthread_mutex_unlock(&srv->mu);
+}
+
+void srv_engine_wait_released(struct srv *srv, double seconds) {
+    const double until = cli_now() + seconds;
+    pthread_mutex_lock(&srv->mu);
+    while (srv->n_live > 0 && cli_now() < until) {
+        pthread_mutex_unlock(&srv->mu);
+        struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
         pthread_mutex_lock(&srv->mu);
     }
