@@ -143,6 +143,9 @@ print(out.count(b'HTTP/1.1'), out.split(b' ')[1].decode(), int(b'duplicate_conte
 PYEOF
 )
 [ "$code" = "1 400 1" ] && ok || bad "two Content-Length headers: $code"
+# 11 (the other half is with --cors below): without --cors, OPTIONS is 405 and no CORS header is sent
+code=$(curl -s -D "$T/h" -o /dev/null -w '%{http_code}' -X OPTIONS "$URL/v1/completions")
+[ "$code" = 405 ] && ! grep -qi '^access-control' "$T/h" && ok || bad "OPTIONS without --cors: $code"
 # 12: /v1/models/{id} (the OpenAI SDK's models.retrieve)
 [ "$(curl -s "$URL/v1/models/stories260K.gguf" | jget id)" = stories260K.gguf ] && ok || bad "/v1/models/{id}"
 code=$(curl -s -o "$T/e" -w '%{http_code}' "$URL/v1/models/gpt-4")
@@ -190,6 +193,22 @@ curl -s "$URL/v1/completions" -d '{"prompt": "x"}' | jget error.code | grep -q i
 curl -s -D "$T/h" -o /dev/null "$URL/v1/models"
 grep -qi '^www-authenticate: Bearer' "$T/h" && ok || bad "401 without WWW-Authenticate: $(head -c 300 "$T/h")"
 stop_server key && ok || bad "key server exit"
+
+# ---- 11: CORS for browser clients (--cors ORIGIN): the preflight (OPTIONS, no key needed) says what
+# may be sent, every answer (streams too) names the origin; without --cors, OPTIONS is 405 and no header ----
+start_server cors -c 512 --cors 'https://app.example' --api-key 's3cr3t' || exit 1
+curl -s -D "$T/h" -o /dev/null -X OPTIONS -H 'Origin: https://app.example' -H 'Access-Control-Request-Method: POST' \
+  -H 'Access-Control-Request-Headers: authorization, content-type' "$URL/v1/chat/completions"
+grep -q '^HTTP/1.1 204' "$T/h" && grep -qi '^access-control-allow-origin: https://app.example' "$T/h" \
+  && grep -qi '^access-control-allow-methods: .*POST' "$T/h" && grep -qi '^access-control-allow-headers: .*Authorization' "$T/h" \
+  && ok || bad "preflight: $(tr '\r\n' '  ' < "$T/h" | head -c 300)"
+curl -s -D "$T/h" -o /dev/null -H 'Authorization: Bearer s3cr3t' "$URL/v1/completions" -d '{"prompt": "Once", "max_tokens": 2}'
+grep -qi '^access-control-allow-origin: https://app.example' "$T/h" && ok || bad "CORS header on an answer"
+curl -sN -D "$T/h" -o /dev/null -H 'Authorization: Bearer s3cr3t' "$URL/v1/completions" -d '{"prompt": "Once", "max_tokens": 2, "stream": true}'
+grep -qi '^access-control-allow-origin: https://app.example' "$T/h" && ok || bad "CORS header on a stream"
+curl -s -D "$T/h" -o /dev/null "$URL/v1/models"
+grep -q '^HTTP/1.1 401' "$T/h" && grep -qi '^access-control-allow-origin' "$T/h" && ok || bad "CORS header on a 401"
+stop_server cors && ok || bad "cors server exit"
 
 # ---- admission by --kv-mem: 0.1 MiB holds 81 full positions of stories260K (1280 B each) ----
 start_server mem -c 512 --kv-mem 0.1 || exit 1

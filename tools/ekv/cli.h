@@ -128,6 +128,7 @@ struct cli_params {
     double kv_mem_mib;           /* 0 = no cap */
     long queue;                  /* waiting places */
     const char *api_key;
+    const char *cors;            /* serve: the origin allowed to call from a browser (CORS), or NULL */
     long max_body;               /* bytes */
     long timeout;                /* seconds of idle connection */
     long drain;                  /* serve: seconds running requests get at shut-down */

@@ -211,10 +211,13 @@ static const struct cli_opt k_opts[] = {
     {S, G_SERVE, "--kv-mem", NULL, "MiB",
      "cap on the KV bytes of all sequences together; a request is admitted\nwhen its projected cache fits (0 = no cap)",
      K_F64, OFF(kv_mem_mib), 0, 1 << 30, NULL, NULL, NULL, false},
-    {S, G_SERVE, "--queue", NULL, "N", "requests that may wait for admission; beyond, 503 + Retry-After (0: none waits, a request runs if a slot is free now)", K_LONG,
-     OFF(queue), 0, 1L << 20, NULL, NULL, NULL, false},
+    {S, G_SERVE, "--queue", NULL, "N",
+     "requests that may wait for admission; beyond, 503 + Retry-After (0: none waits, a request runs if a slot is "
+     "free now)", K_LONG, OFF(queue), 0, 1L << 20, NULL, NULL, NULL, false},
     {S, G_SERVE, "--api-key", NULL, "KEY", "require 'Authorization: Bearer KEY'", K_STR, OFF(api_key), 0, 0, NULL,
      NULL, "", false},
+    {S, G_SERVE, "--cors", NULL, "ORIGIN", "let browser pages from ORIGIN (or *) call the API (CORS headers, OPTIONS "
+     "preflight)", K_STR, OFF(cors), 0, 0, NULL, NULL, NULL, false},
     {S, G_SERVE, "--max-body", NULL, "BYTES", "largest request body (413 beyond)", K_LONG, OFF(max_body), 1024,
      1L << 30, NULL, NULL, NULL, false},
     {S, G_SERVE, "-to, --timeout", NULL, "N", "seconds an idle connection is kept", K_LONG, OFF(timeout), 1, 86400,

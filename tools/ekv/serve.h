@@ -91,6 +91,7 @@ struct srv_config {
     uint64_t kv_mem;              /* bytes; 0 = no cap */
     long queue;
     const char *api_key;
+    const char *cors;             /* --cors ORIGIN, or NULL */
     size_t max_body;
     unsigned timeout;
     int32_t prefill_chunk;

@@ -79,6 +79,27 @@ static void count_status(struct srv *srv, int status) {
 static enum MHD_Result send_body_h(struct srv *srv, struct MHD_Connection *c, int status, char *body,
                                    const char *type, int retry_after, const char *hname, const char *hvalue);
 
+/* --cors ORIGIN: the header that lets a browser page from ORIGIN read the answer. */
+static void add_cors(const struct srv *srv, struct MHD_Response *r) {
+    if (!srv->cfg.cors) return;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_ORIGIN, srv->cfg.cors);
+    if (strcmp(srv->cfg.cors, "*") != 0) MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
+}
+
+/* A CORS preflight (OPTIONS with --cors): 204 saying what may be sent. */
+static enum MHD_Result send_preflight(struct srv *srv, struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    add_cors(srv, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
+    MHD_destroy_response(r);
+    count_status(srv, 204);
+    return ret;
+}
+
 static enum MHD_Result send_body(struct srv *srv, struct MHD_Connection *c, int status, char *body, const char *type,
                                  int retry_after) {
     return send_body_h(srv, c, status, body, type, retry_after, NULL, NULL);
@@ -107,6 +128,7 @@ static enum MHD_Result send_body_h(struct srv *srv, struct MHD_Connection *c, in
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, v);
     }
     if (hname) MHD_add_response_header(r, hname, hvalue);
+    add_cors(srv, r);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     count_status(srv, status);
@@ -326,6 +348,7 @@ static enum MHD_Result start_stream(struct srv *srv, struct MHD_Connection *c, s
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    add_cors(srv, r);
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
     count_status(srv, 200);
@@ -383,6 +406,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         const bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         if (cs->route == R_NONE)
             return fail(srv, c, 404, "invalid_request_error", "not_found", "no endpoint %.200s", url);
+        if (srv->cfg.cors && !strcmp(method, "OPTIONS")) return send_preflight(srv, c); /* before the key: no credentials */
         if (cs->route != R_HEALTH && !authorized(srv, c)) {
             struct srv_error e = {.status = 401, .type = "invalid_request_error", .code = "invalid_api_key"};
             snprintf(e.message, sizeof e.message, "missing or incorrect API key (send 'Authorization: Bearer KEY')");

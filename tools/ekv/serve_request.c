@@ -554,6 +554,7 @@ bool srv_config_init(struct srv *srv, const struct cli_params *p) {
     c->kv_mem = (uint64_t)(p->kv_mem_mib * 1048576.0);
     c->queue = p->queue;
     c->api_key = p->api_key && p->api_key[0] ? p->api_key : NULL;
+    c->cors = p->cors && p->cors[0] ? p->cors : NULL;
     c->max_body = (size_t)p->max_body;
     c->timeout = (unsigned)p->timeout;
     c->prefill_chunk = (int32_t)p->prefill_chunk;
