@@ -289,6 +289,8 @@ if [ -f "$SHARED/models/ekv-ref-28m-f16.gguf" ]; then
   sleep 0.3
   code=$(curl -s -o "$T/r" -w '%{http_code}' "$URL/v1/completions" -d '{"prompt": "x", "max_tokens": 2}')
   [ "$code" = 503 ] && [ "$(jget error.code < "$T/r")" = shutting_down ] && ok || bad "a request while draining: $code"
+  code=$(curl -s -o "$T/r" -w '%{http_code}' "$URL/health")
+  [ "$code" = 503 ] && [ "$(jget status < "$T/r")" = "shutting down" ] && ok || bad "/health while draining: $code $(cat "$T/r")"
   wait "$cs"
   [ "$done_at_kill" = 0 ] && [ "$(jget --sse finish < "$T/ds")" = length ] && [ "$(grep -c '^data: {"id"' "$T/ds")" -ge 300 ] \
     && ok || bad "the running stream must end in full after SIGTERM (done at kill: $done_at_kill; $(grep -c '^data: {' "$T/ds") events)"

@@ -475,7 +475,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                         id);
         return send_body(srv, c, 200, srv_model_json(srv), "application/json", 0);
     }
-    case R_HEALTH: return send_body(srv, c, 200, srv_health_json(srv), "application/json", 0);
+    case R_HEALTH: { /* 503 while shutting down, so that a load balancer's checks take the replica out */
+        pthread_mutex_lock(&srv->mu);
+        const bool down = srv->stop || srv->draining;
+        pthread_mutex_unlock(&srv->mu);
+        return send_body(srv, c, down ? 503 : 200, srv_health_json(srv), "application/json", down ? 1 : 0);
+    }
     case R_METRICS: return send_body(srv, c, 200, srv_metrics_text(srv), "text/plain; version=0.0.4", 0);
     case R_TOKENIZE: {
         struct srv_error e = {0};

@@ -260,7 +260,7 @@ char *srv_health_json(struct srv *srv) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     pthread_mutex_lock(&srv->mu);
-    cJSON_AddStringToObject(o, "status", srv->stop ? "shutting down" : "ok");
+    cJSON_AddStringToObject(o, "status", srv->stop || srv->draining ? "shutting down" : "ok");
     cJSON_AddNumberToObject(o, "slots_processing", srv->n_active);
     cJSON_AddNumberToObject(o, "requests_queued", (double)srv->n_queued);
     pthread_mutex_unlock(&srv->mu);
