@@ -131,7 +131,8 @@ static int cmd_serve_main(int argc, char **argv) {
         rc = 0;
     }
     srv_engine_stop(srv); /* every job ends, so no connection thread waits on one */
-    srv_engine_wait_released(srv, 10.0); /* their answers go out before the daemon stops */
+    srv_engine_wait_released(srv, 10.0); /* their answers are queued... */
+    srv_http_wait_idle(http, 5.0);       /* ...and sent before the daemon stops */
     srv_http_stop(http);
     if (srv->locks) {
         pthread_mutex_destroy(&srv->mu);

@@ -235,6 +235,9 @@ char *srv_health_json(struct srv *srv);  /* takes srv->mu */
 struct srv_http;
 /* Starts listening (host:port; port 0 = any); *port_out gets the port. */
 enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, struct srv_http **out, int *port_out);
+/* Waits (at most `seconds`) until no connection is open: the answers
+ * queued last have gone out (they close their connections). */
+void srv_http_wait_idle(struct srv_http *h, double seconds);
 void srv_http_stop(struct srv_http *h);
 
 #endif

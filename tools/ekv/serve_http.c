@@ -129,6 +129,10 @@ static enum MHD_Result send_body_h(struct srv *srv, struct MHD_Connection *c, in
     }
     if (hname) MHD_add_response_header(r, hname, hvalue);
     add_cors(srv, r);
+    pthread_mutex_lock(&srv->mu);
+    const bool down = srv->stop || srv->draining;
+    pthread_mutex_unlock(&srv->mu);
+    if (down) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close"); /* the shut-down waits for idle */
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     count_status(srv, status);
@@ -539,6 +543,17 @@ enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, stru
     *port_out = di ? di->port : port;
     *out = h;
     return EKV_OK;
+}
+
+void srv_http_wait_idle(struct srv_http *h, double seconds) {
+    if (!h) return;
+    const double until = cli_now() + seconds;
+    for (;;) {
+        const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+        if (!info || info->num_connections == 0 || cli_now() >= until) return;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 void srv_http_stop(struct srv_http *h) {
