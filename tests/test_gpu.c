@@ -390,6 +390,21 @@ static void test_batch_invariance(void) {
     ekv_model_free(m);
 }
 
+/* Both sequences read the same N-token prompt with every row's logits
+ * (lg from sg, lc from sc, [N][V] each); the largest |lg - lc| over them,
+ * and *maxv the largest |lc|. */
+static double prompt_diff(struct ekv_seq *sg, struct ekv_seq *sc, const int32_t *toks, int32_t N, int32_t V, float *lg,
+                          float *lc, double *maxv) {
+    struct ekv_segment seg = {.tokens = toks, .n = N, .tag = EKV_TAG_TEXT};
+    struct ekv_input in = {.segs = &seg, .n_segs = 1, .is_prompt = true, .logits_all = true};
+    CHECK_OK(ekv_seq_eval(sg, &in, lg));
+    CHECK_OK(ekv_seq_eval(sc, &in, lc));
+    double maxd = 0.0;
+    *maxv = 0.0;
+    for (size_t i = 0; i < (size_t)V * N; i++) maxd = fmax(maxd, fabs(lg[i] - lc[i])), *maxv = fmax(*maxv, fabs(lc[i]));
+    return maxd;
+}
+
 /* Every tiny architecture preset of `ekv mkmodel` (F32 weights, F32 cache)
  * and every RoPE scaling, GPU against CPU: prompt logits of every row and
  * four decode steps, max |gpu - cpu| / max |logit| stated per case (2-3e-7
@@ -428,12 +443,7 @@ static void test_presets(void) {
         int32_t toks[128];
         for (int32_t i = 0; i < N; i++) toks[i] = 1 + (i * 37 + 11) % (V - 1);
         float *lg = malloc(sizeof(float) * (size_t)V * N), *lc = malloc(sizeof(float) * (size_t)V * N);
-        struct ekv_segment seg = {.tokens = toks, .n = N, .tag = EKV_TAG_TEXT};
-        struct ekv_input in = {.segs = &seg, .n_segs = 1, .is_prompt = true, .logits_all = true};
-        CHECK_OK(ekv_seq_eval(sg, &in, lg));
-        CHECK_OK(ekv_seq_eval(sc, &in, lc));
-        double maxd = 0.0, maxv = 0.0;
-        for (size_t i = 0; i < (size_t)V * N; i++) maxd = fmax(maxd, fabs(lg[i] - lc[i])), maxv = fmax(maxv, fabs(lc[i]));
+        double maxv = 0.0, maxd = prompt_diff(sg, sc, toks, N, V, lg, lc, &maxv);
         const float *last = lc + (size_t)V * (N - 1);
         for (int step = 0; step < 4; step++) { /* both follow the CPU's greedy token */
             const int32_t t = argmax(step == 0 ? last : lc, V);
@@ -823,12 +833,7 @@ static void test_kv_types(void) {
         int32_t toks[100];
         for (int32_t i = 0; i < N; i++) toks[i] = 1 + (i * 37 + 11) % (V - 1);
         float *lg = malloc(sizeof(float) * (size_t)V * N), *lc = malloc(sizeof(float) * (size_t)V * N);
-        struct ekv_segment seg = {.tokens = toks, .n = N, .tag = EKV_TAG_TEXT};
-        struct ekv_input in = {.segs = &seg, .n_segs = 1, .is_prompt = true, .logits_all = true};
-        CHECK_OK(ekv_seq_eval(sg, &in, lg));
-        CHECK_OK(ekv_seq_eval(sc, &in, lc));
-        double maxd = 0.0, maxv = 0.0;
-        for (size_t i = 0; i < (size_t)V * N; i++) maxd = fmax(maxd, fabs(lg[i] - lc[i])), maxv = fmax(maxv, fabs(lc[i]));
+        double maxv = 0.0, maxd = prompt_diff(sg, sc, toks, N, V, lg, lc, &maxv);
         double maxd_dec = 0.0;
         memmove(lc, lc + (size_t)V * (N - 1), sizeof(float) * V);
         for (int step = 0; step < STEPS; step++) { /* both follow the CPU's greedy token */

@@ -60,11 +60,9 @@ static inline uint64_t ekv_vk_act_addr(struct ekv_context *ctx, enum ekv_act a, 
 
 /* Builds the pipelines a cache of these storage types uses. */
 enum ekv_status ekv_vk_kv_prepare(struct ekv_vk_ctx *g, enum ekv_kv_type tk, enum ekv_kv_type tv);
-/* Makes the KIVI scratch hold n_rows rows (no-op without KIVI sequences). */
-enum ekv_status ekv_vk_kv_reserve(struct ekv_vk_ctx *g, const struct ekv_model_info *in, int32_t n_rows);
 /* Frees the attention and KIVI scratch. */
 void ekv_vk_kv_free_scratch(struct ekv_vk_ctx *g);
-/* The attention partials' buffer sized for a forward of n_rows rows. */
+/* The attention partials' buffer and the KIVI scratch sized for a forward of n_rows rows. */
 enum ekv_status ekv_vk_kv_begin(struct ekv_context *ctx, int32_t n_rows);
 /* Checks that a part's positions fit its cache. */
 enum ekv_status ekv_vk_kv_part_begin(struct ekv_fwd_part *part);

@@ -221,7 +221,8 @@ static int32_t attn_block_rows(const struct ekv_vk_ctx *g, const struct ekv_mode
     return rows < 1 ? 1 : rows > 65535 ? 65535 : (int32_t)rows;
 }
 
-enum ekv_status ekv_vk_kv_reserve(struct ekv_vk_ctx *g, const struct ekv_model_info *in, int32_t n_rows) {
+/* Makes the KIVI scratch hold n_rows rows (no-op without KIVI sequences). */
+static enum ekv_status kv_reserve(struct ekv_vk_ctx *g, const struct ekv_model_info *in, int32_t n_rows) {
     if (g->kivi_seqs <= 0 || n_rows <= g->kv_scr_rows) return EKV_OK;
     ekv_vk_buf_free(g->vk, &g->kv_scr);
     g->kv_scr_rows = 0;
@@ -252,7 +253,7 @@ enum ekv_status ekv_vk_kv_begin(struct ekv_context *ctx, int32_t n_rows) {
         if (s != EKV_OK) return s;
         g->part_cap = need;
     }
-    return ekv_vk_kv_reserve(g, in, n_rows);
+    return kv_reserve(g, in, n_rows);
 }
 
 enum ekv_status ekv_vk_kv_part_begin(struct ekv_fwd_part *part) {

@@ -550,6 +550,15 @@ enum ekv_status srv_engine_start(struct srv *srv) {
     return EKV_OK;
 }
 
+/* Lets go of the lock for 10 ms (the engine and the connection threads
+ * finish jobs on their own; shut-down looks at them this often). */
+static void nap_locked(struct srv *srv) {
+    pthread_mutex_unlock(&srv->mu);
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&srv->mu);
+}
+
 void srv_engine_drain(struct srv *srv, double seconds, volatile sig_atomic_t *interrupt) {
     if (!srv->engine_started) return;
     const double until = cli_now() + seconds;
@@ -557,24 +566,14 @@ void srv_engine_drain(struct srv *srv, double seconds, volatile sig_atomic_t *in
     srv->draining = true;
     fail_queued_locked(srv);
     pthread_cond_signal(&srv->engine_cv);
-    while (srv->active && cli_now() < until && !*interrupt) {
-        pthread_mutex_unlock(&srv->mu);
-        struct timespec ts = {0, 20 * 1000 * 1000}; /* the engine finishes jobs on its own: look every 20 ms */
-        nanosleep(&ts, NULL);
-        pthread_mutex_lock(&srv->mu);
-    }
+    while (srv->active && cli_now() < until && !*interrupt) nap_locked(srv);
     pthread_mutex_unlock(&srv->mu);
 }
 
 void srv_engine_wait_released(struct srv *srv, double seconds) {
     const double until = cli_now() + seconds;
     pthread_mutex_lock(&srv->mu);
-    while (srv->n_live > 0 && cli_now() < until) {
-        pthread_mutex_unlock(&srv->mu);
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-        pthread_mutex_lock(&srv->mu);
-    }
+    while (srv->n_live > 0 && cli_now() < until) nap_locked(srv);
     pthread_mutex_unlock(&srv->mu);
 }
 
