@@ -310,8 +310,9 @@ fi
 
 # ---- the server on a GPU (lavapipe in CI: $EKV_TEST_DEVICE or vulkan:0): the
 # prompt read in chunks through all layers there, the same greedy text as the
-# CPU's, KIVI storage (its prompt in one chunk), a policy the GPU does not run
-# refused with the reason (400), the device in the banner and /metrics ----
+# CPU's, KIVI storage (its prompt in one chunk), compressing policies (h2o's
+# text the CPU's, 16 mixed requests at once equal to each alone), what the GPU
+# does not run refused with the reason (400), the device in /metrics ----
 GDEV=${EKV_TEST_DEVICE:-vulkan:0}
 # Under ASan, LeakSanitizer reports lavapipe's own leftovers (tests/lsan_gpu.supp
 # says which) once the loader has unloaded the driver and its frames have no
@@ -334,8 +335,33 @@ if start_server gpu -m models/stories260K.gguf --device "$GDEV" -c 512 -t 2 --pr
     --kv-residual 8 2>/dev/null)
   code=$(post /v1/completions '{"prompt": "'"$P"'", "max_tokens": 32, "temperature": 0, "kv": {"type": "kivi4", "group": 8, "residual": 8}}')
   [ "$code" = 200 ] && [ "$(jget choices.0.text < "$T/r")" = "$want_k" ] && ok || bad "GPU server, kivi4: $code $(head -c 300 "$T/r")"
-  code=$(post /v1/completions '{"prompt": "Once", "max_tokens": 4, "kv": {"policy": "h2o", "budget": 0.5}}')
-  [ "$code" = 400 ] && grep -q 'policy full' "$T/r" && ok || bad "GPU server, h2o must be 400 with the reason: $code $(head -c 300 "$T/r")"
+  # compressing policies run on the GPU: h2o's text is the CPU's; KIVI with one is refused with the reason
+  want_h=$("$EKV" run --device cpu -c 512 -p "$P" -n 32 --temp 0 --no-display-prompt --kv-policy h2o --kv-budget 0.5 2>/dev/null)
+  code=$(post /v1/completions '{"prompt": "'"$P"'", "max_tokens": 32, "temperature": 0, "kv": {"policy": "h2o", "budget": 0.5}}')
+  [ "$code" = 200 ] && [ -n "$want_h" ] && [ "$(jget choices.0.text < "$T/r")" = "$want_h" ] && ok \
+    || bad "GPU server, h2o: $code $(head -c 300 "$T/r") != CPU '$want_h'"
+  code=$(post /v1/completions '{"prompt": "Once", "max_tokens": 4, "kv": {"policy": "h2o", "budget": 0.5, "type": "kivi4", "group": 8, "residual": 8}}')
+  [ "$code" = 400 ] && grep -q 'KIVI' "$T/r" && ok || bad "GPU server, h2o with kivi4 must be 400 with the reason: $code $(head -c 300 "$T/r")"
+  # 16 requests at once, of mixed policies and storage types (decoded in shared
+  # forwards), each answer equal to the same request sent alone
+  GP=(full h2o snapkv elastic-v2 tova local scissorhands roco pyramidkv vlcache random elastic h2o snapkv elastic-v2 local)
+  GT=(f16 f16 f32 f16 f16 f32 f16 f16 f16 f16 f16 f16 f32 f16 f32 f16)
+  greq() { echo '{"prompt": "'"$P"' '"$1"'", "max_tokens": 24, "temperature": 0, "kv": {"policy": "'"${GP[$1]}"'", "budget": 0.3, "type": "'"${GT[$1]}"'"}}'; }
+  for i in $(seq 0 15); do
+    curl -s -o "$T/alone$i" -H 'Content-Type: application/json' "$URL/v1/completions" -d "$(greq "$i")"
+  done
+  cpids=()
+  for i in $(seq 0 15); do
+    curl -s -o "$T/conc$i" -H 'Content-Type: application/json' "$URL/v1/completions" -d "$(greq "$i")" &
+    cpids+=($!)
+  done
+  wait "${cpids[@]}"
+  same=0
+  for i in $(seq 0 15); do
+    a=$(jget choices.0.text < "$T/alone$i" 2>/dev/null); b=$(jget choices.0.text < "$T/conc$i" 2>/dev/null)
+    [ -n "$a" ] && [ "$a" = "$b" ] && same=$((same + 1)) || echo "cli_serve: GPU request $i (${GP[$i]}, ${GT[$i]}): alone '$a', at once '$b'"
+  done
+  [ "$same" = 16 ] && ok || bad "GPU server: $same of 16 concurrent mixed-policy answers equal the answer alone"
   [ "$(curl -s "$URL/metrics" | sed -n 's/^ekv_device_bytes //p')" -gt 0 ] && ok || bad "GPU server: ekv_device_bytes"
   stop_server gpu && ok || bad "GPU server exit"
   SRV_ENV=()

@@ -95,12 +95,16 @@ uint64_t ekv_vk_ctx_last_ns(const struct ekv_vk_ctx *g);
 enum ekv_status ekv_vk_ctx_profile(const struct ekv_vk_ctx *g, char *buf, size_t cap);
 /* Validation-layer messages so far (tests fail on any). */
 uint64_t ekv_vk_ctx_validation(const struct ekv_vk_ctx *g, const char **first);
-/* Whether a sequence with these cache parameters can run on the GPU
- * (policy full, f32/f16 storage); if not, why (static string). */
+/* Whether a sequence with these cache parameters can run on the GPU; if
+ * not, why (static string). */
 bool ekv_vk_seq_supported(const struct ekv_seq *seq, const char **why);
 /* The sequence's device cache ([n_layer] K and V of [n_head_kv][n_ctx][head_dim]). */
 enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq **out);
 void ekv_vk_seq_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s);
 uint64_t ekv_vk_seq_bytes(const struct ekv_vk_seq *s, int64_t n_seen, uint64_t *alloc);
+/* Whether the device cache is a compressing policy's (then the sequence's
+ * host cache, seq->kv, holds every entry's position, weight, tag and
+ * statistics, and its lengths are the device's). */
+bool ekv_vk_seq_compressed(const struct ekv_vk_seq *s);
 
 #endif

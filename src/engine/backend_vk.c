@@ -414,8 +414,7 @@ static enum ekv_status vk_begin(struct ekv_context *ctx, int32_t n_rows) {
 }
 
 static enum ekv_status vk_seq_begin(struct ekv_context *ctx, struct ekv_fwd_part *part) {
-    (void)ctx;
-    return ekv_vk_kv_part_begin(part);
+    return ekv_vk_kv_part_begin(ctx, part);
 }
 
 static enum ekv_status vk_seq_end(struct ekv_context *ctx, struct ekv_fwd_part *part) {
@@ -537,13 +536,18 @@ static enum ekv_status vk_end(struct ekv_context *ctx, enum ekv_status status) {
     struct ekv_vk_ctx *g = G(ctx);
     if (status != EKV_OK) {
         ekv_vk_abort(g->vk);
+        ekv_vk_mg_abort(ctx);
         return status;
     }
     enum ekv_status s = ekv_vk_submit(g->vk);
-    if (s != EKV_OK) return s;
+    if (s != EKV_OK) {
+        ekv_vk_mg_abort(ctx);
+        return s;
+    }
     if (g->logits_dst)
         memcpy(g->logits_dst, g->logits.host, (size_t)g->logits_rows * (size_t)ctx->model->info.n_vocab * sizeof(float));
-    return EKV_OK;
+    /* compressed caches: statistics, the policies, their plans */
+    return ekv_vk_mg_after(ctx);
 }
 
 const struct ekv_backend_ops ekv_backend_vk = {

@@ -23,6 +23,25 @@ struct ekv_vk_tensor {
     size_t q_off;             /* Q8_0/Q4_0: byte offset of the quants after the scales */
 };
 
+/* One side (keys or values) of a sequence's cache. */
+struct ekv_vk_side {
+    enum ekv_kv_type type;
+    bool is_v;
+    struct ekv_vk_buf *buf;     /* [n_layer], kvq.glsl's layout */
+    uint32_t tc;                /* KIVI: ring entries per head */
+    uint64_t p0, r0, words;     /* words: parameters from p0, ring from r0, in all */
+    int32_t nq;                 /* KIVI: entries quantised, the same in every layer */
+};
+
+struct ekv_vk_mg;
+
+struct ekv_vk_seq {
+    int32_t n_layer, n_ctx;     /* n_ctx: entries per (layer, KV head) the buffers hold */
+    uint32_t H, D, G, R;        /* KV heads, head_dim, KIVI group and residual */
+    struct ekv_vk_side k, v;
+    struct ekv_vk_mg *mg;       /* a compressing policy's state (backend_vk_policy.c), NULL for full */
+};
+
 struct ekv_vk_ctx {
     struct ekv_vk *vk;
     struct ekv_vk_tensor *t;  /* [n_t] sorted by key */
@@ -41,6 +60,16 @@ struct ekv_vk_ctx {
     struct ekv_vk_buf kv_scr;
     int32_t kv_scr_rows;
     int32_t kivi_seqs;
+    /* compressed caches: each (row, query head)'s softmax max and sum of the
+     * layer being attended, [rows][n_head][2] (attn_stats.comp reads them);
+     * the plans and staged rows of their policies (host-visible); the
+     * compressed parts of the forward being recorded */
+    struct ekv_vk_buf ml;
+    int32_t ml_rows;
+    struct ekv_vk_buf plan, stage;
+    struct ekv_vk_mg **fwd_mg;
+    int32_t n_fwd_mg;
+    size_t cap_fwd_mg;
     /* the forward being recorded */
     int32_t n_rows;
     bool cs_done;
@@ -65,10 +94,38 @@ void ekv_vk_kv_free_scratch(struct ekv_vk_ctx *g);
 /* The attention partials' buffer and the KIVI scratch sized for a forward of n_rows rows. */
 enum ekv_status ekv_vk_kv_begin(struct ekv_context *ctx, int32_t n_rows);
 /* Checks that a part's positions fit its cache. */
-enum ekv_status ekv_vk_kv_part_begin(struct ekv_fwd_part *part);
+enum ekv_status ekv_vk_kv_part_begin(struct ekv_context *ctx, struct ekv_fwd_part *part);
 /* The sequence's part of the forward is recorded: its cache's counters advance. */
 void ekv_vk_kv_part_done(struct ekv_fwd_part *part);
 /* Records, for each part: stores K and V, attends, applies KIVI's residual rule. */
 enum ekv_status ekv_vk_kv_attention(struct ekv_context *ctx, int il, struct ekv_fwd_part *parts, int32_t n_parts);
+
+/* ---- backend_vk_policy.c: compressed caches (every policy but full) ---- */
+
+/* Whether a compressing policy's cache can be on the device; if not, why. */
+bool ekv_vk_mg_supported(const struct ekv_seq *seq, const char **why);
+/* The host side of a sequence's compressed device cache: seq->kv keeps
+ * positions, tags, weights and statistics and reaches the rows through
+ * kv->dev. */
+enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq *s);
+void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s);
+/* A compressed part of the forward starts: the policy's begin, the part's
+ * entries appended to seq->kv, the lengths each head had (meta) written
+ * for the shaders, the statistics' buffer sized. */
+enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_part *part);
+/* Device address of layer il's meta (lengths before the part, logit biases). */
+uint64_t ekv_vk_mg_meta(const struct ekv_vk_mg *m, int il);
+/* The longest head of layer il once the part's rows are in. */
+int32_t ekv_vk_mg_max_len(const struct ekv_vk_mg *m, int il);
+/* Whether this forward computes statistics (then attn_combine writes ml). */
+bool ekv_vk_mg_wants_stats(const struct ekv_vk_mg *m);
+/* Records attn_stats for layer il of the part (after its attention). */
+void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part);
+/* After the forward ran on the device: for every compressed part, its
+ * statistics added to the cache, the policy's layer and end hooks, and
+ * the keep / merge plans they made run on the device (kv_compact.comp). */
+enum ekv_status ekv_vk_mg_after(struct ekv_context *ctx);
+/* The forward failed before it ran: the parts' appended entries are taken back. */
+void ekv_vk_mg_abort(struct ekv_context *ctx);
 
 #endif

@@ -19,8 +19,9 @@
  * evicts, so the quantised prefix is the same in every layer and head and
  * the host tracks it with one counter per side.
  *
- * Policies other than full stay on the CPU in this version (issue "GPU
- * backend 2 of 2"); ekv_vk_seq_supported says why for a sequence.
+ * Compressing policies keep their cache here too (row types): the host
+ * cache says how many entries each head holds, backend_vk_policy.c runs
+ * the policy; ekv_vk_seq_supported says why a sequence cannot.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -30,22 +31,6 @@
 #include "engine/backend_vk.h"
 #include "gpu/vk_push.h"
 #include "kv/kv.h"
-
-/* One side (keys or values) of a sequence's cache. */
-struct ekv_vk_side {
-    enum ekv_kv_type type;
-    bool is_v;
-    struct ekv_vk_buf *buf;     /* [n_layer], kvq.glsl's layout */
-    uint32_t tc;                /* KIVI: ring entries per head */
-    uint64_t p0, r0, words;     /* words: parameters from p0, ring from r0, in all */
-    int32_t nq;                 /* KIVI: entries quantised, the same in every layer */
-};
-
-struct ekv_vk_seq {
-    int32_t n_layer, n_ctx;
-    uint32_t H, D, G, R;        /* KV heads, head_dim, KIVI group and residual */
-    struct ekv_vk_side k, v;
-};
 
 static bool kivi(enum ekv_kv_type t) { return t == EKV_KV_KIVI2 || t == EKV_KV_KIVI4; }
 static uint32_t kbits(enum ekv_kv_type t) { return t == EKV_KV_KIVI2 ? 2 : 4; }
@@ -88,13 +73,12 @@ static int32_t nq_after(const struct ekv_vk_seq *s, const struct ekv_vk_side *sd
     return q > sd->nq ? (int32_t)q : sd->nq;
 }
 
+static bool compressing(const struct ekv_seq *seq) { return strcmp(seq->kv->policy_name, "full") != 0; }
+
 bool ekv_vk_seq_supported(const struct ekv_seq *seq, const char **why) {
     const struct ekv_kv *kv = seq->kv;
-    if (strcmp(kv->policy_name, "full") != 0) {
-        *why = "compressing policies run on the CPU in this version (GPU: policy full)";
-        return false;
-    }
-    if (kv->params.max_tokens > 0) {
+    if (compressing(seq) && !ekv_vk_mg_supported(seq, why)) return false;
+    if (!compressing(seq) && kv->params.max_tokens > 0) {
         *why = "a cap on cache entries (--kv-tokens) runs on the CPU in this version";
         return false;
     }
@@ -166,6 +150,7 @@ enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct
     enum ekv_status st = side_new(g, s, &s->k, kv->fk.type, false);
     if (st == EKV_OK) st = side_new(g, s, &s->v, kv->fv.type, true);
     if (st == EKV_OK) st = ekv_vk_kv_prepare(g, s->k.type, s->v.type);
+    if (st == EKV_OK && compressing(seq)) st = ekv_vk_mg_new(g, seq, s);
     if (st != EKV_OK) {
         ekv_vk_seq_free(g, s);
         return ekv_err_prefix(st, "%s: a cache of %d positions", ekv_vk_name(g->vk), (int)s->n_ctx);
@@ -178,10 +163,13 @@ enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct
 void ekv_vk_seq_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     if (!s) return;
     if (s->k.buf && s->v.buf && (kivi(s->k.type) || kivi(s->v.type))) g->kivi_seqs--;
+    ekv_vk_mg_free(g, s);
     side_free(g, s, &s->k);
     side_free(g, s, &s->v);
     free(s);
 }
+
+bool ekv_vk_seq_compressed(const struct ekv_vk_seq *s) { return s && s->mg; }
 
 /* Bytes a side holds for n entries (codes, parameters, residual). */
 static uint64_t side_bytes(const struct ekv_vk_seq *s, const struct ekv_vk_side *sd, int64_t n) {
@@ -237,6 +225,14 @@ void ekv_vk_kv_free_scratch(struct ekv_vk_ctx *g) {
     g->part_cap = 0;
     ekv_vk_buf_free(g->vk, &g->kv_scr);
     g->kv_scr_rows = 0;
+    ekv_vk_buf_free(g->vk, &g->ml);
+    g->ml_rows = 0;
+    ekv_vk_buf_free(g->vk, &g->plan);
+    ekv_vk_buf_free(g->vk, &g->stage);
+    free(g->fwd_mg);
+    g->fwd_mg = NULL;
+    g->n_fwd_mg = 0;
+    g->cap_fwd_mg = 0;
 }
 
 enum ekv_status ekv_vk_kv_begin(struct ekv_context *ctx, int32_t n_rows) {
@@ -253,11 +249,21 @@ enum ekv_status ekv_vk_kv_begin(struct ekv_context *ctx, int32_t n_rows) {
         if (s != EKV_OK) return s;
         g->part_cap = need;
     }
+    if (n_rows > g->ml_rows) { /* softmax max and sum per (row, query head), for compressed caches' statistics */
+        ekv_vk_buf_free(g->vk, &g->ml);
+        g->ml_rows = 0;
+        enum ekv_status s = ekv_vk_buf_new(g->vk, (size_t)n_rows * (size_t)in->n_head * 2 * sizeof(float), false,
+                                           "attention row sums", &g->ml);
+        if (s != EKV_OK) return s;
+        g->ml_rows = n_rows;
+    }
+    g->n_fwd_mg = 0;
     return kv_reserve(g, in, n_rows);
 }
 
-enum ekv_status ekv_vk_kv_part_begin(struct ekv_fwd_part *part) {
+enum ekv_status ekv_vk_kv_part_begin(struct ekv_context *ctx, struct ekv_fwd_part *part) {
     const struct ekv_vk_seq *s = part->seq->gpu;
+    if (s->mg) return ekv_vk_mg_part_begin(ctx, part);
     if (part->step.pos0 < 0 || part->step.pos0 + part->n > s->n_ctx)
         return ekv_err(EKV_ERR_CONTEXT_FULL, "positions %lld..%lld beyond the GPU cache of %d",
                        (long long)part->step.pos0, (long long)(part->step.pos0 + part->n), (int)s->n_ctx);
@@ -266,6 +272,7 @@ enum ekv_status ekv_vk_kv_part_begin(struct ekv_fwd_part *part) {
 
 void ekv_vk_kv_part_done(struct ekv_fwd_part *part) {
     struct ekv_vk_seq *s = part->seq->gpu;
+    if (s->mg) return; /* the policy runs once the forward ran (ekv_vk_mg_after) */
     const int64_t len = part->step.pos0 + part->n;
     if (kivi(s->k.type)) s->k.nq = nq_after(s, &s->k, len);
     if (kivi(s->v.type)) s->v.nq = nq_after(s, &s->v, len);
@@ -304,7 +311,8 @@ static void rope_store(struct ekv_context *ctx, const struct ekv_vk_seq *s, int 
         .v = ekv_vk_act_addr(ctx, EKV_ACT_V, r0), .cs = g->cs.addr + (uint64_t)r0 * RD * sizeof(float),
         .n_head = (uint32_t)in->n_head, .H = s->H, .D = s->D,
         .rope_dim = RD > s->D ? s->D : RD, .neox = in->rope_neox, .rows = (uint32_t)part->n,
-        .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q), .kv_stride = (uint32_t)ekv_act_width(in, EKV_ACT_K)};
+        .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q), .kv_stride = (uint32_t)ekv_act_width(in, EKV_ACT_K),
+        .meta = s->mg ? ekv_vk_mg_meta(s->mg, il) : 0};
     store_dst(g, s, &s->k, il, part, &pc.kdst, &pc.k_hstride, &pc.k_e0);
     store_dst(g, s, &s->v, il, part, &pc.vdst, &pc.v_hstride, &pc.v_e0);
     ekv_vk_dispatch(g->vk, ekv_vk_rope_store_pipe(s->k.type, s->v.type), &pc, sizeof pc, (uint32_t)part->n,
@@ -347,8 +355,11 @@ static void attend_part(struct ekv_context *ctx, const struct ekv_vk_seq *s, int
     const uint32_t HD = (uint32_t)in->head_dim, QD = (uint32_t)ekv_act_width(in, EKV_ACT_Q);
     const int32_t r0 = part->row0, n = part->n;
     const uint32_t pos0 = (uint32_t)part->step.pos0;
-    const uint32_t n_split = n_splits((int64_t)pos0 + n);
-    const int32_t block = attn_block_rows(g, in, (int64_t)pos0 + n);
+    /* a compressed cache: splits over the longest head of the layer */
+    const int64_t kv_end = s->mg ? ekv_vk_mg_max_len(s->mg, il) : (int64_t)pos0 + n;
+    const uint32_t n_split = n_splits(kv_end);
+    const int32_t block = attn_block_rows(g, in, kv_end);
+    const bool stats = ekv_vk_mg_wants_stats(s->mg);
     const bool any_kivi = kivi(s->k.type) || kivi(s->v.type);
     for (int32_t b0 = 0; b0 < n; b0 += block) {
         const int32_t nb = EKV_MIN(block, n - b0);
@@ -360,12 +371,13 @@ static void attend_part(struct ekv_context *ctx, const struct ekv_vk_seq *s, int
             .q_stride = QD, .n_split = n_split, .split_len = EKV_VK_SPLIT,
             .window = (uint32_t)(in->sliding_window > 0 ? in->sliding_window : 0), .scale = 1.0f / sqrtf((float)HD),
             .g = s->G, .tc_k = s->k.tc, .tc_v = s->v.tc, .nq_k = (uint32_t)s->k.nq, .nq_v = (uint32_t)s->v.nq,
-            .scr_stride = (uint32_t)g->kv_scr_rows, .kv_pos0 = pos0};
+            .scr_stride = (uint32_t)g->kv_scr_rows, .kv_pos0 = pos0, .meta = s->mg ? ekv_vk_mg_meta(s->mg, il) : 0};
         ekv_vk_dispatch(g->vk, ekv_vk_attn_pipe(s->k.type, s->v.type), &at, sizeof at, (uint32_t)in->n_head,
                         (uint32_t)nb, n_split);
         struct ekv_vk_pc_combine cb = {.part = g->part.addr, .out = ekv_vk_act_addr(ctx, EKV_ACT_ATT, r0 + b0),
                                        .n_head = (uint32_t)in->n_head, .head_dim = HD, .rows = (uint32_t)nb,
-                                       .n_split = n_split, .out_stride = QD};
+                                       .n_split = n_split, .out_stride = QD,
+                                       .ml = stats ? g->ml.addr + (uint64_t)(r0 + b0) * in->n_head * 2 * sizeof(float) : 0};
         ekv_vk_dispatch(g->vk, EKV_VK_ATTN_COMBINE, &cb, sizeof cb, (uint32_t)in->n_head, (uint32_t)nb, 1);
     }
 }
@@ -380,6 +392,7 @@ enum ekv_status ekv_vk_kv_attention(struct ekv_context *ctx, int il, struct ekv_
                            (int)(parts[p].row0 + parts[p].n));
         rope_store(ctx, s, il, &parts[p]);
         attend_part(ctx, s, il, &parts[p]);
+        if (s->mg) ekv_vk_mg_record_stats(ctx, s, il, &parts[p]);
         if (kivi(s->k.type)) flush_side(g, s, &s->k, il, &parts[p]);
         if (kivi(s->v.type)) flush_side(g, s, &s->v, il, &parts[p]);
     }

@@ -318,7 +318,7 @@ void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
     memset(st, 0, sizeof *st);
     const struct ekv_kv *kv = seq->kv;
     st->n_seen = seq->n_seen;
-    if (seq->gpu) { /* a full cache on the device: every position of every (layer, KV head) */
+    if (seq->gpu && !ekv_vk_seq_compressed(seq->gpu)) { /* a full cache on the device: every position of every (layer, KV head) */
         st->entries = st->entries_full = seq->n_seen * kv->n_layer * kv->n_head_kv;
         st->bytes = st->bytes_full = ekv_vk_seq_bytes(seq->gpu, seq->n_seen, &st->bytes_alloc);
         st->peak_bytes_alloc = st->bytes_alloc;
@@ -340,6 +340,12 @@ void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
     st->bytes_full_f32 = (uint64_t)st->entries_full * 2u * (uint64_t)kv->head_dim * sizeof(float);
     st->bytes_alloc = kv->bytes_alloc;
     st->peak_bytes_alloc = kv->peak_bytes_alloc;
+    if (seq->gpu) { /* a compressed cache on the device: the rows are there, the host keeps their metadata */
+        uint64_t dev = 0;
+        (void)ekv_vk_seq_bytes(seq->gpu, seq->n_seen, &dev);
+        st->bytes_alloc += dev;
+        st->peak_bytes_alloc += dev;
+    }
     st->type_k = kv->params.type_k;
     st->type_v = kv->params.type_v;
 }
@@ -347,7 +353,7 @@ void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
 int32_t ekv_seq_kv_layer_len(const struct ekv_seq *seq, int32_t layer, int32_t kv_head) {
     const struct ekv_kv *kv = seq->kv;
     if (layer < 0 || layer >= kv->n_layer || kv_head < 0 || kv_head >= kv->n_head_kv) return 0;
-    if (seq->gpu) return (int32_t)seq->n_seen; /* a full cache on the device */
+    if (seq->gpu && !ekv_vk_seq_compressed(seq->gpu)) return (int32_t)seq->n_seen; /* a full cache on the device */
     return kv->layers[layer].heads[kv_head].len;
 }
 
@@ -356,7 +362,7 @@ enum ekv_status ekv_seq_kv_entries(const struct ekv_seq *seq, int32_t layer, int
     const struct ekv_kv *kv = seq->kv;
     if (layer < 0 || layer >= kv->n_layer || kv_head < 0 || kv_head >= kv->n_head_kv)
         return ekv_err(EKV_ERR_INVALID_ARG, "layer %d / KV head %d out of range", layer, kv_head);
-    if (seq->gpu) { /* a full cache on the device: every position, weight 1 (tags are not kept there) */
+    if (seq->gpu && !ekv_vk_seq_compressed(seq->gpu)) { /* a full cache on the device: every position, weight 1 (tags are not kept there) */
         for (int64_t i = 0; i < seq->n_seen; i++) {
             if (positions) positions[i] = (int32_t)i;
             if (weights) weights[i] = 1.0f;

@@ -80,6 +80,8 @@ enum ekv_status ekv_prefill_new(struct ekv_seq *seq, const struct ekv_input *in,
     if (seq->gpu) { /* chunks of rows through all layers (gpu_chunk) */
         p->gpu = true;
         if (ekv_kv_type_is_kivi(seq->kv->fk.type) || ekv_kv_type_is_kivi(seq->kv->fv.type)) p->rows = p->n;
+        /* a compressing policy acts after each forward: one forward per block, as ekv_seq_eval */
+        if (ekv_vk_seq_compressed(seq->gpu)) p->rows = p->block_len;
     }
     seq->prefill = p;
     *out = p;
@@ -190,11 +192,12 @@ static enum ekv_status layer_done(struct ekv_prefill *p, float *logits) {
 
 /* The GPU reads a prompt in chunks of p->rows rows, each a forward through
  * all layers (one submission; a layer at a time would cost a submission
- * and a read-back per unit). A sequence on the GPU has policy full, for
- * which this equals the CPU's layer-major order: chunk c's rows attend to
- * the rows before them, all already cached in every layer. Its KIVI
- * storage quantises after every forward, so there the prompt is one chunk
- * (as if read in one piece). */
+ * and a read-back per unit). With policy full this equals the CPU's
+ * layer-major order: chunk c's rows attend to the rows before them, all
+ * already cached in every layer. KIVI storage quantises after every
+ * forward, so there the prompt is one chunk (as if read in one piece); a
+ * compressing policy acts after every forward, so there a chunk is the
+ * policy's block (the whole prompt unless it reads in blocks). */
 static enum ekv_status gpu_chunk(struct ekv_prefill *p, float *logits) {
     struct ekv_seq *seq = p->seq;
     struct ekv_context *ctx = seq->ctx;

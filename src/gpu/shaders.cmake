@@ -102,7 +102,12 @@ list(APPEND EKV_VK_PIPES
   "kivi_values4|kivi.comp|VALUES,BITS=4"
   "kivi_copy|kivi.comp|COPY"
   "attn_combine|attn_combine.comp|"
-  "glu|glu.comp|")
+  "glu|glu.comp|"
+  "attn_stats_f32|attn_stats.comp|KT=KV_F32"
+  "attn_stats_f16|attn_stats.comp|KT=KV_F16"
+  "attn_stats_q8_0|attn_stats.comp|KT=KV_Q8_0"
+  "attn_stats_q4_0|attn_stats.comp|KT=KV_Q4_0"
+  "kv_compact|kv_compact.comp|")
 
 # Extra defines for every shader, for measuring a variant side by side
 # (e.g. -DEKV_VK_SHADER_DEFS=NAME in a second build directory, with an

@@ -49,6 +49,9 @@ enum ekv_vk_pipe {
     EKV_VK_KIVI_COPY,
     EKV_VK_ATTN_COMBINE,
     EKV_VK_GLU,
+    /* attn_stats.comp per key row type (f32, f16, q8_0, q4_0): ekv_vk_attn_stats_pipe() */
+    EKV_VK_ATTN_STATS_FIRST,
+    EKV_VK_KV_COMPACT = EKV_VK_ATTN_STATS_FIRST + 4,
     EKV_VK_PIPE_COUNT
 };
 
@@ -82,6 +85,11 @@ static inline enum ekv_vk_pipe ekv_vk_rope_store_pipe(enum ekv_kv_type k, enum e
 /* attn.comp for a key and a value storage type. */
 static inline enum ekv_vk_pipe ekv_vk_attn_pipe(enum ekv_kv_type k, enum ekv_kv_type v) {
     return (enum ekv_vk_pipe)(EKV_VK_ATTN_FIRST + 6 * ekv_vk_kv_index(k) + ekv_vk_kv_index(v));
+}
+
+/* attn_stats.comp for a key row type. */
+static inline enum ekv_vk_pipe ekv_vk_attn_stats_pipe(enum ekv_kv_type k) {
+    return (enum ekv_vk_pipe)(EKV_VK_ATTN_STATS_FIRST + ekv_vk_kv_index(k));
 }
 
 /* Lists the Vulkan devices (ekv_devices_list in ekv.h). */

@@ -20,11 +20,11 @@ enum {
     EKV_VK_MV_BIAS = 2      /* + b */
 };
 struct ekv_vk_pc_rope_store {
-    uint64_t q, k, v, cs, kdst, vdst;
+    uint64_t q, k, v, cs, kdst, vdst, meta;
     uint32_t n_head, H, D, rope_dim, neox, rows, q_stride, kv_stride, k_hstride, k_e0, v_hstride, v_e0;
 };
 struct ekv_vk_pc_attn {
-    uint64_t q, kc, vc, part, kscr, vscr;
+    uint64_t q, kc, vc, part, kscr, vscr, meta;
     uint32_t n_head, n_head_kv, head_dim, n_ctx, pos0, rows, q_stride, n_split, split_len, window;
     float scale;
     uint32_t g, tc_k, tc_v, nq_k, nq_v, scr_stride, kv_pos0;
@@ -33,7 +33,14 @@ struct ekv_vk_pc_kivi {
     uint64_t base, scr;
     uint32_t H, C, D, G, TC, pos0, j0, n, scr_stride;
 };
-struct ekv_vk_pc_combine { uint64_t part, out; uint32_t n_head, head_dim, rows, n_split, out_stride; };
+struct ekv_vk_pc_combine { uint64_t part, out, ml; uint32_t n_head, head_dim, rows, n_split, out_stride; };
+struct ekv_vk_pc_attn_stats {
+    uint64_t q, kc, ml, meta, st, zeros;
+    uint32_t n_head, n_head_kv, head_dim, n_ctx, rows, q_stride;
+    uint32_t cap, wrow, s_colsum, s_sumsq, s_last, s_win, s_bin, sparsity;
+    float scale, sparsity_p;
+};
+struct ekv_vk_pc_kv_compact { uint64_t base, plan, stage, table; uint32_t rw, sph, p0h, srw; };
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
 
 

@@ -100,9 +100,9 @@ static enum ekv_status head_set_cap(struct ekv_kv *kv, struct ekv_kv_head *h, in
     EKV_RESIZE(winsum, n * sizeof(double), false);
     EKV_RESIZE(bincount, n * sizeof(float), false);
 #undef EKV_RESIZE
-    enum ekv_status s = EKV_OK;
-    if (!ekv_kv_type_is_kivi(kv->fk.type)) s = ekv_store_set_rows(&kv->fk, &h->ks, newcap);
-    if (s == EKV_OK && !ekv_kv_type_is_kivi(kv->fv.type)) s = ekv_store_set_rows(&kv->fv, &h->vs, newcap);
+    enum ekv_status s = EKV_OK; /* rows held by a device (kv->dev) are not here */
+    if (!kv->dev && !ekv_kv_type_is_kivi(kv->fk.type)) s = ekv_store_set_rows(&kv->fk, &h->ks, newcap);
+    if (!kv->dev && s == EKV_OK && !ekv_kv_type_is_kivi(kv->fv.type)) s = ekv_store_set_rows(&kv->fv, &h->vs, newcap);
     if (failed || s != EKV_OK) {
         account_head(kv, h, before);
         return s != EKV_OK ? s : ekv_err(EKV_ERR_NOMEM, "kv cache: cannot grow a head to %d entries", (int)newcap);
@@ -311,6 +311,7 @@ enum ekv_status ekv_kv_reserve(struct ekv_kv *kv, int il, int32_t extra) {
             enum ekv_status s = head_set_cap(kv, h, (int32_t)newcap);
             if (s != EKV_OK) return s;
         }
+        if (kv->dev) continue;
         const uint64_t before = head_alloc(kv, h);
         enum ekv_status s = ekv_store_reserve(&kv->fk, &h->ks, h->len, extra);
         if (s == EKV_OK) s = ekv_store_reserve(&kv->fv, &h->vs, h->len, extra);
@@ -371,11 +372,13 @@ enum ekv_status ekv_kv_ensure_stats(struct ekv_kv *kv) {
 void ekv_kv_head_append(struct ekv_kv *kv, struct ekv_kv_head *h, const float *k, const float *v,
                         int32_t pos, uint8_t tag) {
     if (h->len >= h->cap) return; /* caller did not reserve: nothing is written */
-    if (ekv_kv_type_is_kivi(kv->fk.type) && h->len - h->ks.nq >= h->ks.tail_cap) return;
-    if (ekv_kv_type_is_kivi(kv->fv.type) && h->len - h->vs.nq >= h->vs.tail_cap) return;
     const size_t j = (size_t)h->len;
-    ekv_store_append(&kv->fk, &h->ks, h->len, k);
-    ekv_store_append(&kv->fv, &h->vs, h->len, v);
+    if (!kv->dev) {
+        if (ekv_kv_type_is_kivi(kv->fk.type) && h->len - h->ks.nq >= h->ks.tail_cap) return;
+        if (ekv_kv_type_is_kivi(kv->fv.type) && h->len - h->vs.nq >= h->vs.tail_cap) return;
+        ekv_store_append(&kv->fk, &h->ks, h->len, k);
+        ekv_store_append(&kv->fv, &h->vs, h->len, v);
+    }
     h->pos[j] = pos;
     h->tag[j] = tag;
     h->weight[j] = 1.0f;
@@ -401,6 +404,19 @@ static void head_move(struct ekv_kv_head *h, int32_t dst, int32_t src) {
     if (h->bincount) h->bincount[dst] = h->bincount[src];
 }
 
+/* The layer and KV head of h (one of kv's heads). */
+static void head_where(const struct ekv_kv *kv, const struct ekv_kv_head *h, int *il, int *hk) {
+    for (int l = 0; l < kv->n_layer; l++) {
+        const struct ekv_kv_head *h0 = kv->layers[l].heads;
+        if (h >= h0 && h < h0 + kv->n_head_kv) {
+            *il = l;
+            *hk = (int)(h - h0);
+            return;
+        }
+    }
+    *il = *hk = -1;
+}
+
 /* Packs the entries with keep[j] != 0 to the front, K and V in their
  * storage included; kept entries j with k_of[j] / v_of[j] (arrays may be
  * NULL) get those rows (one quantisation per KIVI key group). The
@@ -409,8 +425,16 @@ static void head_move(struct ekv_kv_head *h, int32_t dst, int32_t src) {
 static enum ekv_status head_compact(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep,
                                     const float *const *k_of, const float *const *v_of) {
     const uint64_t before = head_alloc(kv, h);
-    enum ekv_status s = ekv_store_compact(&kv->fk, &h->ks, h->len, keep, k_of);
-    enum ekv_status s2 = ekv_store_compact(&kv->fv, &h->vs, h->len, keep, v_of);
+    enum ekv_status s = EKV_OK, s2 = EKV_OK;
+    if (kv->dev) {
+        int il, hk;
+        head_where(kv, h, &il, &hk);
+        s = il < 0 ? ekv_err(EKV_ERR_INVALID_ARG, "kv cache: the head is not one of this cache's")
+                   : kv->dev->compact(kv->dev->user, il, hk, h->len, keep, k_of, v_of);
+    } else {
+        s = ekv_store_compact(&kv->fk, &h->ks, h->len, keep, k_of);
+        s2 = ekv_store_compact(&kv->fv, &h->vs, h->len, keep, v_of);
+    }
     account_head(kv, h, before);
     int32_t w = 0;
     for (int32_t j = 0; j < h->len; j++) {
@@ -468,15 +492,50 @@ static enum ekv_status check_entry(const struct ekv_kv *kv, const struct ekv_kv_
     return EKV_OK;
 }
 
-/* Row j of one side (K when is_v is false) as floats; j is valid. */
-static void row_read(const struct ekv_kv *kv, const struct ekv_kv_head *h, bool is_v, int32_t j, float *dst) {
-    if (is_v) ekv_store_read(&kv->fv, &h->vs, h->len, j, j + 1, dst);
-    else ekv_store_read(&kv->fk, &h->ks, h->len, j, j + 1, dst);
+/* Rows idx[0..n) (valid; idx NULL = 0..n-1) of K and/or V as floats. */
+static enum ekv_status rows_read(const struct ekv_kv *kv, const struct ekv_kv_head *h, const int32_t *idx, int32_t n,
+                                 float *k, float *v) {
+    if (kv->dev) {
+        int il, hk;
+        head_where(kv, h, &il, &hk);
+        if (il < 0) return ekv_err(EKV_ERR_INVALID_ARG, "kv cache: the head is not one of this cache's");
+        int32_t *seq = NULL;
+        if (!idx) { /* the device takes explicit indices */
+            seq = malloc((size_t)(n ? n : 1) * sizeof *seq);
+            if (!seq) return ekv_err(EKV_ERR_NOMEM, "out of memory for %d indices", (int)n);
+            for (int32_t t = 0; t < n; t++) seq[t] = t;
+        }
+        enum ekv_status s = kv->dev->read(kv->dev->user, il, hk, h->len, idx ? idx : seq, n, k, v);
+        free(seq);
+        return s;
+    }
+    const size_t d = (size_t)kv->head_dim;
+    for (int32_t t = 0; t < n; t++) {
+        const int32_t j = idx ? idx[t] : t;
+        if (k) ekv_store_read(&kv->fk, &h->ks, h->len, j, j + 1, k + (size_t)t * d);
+        if (v) ekv_store_read(&kv->fv, &h->vs, h->len, j, j + 1, v + (size_t)t * d);
+    }
+    return EKV_OK;
 }
 
 /* Writes rows idx[t] (distinct, valid) of one side from src [n][head_dim]. */
 static enum ekv_status rows_write(const struct ekv_kv *kv, struct ekv_kv_head *h, bool is_v, const int32_t *idx,
                                   int32_t n, const float *src) {
+    if (kv->dev) {
+        int il, hk;
+        head_where(kv, h, &il, &hk);
+        if (il < 0) return ekv_err(EKV_ERR_INVALID_ARG, "kv cache: the head is not one of this cache's");
+        int32_t *seq = NULL;
+        if (!idx) {
+            seq = malloc((size_t)(n ? n : 1) * sizeof *seq);
+            if (!seq) return ekv_err(EKV_ERR_NOMEM, "out of memory for %d indices", (int)n);
+            for (int32_t t = 0; t < n; t++) seq[t] = t;
+        }
+        enum ekv_status s = kv->dev->write(kv->dev->user, il, hk, h->len, idx ? idx : seq, n, is_v ? NULL : src,
+                                           is_v ? src : NULL);
+        free(seq);
+        return s;
+    }
     if (is_v) return ekv_store_write(&kv->fv, &h->vs, h->len, idx, n, src);
     return ekv_store_write(&kv->fk, &h->ks, h->len, idx, n, src);
 }
@@ -485,9 +544,7 @@ enum ekv_status ekv_kv_head_get(const struct ekv_kv *kv, const struct ekv_kv_hea
                                 float *v) {
     enum ekv_status s = check_entry(kv, h, j, "ekv_kv_head_get");
     if (s != EKV_OK) return s;
-    if (k) row_read(kv, h, false, j, k);
-    if (v) row_read(kv, h, true, j, v);
-    return EKV_OK;
+    return rows_read(kv, h, &j, 1, k, v);
 }
 
 enum ekv_status ekv_kv_head_gather(const struct ekv_kv *kv, const struct ekv_kv_head *h, const int32_t *idx,
@@ -497,13 +554,7 @@ enum ekv_status ekv_kv_head_gather(const struct ekv_kv *kv, const struct ekv_kv_
         enum ekv_status s = check_entry(kv, h, idx ? idx[t] : t, "ekv_kv_head_gather");
         if (s != EKV_OK) return s;
     }
-    const size_t d = (size_t)kv->head_dim;
-    for (int32_t t = 0; t < n; t++) {
-        const int32_t j = idx ? idx[t] : t;
-        if (k) row_read(kv, h, false, j, k + (size_t)t * d);
-        if (v) row_read(kv, h, true, j, v + (size_t)t * d);
-    }
-    return EKV_OK;
+    return n > 0 && (k || v) ? rows_read(kv, h, idx, n, k, v) : EKV_OK;
 }
 
 enum ekv_status ekv_kv_head_scatter(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *idx, int32_t n,
@@ -561,8 +612,8 @@ static int32_t merge_slots(const int32_t *into, int32_t len, int32_t *slot, int3
 /* Weighted sums of one side (K or V) of every receiving survivor and its
  * members into acc [n_targets][d] (zeroed by the caller), survivors first
  * then members in index order. row: scratch [d]. */
-static void merge_accumulate(const struct ekv_kv *kv, const struct ekv_kv_head *h, bool is_v, const int32_t *into,
-                             const int32_t *slot, double *acc, float *row) {
+static enum ekv_status merge_accumulate(const struct ekv_kv *kv, const struct ekv_kv_head *h, bool is_v,
+                                        const int32_t *into, const int32_t *slot, double *acc, float *row) {
     const size_t d = (size_t)kv->head_dim;
     for (int pass = 0; pass < 2; pass++) {
         for (int32_t j = 0; j < h->len; j++) {
@@ -570,10 +621,12 @@ static void merge_accumulate(const struct ekv_kv *kv, const struct ekv_kv_head *
             if (t < 0 || (pass == 0) != (t == j) || slot[t] < 0) continue;
             double *a = acc + (size_t)slot[t] * d;
             const double w = h->weight[j];
-            row_read(kv, h, is_v, j, row);
+            enum ekv_status s = rows_read(kv, h, &j, 1, is_v ? NULL : row, is_v ? row : NULL);
+            if (s != EKV_OK) return s;
             for (size_t c = 0; c < d; c++) a[c] += w * row[c];
         }
     }
+    return EKV_OK;
 }
 
 enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into,
@@ -648,7 +701,8 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
                 memcpy(out_rows + (size_t)a * d, given + (size_t)tidx[a] * d, d * sizeof(float));
         } else {
             memset(acc, 0, (size_t)n_targets * d * sizeof *acc);
-            merge_accumulate(kv, h, is_v, into, slot, acc, rows + 2 * (size_t)n_targets * d);
+            s = merge_accumulate(kv, h, is_v, into, slot, acc, rows + 2 * (size_t)n_targets * d);
+            if (s != EKV_OK) goto out;
             for (int32_t a = 0; a < n_targets; a++)
                 for (size_t c = 0; c < d; c++) out_rows[(size_t)a * d + c] = (float)(acc[(size_t)a * d + c] / wsum[a]);
         }

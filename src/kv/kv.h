@@ -60,6 +60,29 @@ struct ekv_kv_layer {
 
 struct ekv_kv;
 
+/* Where K and V live when a device holds them (engine/backend_vk_kv.c):
+ * the cache then keeps positions, tags, weights and statistics on the host
+ * with empty stores, and every operation on the rows goes through these
+ * calls (kv->dev; NULL = the stores, on the CPU). A policy does not see the
+ * difference: ekv_kv_head_keep / merge / get / gather / set / scatter work
+ * as on the CPU. Entries are indexed as in the head before the call. */
+struct ekv_kv_dev {
+    void *user;
+    /* Head (il, hk) of len entries keeps the entries with keep[j], in
+     * order; a kept entry j with k_of[j] / v_of[j] (arrays may be NULL, as
+     * may their elements) gets that row. */
+    enum ekv_status (*compact)(void *user, int il, int hk, int32_t len, const uint8_t *keep,
+                               const float *const *k_of, const float *const *v_of);
+    /* Rows idx[0..n) (valid indices of the head) as floats into k / v
+     * [n][head_dim] (either may be NULL). */
+    enum ekv_status (*read)(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n, float *k,
+                            float *v);
+    /* Overwrites rows idx[0..n) (distinct, valid) with k / v [n][head_dim]
+     * (NULL: that side unchanged). */
+    enum ekv_status (*write)(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n,
+                             const float *k, const float *v);
+};
+
 /* What the current forward is. */
 struct ekv_kv_step {
     bool is_prompt;            /* prefill of (a chunk of) a prompt */
@@ -137,6 +160,7 @@ struct ekv_kv {
     uint64_t bytes_alloc; /* bytes allocated for entries + statistics */
     uint64_t peak_bytes_alloc;
     struct ekv_store_fmt fk, fv; /* storage of keys and values (params.type_k / type_v resolved) */
+    const struct ekv_kv_dev *dev; /* the device that holds K and V, or NULL (the stores); row types only */
 };
 
 /* ---- cache (src/kv/cache.c) ---- */
@@ -156,7 +180,8 @@ enum ekv_status ekv_kv_reserve(struct ekv_kv *kv, int il, int32_t extra);
 enum ekv_status ekv_kv_ensure_stats(struct ekv_kv *kv);
 
 /* Appends one entry at the end of a head (capacity must be reserved);
- * statistics start at zero, weight 1. */
+ * statistics start at zero, weight 1. With kv->dev, k and v are not read
+ * (the device wrote the rows) and may be NULL. */
 void ekv_kv_head_append(struct ekv_kv *kv, struct ekv_kv_head *h, const float *k, const float *v,
                         int32_t pos, uint8_t tag);
 

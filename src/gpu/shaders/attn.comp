@@ -9,6 +9,13 @@
 // GQA: query head h reads KV head h / (n_head / n_head_kv). head_dim <= 256
 // and a multiple of 8. Compiled per storage type of the keys and of the
 // values (-DKT=KV_F16 -DVT=KV_Q8_0 ...; kvq.glsl reads them).
+// A compressed cache (meta != 0; backend_vk_policy.c) holds a different
+// number of entries per KV head: meta[h] entries were there before this
+// part's rows were appended after them, so row i sees entries
+// [0, meta[h] + i] by index, and with meta[n_head_kv] != 0 the score of
+// entry j gets the logit bias meta[n_head_kv + 1 + h * n_ctx + j]
+// (log of the tokens a merged entry stands for). Without meta, entry index
+// = position (a full cache).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
@@ -17,7 +24,7 @@
 #define MAXD 256
 layout(local_size_x = 64) in;
 layout(push_constant) uniform P {
-    F32 q; U32 kc; U32 vc; F32 part; F16 kscr; F16 vscr;
+    F32 q; U32 kc; U32 vc; F32 part; F16 kscr; F16 vscr; U32 meta;
     uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint pos0; uint rows; uint q_stride;
     uint n_split; uint split_len; uint window; float scale;
     uint g; uint tc_k; uint tc_v; uint nq_k; uint nq_v; uint scr_stride; uint kv_pos0;
@@ -39,9 +46,13 @@ void main() {
     const uint D = pc.head_dim;
     const uint kvh = h / (pc.n_head / pc.n_head_kv);
     const uint pos = pc.pos0 + row;
-    const uint lo_w = (pc.window > 0u && pos + 1u > pc.window) ? pos + 1u - pc.window : 0u;
+    const bool managed = uint64_t(pc.meta) != 0ul;
+    const uint L0 = managed ? pc.meta.d[kvh] : pc.kv_pos0; // entries before the part's rows
+    const bool biased = managed && pc.meta.d[pc.n_head_kv] != 0u;
+    const uint bias0 = pc.n_head_kv + 1u + kvh * pc.n_ctx;
+    const uint lo_w = (!managed && pc.window > 0u && pos + 1u > pc.window) ? pos + 1u - pc.window : 0u;
     const uint lo = max(lo_w, si * pc.split_len);
-    const uint hi = min(pos + 1u, (si + 1u) * pc.split_len); // exclusive
+    const uint hi = min(L0 + (pos - pc.kv_pos0) + 1u, (si + 1u) * pc.split_len); // exclusive
     const uint ob = ((row * pc.n_head + h) * pc.n_split + si) * (D + 2u);
     KvSide ks = kside(), vs = vside();
     const uint NO = D / 8u, NS = nth / NO, eo = tid % NO, ls = tid / NO; // octets, key lanes
@@ -67,6 +78,7 @@ void main() {
                     }
             }
             s *= pc.scale;
+            if (biased) s += F32(pc.meta).d[bias0 + j];
             sp[j - c0] = s;
             lmax = max(lmax, s);
         }

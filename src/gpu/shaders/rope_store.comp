@@ -9,7 +9,8 @@
 // KV_Q8_0, KV_Q4_0; kvq.glsl has the layout): entry e0 + row of head h,
 // heads hstride entries apart. A KIVI side is written as fp16 into the
 // forward's scratch (KV_F16, hstride = the scratch's rows, e0 = the part's
-// first row); kivi.comp quantises it after the attention.
+// first row); kivi.comp quantises it after the attention. A compressed
+// cache (meta != 0) appends after each head's own entries: e0 = meta[h].
 // Workgroup (row, head): heads below n_head are query heads (rotated in
 // place), the others key heads (rotated in shared memory, stored with
 // their values). The keys of the activation rows stay unrotated: nothing
@@ -24,7 +25,7 @@
 #include "kvq_quant.glsl"
 layout(local_size_x = 64) in;
 layout(push_constant) uniform P {
-    F32 q; F32 k; F32 v; F32 cs; U32 kdst; U32 vdst;
+    F32 q; F32 k; F32 v; F32 cs; U32 kdst; U32 vdst; U32 meta;
     uint n_head; uint H; uint D; uint rope_dim; uint neox; uint rows; uint q_stride; uint kv_stride;
     uint k_hstride; uint k_e0; uint v_hstride; uint v_e0;
 } pc;
@@ -96,9 +97,11 @@ void main() {
     barrier();
     rope_shared(row);
     barrier();
-    store(SK, pc.kdst, hk * pc.k_hstride + pc.k_e0 + row, pc.k_hstride);
+    const bool managed = uint64_t(pc.meta) != 0ul;
+    const uint ke0 = managed ? pc.meta.d[hk] : pc.k_e0, ve0 = managed ? pc.meta.d[hk] : pc.v_e0;
+    store(SK, pc.kdst, hk * pc.k_hstride + ke0 + row, pc.k_hstride);
     barrier();
     for (uint c = tid; c < D; c += 64u) sx[c] = pc.v.d[src + c];
     barrier();
-    store(SV, pc.vdst, hk * pc.v_hstride + pc.v_e0 + row, pc.v_hstride);
+    store(SV, pc.vdst, hk * pc.v_hstride + ve0 + row, pc.v_hstride);
 }

@@ -1,0 +1,611 @@
+/*
+ * backend_vk_policy.c — compressed KV caches on the GPU: every policy but
+ * full, with the policy code of src/kv unchanged (it decides; the device
+ * holds the rows and executes).
+ *
+ * The sequence's host cache (seq->kv) keeps what policies read and write
+ * besides the rows: positions, tags, merge weights, statistics, one entry
+ * per row the device holds, in the same order; its kv->dev calls reach the
+ * rows. A forward on the device then goes:
+ *   part begin (ekv_vk_mg_part_begin): the policy's begin, the part's
+ *     entries appended to every (layer, KV head) of the host cache, and the
+ *     length each head had before them written to a small host-visible
+ *     "meta" block per layer, with the log(weight) logit biases when the
+ *     policy asks for them (elastic-v2:bias=1);
+ *   per layer: rope_store appends the rows after each head's own entries,
+ *     attn + attn_combine attend over each head's own length (causal by
+ *     index: row i sees entries [0, L0 + i]), and attn_stats computes the
+ *     statistics the policy asked for (EKV_STAT_*) as this forward's
+ *     increments;
+ *   after the submission (ekv_vk_mg_after): per layer, the increments are
+ *     added to the host cache's statistics and the policy's layer hook runs
+ *     (as the CPU runs it right after the layer: a hook compacts its own
+ *     layer only, so running it after the last layer gives the same result),
+ *     then its end hook. What the hooks decide — keep these entries, give
+ *     this kept entry a new (merged) row — becomes plans, which
+ *     kv_compact.comp executes in one submission: rows move by their bits,
+ *     new rows are quantised on the host with the CPU's own codecs (so they
+ *     are the codes the CPU cache would hold).
+ * A policy that reads rows (merging: the weighted mean, elastic-v2's
+ * rotated keys) gets them read back from the device, a head at a time
+ * (kept until the head changes).
+ *
+ * The buffers keep n_ctx entries per (layer, head), as for a full cache;
+ * the host cache's lengths say how many are in use.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "engine/backend_vk.h"
+#include "gpu/vk_push.h"
+#include "kernels/kvquant.h"
+#include "kv/kv.h"
+
+#define MG_HI 0x80000000u   /* a plan's source is a staged row */
+#define MG_NONE 0xffffffffu /* attn_stats: statistic not collected */
+enum { SL_COLSUM, SL_SUMSQ, SL_LAST, SL_WIN, SL_BIN, SL_COUNT };
+
+/* One head's plan for one side: n (dst, src) pairs from `first` on. */
+struct mg_plan {
+    int32_t il, hk, side;
+    uint32_t first, n;
+};
+
+struct ekv_vk_mg {
+    struct ekv_vk_ctx *g;
+    struct ekv_seq *seq;
+    struct ekv_vk_seq *s;
+    struct ekv_kv_dev dev;
+    struct ekv_vk_buf meta;    /* host-visible [n_layer][meta_words] u32: L0 [H], has_bias, bias [H][C] f32 */
+    uint32_t meta_words;
+    int32_t *L0;               /* [n_layer][H] entries of each head before the part */
+    int32_t *maxlen;           /* [n_layer] the longest head after the part */
+    /* the statistics of the forward: [n_layer][n_slot][H][st_cap] f32, then zeros [n_layer][H][nblk] u32 */
+    struct ekv_vk_buf st;
+    uint32_t st_cap, nblk, n_slot;
+    uint32_t slot[SL_COUNT];
+    bool sparsity, any_stats;
+    uint64_t zeros_off;        /* words */
+    struct ekv_kv_step step;   /* the part's step (its pointers live as long as the forward) */
+    int32_t n_rows, wrow;
+    bool in_fwd;
+    /* plans not yet run, with their pairs and staged rows (per side) */
+    struct mg_plan *plans;
+    int32_t n_plans;
+    size_t cap_plans;
+    uint32_t *pairs;           /* [2 * n_pairs] dst, src */
+    size_t n_pairs, cap_pairs;
+    uint32_t *stage[2];        /* [rows][srw[side]] words */
+    size_t n_stage[2], cap_stage[2];
+    uint32_t srw[2], rw[2], sph[2];
+    uint8_t *pending;          /* [n_layer][H] a plan of the head waits */
+    /* a head read back: rows [0, rc_len) of (rc_il, rc_hk) as floats */
+    int32_t rc_il, rc_hk, rc_len;
+    float *rc_k, *rc_v;
+    size_t rc_cap;             /* floats per side */
+    uint8_t *rc_raw;           /* download scratch */
+    size_t rc_raw_cap;
+};
+
+static bool row_type(enum ekv_kv_type t) { return t == EKV_KV_F32 || t == EKV_KV_F16 || t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0; }
+
+bool ekv_vk_mg_supported(const struct ekv_seq *seq, const char **why) {
+    const struct ekv_kv *kv = seq->kv;
+    const struct ekv_model_info *in = &seq->ctx->model->info;
+    if (!row_type(kv->fk.type) || !row_type(kv->fv.type)) {
+        *why = "a compressing policy with KIVI storage runs on the CPU in this version (GPU: f32, f16, q8_0, q4_0)";
+        return false;
+    }
+    if (in->sliding_window > 0) {
+        *why = "a compressing policy with sliding-window attention runs on the CPU in this version";
+        return false;
+    }
+    const int R = in->n_head / in->n_head_kv;
+    if (R > 64 || (int64_t)R * in->head_dim > 4096) {
+        *why = "the GPU's statistics need n_head / n_head_kv <= 64 and that times head_dim <= 4096";
+        return false;
+    }
+    return true;
+}
+
+/* ---- rows between the device's layout and floats ---- */
+
+/* Quant bytes of one row of the device layout (words * 4) and its fp16 scales. */
+static void side_shape(enum ekv_kv_type t, uint32_t D, uint32_t *rw, uint32_t *sph) {
+    *sph = (t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0) ? D / 32 : 0;
+    *rw = t == EKV_KV_F32 ? D : t == EKV_KV_F16 ? D / 2 : t == EKV_KV_Q8_0 ? D / 4 : D / 8;
+}
+
+/* A device row (quants q, scales sc) as the CPU's row of the type (kvquant.h). */
+static void dev_to_cpu(enum ekv_kv_type t, uint32_t D, const uint8_t *q, const uint16_t *sc, uint8_t *cpu) {
+    if (t == EKV_KV_F32 || t == EKV_KV_F16) {
+        memcpy(cpu, q, (size_t)D * (t == EKV_KV_F32 ? 4 : 2));
+        return;
+    }
+    const size_t qb = t == EKV_KV_Q8_0 ? 32 : 16; /* quant bytes per block of 32 */
+    for (uint32_t b = 0; b < D / 32; b++) {
+        memcpy(cpu + b * (qb + 2), &sc[b], 2);
+        memcpy(cpu + b * (qb + 2) + 2, q + b * qb, qb);
+    }
+}
+
+static void cpu_to_dev(enum ekv_kv_type t, uint32_t D, const uint8_t *cpu, uint8_t *q, uint16_t *sc) {
+    if (t == EKV_KV_F32 || t == EKV_KV_F16) {
+        memcpy(q, cpu, (size_t)D * (t == EKV_KV_F32 ? 4 : 2));
+        return;
+    }
+    const size_t qb = t == EKV_KV_Q8_0 ? 32 : 16;
+    for (uint32_t b = 0; b < D / 32; b++) {
+        memcpy(&sc[b], cpu + b * (qb + 2), 2);
+        memcpy(q + b * qb, cpu + b * (qb + 2) + 2, qb);
+    }
+}
+
+static struct ekv_vk_side *side_of(struct ekv_vk_mg *m, int side) { return side ? &m->s->v : &m->s->k; }
+
+/* ---- plans ---- */
+
+static enum ekv_status grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return EKV_OK;
+    size_t nc = *cap ? *cap : 64;
+    while (nc < need) nc *= 2;
+    void *np = realloc(*p, nc * elem);
+    if (!np) return ekv_err(EKV_ERR_NOMEM, "out of memory for a GPU cache plan of %zu entries", need);
+    *p = np;
+    *cap = nc;
+    return EKV_OK;
+}
+
+/* Makes a device buffer hold `bytes` (no recording may be open). */
+static enum ekv_status buf_fit(struct ekv_vk *vk, struct ekv_vk_buf *b, size_t bytes, bool host, const char *what) {
+    if (b->buffer && b->bytes >= bytes) return EKV_OK;
+    ekv_vk_buf_free(vk, b);
+    size_t want = bytes < 4096 ? 4096 : bytes + bytes / 2;
+    return ekv_vk_buf_new(vk, want, host, what, b);
+}
+
+/* Runs the plans made so far (one submission). */
+static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
+    if (m->n_plans == 0) return EKV_OK;
+    struct ekv_vk_ctx *g = m->g;
+    const struct ekv_vk_seq *s = m->s;
+    const size_t tab_words = 3 * (size_t)m->n_plans, pair_words = 2 * m->n_pairs;
+    const size_t st_words = m->n_stage[0] + m->n_stage[1];
+    enum ekv_status st = buf_fit(g->vk, &g->plan, (tab_words + pair_words) * 4, true, "GPU cache plans");
+    if (st == EKV_OK) st = buf_fit(g->vk, &g->stage, (st_words ? st_words : 1) * 4, true, "GPU cache staged rows");
+    if (st != EKV_OK) return st;
+    uint32_t *w = g->plan.host;
+    memcpy(w + tab_words, m->pairs, pair_words * 4);
+    uint32_t *sw = g->stage.host;
+    if (m->n_stage[0]) memcpy(sw, m->stage[0], m->n_stage[0] * 4);
+    if (m->n_stage[1]) memcpy(sw + m->n_stage[0], m->stage[1], m->n_stage[1] * 4);
+    if ((st = ekv_vk_begin(g->vk)) != EKV_OK) return st;
+    /* one dispatch per (layer, side): a workgroup per planned head */
+    size_t t = 0;
+    for (int32_t il = 0; il < s->n_layer; il++)
+        for (int side = 0; side < 2; side++) {
+            const size_t t0 = t;
+            for (int32_t i = 0; i < m->n_plans; i++) {
+                const struct mg_plan *p = &m->plans[i];
+                if (p->il != il || p->side != side) continue;
+                w[3 * t] = (uint32_t)p->hk * (uint32_t)s->n_ctx;
+                w[3 * t + 1] = p->n;
+                w[3 * t + 2] = p->first;
+                t++;
+            }
+            if (t == t0) continue;
+            const struct ekv_vk_side *sd = side_of(m, side);
+            struct ekv_vk_pc_kv_compact pc = {
+                .base = sd->buf[il].addr, .plan = g->plan.addr + tab_words * 4, .stage = g->stage.addr + (side ? m->n_stage[0] * 4 : 0),
+                .table = g->plan.addr + t0 * 12, .rw = m->rw[side], .sph = m->sph[side], .p0h = (uint32_t)(2 * sd->p0),
+                .srw = m->srw[side]};
+            ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
+        }
+    st = ekv_vk_submit(g->vk);
+    m->n_plans = 0;
+    m->n_pairs = 0;
+    m->n_stage[0] = m->n_stage[1] = 0;
+    memset(m->pending, 0, (size_t)s->n_layer * s->H);
+    return st;
+}
+
+/* Stages a float row of one side, quantised as the CPU would; its source code. */
+static enum ekv_status stage_row(struct ekv_vk_mg *m, int side, const float *x, uint32_t *code) {
+    const enum ekv_kv_type t = side_of(m, side)->type;
+    const uint32_t srw = m->srw[side];
+    const size_t row = m->n_stage[side] / srw;
+    if (row >= MG_HI) return ekv_err(EKV_ERR_OVERFLOW, "too many staged rows");
+    enum ekv_status st = grow((void **)&m->stage[side], &m->cap_stage[side], m->n_stage[side] + srw, 4);
+    if (st != EKV_OK) return st;
+    uint8_t cpu[256 * 4];
+    ekv_kv_traits(t)->from_float(x, cpu, (int64_t)m->s->D);
+    uint32_t *dst = m->stage[side] + m->n_stage[side];
+    memset(dst, 0, (size_t)srw * 4);
+    cpu_to_dev(t, m->s->D, cpu, (uint8_t *)dst, (uint16_t *)(dst + m->rw[side]));
+    m->n_stage[side] += srw;
+    *code = MG_HI | (uint32_t)row;
+    return EKV_OK;
+}
+
+static enum ekv_status add_pair(struct ekv_vk_mg *m, uint32_t dst, uint32_t src) {
+    enum ekv_status st = grow((void **)&m->pairs, &m->cap_pairs, m->n_pairs + 1, 8);
+    if (st != EKV_OK) return st;
+    m->pairs[2 * m->n_pairs] = dst;
+    m->pairs[2 * m->n_pairs + 1] = src;
+    m->n_pairs++;
+    return EKV_OK;
+}
+
+static enum ekv_status add_plan(struct ekv_vk_mg *m, int il, int hk, int side, size_t first) {
+    if (m->n_pairs == first) return EKV_OK;
+    enum ekv_status st = grow((void **)&m->plans, &m->cap_plans, (size_t)m->n_plans + 1, sizeof *m->plans);
+    if (st != EKV_OK) return st;
+    m->plans[m->n_plans++] = (struct mg_plan){.il = il, .hk = hk, .side = side, .first = (uint32_t)first,
+                                              .n = (uint32_t)(m->n_pairs - first)};
+    m->pending[(size_t)il * m->s->H + (size_t)hk] = 1;
+    return EKV_OK;
+}
+
+/* A head about to get a plan: an earlier plan of it runs first (plans of
+ * one head in one dispatch would race), and its read-back is stale. */
+static enum ekv_status head_touch(struct ekv_vk_mg *m, int il, int hk) {
+    if (m->rc_il == il && m->rc_hk == hk) m->rc_il = -1;
+    return m->pending[(size_t)il * m->s->H + (size_t)hk] ? mg_flush(m) : EKV_OK;
+}
+
+static enum ekv_status dev_compact(void *user, int il, int hk, int32_t len, const uint8_t *keep,
+                                   const float *const *k_of, const float *const *v_of) {
+    struct ekv_vk_mg *m = user;
+    enum ekv_status st = head_touch(m, il, hk);
+    for (int side = 0; side < 2 && st == EKV_OK; side++) {
+        const float *const *of = side ? v_of : k_of;
+        const size_t first = m->n_pairs;
+        uint32_t e = 0;
+        for (int32_t j = 0; j < len && st == EKV_OK; j++) {
+            if (!keep[j]) continue;
+            uint32_t src = (uint32_t)j;
+            if (of && of[j]) st = stage_row(m, side, of[j], &src);
+            if (st == EKV_OK && src != e) st = add_pair(m, e, src); /* rows already in place stay */
+            e++;
+        }
+        if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
+    }
+    return st;
+}
+
+static enum ekv_status dev_write(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n,
+                                 const float *k, const float *v) {
+    struct ekv_vk_mg *m = user;
+    (void)len;
+    enum ekv_status st = head_touch(m, il, hk);
+    for (int side = 0; side < 2 && st == EKV_OK; side++) {
+        const float *x = side ? v : k;
+        if (!x) continue;
+        const size_t first = m->n_pairs;
+        for (int32_t t = 0; t < n && st == EKV_OK; t++) {
+            uint32_t src;
+            st = stage_row(m, side, x + (size_t)t * m->s->D, &src);
+            if (st == EKV_OK) st = add_pair(m, (uint32_t)idx[t], src);
+        }
+        if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
+    }
+    return st;
+}
+
+/* Reads rows [0, len) of head (il, hk), both sides, into the read-back. */
+static enum ekv_status read_head(struct ekv_vk_mg *m, int il, int hk, int32_t len) {
+    const struct ekv_vk_seq *s = m->s;
+    const size_t D = s->D, n = (size_t)(len ? len : 1);
+    enum ekv_status st = grow((void **)&m->rc_k, &m->rc_cap, n * D, sizeof(float));
+    if (st == EKV_OK && m->rc_cap > 0) {
+        float *nv = realloc(m->rc_v, m->rc_cap * sizeof(float));
+        if (!nv) st = ekv_err(EKV_ERR_NOMEM, "out of memory for %d rows read back", (int)len);
+        else m->rc_v = nv;
+    }
+    if (st != EKV_OK) return st;
+    m->rc_il = -1;
+    for (int side = 0; side < 2; side++) {
+        const struct ekv_vk_side *sd = side_of(m, side);
+        const uint32_t rw = m->rw[side], sph = m->sph[side];
+        const size_t qbytes = (size_t)len * rw * 4, sbytes = (size_t)len * sph * 2;
+        if ((st = grow((void **)&m->rc_raw, &m->rc_raw_cap, qbytes + sbytes + 1, 1)) != EKV_OK) return st;
+        const size_t row0 = (size_t)hk * (size_t)s->n_ctx;
+        if (len > 0 && (st = ekv_vk_download(m->g->vk, &sd->buf[il], row0 * rw * 4, m->rc_raw, qbytes)) != EKV_OK)
+            return st;
+        if (len > 0 && sph &&
+            (st = ekv_vk_download(m->g->vk, &sd->buf[il], (2 * sd->p0 + row0 * sph) * 2, m->rc_raw + qbytes, sbytes)) !=
+                EKV_OK)
+            return st;
+        const struct ekv_kv_type_traits *tr = ekv_kv_traits(sd->type);
+        uint8_t cpu[256 * 4];
+        float *out = side ? m->rc_v : m->rc_k;
+        for (int32_t j = 0; j < len; j++) {
+            dev_to_cpu(sd->type, s->D, m->rc_raw + (size_t)j * rw * 4, (const uint16_t *)(m->rc_raw + qbytes) + (size_t)j * sph,
+                       cpu);
+            tr->to_float(cpu, out + (size_t)j * D, (int64_t)D);
+        }
+    }
+    m->rc_il = il;
+    m->rc_hk = hk;
+    m->rc_len = len;
+    return EKV_OK;
+}
+
+static enum ekv_status dev_read(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n, float *k,
+                                float *v) {
+    struct ekv_vk_mg *m = user;
+    if (m->in_fwd) return ekv_err(EKV_ERR_INTERNAL, "a GPU cache's rows are read while its forward is recorded");
+    enum ekv_status st = m->pending[(size_t)il * m->s->H + (size_t)hk] ? mg_flush(m) : EKV_OK;
+    if (st == EKV_OK && !(m->rc_il == il && m->rc_hk == hk && m->rc_len == len)) st = read_head(m, il, hk, len);
+    if (st != EKV_OK) return st;
+    const size_t D = m->s->D;
+    for (int32_t t = 0; t < n; t++) {
+        if (k) memcpy(k + (size_t)t * D, m->rc_k + (size_t)idx[t] * D, D * sizeof(float));
+        if (v) memcpy(v + (size_t)t * D, m->rc_v + (size_t)idx[t] * D, D * sizeof(float));
+    }
+    return EKV_OK;
+}
+
+/* ---- life ---- */
+
+enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq *s) {
+    struct ekv_vk_mg *m = calloc(1, sizeof *m);
+    if (!m) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    m->g = g;
+    m->seq = seq;
+    m->s = s;
+    m->rc_il = -1;
+    for (int side = 0; side < 2; side++) {
+        side_shape(side_of(m, side)->type, s->D, &m->rw[side], &m->sph[side]);
+        m->srw[side] = m->rw[side] + (m->sph[side] + 1) / 2;
+    }
+    const size_t LH = (size_t)s->n_layer * s->H;
+    m->meta_words = s->H + 1 + (seq->kv->logit_bias ? s->H * (uint32_t)s->n_ctx : 0);
+    m->L0 = calloc(LH, sizeof *m->L0);
+    m->maxlen = calloc((size_t)s->n_layer, sizeof *m->maxlen);
+    m->pending = calloc(LH, 1);
+    s->mg = m;
+    if (!m->L0 || !m->maxlen || !m->pending) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    enum ekv_status st = ekv_vk_buf_new(g->vk, (size_t)s->n_layer * m->meta_words * 4, true, "GPU cache lengths", &m->meta);
+    if (st != EKV_OK) return st;
+    st = ekv_vk_prepare(g->vk, EKV_VK_KV_COMPACT);
+    if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_attn_stats_pipe(s->k.type));
+    if (st != EKV_OK) return st;
+    m->dev = (struct ekv_kv_dev){.user = m, .compact = dev_compact, .read = dev_read, .write = dev_write};
+    seq->kv->dev = &m->dev;
+    return EKV_OK;
+}
+
+void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
+    struct ekv_vk_mg *m = s ? s->mg : NULL;
+    if (!m) return;
+    if (m->seq && m->seq->kv && m->seq->kv->dev == &m->dev) m->seq->kv->dev = NULL;
+    for (int32_t i = 0; i < g->n_fwd_mg; i++)
+        if (g->fwd_mg[i] == m) g->fwd_mg[i] = g->fwd_mg[--g->n_fwd_mg];
+    ekv_vk_buf_free(g->vk, &m->meta);
+    ekv_vk_buf_free(g->vk, &m->st);
+    free(m->L0);
+    free(m->maxlen);
+    free(m->pending);
+    free(m->plans);
+    free(m->pairs);
+    free(m->stage[0]);
+    free(m->stage[1]);
+    free(m->rc_k);
+    free(m->rc_v);
+    free(m->rc_raw);
+    free(m);
+    s->mg = NULL;
+}
+
+uint64_t ekv_vk_mg_meta(const struct ekv_vk_mg *m, int il) {
+    return m->meta.addr + (uint64_t)il * m->meta_words * 4;
+}
+
+int32_t ekv_vk_mg_max_len(const struct ekv_vk_mg *m, int il) { return m->maxlen[il]; }
+
+bool ekv_vk_mg_wants_stats(const struct ekv_vk_mg *m) { return m && m->any_stats; }
+
+/* ---- a forward ---- */
+
+/* The statistics this forward collects (as attend.c's layer_prepare: the
+ * arrays ekv_kv_begin ensured) and their buffer. */
+static enum ekv_status stats_begin(struct ekv_vk_mg *m, struct ekv_kv *kv) {
+    const struct ekv_kv_head *h0 = &kv->layers[0].heads[0];
+    const unsigned f = kv->stats;
+    const bool want[SL_COUNT] = {(f & EKV_STAT_COLSUM) && h0->colsum, (f & EKV_STAT_SUMSQ) && h0->sumsq,
+                                 (f & EKV_STAT_LASTROW) && h0->lastrow, (f & EKV_STAT_WINSUM) && h0->winsum,
+                                 (f & EKV_STAT_BINCOUNT) && h0->bincount};
+    m->n_slot = 0;
+    for (int i = 0; i < SL_COUNT; i++) m->slot[i] = want[i] ? m->n_slot++ : MG_NONE;
+    const int64_t end = m->step.pos0 + m->n_rows;
+    m->sparsity = (f & EKV_STAT_SPARSITY) && end > kv->win_start;
+    m->any_stats = m->n_slot > 0 || m->sparsity;
+    m->wrow = kv->win_start > m->step.pos0 ? (int32_t)EKV_MIN((int64_t)m->n_rows, kv->win_start - m->step.pos0) : 0;
+    if (!m->any_stats) return EKV_OK;
+    int32_t cap = 1;
+    for (int32_t il = 0; il < m->s->n_layer; il++) cap = EKV_MAX(cap, m->maxlen[il]);
+    m->st_cap = (uint32_t)cap;
+    m->nblk = (m->st_cap + 63) / 64;
+    const uint64_t LH = (uint64_t)m->s->n_layer * m->s->H;
+    m->zeros_off = LH * m->n_slot * m->st_cap;
+    const uint64_t words = m->zeros_off + (m->sparsity ? LH * m->nblk : 0);
+    if (words > ((uint64_t)1 << 40)) return ekv_err(EKV_ERR_OVERFLOW, "GPU cache statistics of %llu words", (unsigned long long)words);
+    return buf_fit(m->g->vk, &m->st, (size_t)words * 4, true, "GPU cache statistics");
+}
+
+static void meta_write(struct ekv_vk_mg *m, const struct ekv_kv *kv) {
+    const uint32_t H = m->s->H, C = (uint32_t)m->s->n_ctx;
+    for (int32_t il = 0; il < m->s->n_layer; il++) {
+        uint32_t *w = (uint32_t *)m->meta.host + (size_t)il * m->meta_words;
+        for (uint32_t h = 0; h < H; h++) w[h] = (uint32_t)m->L0[(size_t)il * H + h];
+        w[H] = kv->logit_bias ? 1u : 0u;
+        if (!kv->logit_bias || m->meta_words <= H + 1) continue;
+        float *b = (float *)(w + H + 1);
+        for (uint32_t h = 0; h < H; h++) {
+            const struct ekv_kv_head *hd = &kv->layers[il].heads[h];
+            for (int32_t j = 0; j < hd->len; j++)
+                b[(size_t)h * C + (size_t)j] = hd->weight[j] != 1.0f ? logf(hd->weight[j]) : 0.0f;
+        }
+    }
+}
+
+enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_part *part) {
+    struct ekv_vk_ctx *g = ekv_vk_of(ctx);
+    struct ekv_vk_mg *m = part->seq->gpu->mg;
+    struct ekv_kv *kv = part->seq->kv;
+    const struct ekv_kv_step *step = &part->step;
+    const int32_t n = part->n, H = (int32_t)m->s->H;
+    if (m->in_fwd) return ekv_err(EKV_ERR_INVALID_ARG, "a sequence appears twice in one forward");
+    if (kv->logit_bias && m->meta_words <= (uint32_t)H + 1)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "the policy turned logit biases on after the GPU cache was made");
+    for (int32_t il = 0; il < kv->n_layer; il++)
+        for (int32_t hk = 0; hk < H; hk++) {
+            const struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+            if (h->len > 0 && step->pos0 <= h->pos[h->len - 1])
+                return ekv_err(EKV_ERR_INVALID_ARG, "kv layer %d head %d: new position %lld is not after the cached %d",
+                               il, hk, (long long)step->pos0, (int)h->pos[h->len - 1]);
+            if ((int64_t)h->len + n > m->s->n_ctx)
+                return ekv_err(EKV_ERR_CONTEXT_FULL, "layer %d head %d holds %d entries: %d more do not fit the GPU cache of %d",
+                               il, hk, (int)h->len, (int)n, (int)m->s->n_ctx);
+        }
+    enum ekv_status st = grow((void **)&g->fwd_mg, &g->cap_fwd_mg, (size_t)g->n_fwd_mg + 1, sizeof *g->fwd_mg);
+    if (st == EKV_OK) st = ekv_kv_begin(kv, step);
+    if (st != EKV_OK) return st;
+    m->step = *step;
+    m->n_rows = n;
+    for (int32_t il = 0; il < kv->n_layer; il++) {
+        struct ekv_kv_layer *L = &kv->layers[il];
+        for (int32_t hk = 0; hk < H; hk++) m->L0[(size_t)il * H + hk] = L->heads[hk].len;
+        if ((st = ekv_kv_reserve(kv, il, n)) != EKV_OK) break;
+        int32_t mx = 0;
+        for (int32_t hk = 0; hk < H; hk++) {
+            struct ekv_kv_head *h = &L->heads[hk];
+            for (int32_t i = 0; i < n; i++)
+                ekv_kv_head_append(kv, h, NULL, NULL, (int32_t)(step->pos0 + i),
+                                   step->tags ? step->tags[i] : (uint8_t)EKV_TAG_GENERATED);
+            mx = EKV_MAX(mx, h->len);
+        }
+        m->maxlen[il] = mx;
+    }
+    if (st == EKV_OK) st = stats_begin(m, kv);
+    if (st != EKV_OK) { /* take the appended entries back */
+        for (int32_t il = 0; il < kv->n_layer; il++)
+            for (int32_t hk = 0; hk < H; hk++) {
+                struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+                if (h->len > m->L0[(size_t)il * H + hk]) h->len = m->L0[(size_t)il * H + hk];
+            }
+        return st;
+    }
+    meta_write(m, kv);
+    m->in_fwd = true;
+    m->rc_il = -1;
+    g->fwd_mg[g->n_fwd_mg++] = m;
+    return EKV_OK;
+}
+
+void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part) {
+    struct ekv_vk_ctx *g = ekv_vk_of(ctx);
+    const struct ekv_vk_mg *m = s->mg;
+    if (!m || !m->any_stats || part->n <= 0) return;
+    const struct ekv_model_info *in = &ctx->model->info;
+    const struct ekv_kv *kv = part->seq->kv;
+    struct ekv_vk_pc_attn_stats pc = {
+        .q = ekv_vk_act_addr(ctx, EKV_ACT_Q, part->row0), .kc = s->k.buf[il].addr,
+        .ml = g->ml.addr + (uint64_t)part->row0 * (uint64_t)in->n_head * 2 * sizeof(float), .meta = ekv_vk_mg_meta(m, il),
+        .st = m->st.addr + (uint64_t)il * m->n_slot * s->H * m->st_cap * 4,
+        .zeros = m->st.addr + (m->zeros_off + (uint64_t)il * s->H * m->nblk) * 4, .n_head = (uint32_t)in->n_head,
+        .n_head_kv = s->H, .head_dim = s->D, .n_ctx = (uint32_t)s->n_ctx, .rows = (uint32_t)part->n,
+        .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q), .cap = m->st_cap, .wrow = (uint32_t)m->wrow,
+        .s_colsum = m->slot[SL_COLSUM], .s_sumsq = m->slot[SL_SUMSQ], .s_last = m->slot[SL_LAST],
+        .s_win = m->slot[SL_WIN], .s_bin = m->slot[SL_BIN], .sparsity = m->sparsity ? 1u : 0u,
+        .scale = 1.0f / sqrtf((float)s->D),
+        .sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p};
+    const uint32_t gx = (uint32_t)((m->maxlen[il] + 63) / 64);
+    /* workgroups past a head's length do nothing but write their (zero) sparsity block */
+    ekv_vk_dispatch(g->vk, ekv_vk_attn_stats_pipe(s->k.type), &pc, sizeof pc, m->sparsity ? m->nblk : gx, s->H, 1);
+}
+
+/* Adds layer il's increments to the host cache's statistics (as
+ * ekv_attn_accumulate does row by row on the CPU). */
+static void stats_fold(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
+    if (!m->any_stats) return;
+    const uint32_t H = m->s->H, cap = m->st_cap;
+    const int32_t n = m->n_rows;
+    const int R = kv->n_head / kv->n_head_kv;
+    const float *st = (const float *)m->st.host + (size_t)il * m->n_slot * H * cap;
+    const uint32_t *zeros = (const uint32_t *)m->st.host + m->zeros_off + (size_t)il * H * m->nblk;
+    struct ekv_kv_layer *L = &kv->layers[il];
+    for (uint32_t hk = 0; hk < H; hk++) {
+        struct ekv_kv_head *h = &L->heads[hk];
+        const int32_t L0 = m->L0[(size_t)il * H + hk];
+#define SLOT(i) (st + ((size_t)m->slot[i] * H + hk) * cap)
+        for (int32_t j = 0; j < h->len; j++) {
+            if (m->slot[SL_COLSUM] != MG_NONE) {
+                h->colsum[j] += (double)SLOT(SL_COLSUM)[j];
+                h->count[j] += n - (j > L0 ? j - L0 : 0);
+            }
+            if (m->slot[SL_SUMSQ] != MG_NONE) h->sumsq[j] += (double)SLOT(SL_SUMSQ)[j];
+            if (m->slot[SL_LAST] != MG_NONE) h->lastrow[j] = SLOT(SL_LAST)[j];
+            if (m->slot[SL_WIN] != MG_NONE) h->winsum[j] += (double)SLOT(SL_WIN)[j];
+            if (m->slot[SL_BIN] != MG_NONE) h->bincount[j] += SLOT(SL_BIN)[j];
+        }
+#undef SLOT
+        if (m->sparsity) {
+            double z = 0.0, tot = 0.0;
+            for (uint32_t b = 0; b < m->nblk; b++) z += zeros[(size_t)hk * m->nblk + b];
+            for (int32_t i = m->wrow; i < n; i++) tot += (double)R * (double)(L0 + i + 1);
+            L->sparse_zero += z;
+            L->sparse_total += tot;
+        }
+    }
+}
+
+/* One compressed part after its forward: statistics, hooks, plans. */
+static enum ekv_status mg_after(struct ekv_vk_mg *m) {
+    struct ekv_kv *kv = m->seq->kv;
+    m->in_fwd = false;
+    enum ekv_status st = EKV_OK;
+    struct ekv_kv_step step = m->step;
+    step.defer = false;
+    for (int32_t il = 0; il < kv->n_layer && st == EKV_OK; il++) {
+        stats_fold(m, kv, il);
+        st = ekv_kv_layer_policy(kv, il, &step);
+    }
+    if (st == EKV_OK) st = ekv_kv_end(kv, &step);
+    enum ekv_status sf = mg_flush(m);
+    return st != EKV_OK ? st : sf;
+}
+
+enum ekv_status ekv_vk_mg_after(struct ekv_context *ctx) {
+    struct ekv_vk_ctx *g = ekv_vk_of(ctx);
+    enum ekv_status st = EKV_OK;
+    for (int32_t i = 0; i < g->n_fwd_mg; i++) {
+        enum ekv_status si = mg_after(g->fwd_mg[i]);
+        if (si != EKV_OK) {
+            g->fwd_mg[i]->seq->broken = true; /* its host and device caches may disagree now */
+            if (st == EKV_OK) st = si;
+        }
+    }
+    g->n_fwd_mg = 0;
+    return st;
+}
+
+void ekv_vk_mg_abort(struct ekv_context *ctx) {
+    struct ekv_vk_ctx *g = ekv_vk_of(ctx);
+    for (int32_t i = 0; i < g->n_fwd_mg; i++) {
+        struct ekv_vk_mg *m = g->fwd_mg[i];
+        struct ekv_kv *kv = m->seq->kv;
+        const int32_t H = (int32_t)m->s->H;
+        for (int32_t il = 0; il < kv->n_layer; il++)
+            for (int32_t hk = 0; hk < H; hk++) {
+                struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+                if (h->len > m->L0[(size_t)il * H + hk]) h->len = m->L0[(size_t)il * H + hk];
+            }
+        kv->n_seen = m->step.pos0;
+        m->in_fwd = false;
+    }
+    g->n_fwd_mg = 0;
+}
