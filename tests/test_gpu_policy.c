@@ -28,6 +28,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/util.h"
+#include "engine/backend_vk.h"
 #include "engine/engine.h"
 #include "kv/kv.h"
 #include "testutil.h"
@@ -194,8 +196,10 @@ static int heads_differ(const struct ekv_kv *a, const struct ekv_kv *b) {
     for (int il = 0; il < a->n_layer; il++)
         for (int hk = 0; hk < a->n_head_kv; hk++) {
             const struct ekv_kv_head *ha = &a->layers[il].heads[hk], *hb = &b->layers[il].heads[hk];
-            bad += ha->len != hb->len || memcmp(ha->pos, hb->pos, sizeof(int32_t) * (size_t)ha->len) != 0 ||
-                   memcmp(ha->weight, hb->weight, sizeof(float) * (size_t)ha->len) != 0;
+            if (ha->len != hb->len) bad++;
+            else if (ha->len > 0) /* (a full cache on the device keeps no entries on the host: len 0) */
+                bad += memcmp(ha->pos, hb->pos, sizeof(int32_t) * (size_t)ha->len) != 0 ||
+                       memcmp(ha->weight, hb->weight, sizeof(float) * (size_t)ha->len) != 0;
         }
     return bad;
 }
@@ -232,8 +236,8 @@ static double log_softmax_at(const float *x, int32_t n, int32_t t) {
 
 /* One policy x budget x type, GPU beside CPU (and, at budget 1.0, beside
  * the GPU's full cache), on the token stream toks. */
-static void run_case(const struct ekv_model *m, struct ekv_context *cg, struct ekv_context *cc, const int32_t *g_toks,
-                     const char *pol, double budget, enum ekv_kv_type t) {
+static void run_case_n(const struct ekv_model *m, struct ekv_context *cg, struct ekv_context *cc, const int32_t *g_toks,
+                       int32_t n_prompt, const char *pol, double budget, enum ekv_kv_type t) {
     struct ekv_kv_params kp = kv_params(pol, budget, t), kf = kv_params("full", 1.0, t);
     struct ekv_seq *sg = NULL, *sc = NULL, *sf = NULL;
     CHECK_OK(ekv_seq_new(cg, &kp, &sg));
@@ -246,15 +250,22 @@ static void run_case(const struct ekv_model *m, struct ekv_context *cg, struct e
     CHECK(ekv_seq_on_device(sg));
     const int32_t V = m->info.n_vocab;
     float *lg = malloc(sizeof(float) * V), *lc = malloc(sizeof(float) * V), *lf = malloc(sizeof(float) * V);
-    CHECK_OK(ekv_seq_prefill(sg, g_toks, N_PROMPT, lg));
-    CHECK_OK(ekv_seq_prefill(sc, g_toks, N_PROMPT, lc));
-    if (sf) CHECK_OK(ekv_seq_prefill(sf, g_toks, N_PROMPT, lf));
+    CHECK_OK(ekv_seq_prefill(sg, g_toks, n_prompt, lg));
+    CHECK_OK(ekv_seq_prefill(sc, g_toks, n_prompt, lc));
+    if (sf) CHECK_OK(ekv_seq_prefill(sf, g_toks, n_prompt, lf));
+    /* the device cache follows what is kept (backend_vk_policy.c: at most 1.25 x + 64 after a shrink) */
+    const int32_t cap_prompt = sg->gpu->cap;
+    int32_t longest = 0;
+    for (int il = 0; il < sg->kv->n_layer; il++)
+        for (int hk = 0; hk < sg->kv->n_head_kv; hk++) longest = EKV_MAX(longest, sg->kv->layers[il].heads[hk].len);
+    CHECK_MSG(cap_prompt >= longest && cap_prompt <= EKV_MAX(longest + longest / 4 + 64, 2 * longest),
+              "%s %.1f: a device cache of %d entries per head for at most %d kept", pol, budget, cap_prompt, longest);
     int bad_prompt = heads_differ(sg->kv, sc->kv), bad_steps = 0;
     bool same_full = !sf || !memcmp(lg, lf, sizeof(float) * V);
     double nll_g = 0, nll_c = 0, maxd = 0, maxv = 0;
     for (int step = 0; step < N_STEPS; step++) {
         for (int32_t i = 0; i < V; i++) maxd = fmax(maxd, fabs(lg[i] - lc[i])), maxv = fmax(maxv, fabs(lc[i]));
-        const int32_t next = g_toks[N_PROMPT + step];
+        const int32_t next = g_toks[n_prompt + step];
         nll_g -= log_softmax_at(lg, V, next);
         nll_c -= log_softmax_at(lc, V, next);
         CHECK_OK(ekv_seq_decode(sg, next, lg));
@@ -269,9 +280,9 @@ static void run_case(const struct ekv_model *m, struct ekv_context *cg, struct e
     const double ppl_g = exp(nll_g / N_STEPS), ppl_c = exp(nll_c / N_STEPS);
     struct ekv_kv_stats st;
     ekv_seq_kv_stats(sg, &st);
-    printf("%-28s %.1f %-4s: heads differing after the prompt %d, steps with a difference %d/%d, rows %.2g, "
+    printf("%-28s %.1f %-4s %3d: heads differing after the prompt %d, steps with a difference %d/%d, rows %.2g, "
            "logits %.2g, ppl gpu %.4f cpu %.4f, entries %lld of %lld%s\n",
-           pol, budget, ekv_kv_type_name(t), bad_prompt, bad_steps, N_STEPS, rows, maxv > 0 ? maxd / maxv : maxd, ppl_g,
+           pol, budget, ekv_kv_type_name(t), (int)n_prompt, bad_prompt, bad_steps, N_STEPS, rows, maxv > 0 ? maxd / maxv : maxd, ppl_g,
            ppl_c, (long long)st.entries, (long long)st.entries_full, sf ? (same_full ? ", == full" : ", != full") : "");
     /* With f32 rows the GPU's statistics differ from the CPU's by the order
      * of sums only: the kept sets must be the same at every step. With
@@ -296,6 +307,11 @@ static void run_case(const struct ekv_model *m, struct ekv_context *cg, struct e
     ekv_seq_free(sg), ekv_seq_free(sc), ekv_seq_free(sf);
 }
 
+static void run_case(const struct ekv_model *m, struct ekv_context *cg, struct ekv_context *cc, const int32_t *toks,
+                     const char *pol, double budget, enum ekv_kv_type t) {
+    run_case_n(m, cg, cc, toks, N_PROMPT, pol, budget, t);
+}
+
 static void test_policies(const struct ekv_model *m) {
     static const char *pols[] = {"local",   "h2o",      "scissorhands", "tova",    "roco",
                                  "snapkv",  "pyramidkv", "vlcache",     "random",  "elastic",
@@ -306,6 +322,15 @@ static void test_policies(const struct ekv_model *m) {
         for (size_t bi = 0; bi < 3; bi++) run_case(m, cg, cc, g_toks, pols[pi], budgets[bi], EKV_KV_F16);
         run_case(m, cg, cc, g_toks, pols[pi], 0.2, EKV_KV_F32);
     }
+    /* a longer prompt (the story twice): the device cache grows to the
+     * prompt, then shrinks to what the policy kept, and grows again as
+     * decoding adds entries */
+    int32_t *twice = malloc(sizeof(int32_t) * (2 * N_PROMPT + N_STEPS + 1));
+    for (int32_t i = 0; i < 2 * N_PROMPT + N_STEPS + 1; i++) twice[i] = g_toks[i % N_PROMPT];
+    run_case_n(m, cg, cc, twice, 2 * N_PROMPT, "h2o", 0.2, EKV_KV_F16);
+    run_case_n(m, cg, cc, twice, 2 * N_PROMPT, "snapkv", 0.3, EKV_KV_F32);
+    run_case_n(m, cg, cc, twice, 2 * N_PROMPT, "elastic-v2:bias=1", 0.25, EKV_KV_F16);
+    free(twice);
     check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
     /* q8_0 and q4_0 rows (head_dim 64), every policy at 0.2 and 0.5 */

@@ -537,9 +537,11 @@ static enum ekv_status vk_end(struct ekv_context *ctx, enum ekv_status status) {
     if (status != EKV_OK) {
         ekv_vk_abort(g->vk);
         ekv_vk_mg_abort(ctx);
+        ekv_vk_mg_release(g);
         return status;
     }
     enum ekv_status s = ekv_vk_submit(g->vk);
+    ekv_vk_mg_release(g);
     if (s != EKV_OK) {
         ekv_vk_mg_abort(ctx);
         return s;

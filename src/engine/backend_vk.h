@@ -36,7 +36,10 @@ struct ekv_vk_side {
 struct ekv_vk_mg;
 
 struct ekv_vk_seq {
-    int32_t n_layer, n_ctx;     /* n_ctx: entries per (layer, KV head) the buffers hold */
+    int32_t n_layer, n_ctx;     /* n_ctx: the context's positions */
+    int32_t cap;                /* entries per (layer, KV head) the buffers hold (kvq.glsl's C): n_ctx for a
+                                   full cache; for a compressed one what it keeps, grown and shrunk
+                                   (backend_vk_policy.c) */
     uint32_t H, D, G, R;        /* KV heads, head_dim, KIVI group and residual */
     struct ekv_vk_side k, v;
     struct ekv_vk_mg *mg;       /* a compressing policy's state (backend_vk_policy.c), NULL for full */
@@ -70,6 +73,11 @@ struct ekv_vk_ctx {
     struct ekv_vk_mg **fwd_mg;
     int32_t n_fwd_mg;
     size_t cap_fwd_mg;
+    /* buffers the recording still reads (a compressed cache moved to a
+     * larger one in this forward): freed once it ran */
+    struct ekv_vk_buf *old;
+    int32_t n_old;
+    size_t cap_old;
     /* the forward being recorded */
     int32_t n_rows;
     bool cs_done;
@@ -86,6 +94,10 @@ static inline uint64_t ekv_vk_act_addr(struct ekv_context *ctx, enum ekv_act a, 
 }
 
 /* ---- backend_vk_kv.c ---- */
+
+/* Sizes of a side for s->cap entries per head (kvq.glsl: p0, r0, words);
+ * false when a layer's buffer would need indices past 2^31 words. */
+bool ekv_vk_side_layout(struct ekv_vk_side *sd, const struct ekv_vk_seq *s);
 
 /* Builds the pipelines a cache of these storage types uses. */
 enum ekv_status ekv_vk_kv_prepare(struct ekv_vk_ctx *g, enum ekv_kv_type tk, enum ekv_kv_type tv);
@@ -127,5 +139,7 @@ void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s,
 enum ekv_status ekv_vk_mg_after(struct ekv_context *ctx);
 /* The forward failed before it ran: the parts' appended entries are taken back. */
 void ekv_vk_mg_abort(struct ekv_context *ctx);
+/* Frees the buffers the finished (or abandoned) recording read. */
+void ekv_vk_mg_release(struct ekv_vk_ctx *g);
 
 #endif

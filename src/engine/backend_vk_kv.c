@@ -52,8 +52,8 @@ static uint32_t key_block(const struct ekv_vk_seq *s) { return s->R > s->G ? s->
 
 /* Sizes of a side (kvq.glsl: kv_p0, kv_param_words, kv_r0); false when a
  * layer's buffer would need indices past 2^31 words. */
-static bool side_layout(struct ekv_vk_side *sd, const struct ekv_vk_seq *s) {
-    const uint64_t H = s->H, C = (uint64_t)s->n_ctx, D = s->D, G = s->G;
+bool ekv_vk_side_layout(struct ekv_vk_side *sd, const struct ekv_vk_seq *s) {
+    const uint64_t H = s->H, C = (uint64_t)s->cap, D = s->D, G = s->G;
     const enum ekv_kv_type t = sd->type;
     uint64_t params = 0;
     if (t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0) params = (H * C * (D / 32) + 1) / 2;
@@ -117,9 +117,9 @@ static enum ekv_status side_new(struct ekv_vk_ctx *g, struct ekv_vk_seq *s, stru
                                 enum ekv_kv_type t, bool is_v) {
     sd->type = t;
     sd->is_v = is_v;
-    if (!side_layout(sd, s))
+    if (!ekv_vk_side_layout(sd, s))
         return ekv_err(EKV_ERR_OVERFLOW, "a %s cache of %d positions is too large for one GPU buffer per layer",
-                       ekv_kv_type_name(t), (int)s->n_ctx);
+                       ekv_kv_type_name(t), (int)s->cap);
     sd->buf = calloc((size_t)s->n_layer, sizeof *sd->buf);
     if (!sd->buf) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     enum ekv_status st = EKV_OK;
@@ -143,6 +143,8 @@ enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct
     if (!s) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     s->n_layer = in->n_layer;
     s->n_ctx = seq->ctx->params.n_ctx;
+    /* a compressed cache starts small and follows what it keeps (backend_vk_policy.c) */
+    s->cap = compressing(seq) ? EKV_MIN(s->n_ctx, 64) : s->n_ctx;
     s->H = (uint32_t)in->n_head_kv;
     s->D = (uint32_t)in->head_dim;
     s->G = (uint32_t)kv->fk.g;
@@ -231,6 +233,10 @@ void ekv_vk_kv_free_scratch(struct ekv_vk_ctx *g) {
     ekv_vk_buf_free(g->vk, &g->stage);
     free(g->fwd_mg);
     g->fwd_mg = NULL;
+    ekv_vk_mg_release(g);
+    free(g->old);
+    g->old = NULL;
+    g->cap_old = 0;
     g->n_fwd_mg = 0;
     g->cap_fwd_mg = 0;
 }
@@ -295,7 +301,7 @@ static void store_dst(const struct ekv_vk_ctx *g, const struct ekv_vk_seq *s, co
         *e0 = (uint32_t)part->row0;
     } else {
         *dst = sd->buf[il].addr;
-        *hstride = (uint32_t)s->n_ctx;
+        *hstride = (uint32_t)s->cap;
         *e0 = (uint32_t)part->step.pos0;
     }
 }
@@ -325,7 +331,7 @@ static void flush_side(struct ekv_vk_ctx *g, const struct ekv_vk_seq *s, const s
     const int64_t pos0 = part->step.pos0, len = pos0 + part->n;
     const int32_t nq1 = nq_after(s, sd, len);
     struct ekv_vk_pc_kivi pc = {.base = sd->buf[il].addr, .scr = scr_addr(g, s, sd->is_v, part->row0), .H = s->H,
-                                .C = (uint32_t)s->n_ctx, .D = s->D, .G = s->G, .TC = sd->tc,
+                                .C = (uint32_t)s->cap, .D = s->D, .G = s->G, .TC = sd->tc,
                                 .pos0 = (uint32_t)pos0, .scr_stride = (uint32_t)g->kv_scr_rows};
     const uint32_t unit = sd->is_v ? 1 : s->G; /* entries per workgroup */
     const enum ekv_vk_pipe qp = sd->is_v ? (sd->type == EKV_KV_KIVI2 ? EKV_VK_KIVI_VALUES2 : EKV_VK_KIVI_VALUES4)
@@ -367,7 +373,7 @@ static void attend_part(struct ekv_context *ctx, const struct ekv_vk_seq *s, int
             .q = ekv_vk_act_addr(ctx, EKV_ACT_Q, r0 + b0), .kc = s->k.buf[il].addr, .vc = s->v.buf[il].addr,
             .part = g->part.addr, .kscr = any_kivi ? scr_addr(g, s, false, r0) : 0,
             .vscr = any_kivi ? scr_addr(g, s, true, r0) : 0, .n_head = (uint32_t)in->n_head, .n_head_kv = s->H,
-            .head_dim = HD, .n_ctx = (uint32_t)s->n_ctx, .pos0 = pos0 + (uint32_t)b0, .rows = (uint32_t)nb,
+            .head_dim = HD, .n_ctx = (uint32_t)s->cap, .pos0 = pos0 + (uint32_t)b0, .rows = (uint32_t)nb,
             .q_stride = QD, .n_split = n_split, .split_len = EKV_VK_SPLIT,
             .window = (uint32_t)(in->sliding_window > 0 ? in->sliding_window : 0), .scale = 1.0f / sqrtf((float)HD),
             .g = s->G, .tc_k = s->k.tc, .tc_v = s->v.tc, .nq_k = (uint32_t)s->k.nq, .nq_v = (uint32_t)s->v.nq,

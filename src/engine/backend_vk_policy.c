@@ -30,8 +30,13 @@
  * rotated keys) gets them read back from the device, a head at a time
  * (kept until the head changes).
  *
- * The buffers keep n_ctx entries per (layer, head), as for a full cache;
- * the host cache's lengths say how many are in use.
+ * The buffers hold `cap` entries per (layer, KV head), the host cache's
+ * lengths say how many are in use. cap follows what is kept, as the CPU's
+ * capacity does: a forward that needs more moves the cache to buffers of
+ * max(need, 1.5 cap) entries (copies recorded before its own work, the old
+ * buffers freed once it ran), and after the policy acted a cache that uses
+ * less than half of cap moves to 1.25 x its longest head + 64 (so memory,
+ * and --kv-mem's device bytes, follow the budget).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -71,6 +76,7 @@ struct ekv_vk_mg {
     struct ekv_kv_step step;   /* the part's step (its pointers live as long as the forward) */
     int32_t n_rows, wrow;
     bool in_fwd;
+    bool moved;                /* the cache moved to other buffers in the open recording */
     /* plans not yet run, with their pairs and staged rows (per side) */
     struct mg_plan *plans;
     int32_t n_plans;
@@ -190,7 +196,7 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
             for (int32_t i = 0; i < m->n_plans; i++) {
                 const struct mg_plan *p = &m->plans[i];
                 if (p->il != il || p->side != side) continue;
-                w[3 * t] = (uint32_t)p->hk * (uint32_t)s->n_ctx;
+                w[3 * t] = (uint32_t)p->hk * (uint32_t)s->cap;
                 w[3 * t + 1] = p->n;
                 w[3 * t + 2] = p->first;
                 t++;
@@ -311,7 +317,7 @@ static enum ekv_status read_head(struct ekv_vk_mg *m, int il, int hk, int32_t le
         const uint32_t rw = m->rw[side], sph = m->sph[side];
         const size_t qbytes = (size_t)len * rw * 4, sbytes = (size_t)len * sph * 2;
         if ((st = grow((void **)&m->rc_raw, &m->rc_raw_cap, qbytes + sbytes + 1, 1)) != EKV_OK) return st;
-        const size_t row0 = (size_t)hk * (size_t)s->n_ctx;
+        const size_t row0 = (size_t)hk * (size_t)s->cap;
         if (len > 0 && (st = ekv_vk_download(m->g->vk, &sd->buf[il], row0 * rw * 4, m->rc_raw, qbytes)) != EKV_OK)
             return st;
         if (len > 0 && sph &&
@@ -348,6 +354,88 @@ static enum ekv_status dev_read(void *user, int il, int hk, int32_t len, const i
     return EKV_OK;
 }
 
+/* ---- capacity ---- */
+
+void ekv_vk_mg_release(struct ekv_vk_ctx *g) {
+    for (int32_t i = 0; i < g->n_old; i++) ekv_vk_buf_free(g->vk, &g->old[i]);
+    g->n_old = 0;
+}
+
+/* Moves the cache to buffers of newcap entries per head, copying the first
+ * lens[il][hk] entries of each head. With in_rec the copies go into the
+ * open recording and the old buffers are freed after it ran; otherwise one
+ * submission here. On failure the cache is as before. */
+static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int32_t *lens, bool in_rec) {
+    struct ekv_vk_ctx *g = m->g;
+    struct ekv_vk_seq *s = m->s;
+    struct ekv_vk_seq ns = *s;
+    ns.cap = newcap;
+    struct ekv_vk_side nsd[2] = {s->k, s->v};
+    if (!ekv_vk_side_layout(&nsd[0], &ns) || !ekv_vk_side_layout(&nsd[1], &ns))
+        return ekv_err(EKV_ERR_OVERFLOW, "a cache of %d entries per head is too large for one GPU buffer per layer",
+                       (int)newcap);
+    enum ekv_status st = grow((void **)&g->old, &g->cap_old, (size_t)g->n_old + 2 * (size_t)s->n_layer + 1, sizeof *g->old);
+    for (int side = 0; side < 2 && st == EKV_OK; side++) {
+        nsd[side].buf = calloc((size_t)s->n_layer, sizeof *nsd[side].buf);
+        if (!nsd[side].buf) st = ekv_err(EKV_ERR_NOMEM, "out of memory");
+        for (int32_t il = 0; il < s->n_layer && st == EKV_OK; il++)
+            st = ekv_vk_buf_new(g->vk, (size_t)nsd[side].words * 4, false, "KV cache", &nsd[side].buf[il]);
+    }
+    if (st == EKV_OK && !in_rec) st = ekv_vk_begin(g->vk);
+    if (st != EKV_OK) {
+        for (int side = 0; side < 2; side++)
+            for (int32_t il = 0; nsd[side].buf && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &nsd[side].buf[il]);
+        free(nsd[0].buf), free(nsd[1].buf);
+        return st;
+    }
+    for (int side = 0; side < 2; side++) {
+        struct ekv_vk_side *sd = side_of(m, side);
+        const uint64_t rw = m->rw[side], sph = m->sph[side], oc = (uint64_t)s->cap, nc = (uint64_t)newcap;
+        for (int32_t il = 0; il < s->n_layer; il++)
+            for (uint32_t h = 0; h < s->H; h++) {
+                const uint64_t len = (uint64_t)lens[(size_t)il * s->H + h];
+                if (len == 0) continue;
+                ekv_vk_copy(g->vk, &sd->buf[il], h * oc * rw * 4, &nsd[side].buf[il], h * nc * rw * 4, len * rw * 4);
+                if (sph)
+                    ekv_vk_copy(g->vk, &sd->buf[il], (2 * sd->p0 + h * oc * sph) * 2, &nsd[side].buf[il],
+                                (2 * nsd[side].p0 + h * nc * sph) * 2, len * sph * 2);
+            }
+    }
+    if (!in_rec) st = ekv_vk_submit(g->vk);
+    for (int side = 0; side < 2; side++) {
+        struct ekv_vk_side *sd = side_of(m, side);
+        for (int32_t il = 0; il < s->n_layer; il++) {
+            if (in_rec) g->old[g->n_old++] = sd->buf[il];
+            else ekv_vk_buf_free(g->vk, &sd->buf[il]);
+        }
+        free(sd->buf);
+        *sd = nsd[side];
+    }
+    s->cap = newcap;
+    m->rc_il = -1;
+    if (st != EKV_OK) return st; /* the copies did not run: the cache's rows are lost */
+    if (m->meta_words > s->H + 1) { /* the logit biases are laid out per cap */
+        ekv_vk_buf_free(g->vk, &m->meta);
+        m->meta_words = s->H + 1 + s->H * (uint32_t)newcap;
+        st = ekv_vk_buf_new(g->vk, (size_t)s->n_layer * m->meta_words * 4, true, "GPU cache lengths", &m->meta);
+    }
+    return st;
+}
+
+/* The longest head now. */
+static int32_t longest(const struct ekv_kv *kv) {
+    int32_t mx = 0;
+    for (int32_t il = 0; il < kv->n_layer; il++)
+        for (int32_t hk = 0; hk < kv->n_head_kv; hk++) mx = EKV_MAX(mx, kv->layers[il].heads[hk].len);
+    return mx;
+}
+
+/* Current lengths of every head, [n_layer][H]. */
+static void lengths(const struct ekv_kv *kv, int32_t *out) {
+    for (int32_t il = 0; il < kv->n_layer; il++)
+        for (int32_t hk = 0; hk < kv->n_head_kv; hk++) out[(size_t)il * kv->n_head_kv + hk] = kv->layers[il].heads[hk].len;
+}
+
 /* ---- life ---- */
 
 enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq *s) {
@@ -362,7 +450,7 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
         m->srw[side] = m->rw[side] + (m->sph[side] + 1) / 2;
     }
     const size_t LH = (size_t)s->n_layer * s->H;
-    m->meta_words = s->H + 1 + (seq->kv->logit_bias ? s->H * (uint32_t)s->n_ctx : 0);
+    m->meta_words = s->H + 1 + (seq->kv->logit_bias ? s->H * (uint32_t)s->cap : 0);
     m->L0 = calloc(LH, sizeof *m->L0);
     m->maxlen = calloc((size_t)s->n_layer, sizeof *m->maxlen);
     m->pending = calloc(LH, 1);
@@ -437,7 +525,7 @@ static enum ekv_status stats_begin(struct ekv_vk_mg *m, struct ekv_kv *kv) {
 }
 
 static void meta_write(struct ekv_vk_mg *m, const struct ekv_kv *kv) {
-    const uint32_t H = m->s->H, C = (uint32_t)m->s->n_ctx;
+    const uint32_t H = m->s->H, C = (uint32_t)m->s->cap;
     for (int32_t il = 0; il < m->s->n_layer; il++) {
         uint32_t *w = (uint32_t *)m->meta.host + (size_t)il * m->meta_words;
         for (uint32_t h = 0; h < H; h++) w[h] = (uint32_t)m->L0[(size_t)il * H + h];
@@ -472,8 +560,19 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
                                il, hk, (int)h->len, (int)n, (int)m->s->n_ctx);
         }
     enum ekv_status st = grow((void **)&g->fwd_mg, &g->cap_fwd_mg, (size_t)g->n_fwd_mg + 1, sizeof *g->fwd_mg);
+    const int64_t need = (int64_t)longest(kv) + n;
+    if (st == EKV_OK && need > m->s->cap) { /* room for the part's rows: a larger cache (copies recorded first) */
+        lengths(kv, m->L0);
+        const int64_t nc = EKV_MIN((int64_t)m->s->n_ctx, EKV_MAX(need, (int64_t)m->s->cap + m->s->cap / 2));
+        st = mg_resize(m, (int32_t)nc, m->L0, true);
+        m->moved = true; /* tried: a recording that does not run loses the rows */
+        if (st != EKV_OK) part->seq->broken = true;
+    }
     if (st == EKV_OK) st = ekv_kv_begin(kv, step);
-    if (st != EKV_OK) return st;
+    if (st != EKV_OK) {
+        if (m->moved) part->seq->broken = true; /* the forward will not run its copies */
+        return st;
+    }
     m->step = *step;
     m->n_rows = n;
     for (int32_t il = 0; il < kv->n_layer; il++) {
@@ -492,6 +591,7 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
     }
     if (st == EKV_OK) st = stats_begin(m, kv);
     if (st != EKV_OK) { /* take the appended entries back */
+        if (m->moved) part->seq->broken = true;
         for (int32_t il = 0; il < kv->n_layer; il++)
             for (int32_t hk = 0; hk < H; hk++) {
                 struct ekv_kv_head *h = &kv->layers[il].heads[hk];
@@ -517,7 +617,7 @@ void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s,
         .ml = g->ml.addr + (uint64_t)part->row0 * (uint64_t)in->n_head * 2 * sizeof(float), .meta = ekv_vk_mg_meta(m, il),
         .st = m->st.addr + (uint64_t)il * m->n_slot * s->H * m->st_cap * 4,
         .zeros = m->st.addr + (m->zeros_off + (uint64_t)il * s->H * m->nblk) * 4, .n_head = (uint32_t)in->n_head,
-        .n_head_kv = s->H, .head_dim = s->D, .n_ctx = (uint32_t)s->n_ctx, .rows = (uint32_t)part->n,
+        .n_head_kv = s->H, .head_dim = s->D, .n_ctx = (uint32_t)s->cap, .rows = (uint32_t)part->n,
         .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q), .cap = m->st_cap, .wrow = (uint32_t)m->wrow,
         .s_colsum = m->slot[SL_COLSUM], .s_sumsq = m->slot[SL_SUMSQ], .s_last = m->slot[SL_LAST],
         .s_win = m->slot[SL_WIN], .s_bin = m->slot[SL_BIN], .sparsity = m->sparsity ? 1u : 0u,
@@ -567,6 +667,7 @@ static void stats_fold(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
 static enum ekv_status mg_after(struct ekv_vk_mg *m) {
     struct ekv_kv *kv = m->seq->kv;
     m->in_fwd = false;
+    m->moved = false;
     enum ekv_status st = EKV_OK;
     struct ekv_kv_step step = m->step;
     step.defer = false;
@@ -576,6 +677,16 @@ static enum ekv_status mg_after(struct ekv_vk_mg *m) {
     }
     if (st == EKV_OK) st = ekv_kv_end(kv, &step);
     enum ekv_status sf = mg_flush(m);
+    if (st == EKV_OK && sf == EKV_OK) { /* much more room than kept: a smaller cache */
+        const int32_t mx = longest(kv);
+        if ((int64_t)mx * 2 < m->s->cap && m->s->cap > 64) {
+            const int32_t nc = (int32_t)EKV_MIN((int64_t)m->s->cap, (int64_t)mx + mx / 4 + 64);
+            if (nc < m->s->cap) {
+                lengths(kv, m->L0);
+                sf = mg_resize(m, nc, m->L0, false);
+            }
+        }
+    }
     return st != EKV_OK ? st : sf;
 }
 
@@ -606,6 +717,8 @@ void ekv_vk_mg_abort(struct ekv_context *ctx) {
             }
         kv->n_seen = m->step.pos0;
         m->in_fwd = false;
+        if (m->moved) m->seq->broken = true; /* its rows were to be copied by the recording that did not run */
+        m->moved = false;
     }
     g->n_fwd_mg = 0;
 }
