@@ -127,6 +127,8 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s);
 enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_part *part);
 /* Device address of layer il's meta (lengths before the part, logit biases). */
 uint64_t ekv_vk_mg_meta(const struct ekv_vk_mg *m, int il);
+/* Heads read back to the host so far (a policy that reads rows itself). */
+uint64_t ekv_vk_mg_read_backs(const struct ekv_vk_mg *m);
 /* The longest head of layer il once the part's rows are in. */
 int32_t ekv_vk_mg_max_len(const struct ekv_vk_mg *m, int il);
 /* Whether this forward computes statistics (then attn_combine writes ml). */

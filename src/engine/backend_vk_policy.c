@@ -26,9 +26,12 @@
  *     kv_compact.comp executes in one submission: rows move by their bits,
  *     new rows are quantised on the host with the CPU's own codecs (so they
  *     are the codes the CPU cache would hold).
- * A policy that reads rows (merging: the weighted mean, elastic-v2's
- * rotated keys) gets them read back from the device, a head at a time
- * (kept until the head changes).
+ * Weighted means of merged entries (ekv_kv_head_merge: Elastic Cache,
+ * elastic-v2's default key=mean) are computed on the device too
+ * (kv_merge.comp, before the compaction in the same submission). A policy
+ * that reads rows itself (elastic-v2's key=rotate, value=attn; Elastic's
+ * reference mode) gets them read back, a head at a time (kept until the head
+ * changes).
  *
  * The buffers hold `cap` entries per (layer, KV head), the host cache's
  * lengths say how many are in use. cap follows what is kept, as the CPU's
@@ -58,6 +61,13 @@ struct mg_plan {
     uint32_t first, n;
 };
 
+/* A merged entry's mean, computed on the device (kv_merge.comp) into stage
+ * row `row` of its side from n (entry, weight) members from `first` on. */
+struct mg_mean {
+    int32_t il, hk, side;
+    uint32_t row, first, n;
+};
+
 struct ekv_vk_mg {
     struct ekv_vk_ctx *g;
     struct ekv_seq *seq;
@@ -83,6 +93,10 @@ struct ekv_vk_mg {
     size_t cap_plans;
     uint32_t *pairs;           /* [2 * n_pairs] dst, src */
     size_t n_pairs, cap_pairs;
+    struct mg_mean *means;     /* merges the device averages */
+    size_t n_means, cap_means;
+    uint32_t *members;         /* [2 * n_members] entry, weight (float bits) */
+    size_t n_members, cap_members;
     uint32_t *stage[2];        /* [rows][srw[side]] words */
     size_t n_stage[2], cap_stage[2];
     uint32_t srw[2], rw[2], sph[2];
@@ -93,6 +107,7 @@ struct ekv_vk_mg {
     size_t rc_cap;             /* floats per side */
     uint8_t *rc_raw;           /* download scratch */
     size_t rc_raw_cap;
+    uint64_t n_read_back;      /* heads read back so far */
 };
 
 static bool row_type(enum ekv_kv_type t) { return t == EKV_KV_F32 || t == EKV_KV_F16 || t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0; }
@@ -178,8 +193,9 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
     struct ekv_vk_ctx *g = m->g;
     const struct ekv_vk_seq *s = m->s;
     const size_t tab_words = 3 * (size_t)m->n_plans, pair_words = 2 * m->n_pairs;
+    const size_t mtab0 = tab_words + pair_words, mem0 = mtab0 + 4 * m->n_means; /* merges' table and members */
     const size_t st_words = m->n_stage[0] + m->n_stage[1];
-    enum ekv_status st = buf_fit(g->vk, &g->plan, (tab_words + pair_words) * 4, true, "GPU cache plans");
+    enum ekv_status st = buf_fit(g->vk, &g->plan, (mem0 + 2 * m->n_members) * 4, true, "GPU cache plans");
     if (st == EKV_OK) st = buf_fit(g->vk, &g->stage, (st_words ? st_words : 1) * 4, true, "GPU cache staged rows");
     if (st != EKV_OK) return st;
     uint32_t *w = g->plan.host;
@@ -187,9 +203,31 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
     uint32_t *sw = g->stage.host;
     if (m->n_stage[0]) memcpy(sw, m->stage[0], m->n_stage[0] * 4);
     if (m->n_stage[1]) memcpy(sw + m->n_stage[0], m->stage[1], m->n_stage[1] * 4);
+    if (m->n_members) memcpy(w + mem0, m->members, 2 * m->n_members * 4);
     if ((st = ekv_vk_begin(g->vk)) != EKV_OK) return st;
-    /* one dispatch per (layer, side): a workgroup per planned head */
+    /* the merged entries' means first (they read the rows where they were),
+     * one dispatch per (layer, side) with means: a workgroup per merged entry */
     size_t t = 0;
+    for (int32_t il = 0; il < s->n_layer && m->n_means; il++)
+        for (int side = 0; side < 2; side++) {
+            const size_t t0 = t;
+            for (size_t i = 0; i < m->n_means; i++) {
+                const struct mg_mean *q = &m->means[i];
+                if (q->il != il || q->side != side) continue;
+                uint32_t *e = w + mtab0 + 4 * t;
+                e[0] = (uint32_t)q->hk, e[1] = q->row, e[2] = q->first, e[3] = q->n;
+                t++;
+            }
+            if (t == t0) continue;
+            const struct ekv_vk_side *sd = side_of(m, side);
+            struct ekv_vk_pc_kv_merge pc = {
+                .base = sd->buf[il].addr, .stage = g->stage.addr + (side ? m->n_stage[0] * 4 : 0),
+                .table = g->plan.addr + (mtab0 + 4 * t0) * 4, .members = g->plan.addr + mem0 * 4, .H = s->H,
+                .C = (uint32_t)s->cap, .D = s->D, .rw = m->rw[side], .srw = m->srw[side]};
+            ekv_vk_dispatch(g->vk, ekv_vk_kv_merge_pipe(sd->type), &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
+        }
+    /* then one dispatch per (layer, side): a workgroup per planned head */
+    t = 0;
     for (int32_t il = 0; il < s->n_layer; il++)
         for (int side = 0; side < 2; side++) {
             const size_t t0 = t;
@@ -212,6 +250,8 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
     st = ekv_vk_submit(g->vk);
     m->n_plans = 0;
     m->n_pairs = 0;
+    m->n_means = 0;
+    m->n_members = 0;
     m->n_stage[0] = m->n_stage[1] = 0;
     memset(m->pending, 0, (size_t)s->n_layer * s->H);
     return st;
@@ -281,6 +321,72 @@ static enum ekv_status dev_compact(void *user, int il, int hk, int32_t len, cons
     return st;
 }
 
+/* A stage row the device fills (a merged entry's mean); its source code. */
+static enum ekv_status stage_blank(struct ekv_vk_mg *m, int side, uint32_t *code) {
+    const uint32_t srw = m->srw[side];
+    const size_t row = m->n_stage[side] / srw;
+    if (row >= MG_HI) return ekv_err(EKV_ERR_OVERFLOW, "too many staged rows");
+    enum ekv_status st = grow((void **)&m->stage[side], &m->cap_stage[side], m->n_stage[side] + srw, 4);
+    if (st != EKV_OK) return st;
+    memset(m->stage[side] + m->n_stage[side], 0, (size_t)srw * 4);
+    m->n_stage[side] += srw;
+    *code = MG_HI | (uint32_t)row;
+    return EKV_OK;
+}
+
+static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const int32_t *into, const float *w,
+                                 const float *const *k_of, const float *const *v_of) {
+    struct ekv_vk_mg *m = user;
+    enum ekv_status st = head_touch(m, il, hk);
+    /* members of each survivor: itself first, then the entries that join it in index order */
+    int32_t *cnt = calloc((size_t)(len ? len : 1), sizeof *cnt), *start = malloc((size_t)(len ? len : 1) * sizeof *start);
+    int32_t *list = malloc((size_t)(len ? len : 1) * sizeof *list);
+    if (!cnt || !start || !list) st = ekv_err(EKV_ERR_NOMEM, "out of memory for a merge of %d entries", (int)len);
+    for (int32_t j = 0; st == EKV_OK && j < len; j++) /* cnt[t]: entries that join t */
+        if (into[j] >= 0 && into[j] != j) cnt[into[j]]++;
+    int32_t at = 0;
+    for (int32_t t = 0; st == EKV_OK && t < len; t++) {
+        start[t] = at;
+        if (into[t] == t) list[at] = t, at += 1 + cnt[t];
+    }
+    for (int32_t t = 0; st == EKV_OK && t < len; t++) cnt[t] = 0;
+    for (int32_t j = 0; st == EKV_OK && j < len; j++) {
+        const int32_t t = into[j];
+        if (t >= 0 && t != j) list[start[t] + 1 + cnt[t]++] = j;
+    }
+    for (int side = 0; side < 2 && st == EKV_OK; side++) {
+        const float *const *of = side ? v_of : k_of;
+        const size_t first = m->n_pairs;
+        uint32_t e = 0;
+        for (int32_t j = 0; j < len && st == EKV_OK; j++) {
+            if (into[j] != j) continue;
+            uint32_t src = (uint32_t)j;
+            if (of && of[j]) {
+                st = stage_row(m, side, of[j], &src);
+            } else if (!of && cnt[j] > 0) { /* a mean of 1 + cnt[j] rows, on the device */
+                st = stage_blank(m, side, &src);
+                const uint32_t nmem = (uint32_t)cnt[j] + 1;
+                if (st == EKV_OK) st = grow((void **)&m->members, &m->cap_members, m->n_members + nmem, 8);
+                if (st == EKV_OK) st = grow((void **)&m->means, &m->cap_means, m->n_means + 1, sizeof *m->means);
+                if (st != EKV_OK) break;
+                m->means[m->n_means++] = (struct mg_mean){.il = il, .hk = hk, .side = side, .row = src & ~MG_HI,
+                                                          .first = (uint32_t)m->n_members, .n = nmem};
+                for (uint32_t i = 0; i < nmem; i++) {
+                    const int32_t mj = list[start[j] + (int32_t)i];
+                    m->members[2 * m->n_members] = (uint32_t)mj;
+                    memcpy(&m->members[2 * m->n_members + 1], &w[mj], 4);
+                    m->n_members++;
+                }
+            }
+            if (st == EKV_OK && src != e) st = add_pair(m, e, src);
+            e++;
+        }
+        if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
+    }
+    free(cnt), free(start), free(list);
+    return st;
+}
+
 static enum ekv_status dev_write(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n,
                                  const float *k, const float *v) {
     struct ekv_vk_mg *m = user;
@@ -336,6 +442,7 @@ static enum ekv_status read_head(struct ekv_vk_mg *m, int il, int hk, int32_t le
     m->rc_il = il;
     m->rc_hk = hk;
     m->rc_len = len;
+    m->n_read_back++;
     return EKV_OK;
 }
 
@@ -459,9 +566,12 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     enum ekv_status st = ekv_vk_buf_new(g->vk, (size_t)s->n_layer * m->meta_words * 4, true, "GPU cache lengths", &m->meta);
     if (st != EKV_OK) return st;
     st = ekv_vk_prepare(g->vk, EKV_VK_KV_COMPACT);
+    if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_kv_merge_pipe(s->k.type));
+    if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_kv_merge_pipe(s->v.type));
     if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_attn_stats_pipe(s->k.type));
     if (st != EKV_OK) return st;
-    m->dev = (struct ekv_kv_dev){.user = m, .compact = dev_compact, .read = dev_read, .write = dev_write};
+    m->dev = (struct ekv_kv_dev){.user = m, .compact = dev_compact, .merge = dev_merge, .read = dev_read,
+                                 .write = dev_write};
     seq->kv->dev = &m->dev;
     return EKV_OK;
 }
@@ -479,6 +589,8 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     free(m->pending);
     free(m->plans);
     free(m->pairs);
+    free(m->means);
+    free(m->members);
     free(m->stage[0]);
     free(m->stage[1]);
     free(m->rc_k);
@@ -487,6 +599,8 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     free(m);
     s->mg = NULL;
 }
+
+uint64_t ekv_vk_mg_read_backs(const struct ekv_vk_mg *m) { return m ? m->n_read_back : 0; }
 
 uint64_t ekv_vk_mg_meta(const struct ekv_vk_mg *m, int il) {
     return m->meta.addr + (uint64_t)il * m->meta_words * 4;

@@ -107,7 +107,11 @@ list(APPEND EKV_VK_PIPES
   "attn_stats_f16|attn_stats.comp|KT=KV_F16"
   "attn_stats_q8_0|attn_stats.comp|KT=KV_Q8_0"
   "attn_stats_q4_0|attn_stats.comp|KT=KV_Q4_0"
-  "kv_compact|kv_compact.comp|")
+  "kv_compact|kv_compact.comp|"
+  "kv_merge_f32|kv_merge.comp|ST=KV_F32"
+  "kv_merge_f16|kv_merge.comp|ST=KV_F16"
+  "kv_merge_q8_0|kv_merge.comp|ST=KV_Q8_0"
+  "kv_merge_q4_0|kv_merge.comp|ST=KV_Q4_0")
 
 # Extra defines for every shader, for measuring a variant side by side
 # (e.g. -DEKV_VK_SHADER_DEFS=NAME in a second build directory, with an

@@ -52,7 +52,9 @@ enum ekv_vk_pipe {
     /* attn_stats.comp per key row type (f32, f16, q8_0, q4_0): ekv_vk_attn_stats_pipe() */
     EKV_VK_ATTN_STATS_FIRST,
     EKV_VK_KV_COMPACT = EKV_VK_ATTN_STATS_FIRST + 4,
-    EKV_VK_PIPE_COUNT
+    /* kv_merge.comp per row type: ekv_vk_kv_merge_pipe() */
+    EKV_VK_KV_MERGE_FIRST,
+    EKV_VK_PIPE_COUNT = EKV_VK_KV_MERGE_FIRST + 4
 };
 
 /* Weight types of matvec.comp, in pipeline order. */
@@ -90,6 +92,11 @@ static inline enum ekv_vk_pipe ekv_vk_attn_pipe(enum ekv_kv_type k, enum ekv_kv_
 /* attn_stats.comp for a key row type. */
 static inline enum ekv_vk_pipe ekv_vk_attn_stats_pipe(enum ekv_kv_type k) {
     return (enum ekv_vk_pipe)(EKV_VK_ATTN_STATS_FIRST + ekv_vk_kv_index(k));
+}
+
+/* kv_merge.comp for a row type. */
+static inline enum ekv_vk_pipe ekv_vk_kv_merge_pipe(enum ekv_kv_type t) {
+    return (enum ekv_vk_pipe)(EKV_VK_KV_MERGE_FIRST + ekv_vk_kv_index(t));
 }
 
 /* Lists the Vulkan devices (ekv_devices_list in ekv.h). */

@@ -40,6 +40,7 @@ struct ekv_vk_pc_attn_stats {
     uint32_t cap, wrow, s_colsum, s_sumsq, s_last, s_win, s_bin, sparsity;
     float scale, sparsity_p;
 };
+struct ekv_vk_pc_kv_merge { uint64_t base, stage, table, members; uint32_t H, C, D, rw, srw; };
 struct ekv_vk_pc_kv_compact { uint64_t base, plan, stage, table; uint32_t rw, sph, p0h, srw; };
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
 

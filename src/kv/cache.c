@@ -423,14 +423,16 @@ static void head_where(const struct ekv_kv *kv, const struct ekv_kv_head *h, int
  * per-entry arrays always compact; a store that cannot (no memory to
  * re-pack KIVI key groups) reports it. */
 static enum ekv_status head_compact(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep,
-                                    const float *const *k_of, const float *const *v_of) {
+                                    const float *const *k_of, const float *const *v_of, const int32_t *into,
+                                    const float *w0) {
     const uint64_t before = head_alloc(kv, h);
     enum ekv_status s = EKV_OK, s2 = EKV_OK;
     if (kv->dev) {
         int il, hk;
         head_where(kv, h, &il, &hk);
-        s = il < 0 ? ekv_err(EKV_ERR_INVALID_ARG, "kv cache: the head is not one of this cache's")
-                   : kv->dev->compact(kv->dev->user, il, hk, h->len, keep, k_of, v_of);
+        if (il < 0) s = ekv_err(EKV_ERR_INVALID_ARG, "kv cache: the head is not one of this cache's");
+        else if (into) s = kv->dev->merge(kv->dev->user, il, hk, h->len, into, w0, k_of, v_of);
+        else s = kv->dev->compact(kv->dev->user, il, hk, h->len, keep, k_of, v_of);
     } else {
         s = ekv_store_compact(&kv->fk, &h->ks, h->len, keep, k_of);
         s2 = ekv_store_compact(&kv->fv, &h->vs, h->len, keep, v_of);
@@ -451,7 +453,7 @@ enum ekv_status ekv_kv_head_keep(struct ekv_kv *kv, struct ekv_kv_head *h, const
     double dropped = 0.0;
     for (int32_t j = 0; j < h->len; j++)
         if (!keep[j]) dropped += h->weight[j];
-    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL);
+    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL, NULL, NULL);
     h->n_evicted += (int64_t)llround(dropped);
     head_maybe_shrink(kv, h);
     return s;
@@ -476,7 +478,7 @@ enum ekv_status ekv_kv_head_keep_idx(struct ekv_kv *kv, struct ekv_kv_head *h, c
     uint8_t *keep = calloc((size_t)(h->len ? h->len : 1), 1);
     if (!keep) return ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_keep_idx: out of memory for %d entries", (int)h->len);
     for (int32_t t = 0; t < n; t++) keep[idx[t]] = 1;
-    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL);
+    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL, NULL, NULL);
     free(keep);
     h->n_evicted += (int64_t)llround(total - kept);
     head_maybe_shrink(kv, h);
@@ -653,6 +655,8 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
     double *acc = NULL;   /* [n_targets][d]: weighted sums of one side */
     double *wsum = NULL;  /* [n_targets] */
     float *rows = NULL;   /* [2][n_targets][d] new K rows, new V rows, then a scratch row [d] */
+    float *w0 = NULL;     /* [len] weights before the merge, for a device that computes the means */
+    const bool dev_mean = kv->dev && kv->dev->merge;
     int32_t *tidx = NULL; /* [n_targets] survivor index of each slot */
     const float **row_of = NULL; /* [2][len] new row of each survivor (K, V) or NULL */
     enum ekv_status s = EKV_OK;
@@ -662,12 +666,14 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
         rows = malloc((2 * (size_t)n_targets + 1) * d * sizeof *rows);
         tidx = malloc((size_t)n_targets * sizeof *tidx);
         row_of = calloc(2 * nl, sizeof *row_of);
-        if (!acc || !wsum || !rows || !tidx || !row_of) {
+        if (dev_mean) w0 = malloc(nl * sizeof *w0);
+        if (!acc || !wsum || !rows || !tidx || !row_of || (dev_mean && !w0)) {
             s = ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_merge: out of memory for %d merge targets", (int)n_targets);
             goto out;
         }
     }
     double merged = 0.0, dropped = 0.0;
+    if (w0) memcpy(w0, h->weight, (size_t)len * sizeof *w0);
     for (int32_t j = 0; j < len; j++) { /* survivors' own weights first, as in merge_accumulate */
         if (into[j] == j && slot[j] >= 0) {
             wsum[slot[j]] += h->weight[j];
@@ -699,6 +705,8 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
         if (given) {
             for (int32_t a = 0; a < n_targets; a++)
                 memcpy(out_rows + (size_t)a * d, given + (size_t)tidx[a] * d, d * sizeof(float));
+        } else if (dev_mean) {
+            continue; /* the device computes this side's means (kv->dev->merge) */
         } else {
             memset(acc, 0, (size_t)n_targets * d * sizeof *acc);
             s = merge_accumulate(kv, h, is_v, into, slot, acc, rows + 2 * (size_t)n_targets * d);
@@ -712,7 +720,11 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
         keep[j] = (into[j] == j);
         if (keep[j] && slot[j] >= 0) h->weight[j] = (float)wsum[slot[j]];
     }
-    s = head_compact(kv, h, keep, row_of, row_of ? row_of + nl : NULL);
+    if (dev_mean) /* rows given by the caller only; the device averages the other sides */
+        s = head_compact(kv, h, keep, row_of && k_set ? row_of : NULL, row_of && v_set ? row_of + nl : NULL,
+                         n_targets > 0 ? into : NULL, w0);
+    else
+        s = head_compact(kv, h, keep, row_of, row_of ? row_of + nl : NULL, NULL, NULL);
     h->n_merged += (int64_t)llround(merged);
     h->n_evicted += (int64_t)llround(dropped);
     head_maybe_shrink(kv, h);
@@ -724,6 +736,7 @@ out:
     free(rows);
     free(tidx);
     free(row_of);
+    free(w0);
     return s;
 }
 

@@ -77,6 +77,14 @@ struct ekv_kv_dev {
      * [n][head_dim] (either may be NULL). */
     enum ekv_status (*read)(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n, float *k,
                             float *v);
+    /* A merge (ekv_kv_head_merge's into[] convention): as compact with
+     * keep[j] = (into[j] == j), and every kept entry t that others join gets
+     * on each side without rows given (k_of / v_of NULL) the mean of its own
+     * and its members' rows weighted by w[] (the weights before the merge),
+     * computed by the device. Optional: NULL = the means are computed here
+     * from rows read back. */
+    enum ekv_status (*merge)(void *user, int il, int hk, int32_t len, const int32_t *into, const float *w,
+                             const float *const *k_of, const float *const *v_of);
     /* Overwrites rows idx[0..n) (distinct, valid) with k / v [n][head_dim]
      * (NULL: that side unchanged). */
     enum ekv_status (*write)(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n,

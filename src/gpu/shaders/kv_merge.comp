@@ -1,0 +1,67 @@
+#version 450
+// kv_merge.comp — a compressing policy's weighted merges on the device
+// (backend_vk_policy.c, ekv_kv_head_merge's rule): workgroup t of the table
+// {KV head, stage row, first member, members} averages the rows of its
+// members — the surviving entry first, then the entries that join it in
+// index order, each weighted by the tokens it stood for — and writes the
+// mean, quantised as the side's type (-DST=; the quantisers are the CPU's,
+// kvq_quant.glsl), into a stage row, from which kv_compact.comp then puts
+// it in place. Run before the compaction of the same plans, so every
+// member is read where it was.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#include "common.glsl"
+#include "kvq.glsl"
+#if ST == KV_F32 || ST == KV_F16
+#define KVQ_NO_F64
+#endif
+#include "kvq_quant.glsl"
+layout(local_size_x = 64) in;
+layout(push_constant) uniform P {
+    U32 base; U32 stage; U32 table; U32 members;
+    uint H; uint C; uint D; uint rw; uint srw;
+} pc;
+shared float sx[256];
+
+void main() {
+    const uint t = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x, D = pc.D;
+    const uint hk = pc.table.d[4u * t], row = pc.table.d[4u * t + 1u];
+    const uint first = pc.table.d[4u * t + 2u], n = pc.table.d[4u * t + 3u];
+    KvSide s = KvSide(pc.base, F16(pc.base), pc.H, pc.C, D, 1u, 0u, 0u, 0u, 0u);
+    for (uint c = tid; c < D; c += 64u) {
+        float acc = 0.0, ws = 0.0;
+        for (uint i = 0u; i < n; i++) {
+            const uint j = pc.members.d[2u * (first + i)];
+            const float w = uintBitsToFloat(pc.members.d[2u * (first + i) + 1u]);
+            acc += w * kv_elem(ST, false, s, hk, j, c);
+            ws += w;
+        }
+        sx[c] = acc / ws;
+    }
+    barrier();
+    const uint o = row * pc.srw;
+    if (ST == KV_F32) {
+        for (uint c = tid; c < D; c += 64u) pc.stage.d[o + c] = floatBitsToUint(sx[c]);
+    } else if (ST == KV_F16) {
+        for (uint c = 2u * tid; c < D; c += 128u) pc.stage.d[o + c / 2u] = f16_bits(sx[c]) | (f16_bits(sx[c + 1u]) << 16);
+    }
+#ifndef KVQ_NO_F64
+    else {
+        for (uint b = tid; b < D / 32u; b += 64u) {
+            float x[32];
+            [[unroll]] for (uint i = 0; i < 32u; i++) x[i] = sx[32u * b + i];
+            uint sc;
+            if (ST == KV_Q8_0) {
+                uint w[8];
+                sc = quant_q8_0(x, w);
+                [[unroll]] for (uint k = 0; k < 8u; k++) pc.stage.d[o + 8u * b + k] = w[k];
+            } else {
+                uint w[4];
+                sc = quant_q4_0(x, w);
+                [[unroll]] for (uint k = 0; k < 4u; k++) pc.stage.d[o + 4u * b + k] = w[k];
+            }
+            U16(pc.stage).d[2u * (o + pc.rw) + b] = uint16_t(sc);
+        }
+    }
+#endif
+}
