@@ -20,6 +20,8 @@
  *   logits equal the GPU's full cache bit for bit;
  * - batched decode of sequences with different policies and storage types
  *   in one forward == each alone, bit for bit;
+ * - out of device memory mid-run (injected): the sequence whose cache must
+ *   grow fails cleanly and can go on, another one goes on undisturbed;
  * - what stays on the CPU (KIVI with a compressing policy) is refused with
  *   a reason on a named device.
  */
@@ -33,6 +35,7 @@
 #include "core/util.h"
 #include "engine/backend_vk.h"
 #include "engine/engine.h"
+#include "gpu/vk.h"
 #include "kv/kv.h"
 #include "testutil.h"
 
@@ -399,6 +402,58 @@ out:
     ekv_context_free(cx);
 }
 
+/* Out of device memory mid-run: the sequence whose cache must grow fails
+ * with a clear error (its cache as it was: it can go on), another sequence
+ * on the same device goes on, equal to runs that never saw the failure. */
+static void test_oom(const struct ekv_model *m) {
+    struct ekv_context *cx = ctx_on(m, g_dev), *cr = ctx_on(m, g_dev);
+    if (!cx || !cr) {
+        ekv_context_free(cx), ekv_context_free(cr);
+        return;
+    }
+    struct ekv_kv_params kp = kv_params("h2o", 0.5, EKV_KV_F16);
+    struct ekv_seq *a = NULL, *b = NULL, *ra = NULL, *rb = NULL, *w = NULL;
+    const int32_t V = m->info.n_vocab;
+    float *l1 = malloc(sizeof(float) * V), *l2 = malloc(sizeof(float) * V);
+    int32_t *twice = malloc(sizeof(int32_t) * 2 * N_PROMPT);
+    for (int32_t i = 0; i < 2 * N_PROMPT; i++) twice[i] = g_toks[i % N_PROMPT];
+    /* the forward's scratch sized for 2 N_PROMPT rows first, so that only the cache needs memory later */
+    CHECK_OK(ekv_seq_new(cx, &kp, &w));
+    if (w) CHECK_OK(ekv_seq_prefill(w, twice, 2 * N_PROMPT, l1));
+    ekv_seq_free(w);
+    CHECK_OK(ekv_seq_new(cx, &kp, &a));
+    CHECK_OK(ekv_seq_new(cx, &kp, &b));
+    CHECK_OK(ekv_seq_new(cr, &kp, &ra));
+    CHECK_OK(ekv_seq_new(cr, &kp, &rb));
+    if (!a || !b || !ra || !rb) goto out;
+    CHECK_OK(ekv_seq_prefill(a, g_toks, 16, l1));
+    CHECK_OK(ekv_seq_prefill(ra, g_toks, 16, l1));
+    CHECK_OK(ekv_seq_prefill(b, g_toks + 3, 16, l1));
+    CHECK_OK(ekv_seq_prefill(rb, g_toks + 3, 16, l1));
+    ekv_vk_fail_allocs_after(cx->gpu->vk, 0);
+    const enum ekv_status s = ekv_seq_prefill(a, twice, 2 * N_PROMPT, l1); /* a's cache must grow: no memory */
+    CHECK_MSG(s == EKV_ERR_NOMEM && strstr(ekv_last_error(), "device memory"), "%s: %s", ekv_status_str(s),
+              ekv_last_error());
+    bool same = true;
+    for (int step = 0; step < 20; step++) { /* b goes on, without needing memory */
+        CHECK_OK(ekv_seq_decode(b, g_toks[20 + step], l1));
+        CHECK_OK(ekv_seq_decode(rb, g_toks[20 + step], l2));
+        same = same && !memcmp(l1, l2, sizeof(float) * V);
+    }
+    ekv_vk_fail_allocs_after(cx->gpu->vk, -1);
+    for (int step = 0; step < 8; step++) { /* and a too, once memory is back */
+        CHECK_OK(ekv_seq_decode(a, g_toks[30 + step], l1));
+        CHECK_OK(ekv_seq_decode(ra, g_toks[30 + step], l2));
+        same = same && !memcmp(l1, l2, sizeof(float) * V);
+    }
+    CHECK_MSG(same, "after a failed allocation the sequences differ from runs without it");
+    check_validation(cx);
+out:
+    ekv_seq_free(a), ekv_seq_free(b), ekv_seq_free(ra), ekv_seq_free(rb);
+    free(l1), free(l2), free(twice);
+    ekv_context_free(cx), ekv_context_free(cr);
+}
+
 static void test_refused(void) {
     char path[96];
     struct ekv_model *m = model_b(path, sizeof path);
@@ -411,6 +466,12 @@ static void test_refused(void) {
     ekv_context_free(cx);
     ekv_model_free(m);
     remove(path);
+}
+
+/* EKV_GPU_TEST_ONLY=name[,name...] runs only those parts (ctest runs them all) */
+static bool only(const char *name) {
+    const char *e = getenv("EKV_GPU_TEST_ONLY");
+    return !e || !*e || strstr(e, name) != NULL;
 }
 
 int main(void) {
@@ -426,10 +487,11 @@ int main(void) {
     CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &m));
     if (!m) return test_finish("test_gpu_policy");
     CHECK(make_tokens(m));
-    test_stats(m);
-    test_policies(m);
-    test_batched(m);
-    test_refused();
+    if (only("stats")) test_stats(m);
+    if (only("policies")) test_policies(m);
+    if (only("batched")) test_batched(m);
+    if (only("oom")) test_oom(m);
+    if (only("refused")) test_refused();
     ekv_model_free(m);
     return test_finish("test_gpu_policy");
 }

@@ -478,6 +478,7 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
     struct ekv_vk_seq ns = *s;
     ns.cap = newcap;
     struct ekv_vk_side nsd[2] = {s->k, s->v};
+    nsd[0].buf = nsd[1].buf = NULL; /* the new buffers, none yet */
     if (!ekv_vk_side_layout(&nsd[0], &ns) || !ekv_vk_side_layout(&nsd[1], &ns))
         return ekv_err(EKV_ERR_OVERFLOW, "a cache of %d entries per head is too large for one GPU buffer per layer",
                        (int)newcap);
@@ -678,9 +679,8 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
     if (st == EKV_OK && need > m->s->cap) { /* room for the part's rows: a larger cache (copies recorded first) */
         lengths(kv, m->L0);
         const int64_t nc = EKV_MIN((int64_t)m->s->n_ctx, EKV_MAX(need, (int64_t)m->s->cap + m->s->cap / 2));
-        st = mg_resize(m, (int32_t)nc, m->L0, true);
-        m->moved = true; /* tried: a recording that does not run loses the rows */
-        if (st != EKV_OK) part->seq->broken = true;
+        st = mg_resize(m, (int32_t)nc, m->L0, true); /* on failure the cache is as it was */
+        if (st == EKV_OK) m->moved = true; /* a recording that does not run now loses the rows */
     }
     if (st == EKV_OK) st = ekv_kv_begin(kv, step);
     if (st != EKV_OK) {

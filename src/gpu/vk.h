@@ -139,6 +139,9 @@ enum ekv_status ekv_vk_prepare(struct ekv_vk *vk, enum ekv_vk_pipe p);
 enum ekv_status ekv_vk_buf_new(struct ekv_vk *vk, size_t bytes, bool host_visible, const char *what,
                                struct ekv_vk_buf *b);
 void ekv_vk_buf_free(struct ekv_vk *vk, struct ekv_vk_buf *b);
+/* Tests: the next n buffer allocations succeed, every later one fails with
+ * EKV_ERR_NOMEM as out of device memory would (n < 0: off). */
+void ekv_vk_fail_allocs_after(struct ekv_vk *vk, int64_t n);
 
 /* Copies host bytes into / out of a device buffer at an offset, through
  * the staging buffer (waits for completion; not for the hot path). */

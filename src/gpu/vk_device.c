@@ -240,6 +240,7 @@ enum ekv_status ekv_vk_open(const char *spec, struct ekv_vk **out) {
     enum ekv_status s = parse_spec(spec, &want, &required);
     if (s != EKV_OK) return s;
     struct ekv_vk *vk = calloc(1, sizeof *vk);
+    if (vk) vk->fail_after = -1;
     if (!vk) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     s = instance_new(vk, &vk->instance, &vk->messenger);
     if (s != EKV_OK) {

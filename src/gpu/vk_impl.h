@@ -38,6 +38,7 @@ struct ekv_vk {
     uint32_t mem_device;        /* memory type indices */
     uint32_t mem_host;
     VkDeviceSize max_alloc;     /* maxMemoryAllocationSize */
+    int64_t fail_after;         /* tests: allocations that succeed before each one fails (-1: off) */
     struct ekv_vk_buf staging;  /* host-visible, for uploads and read-backs */
     bool recording;
     enum ekv_status record_status; /* first failure while recording */

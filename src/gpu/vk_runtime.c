@@ -171,6 +171,8 @@ enum ekv_status ekv_vk_buf_new(struct ekv_vk *vk, size_t bytes, bool host_visibl
     if (vk->max_alloc && n > vk->max_alloc)
         return ekv_err(EKV_ERR_NOMEM, "%s: %zu bytes exceed the device's largest allocation (%llu)", what, n,
                        (unsigned long long)vk->max_alloc);
+    if (vk->fail_after == 0) return ekv_err(EKV_ERR_NOMEM, "%s: out of device memory (%zu bytes; injected)", what, n);
+    if (vk->fail_after > 0) vk->fail_after--;
     VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = n,
                              .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                                       VK_BUFFER_USAGE_TRANSFER_DST_BIT | VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT,
@@ -217,6 +219,8 @@ enum ekv_status ekv_vk_buf_new(struct ekv_vk *vk, size_t bytes, bool host_visibl
     }
     return EKV_OK;
 }
+
+void ekv_vk_fail_allocs_after(struct ekv_vk *vk, int64_t n) { vk->fail_after = n < 0 ? -1 : n; }
 
 void ekv_vk_buf_free(struct ekv_vk *vk, struct ekv_vk_buf *b) {
     if (!vk || !b || !b->buffer) return;
