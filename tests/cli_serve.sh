@@ -364,6 +364,17 @@ if start_server gpu -m models/stories260K.gguf --device "$GDEV" -c 512 -t 2 --pr
   [ "$same" = 16 ] && ok || bad "GPU server: $same of 16 concurrent mixed-policy answers equal the answer alone"
   [ "$(curl -s "$URL/metrics" | sed -n 's/^ekv_device_bytes //p')" -gt 0 ] && ok || bad "GPU server: ekv_device_bytes"
   stop_server gpu && ok || bad "GPU server exit"
+  # --kv-mem on a GPU counts the device's buffers: a full cache takes all of -c (512 positions of
+  # stories260K in f16: 0.31 MiB), a compressed one what it keeps (with its growth slack)
+  if start_server gpumem -m models/stories260K.gguf --device "$GDEV" -c 512 -t 2 --kv-mem 0.2; then
+    code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 8}')
+    [ "$code" = 400 ] && grep -q kv_mem_exceeded "$T/r" && ok || bad "GPU --kv-mem, full cache: $code $(head -c 300 "$T/r")"
+    code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 8, "kv": {"policy": "h2o", "budget": 0.2}}')
+    [ "$code" = 200 ] && ok || bad "GPU --kv-mem, h2o at 0.2: $code $(head -c 300 "$T/r")"
+    stop_server gpumem && ok || bad "GPU --kv-mem server exit"
+  else
+    bad "the --kv-mem server does not start on $GDEV"
+  fi
   SRV_ENV=()
 else
   bad "the server does not start on $GDEV"

@@ -152,6 +152,7 @@ struct srv {
     struct ekv_model *model;
     struct ekv_model_info mi;
     struct ekv_context *ctx;      /* the engine thread's */
+    bool on_gpu;                  /* ctx runs on a GPU: --kv-mem counts the device's buffers */
     struct ekv_vision *vision;    /* --mmproj, or NULL (read-only, shared by HTTP threads) */
     bool locks;                   /* mu and engine_cv initialised */
     long long t_epoch;            /* Unix time at start ("created" fields) */

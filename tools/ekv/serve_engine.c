@@ -103,6 +103,24 @@ static void job_error(struct srv_job *j, int status, const char *what, enum ekv_
 /* submission and release (HTTP threads)                                */
 /* ------------------------------------------------------------------ */
 
+/* On a GPU, --kv-mem holds what the device allocates: a full cache takes
+ * the whole context at its start; a compressed one grows to at most 1.5 x
+ * what it needs, plus 64 entries per head (engine/backend_vk_policy.c). */
+static void device_projection(const struct srv *srv, const struct ekv_kv_params *kv, struct ekv_kv_projection *p) {
+    struct ekv_kv_projection c;
+    struct ekv_kv_params full = *kv;
+    full.policy = "full";
+    full.budget = 1.0;
+    full.max_tokens = 0;
+    if (!kv->policy || !strcmp(kv->policy, "full")) {
+        if (ekv_kv_project(srv->model, &full, srv->cfg.n_ctx, 0, &c) == EKV_OK) p->bytes_peak = p->bytes_final = c.bytes_final;
+        return;
+    }
+    const uint64_t slack = ekv_kv_project(srv->model, &full, 64, 0, &c) == EKV_OK ? c.bytes_final : 0;
+    p->bytes_peak += p->bytes_peak / 2 + slack;
+    p->bytes_final += p->bytes_final / 2 + slack;
+}
+
 struct srv_job *srv_submit(struct srv *srv, struct srv_request *req, struct srv_error *e) {
     const struct srv_config *cfg = &srv->cfg;
     const int64_t n_prompt = req->n_tokens;
@@ -120,6 +138,7 @@ struct srv_job *srv_submit(struct srv *srv, struct srv_request *req, struct srv_
         srv_fail(e, 400, "invalid_request_error", "kv", "invalid_kv", "kv: %s", ekv_last_error());
         return NULL;
     }
+    if (srv->on_gpu) device_projection(srv, &req->kv, &proj);
     const uint64_t need = proj.bytes_peak > proj.bytes_final ? proj.bytes_peak : proj.bytes_final;
     if (cfg->kv_mem && need > cfg->kv_mem) {
         srv_fail(e, 400, "invalid_request_error", "max_tokens", "kv_mem_exceeded",
@@ -215,7 +234,7 @@ static void account_locked(struct srv *srv) {
         if (j->seq) ekv_seq_kv_stats(j->seq, &st);
         used += st.bytes;
         alloc += st.bytes_alloc;
-        j->reserve = job_reserve(j, st.bytes);
+        j->reserve = job_reserve(j, srv->on_gpu ? st.bytes_alloc : st.bytes); /* a GPU: its buffers */
         reserved += j->reserve;
     }
     srv->kv_used = used;
@@ -542,6 +561,7 @@ static void *engine_main(void *arg) {
 }
 
 enum ekv_status srv_engine_start(struct srv *srv) {
+    srv->on_gpu = strcmp(ekv_context_device(srv->ctx), "cpu") != 0;
     srv->st.device_bytes = ekv_context_device_bytes(srv->ctx); /* before the engine owns ctx */
     srv->st.device_peak_bytes = ekv_context_device_peak_bytes(srv->ctx);
     if (pthread_create(&srv->engine, NULL, engine_main, srv) != 0)
