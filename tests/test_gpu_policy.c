@@ -282,6 +282,25 @@ static void run_case_n(const struct ekv_model *m, struct ekv_context *cg, struct
         bad_steps += heads_differ(sg->kv, sc->kv) != 0;
     }
     const uint64_t read_backs = ekv_vk_mg_read_backs(sg->gpu->mg); /* before this test reads the rows */
+    if (sg->kv->logit_bias) { /* the device's biases: log(weight) of each entry, 0 past each head's entries */
+        const int32_t cap = sg->gpu->cap, H = sg->kv->n_head_kv;
+        float *b = malloc(sizeof(float) * (size_t)H * cap);
+        int bad = 0, merged = 0;
+        for (int il = 0; il < sg->kv->n_layer; il++) {
+            CHECK_OK(ekv_vk_mg_read_bias(sg->gpu->mg, il, b));
+            for (int hk = 0; hk < H; hk++) {
+                const struct ekv_kv_head *h = &sg->kv->layers[il].heads[hk];
+                for (int32_t j = 0; j < cap; j++) {
+                    const float want = j < h->len && h->weight[j] != 1.0f ? logf(h->weight[j]) : 0.0f;
+                    bad += b[(size_t)hk * cap + j] != want;
+                    merged += j < h->len && h->weight[j] != 1.0f;
+                }
+            }
+        }
+        CHECK_MSG(bad == 0, "%s %.1f %s: %d logit biases differ from log(weight)", pol, budget, ekv_kv_type_name(t), bad);
+        if (budget < 1.0) CHECK(merged > 0);
+        free(b);
+    }
     const double rows = rows_diff(sg->kv, sc->kv);
     const double ppl_g = exp(nll_g / N_STEPS), ppl_c = exp(nll_c / N_STEPS);
     struct ekv_kv_stats st;

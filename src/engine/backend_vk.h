@@ -127,6 +127,9 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s);
 enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_part *part);
 /* Device address of layer il's meta (lengths before the part, logit biases). */
 uint64_t ekv_vk_mg_meta(const struct ekv_vk_mg *m, int il);
+/* Tests: layer il's logit biases as the device holds them, [H][cap] floats
+ * (EKV_ERR_INVALID_ARG without biases). */
+enum ekv_status ekv_vk_mg_read_bias(const struct ekv_vk_mg *m, int il, float *out);
 /* Heads read back to the host so far (a policy that reads rows itself). */
 uint64_t ekv_vk_mg_read_backs(const struct ekv_vk_mg *m);
 /* The longest head of layer il once the part's rows are in. */

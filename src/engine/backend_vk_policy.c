@@ -73,8 +73,11 @@ struct ekv_vk_mg {
     struct ekv_seq *seq;
     struct ekv_vk_seq *s;
     struct ekv_kv_dev dev;
-    struct ekv_vk_buf meta;    /* host-visible [n_layer][meta_words] u32: L0 [H], has_bias, bias [H][C] f32 */
+    struct ekv_vk_buf meta;    /* host-visible [n_layer][meta_words] u32: L0 [H], has_bias, the layer's bias address */
     uint32_t meta_words;
+    /* with logit biases (elastic-v2:bias=1): [n_layer] device buffers [H][cap] f32 of log(weight), 0 past each
+     * head's entries; planned like a side of one-word rows ("side" 2), so the host writes only what changes */
+    struct ekv_vk_buf *bias;
     int32_t *L0;               /* [n_layer][H] entries of each head before the part */
     int32_t *maxlen;           /* [n_layer] the longest head after the part */
     /* the statistics of the forward: [n_layer][n_slot][H][st_cap] f32, then zeros [n_layer][H][nblk] u32 */
@@ -97,9 +100,9 @@ struct ekv_vk_mg {
     size_t n_means, cap_means;
     uint32_t *members;         /* [2 * n_members] entry, weight (float bits) */
     size_t n_members, cap_members;
-    uint32_t *stage[2];        /* [rows][srw[side]] words */
-    size_t n_stage[2], cap_stage[2];
-    uint32_t srw[2], rw[2], sph[2];
+    uint32_t *stage[3];        /* [rows][srw[side]] words; side 2: the biases */
+    size_t n_stage[3], cap_stage[3];
+    uint32_t srw[3], rw[3], sph[3];
     uint8_t *pending;          /* [n_layer][H] a plan of the head waits */
     /* a head read back: rows [0, rc_len) of (rc_il, rc_hk) as floats */
     int32_t rc_il, rc_hk, rc_len;
@@ -165,6 +168,8 @@ static void cpu_to_dev(enum ekv_kv_type t, uint32_t D, const uint8_t *cpu, uint8
 }
 
 static struct ekv_vk_side *side_of(struct ekv_vk_mg *m, int side) { return side ? &m->s->v : &m->s->k; }
+static int n_sides(const struct ekv_vk_mg *m) { return m->bias ? 3 : 2; }
+#define MG_ZERO 0xffffffffu /* kv_compact.comp: write 0 */
 
 /* ---- plans ---- */
 
@@ -194,15 +199,16 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
     const struct ekv_vk_seq *s = m->s;
     const size_t tab_words = 3 * (size_t)m->n_plans, pair_words = 2 * m->n_pairs;
     const size_t mtab0 = tab_words + pair_words, mem0 = mtab0 + 4 * m->n_means; /* merges' table and members */
-    const size_t st_words = m->n_stage[0] + m->n_stage[1];
+    const size_t st_words = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
+    const size_t st_off[3] = {0, m->n_stage[0], m->n_stage[0] + m->n_stage[1]};
     enum ekv_status st = buf_fit(g->vk, &g->plan, (mem0 + 2 * m->n_members) * 4, true, "GPU cache plans");
     if (st == EKV_OK) st = buf_fit(g->vk, &g->stage, (st_words ? st_words : 1) * 4, true, "GPU cache staged rows");
     if (st != EKV_OK) return st;
     uint32_t *w = g->plan.host;
     memcpy(w + tab_words, m->pairs, pair_words * 4);
     uint32_t *sw = g->stage.host;
-    if (m->n_stage[0]) memcpy(sw, m->stage[0], m->n_stage[0] * 4);
-    if (m->n_stage[1]) memcpy(sw + m->n_stage[0], m->stage[1], m->n_stage[1] * 4);
+    for (int side = 0; side < 3; side++)
+        if (m->n_stage[side]) memcpy(sw + st_off[side], m->stage[side], m->n_stage[side] * 4);
     if (m->n_members) memcpy(w + mem0, m->members, 2 * m->n_members * 4);
     if ((st = ekv_vk_begin(g->vk)) != EKV_OK) return st;
     /* the merged entries' means first (they read the rows where they were),
@@ -221,7 +227,7 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
             if (t == t0) continue;
             const struct ekv_vk_side *sd = side_of(m, side);
             struct ekv_vk_pc_kv_merge pc = {
-                .base = sd->buf[il].addr, .stage = g->stage.addr + (side ? m->n_stage[0] * 4 : 0),
+                .base = sd->buf[il].addr, .stage = g->stage.addr + st_off[side] * 4,
                 .table = g->plan.addr + (mtab0 + 4 * t0) * 4, .members = g->plan.addr + mem0 * 4, .H = s->H,
                 .C = (uint32_t)s->cap, .D = s->D, .rw = m->rw[side], .srw = m->srw[side]};
             ekv_vk_dispatch(g->vk, ekv_vk_kv_merge_pipe(sd->type), &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
@@ -229,7 +235,7 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
     /* then one dispatch per (layer, side): a workgroup per planned head */
     t = 0;
     for (int32_t il = 0; il < s->n_layer; il++)
-        for (int side = 0; side < 2; side++) {
+        for (int side = 0; side < n_sides(m); side++) {
             const size_t t0 = t;
             for (int32_t i = 0; i < m->n_plans; i++) {
                 const struct mg_plan *p = &m->plans[i];
@@ -240,11 +246,11 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
                 t++;
             }
             if (t == t0) continue;
-            const struct ekv_vk_side *sd = side_of(m, side);
+            const struct ekv_vk_side *sd = side < 2 ? side_of(m, side) : NULL;
             struct ekv_vk_pc_kv_compact pc = {
-                .base = sd->buf[il].addr, .plan = g->plan.addr + tab_words * 4, .stage = g->stage.addr + (side ? m->n_stage[0] * 4 : 0),
-                .table = g->plan.addr + t0 * 12, .rw = m->rw[side], .sph = m->sph[side], .p0h = (uint32_t)(2 * sd->p0),
-                .srw = m->srw[side]};
+                .base = sd ? sd->buf[il].addr : m->bias[il].addr, .plan = g->plan.addr + tab_words * 4,
+                .stage = g->stage.addr + st_off[side] * 4, .table = g->plan.addr + t0 * 12, .rw = m->rw[side],
+                .sph = m->sph[side], .p0h = sd ? (uint32_t)(2 * sd->p0) : 0, .srw = m->srw[side]};
             ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
         }
     st = ekv_vk_submit(g->vk);
@@ -252,7 +258,7 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
     m->n_pairs = 0;
     m->n_means = 0;
     m->n_members = 0;
-    m->n_stage[0] = m->n_stage[1] = 0;
+    m->n_stage[0] = m->n_stage[1] = m->n_stage[2] = 0;
     memset(m->pending, 0, (size_t)s->n_layer * s->H);
     return st;
 }
@@ -271,6 +277,19 @@ static enum ekv_status stage_row(struct ekv_vk_mg *m, int side, const float *x, 
     memset(dst, 0, (size_t)srw * 4);
     cpu_to_dev(t, m->s->D, cpu, (uint8_t *)dst, (uint16_t *)(dst + m->rw[side]));
     m->n_stage[side] += srw;
+    *code = MG_HI | (uint32_t)row;
+    return EKV_OK;
+}
+
+/* Stages a logit bias (side 2): log(weight), 0 for weight 1 (attend.c's rule). */
+static enum ekv_status stage_bias(struct ekv_vk_mg *m, float weight, uint32_t *code) {
+    const size_t row = m->n_stage[2];
+    if (row >= MG_HI) return ekv_err(EKV_ERR_OVERFLOW, "too many staged rows");
+    enum ekv_status st = grow((void **)&m->stage[2], &m->cap_stage[2], row + 1, 4);
+    if (st != EKV_OK) return st;
+    const float b = weight != 1.0f ? logf(weight) : 0.0f;
+    memcpy(&m->stage[2][row], &b, 4);
+    m->n_stage[2]++;
     *code = MG_HI | (uint32_t)row;
     return EKV_OK;
 }
@@ -301,6 +320,27 @@ static enum ekv_status head_touch(struct ekv_vk_mg *m, int il, int hk) {
     return m->pending[(size_t)il * m->s->H + (size_t)hk] ? mg_flush(m) : EKV_OK;
 }
 
+/* The biases of head (il, hk) follow its entries: kept ones move (a
+ * survivor whose weight changed, w_old[j] != its weight now, gets its new
+ * log), the places past the kept ones become 0. */
+static enum ekv_status plan_bias(struct ekv_vk_mg *m, int il, int hk, int32_t len, const uint8_t *keep, const int32_t *into,
+                                 const float *w_old) {
+    if (!m->bias) return EKV_OK;
+    const float *w_now = m->seq->kv->layers[il].heads[hk].weight; /* survivors' new weights are set already */
+    const size_t first = m->n_pairs;
+    enum ekv_status st = EKV_OK;
+    uint32_t e = 0;
+    for (int32_t j = 0; j < len && st == EKV_OK; j++) {
+        if (keep ? !keep[j] : into[j] != j) continue;
+        uint32_t src = (uint32_t)j;
+        if (w_old && w_old[j] != w_now[j]) st = stage_bias(m, w_now[j], &src);
+        if (st == EKV_OK && src != e) st = add_pair(m, e, src);
+        e++;
+    }
+    for (uint32_t z = e; z < (uint32_t)len && st == EKV_OK; z++) st = add_pair(m, z, MG_ZERO);
+    return st == EKV_OK ? add_plan(m, il, hk, 2, first) : st;
+}
+
 static enum ekv_status dev_compact(void *user, int il, int hk, int32_t len, const uint8_t *keep,
                                    const float *const *k_of, const float *const *v_of) {
     struct ekv_vk_mg *m = user;
@@ -318,7 +358,7 @@ static enum ekv_status dev_compact(void *user, int il, int hk, int32_t len, cons
         }
         if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
     }
-    return st;
+    return st == EKV_OK ? plan_bias(m, il, hk, len, keep, NULL, NULL) : st;
 }
 
 /* A stage row the device fills (a merged entry's mean); its source code. */
@@ -384,7 +424,7 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
         if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
     }
     free(cnt), free(start), free(list);
-    return st;
+    return st == EKV_OK ? plan_bias(m, il, hk, len, NULL, into, w) : st;
 }
 
 static enum ekv_status dev_write(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n,
@@ -482,7 +522,14 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
     if (!ekv_vk_side_layout(&nsd[0], &ns) || !ekv_vk_side_layout(&nsd[1], &ns))
         return ekv_err(EKV_ERR_OVERFLOW, "a cache of %d entries per head is too large for one GPU buffer per layer",
                        (int)newcap);
-    enum ekv_status st = grow((void **)&g->old, &g->cap_old, (size_t)g->n_old + 2 * (size_t)s->n_layer + 1, sizeof *g->old);
+    enum ekv_status st = grow((void **)&g->old, &g->cap_old, (size_t)g->n_old + 3 * (size_t)s->n_layer + 1, sizeof *g->old);
+    struct ekv_vk_buf *nb = NULL; /* new logit biases */
+    if (st == EKV_OK && m->bias) {
+        nb = calloc((size_t)s->n_layer, sizeof *nb);
+        if (!nb) st = ekv_err(EKV_ERR_NOMEM, "out of memory");
+        for (int32_t il = 0; il < s->n_layer && st == EKV_OK; il++)
+            st = ekv_vk_buf_new(g->vk, (size_t)s->H * (size_t)newcap * 4, false, "GPU cache logit biases", &nb[il]);
+    }
     for (int side = 0; side < 2 && st == EKV_OK; side++) {
         nsd[side].buf = calloc((size_t)s->n_layer, sizeof *nsd[side].buf);
         if (!nsd[side].buf) st = ekv_err(EKV_ERR_NOMEM, "out of memory");
@@ -493,8 +540,16 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
     if (st != EKV_OK) {
         for (int side = 0; side < 2; side++)
             for (int32_t il = 0; nsd[side].buf && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &nsd[side].buf[il]);
-        free(nsd[0].buf), free(nsd[1].buf);
+        for (int32_t il = 0; nb && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &nb[il]);
+        free(nsd[0].buf), free(nsd[1].buf), free(nb);
         return st;
+    }
+    for (int32_t il = 0; nb && il < s->n_layer; il++) { /* zero, then each head's biases */
+        ekv_vk_fill(g->vk, &nb[il], 0, (size_t)s->H * (size_t)newcap * 4, 0);
+        for (uint32_t h = 0; h < s->H; h++) {
+            const uint64_t len = (uint64_t)lens[(size_t)il * s->H + h];
+            ekv_vk_copy(g->vk, &m->bias[il], h * (uint64_t)s->cap * 4, &nb[il], h * (uint64_t)newcap * 4, len * 4);
+        }
     }
     for (int side = 0; side < 2; side++) {
         struct ekv_vk_side *sd = side_of(m, side);
@@ -519,15 +574,17 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
         free(sd->buf);
         *sd = nsd[side];
     }
+    for (int32_t il = 0; nb && il < s->n_layer; il++) {
+        if (in_rec) g->old[g->n_old++] = m->bias[il];
+        else ekv_vk_buf_free(g->vk, &m->bias[il]);
+    }
+    if (nb) {
+        free(m->bias);
+        m->bias = nb;
+    }
     s->cap = newcap;
     m->rc_il = -1;
-    if (st != EKV_OK) return st; /* the copies did not run: the cache's rows are lost */
-    if (m->meta_words > s->H + 1) { /* the logit biases are laid out per cap */
-        ekv_vk_buf_free(g->vk, &m->meta);
-        m->meta_words = s->H + 1 + s->H * (uint32_t)newcap;
-        st = ekv_vk_buf_new(g->vk, (size_t)s->n_layer * m->meta_words * 4, true, "GPU cache lengths", &m->meta);
-    }
-    return st;
+    return st; /* on failure the copies did not run: the cache's rows are lost */
 }
 
 /* The longest head now. */
@@ -557,8 +614,10 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
         side_shape(side_of(m, side)->type, s->D, &m->rw[side], &m->sph[side]);
         m->srw[side] = m->rw[side] + (m->sph[side] + 1) / 2;
     }
+    m->rw[2] = m->srw[2] = 1; /* a logit bias: one word */
+    m->sph[2] = 0;
     const size_t LH = (size_t)s->n_layer * s->H;
-    m->meta_words = s->H + 1 + (seq->kv->logit_bias ? s->H * (uint32_t)s->cap : 0);
+    m->meta_words = s->H + 3;
     m->L0 = calloc(LH, sizeof *m->L0);
     m->maxlen = calloc((size_t)s->n_layer, sizeof *m->maxlen);
     m->pending = calloc(LH, 1);
@@ -571,6 +630,16 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_kv_merge_pipe(s->v.type));
     if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_attn_stats_pipe(s->k.type));
     if (st != EKV_OK) return st;
+    if (seq->kv->logit_bias) { /* zeroed biases of cap entries per head */
+        m->bias = calloc((size_t)s->n_layer, sizeof *m->bias);
+        if (!m->bias) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        for (int32_t il = 0; il < s->n_layer && st == EKV_OK; il++)
+            st = ekv_vk_buf_new(g->vk, (size_t)s->H * (size_t)s->cap * 4, false, "GPU cache logit biases", &m->bias[il]);
+        if (st == EKV_OK) st = ekv_vk_begin(g->vk);
+        if (st != EKV_OK) return st;
+        for (int32_t il = 0; il < s->n_layer; il++) ekv_vk_fill(g->vk, &m->bias[il], 0, (size_t)s->H * (size_t)s->cap * 4, 0);
+        if ((st = ekv_vk_submit(g->vk)) != EKV_OK) return st;
+    }
     m->dev = (struct ekv_kv_dev){.user = m, .compact = dev_compact, .merge = dev_merge, .read = dev_read,
                                  .write = dev_write};
     seq->kv->dev = &m->dev;
@@ -585,6 +654,9 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
         if (g->fwd_mg[i] == m) g->fwd_mg[i] = g->fwd_mg[--g->n_fwd_mg];
     ekv_vk_buf_free(g->vk, &m->meta);
     ekv_vk_buf_free(g->vk, &m->st);
+    for (int32_t il = 0; m->bias && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &m->bias[il]);
+    free(m->bias);
+    free(m->stage[2]);
     free(m->L0);
     free(m->maxlen);
     free(m->pending);
@@ -599,6 +671,11 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     free(m->rc_raw);
     free(m);
     s->mg = NULL;
+}
+
+enum ekv_status ekv_vk_mg_read_bias(const struct ekv_vk_mg *m, int il, float *out) {
+    if (!m || !m->bias || il < 0 || il >= m->s->n_layer) return ekv_err(EKV_ERR_INVALID_ARG, "no logit biases for layer %d", il);
+    return ekv_vk_download(m->g->vk, &m->bias[il], 0, out, (size_t)m->s->H * (size_t)m->s->cap * 4);
 }
 
 uint64_t ekv_vk_mg_read_backs(const struct ekv_vk_mg *m) { return m ? m->n_read_back : 0; }
@@ -640,18 +717,14 @@ static enum ekv_status stats_begin(struct ekv_vk_mg *m, struct ekv_kv *kv) {
 }
 
 static void meta_write(struct ekv_vk_mg *m, const struct ekv_kv *kv) {
-    const uint32_t H = m->s->H, C = (uint32_t)m->s->cap;
+    const uint32_t H = m->s->H;
     for (int32_t il = 0; il < m->s->n_layer; il++) {
         uint32_t *w = (uint32_t *)m->meta.host + (size_t)il * m->meta_words;
         for (uint32_t h = 0; h < H; h++) w[h] = (uint32_t)m->L0[(size_t)il * H + h];
-        w[H] = kv->logit_bias ? 1u : 0u;
-        if (!kv->logit_bias || m->meta_words <= H + 1) continue;
-        float *b = (float *)(w + H + 1);
-        for (uint32_t h = 0; h < H; h++) {
-            const struct ekv_kv_head *hd = &kv->layers[il].heads[h];
-            for (int32_t j = 0; j < hd->len; j++)
-                b[(size_t)h * C + (size_t)j] = hd->weight[j] != 1.0f ? logf(hd->weight[j]) : 0.0f;
-        }
+        const uint64_t b = kv->logit_bias && m->bias ? m->bias[il].addr : 0;
+        w[H] = b ? 1u : 0u;
+        w[H + 1] = (uint32_t)b;
+        w[H + 2] = (uint32_t)(b >> 32);
     }
 }
 
@@ -662,7 +735,7 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
     const struct ekv_kv_step *step = &part->step;
     const int32_t n = part->n, H = (int32_t)m->s->H;
     if (m->in_fwd) return ekv_err(EKV_ERR_INVALID_ARG, "a sequence appears twice in one forward");
-    if (kv->logit_bias && m->meta_words <= (uint32_t)H + 1)
+    if (kv->logit_bias && !m->bias)
         return ekv_err(EKV_ERR_UNSUPPORTED, "the policy turned logit biases on after the GPU cache was made");
     for (int32_t il = 0; il < kv->n_layer; il++)
         for (int32_t hk = 0; hk < H; hk++) {

@@ -163,6 +163,8 @@ void ekv_vk_dispatch_nb(struct ekv_vk *vk, enum ekv_vk_pipe p, const void *push,
 /* Copies bytes between buffers inside the recording (followed by a barrier). */
 void ekv_vk_copy(struct ekv_vk *vk, const struct ekv_vk_buf *src, size_t src_off, struct ekv_vk_buf *dst,
                  size_t dst_off, size_t n);
+/* Fills n bytes (multiples of 4) with a 32-bit value inside the recording (followed by a barrier). */
+void ekv_vk_fill(struct ekv_vk *vk, struct ekv_vk_buf *dst, size_t off, size_t n, uint32_t value);
 /* Submits what was recorded and waits for it. Also returns an error when
  * a dispatch could not be recorded (bad pipeline, push too large). */
 enum ekv_status ekv_vk_submit(struct ekv_vk *vk);

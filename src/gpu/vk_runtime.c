@@ -362,6 +362,14 @@ void ekv_vk_copy(struct ekv_vk *vk, const struct ekv_vk_buf *src, size_t src_off
     barrier(vk);
 }
 
+void ekv_vk_fill(struct ekv_vk *vk, struct ekv_vk_buf *dst, size_t off, size_t n, uint32_t value) {
+    if (!vk->recording) return record_fail(vk, "fill outside a recording");
+    if (n == 0) return;
+    if (off % 4 || n % 4 || off > dst->bytes || n > dst->bytes - off) return record_fail(vk, "fill out of a buffer's bounds");
+    vkCmdFillBuffer(vk->cmd, (VkBuffer)dst->buffer, off, n, value);
+    barrier(vk);
+}
+
 enum ekv_status ekv_vk_submit(struct ekv_vk *vk) {
     if (!vk->recording) return ekv_err(EKV_ERR_INTERNAL, "submit without a recording");
     vk->recording = false;

@@ -13,9 +13,10 @@
 // number of entries per KV head: meta[h] entries were there before this
 // part's rows were appended after them, so row i sees entries
 // [0, meta[h] + i] by index, and with meta[n_head_kv] != 0 the score of
-// entry j gets the logit bias meta[n_head_kv + 1 + h * n_ctx + j]
-// (log of the tokens a merged entry stands for). Without meta, entry index
-// = position (a full cache).
+// entry j gets the logit bias b[h * n_ctx + j] (log of the tokens a merged
+// entry stands for; b is the device buffer at the address in
+// meta[n_head_kv + 1], [n_head_kv + 2], low word first). Without meta,
+// entry index = position (a full cache).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
@@ -49,7 +50,9 @@ void main() {
     const bool managed = uint64_t(pc.meta) != 0ul;
     const uint L0 = managed ? pc.meta.d[kvh] : pc.kv_pos0; // entries before the part's rows
     const bool biased = managed && pc.meta.d[pc.n_head_kv] != 0u;
-    const uint bias0 = pc.n_head_kv + 1u + kvh * pc.n_ctx;
+    const uint bias0 = kvh * pc.n_ctx;
+    F32 bias = F32(biased ? uint64_t(pc.meta.d[pc.n_head_kv + 1u]) | (uint64_t(pc.meta.d[pc.n_head_kv + 2u]) << 32)
+                                : uint64_t(pc.q));
     const uint lo_w = (!managed && pc.window > 0u && pos + 1u > pc.window) ? pos + 1u - pc.window : 0u;
     const uint lo = max(lo_w, si * pc.split_len);
     const uint hi = min(L0 + (pos - pc.kv_pos0) + 1u, (si + 1u) * pc.split_len); // exclusive
@@ -78,7 +81,7 @@ void main() {
                     }
             }
             s *= pc.scale;
-            if (biased) s += F32(pc.meta).d[bias0 + j];
+            if (biased) s += bias.d[bias0 + j];
             sp[j - c0] = s;
             lmax = max(lmax, s);
         }

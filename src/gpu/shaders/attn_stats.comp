@@ -40,7 +40,9 @@ void main() {
     const uint D = pc.head_dim, H = pc.n_head_kv, R = pc.n_head / H;
     const uint L0 = pc.meta.d[h], len = L0 + pc.rows;
     const bool live = j < len;
-    const float bias = (live && pc.meta.d[H] != 0u) ? F32(pc.meta).d[H + 1u + h * pc.n_ctx + j] : 0.0;
+    const float bias = (live && pc.meta.d[H] != 0u)
+                           ? F32(uint64_t(pc.meta.d[H + 1u]) | (uint64_t(pc.meta.d[H + 2u]) << 32)).d[h * pc.n_ctx + j]
+                           : 0.0;
     const uint TR = max(1u, min(64u / R, QF / (R * D))); // rows per tile
     const uint first = j > L0 ? j - L0 : 0u;             // the first row that sees j
     KvSide ks = KvSide(pc.kc, F16(pc.kc), H, pc.n_ctx, D, 1u, 0u, 0u, 0u, 0u);

@@ -7,7 +7,9 @@
 // same head (src >= dst for every pair of a compaction, so copying in
 // chunks in order — all reads of a chunk before its writes — never
 // overwrites a row still to be read) or, with the high bit set, a row the
-// host quantised into the stage (a merged entry's new key or value).
+// host quantised into the stage (a merged entry's new key or value), or
+// (all bits set) zero. The logit biases of a compressed cache are planned
+// the same way as a side of rows of one word.
 // Rows are the words of a row type plus, for q8_0 / q4_0, the fp16 scales
 // (kvq.glsl's layout), copied as bits: nothing is re-quantised here.
 #extension GL_GOOGLE_include_directive : require
@@ -21,7 +23,10 @@ layout(push_constant) uniform P {
 } pc;
 shared uint sw[SW];
 
+#define ZERO 0xffffffffu // a planned 0 (the logit biases past a head's entries)
+
 uint src_word(uint src, uint hrow0, uint w) {
+    if (src == ZERO) return 0u;
     if (w < pc.rw)
         return (src & HI) != 0u ? pc.stage.d[(src & ~HI) * pc.srw + w] : pc.base.d[(hrow0 + src) * pc.rw + w];
     const uint k = w - pc.rw;
