@@ -69,7 +69,7 @@ struct ekv_vk_ctx {
      * compressed parts of the forward being recorded */
     struct ekv_vk_buf ml;
     int32_t ml_rows;
-    struct ekv_vk_buf plan, stage;
+    struct ekv_vk_buf plan, stage, cscr; /* cscr: kv_compact.comp's scratch (device) */
     struct ekv_vk_mg **fwd_mg;
     int32_t n_fwd_mg;
     size_t cap_fwd_mg;

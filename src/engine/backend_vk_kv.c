@@ -231,6 +231,7 @@ void ekv_vk_kv_free_scratch(struct ekv_vk_ctx *g) {
     g->ml_rows = 0;
     ekv_vk_buf_free(g->vk, &g->plan);
     ekv_vk_buf_free(g->vk, &g->stage);
+    ekv_vk_buf_free(g->vk, &g->cscr);
     free(g->fwd_mg);
     g->fwd_mg = NULL;
     ekv_vk_mg_release(g);

@@ -55,7 +55,7 @@
 #define MG_NONE 0xffffffffu /* attn_stats: statistic not collected */
 enum { SL_COLSUM, SL_SUMSQ, SL_LAST, SL_WIN, SL_BIN, SL_COUNT };
 
-/* One head's plan for one side: n (dst, src) pairs from `first` on. */
+/* One head's plan for one side: n runs from `first` on. */
 struct mg_plan {
     int32_t il, hk, side;
     uint32_t first, n;
@@ -94,7 +94,8 @@ struct ekv_vk_mg {
     struct mg_plan *plans;
     int32_t n_plans;
     size_t cap_plans;
-    uint32_t *pairs;           /* [2 * n_pairs] dst, src */
+    uint32_t *pairs;           /* [3 * n_pairs] runs: first destination, first source, rows (head-relative;
+                                  a source with MG_HI is a stage row, MG_ZERO zeros) */
     size_t n_pairs, cap_pairs;
     struct mg_mean *means;     /* merges the device averages */
     size_t n_means, cap_means;
@@ -197,15 +198,28 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
     if (m->n_plans == 0) return EKV_OK;
     struct ekv_vk_ctx *g = m->g;
     const struct ekv_vk_seq *s = m->s;
-    const size_t tab_words = 3 * (size_t)m->n_plans, pair_words = 2 * m->n_pairs;
-    const size_t mtab0 = tab_words + pair_words, mem0 = mtab0 + 4 * m->n_means; /* merges' table and members */
+    /* the plan buffer: merges' table and members, then per (layer, side)
+     * the runs with absolute rows and their prefix sums */
+    const size_t mtab0 = 0, mem0 = 4 * m->n_means, runs0 = mem0 + 2 * m->n_members;
     const size_t st_words = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
     const size_t st_off[3] = {0, m->n_stage[0], m->n_stage[0] + m->n_stage[1]};
-    enum ekv_status st = buf_fit(g->vk, &g->plan, (mem0 + 2 * m->n_members) * 4, true, "GPU cache plans");
+    size_t max_words = 1; /* the largest (layer, side)'s planned words: the scratch */
+    for (int32_t il = 0; il < s->n_layer; il++)
+        for (int side = 0; side < n_sides(m); side++) {
+            size_t r = 0;
+            for (int32_t i = 0; i < m->n_plans; i++) {
+                const struct mg_plan *p = &m->plans[i];
+                if (p->il != il || p->side != side) continue;
+                for (uint32_t k = 0; k < p->n; k++) r += m->pairs[3 * (p->first + k) + 2];
+            }
+            max_words = EKV_MAX(max_words, r * (m->rw[side] + m->sph[side]));
+        }
+    enum ekv_status st = buf_fit(g->vk, &g->plan, (runs0 + 4 * m->n_pairs + 2 * (size_t)s->n_layer * 3) * 4, true,
+                                 "GPU cache plans");
     if (st == EKV_OK) st = buf_fit(g->vk, &g->stage, (st_words ? st_words : 1) * 4, true, "GPU cache staged rows");
+    if (st == EKV_OK) st = buf_fit(g->vk, &g->cscr, max_words * 4, false, "GPU cache compaction scratch");
     if (st != EKV_OK) return st;
     uint32_t *w = g->plan.host;
-    memcpy(w + tab_words, m->pairs, pair_words * 4);
     uint32_t *sw = g->stage.host;
     for (int side = 0; side < 3; side++)
         if (m->n_stage[side]) memcpy(sw + st_off[side], m->stage[side], m->n_stage[side] * 4);
@@ -232,26 +246,43 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
                 .C = (uint32_t)s->cap, .D = s->D, .rw = m->rw[side], .srw = m->srw[side]};
             ekv_vk_dispatch(g->vk, ekv_vk_kv_merge_pipe(sd->type), &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
         }
-    /* then one dispatch per (layer, side): a workgroup per planned head */
-    t = 0;
+    /* then per (layer, side) the compaction: all planned rows into the
+     * scratch, then to their places (two dispatches over the whole device) */
+    size_t at = runs0;
     for (int32_t il = 0; il < s->n_layer; il++)
         for (int side = 0; side < n_sides(m); side++) {
-            const size_t t0 = t;
+            const size_t r0 = at;
+            uint32_t n_runs = 0;
             for (int32_t i = 0; i < m->n_plans; i++) {
                 const struct mg_plan *p = &m->plans[i];
                 if (p->il != il || p->side != side) continue;
-                w[3 * t] = (uint32_t)p->hk * (uint32_t)s->cap;
-                w[3 * t + 1] = p->n;
-                w[3 * t + 2] = p->first;
-                t++;
+                const uint32_t hrow0 = (uint32_t)p->hk * (uint32_t)s->cap;
+                for (uint32_t k = 0; k < p->n; k++) {
+                    const uint32_t *q = m->pairs + 3 * (p->first + k);
+                    w[at++] = hrow0 + q[0];
+                    w[at++] = q[1] == MG_ZERO || (q[1] & MG_HI) ? q[1] : hrow0 + q[1];
+                    w[at++] = q[2];
+                    n_runs++;
+                }
             }
-            if (t == t0) continue;
+            if (n_runs == 0) continue;
+            uint32_t total = 0;
+            for (uint32_t r = 0; r < n_runs; r++) {
+                w[at++] = total;
+                total += w[r0 + 3 * r + 2];
+            }
+            w[at++] = total;
             const struct ekv_vk_side *sd = side < 2 ? side_of(m, side) : NULL;
+            const uint64_t ew = (uint64_t)m->rw[side] + m->sph[side];
             struct ekv_vk_pc_kv_compact pc = {
-                .base = sd ? sd->buf[il].addr : m->bias[il].addr, .plan = g->plan.addr + tab_words * 4,
-                .stage = g->stage.addr + st_off[side] * 4, .table = g->plan.addr + t0 * 12, .rw = m->rw[side],
-                .sph = m->sph[side], .p0h = sd ? (uint32_t)(2 * sd->p0) : 0, .srw = m->srw[side]};
-            ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
+                .base = sd ? sd->buf[il].addr : m->bias[il].addr, .runs = g->plan.addr + r0 * 4,
+                .stage = g->stage.addr + st_off[side] * 4, .scr = g->cscr.addr, .n_runs = n_runs, .total = total,
+                .rw = m->rw[side], .sph = m->sph[side], .p0h = sd ? (uint32_t)(2 * sd->p0) : 0, .srw = m->srw[side]};
+            const uint32_t gx = (uint32_t)EKV_MIN((uint64_t)65535, (total * ew + 255) / 256);
+            for (uint32_t phase = 0; phase < 2; phase++) {
+                pc.phase = phase;
+                ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, gx, 1, 1);
+            }
         }
     st = ekv_vk_submit(g->vk);
     m->n_plans = 0;
@@ -294,11 +325,21 @@ static enum ekv_status stage_bias(struct ekv_vk_mg *m, float weight, uint32_t *c
     return EKV_OK;
 }
 
-static enum ekv_status add_pair(struct ekv_vk_mg *m, uint32_t dst, uint32_t src) {
-    enum ekv_status st = grow((void **)&m->pairs, &m->cap_pairs, m->n_pairs + 1, 8);
+/* Adds row dst <- src to the plan begun at run `first`, extending its last
+ * run when both continue it. */
+static enum ekv_status add_pair(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src) {
+    if (m->n_pairs > first) {
+        uint32_t *q = m->pairs + 3 * (m->n_pairs - 1);
+        if (q[0] + q[2] == dst && ((src == MG_ZERO && q[1] == MG_ZERO) ||
+                                   (src != MG_ZERO && q[1] != MG_ZERO && q[1] + q[2] == src))) {
+            q[2]++;
+            return EKV_OK;
+        }
+    }
+    enum ekv_status st = grow((void **)&m->pairs, &m->cap_pairs, m->n_pairs + 1, 12);
     if (st != EKV_OK) return st;
-    m->pairs[2 * m->n_pairs] = dst;
-    m->pairs[2 * m->n_pairs + 1] = src;
+    uint32_t *q = m->pairs + 3 * m->n_pairs;
+    q[0] = dst, q[1] = src, q[2] = 1;
     m->n_pairs++;
     return EKV_OK;
 }
@@ -334,10 +375,10 @@ static enum ekv_status plan_bias(struct ekv_vk_mg *m, int il, int hk, int32_t le
         if (keep ? !keep[j] : into[j] != j) continue;
         uint32_t src = (uint32_t)j;
         if (w_old && w_old[j] != w_now[j]) st = stage_bias(m, w_now[j], &src);
-        if (st == EKV_OK && src != e) st = add_pair(m, e, src);
+        if (st == EKV_OK && src != e) st = add_pair(m, first, e, src);
         e++;
     }
-    for (uint32_t z = e; z < (uint32_t)len && st == EKV_OK; z++) st = add_pair(m, z, MG_ZERO);
+    for (uint32_t z = e; z < (uint32_t)len && st == EKV_OK; z++) st = add_pair(m, first, z, MG_ZERO);
     return st == EKV_OK ? add_plan(m, il, hk, 2, first) : st;
 }
 
@@ -353,7 +394,7 @@ static enum ekv_status dev_compact(void *user, int il, int hk, int32_t len, cons
             if (!keep[j]) continue;
             uint32_t src = (uint32_t)j;
             if (of && of[j]) st = stage_row(m, side, of[j], &src);
-            if (st == EKV_OK && src != e) st = add_pair(m, e, src); /* rows already in place stay */
+            if (st == EKV_OK && src != e) st = add_pair(m, first, e, src); /* rows already in place stay */
             e++;
         }
         if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
@@ -418,7 +459,7 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
                     m->n_members++;
                 }
             }
-            if (st == EKV_OK && src != e) st = add_pair(m, e, src);
+            if (st == EKV_OK && src != e) st = add_pair(m, first, e, src);
             e++;
         }
         if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
@@ -439,7 +480,7 @@ static enum ekv_status dev_write(void *user, int il, int hk, int32_t len, const 
         for (int32_t t = 0; t < n && st == EKV_OK; t++) {
             uint32_t src;
             st = stage_row(m, side, x + (size_t)t * m->s->D, &src);
-            if (st == EKV_OK) st = add_pair(m, (uint32_t)idx[t], src);
+            if (st == EKV_OK) st = add_pair(m, first, (uint32_t)idx[t], src);
         }
         if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
     }

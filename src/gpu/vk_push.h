@@ -41,7 +41,7 @@ struct ekv_vk_pc_attn_stats {
     float scale, sparsity_p;
 };
 struct ekv_vk_pc_kv_merge { uint64_t base, stage, table, members; uint32_t H, C, D, rw, srw; };
-struct ekv_vk_pc_kv_compact { uint64_t base, plan, stage, table; uint32_t rw, sph, p0h, srw; };
+struct ekv_vk_pc_kv_compact { uint64_t base, runs, stage, scr; uint32_t n_runs, total, rw, sph, p0h, srw, phase; };
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
 
 
