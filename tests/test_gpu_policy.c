@@ -18,6 +18,9 @@
  *   the device cache no larger than its rule (1.25 x kept + 64), the logits close, the
  *   whole run's perplexity within 0.5% of the CPU's; at budget 1.0 the
  *   logits equal the GPU's full cache bit for bit;
+ * - kept sets equal the CPU's given identical statistics: the GPU run's
+ *   statistics fed to the CPU's policy (kv->layer_hook) at every step, every
+ *   policy x f16, f32, q8_0, q4_0, positions and weights equal at every step;
  * - batched decode of sequences with different policies and storage types
  *   in one forward == each alone, bit for bit;
  * - out of device memory mid-run (injected): the sequence whose cache must
@@ -380,6 +383,140 @@ static void test_policies(const struct ekv_model *m) {
     remove(path);
 }
 
+/* ---- the same statistics fed to both ---- */
+
+/* One layer's statistics as the GPU run computed them, [head] arrays. */
+struct saved_layer {
+    int32_t len[16];
+    double *colsum[16], *sumsq[16], *winsum[16];
+    int32_t *count[16];
+    float *lastrow[16], *bincount[16];
+    double sparse_zero, sparse_total;
+};
+struct stats_feed {
+    struct saved_layer *layers; /* [n_layer] */
+    int n_layer, n_head_kv;
+    int mismatches;             /* the CPU's entries were not the GPU's when fed */
+};
+
+#define DUP(dst, src, n)                                                  \
+    do {                                                                  \
+        free(dst);                                                        \
+        (dst) = NULL;                                                     \
+        if (src) {                                                        \
+            (dst) = malloc(sizeof *(src) * (size_t)((n) ? (n) : 1));      \
+            memcpy((dst), (src), sizeof *(src) * (size_t)(n));            \
+        }                                                                 \
+    } while (0)
+
+/* GPU side: keep layer il's statistics before its policy acts. */
+static void feed_save(struct ekv_kv *kv, int il, void *user) {
+    struct stats_feed *f = user;
+    struct saved_layer *L = &f->layers[il];
+    for (int hk = 0; hk < kv->n_head_kv; hk++) {
+        const struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+        L->len[hk] = h->len;
+        DUP(L->colsum[hk], h->colsum, h->len);
+        DUP(L->count[hk], h->count, h->len);
+        DUP(L->sumsq[hk], h->sumsq, h->len);
+        DUP(L->lastrow[hk], h->lastrow, h->len);
+        DUP(L->winsum[hk], h->winsum, h->len);
+        DUP(L->bincount[hk], h->bincount, h->len);
+    }
+    L->sparse_zero = kv->layers[il].sparse_zero;
+    L->sparse_total = kv->layers[il].sparse_total;
+}
+
+/* CPU side: the GPU's statistics replace the CPU's before its policy acts. */
+static void feed_load(struct ekv_kv *kv, int il, void *user) {
+    struct stats_feed *f = user;
+    const struct saved_layer *L = &f->layers[il];
+    for (int hk = 0; hk < kv->n_head_kv; hk++) {
+        struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+        if (h->len != L->len[hk]) {
+            f->mismatches++;
+            continue;
+        }
+        const size_t n = (size_t)h->len;
+        if (h->colsum && L->colsum[hk]) memcpy(h->colsum, L->colsum[hk], n * sizeof *h->colsum);
+        if (h->count && L->count[hk]) memcpy(h->count, L->count[hk], n * sizeof *h->count);
+        if (h->sumsq && L->sumsq[hk]) memcpy(h->sumsq, L->sumsq[hk], n * sizeof *h->sumsq);
+        if (h->lastrow && L->lastrow[hk]) memcpy(h->lastrow, L->lastrow[hk], n * sizeof *h->lastrow);
+        if (h->winsum && L->winsum[hk]) memcpy(h->winsum, L->winsum[hk], n * sizeof *h->winsum);
+        if (h->bincount && L->bincount[hk]) memcpy(h->bincount, L->bincount[hk], n * sizeof *h->bincount);
+    }
+    kv->layers[il].sparse_zero = L->sparse_zero;
+    kv->layers[il].sparse_total = L->sparse_total;
+}
+
+static void feed_free(struct stats_feed *f) {
+    for (int il = 0; il < f->n_layer; il++)
+        for (int hk = 0; hk < f->n_head_kv; hk++) {
+            struct saved_layer *L = &f->layers[il];
+            free(L->colsum[hk]), free(L->count[hk]), free(L->sumsq[hk]);
+            free(L->lastrow[hk]), free(L->winsum[hk]), free(L->bincount[hk]);
+        }
+    free(f->layers);
+}
+
+/* Every policy x storage type at 0.3, the GPU's statistics fed to the CPU's
+ * policy at every step: the kept positions and weights must then be the
+ * CPU's exactly, after the prompt and after every decode step. */
+static void same_stats_case(const struct ekv_model *m, struct ekv_context *cg, struct ekv_context *cc,
+                            const int32_t *toks, const char *pol, enum ekv_kv_type t) {
+    struct ekv_kv_params kp = kv_params(pol, 0.3, t);
+    struct ekv_seq *sg = NULL, *sc = NULL;
+    CHECK_OK(ekv_seq_new(cg, &kp, &sg));
+    CHECK_OK(ekv_seq_new(cc, &kp, &sc));
+    if (!sg || !sc || m->info.n_head_kv > 16) {
+        ekv_seq_free(sg), ekv_seq_free(sc);
+        return;
+    }
+    struct stats_feed f = {.n_layer = m->info.n_layer, .n_head_kv = m->info.n_head_kv};
+    f.layers = calloc((size_t)f.n_layer, sizeof *f.layers);
+    sg->kv->layer_hook = feed_save, sg->kv->layer_hook_user = &f;
+    sc->kv->layer_hook = feed_load, sc->kv->layer_hook_user = &f;
+    const int32_t V = m->info.n_vocab;
+    float *l = malloc(sizeof(float) * V);
+    CHECK_OK(ekv_seq_prefill(sg, toks, N_PROMPT, l));
+    CHECK_OK(ekv_seq_prefill(sc, toks, N_PROMPT, l));
+    int bad = heads_differ(sg->kv, sc->kv) != 0;
+    for (int step = 0; step < 24; step++) {
+        CHECK_OK(ekv_seq_decode(sg, toks[N_PROMPT + step], l));
+        CHECK_OK(ekv_seq_decode(sc, toks[N_PROMPT + step], l));
+        bad += heads_differ(sg->kv, sc->kv) != 0;
+    }
+    CHECK_MSG(bad == 0 && f.mismatches == 0, "%s %s, the same statistics: kept sets differ at %d of 25 points (%d feeds "
+              "mismatched)", pol, ekv_kv_type_name(t), bad, f.mismatches);
+    free(l);
+    feed_free(&f);
+    ekv_seq_free(sg), ekv_seq_free(sc);
+}
+
+static void test_same_stats(const struct ekv_model *m) {
+    static const char *pols[] = {"local",     "h2o",    "scissorhands", "tova",    "roco",       "snapkv",
+                                 "pyramidkv", "vlcache", "random",      "elastic", "elastic-v2", "elastic-v2:key=rotate"};
+    struct ekv_context *cg = ctx_on(m, g_dev), *cc = ctx_on(m, "cpu");
+    for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
+        same_stats_case(m, cg, cc, g_toks, pols[pi], EKV_KV_F16);
+        same_stats_case(m, cg, cc, g_toks, pols[pi], EKV_KV_F32);
+    }
+    ekv_context_free(cg), ekv_context_free(cc);
+    char path[96];
+    struct ekv_model *mb = model_b(path, sizeof path);
+    cg = mb ? ctx_on(mb, g_dev) : NULL;
+    cc = mb ? ctx_on(mb, "cpu") : NULL;
+    for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
+        same_stats_case(mb, cg, cc, g_toks_b, pols[pi], EKV_KV_Q8_0);
+        same_stats_case(mb, cg, cc, g_toks_b, pols[pi], EKV_KV_Q4_0);
+    }
+    check_validation(cg);
+    ekv_context_free(cg), ekv_context_free(cc);
+    ekv_model_free(mb);
+    remove(path);
+    printf("the same statistics fed to the CPU: every policy x f16, f32, q8_0, q4_0 checked\n");
+}
+
 /* Sequences with different policies and storage types decoded in one
  * forward equal each decoded alone, bit for bit. */
 static void test_batched(const struct ekv_model *m) {
@@ -508,6 +645,7 @@ int main(void) {
     CHECK(make_tokens(m));
     if (only("stats")) test_stats(m);
     if (only("policies")) test_policies(m);
+    if (only("same")) test_same_stats(m);
     if (only("batched")) test_batched(m);
     if (only("oom")) test_oom(m);
     if (only("refused")) test_refused();

@@ -253,6 +253,7 @@ static enum ekv_status layer_finish(struct attend_task *t) {
 }
 
 enum ekv_status ekv_kv_layer_policy(struct ekv_kv *kv, int il, const struct ekv_kv_step *step) {
+    if (kv->layer_hook) kv->layer_hook(kv, il, kv->layer_hook_user);
     if (kv->ops && kv->ops->layer) {
         enum ekv_status s = kv->ops->layer(kv, il, step);
         if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s, layer %d", kv->policy_name, il);

@@ -169,6 +169,12 @@ struct ekv_kv {
     uint64_t peak_bytes_alloc;
     struct ekv_store_fmt fk, fv; /* storage of keys and values (params.type_k / type_v resolved) */
     const struct ekv_kv_dev *dev; /* the device that holds K and V, or NULL (the stores); row types only */
+    /* Tests: called by ekv_kv_layer_policy before the policy's layer hook,
+     * when layer il's statistics of the forward are complete (may read or
+     * replace them: tests/test_gpu_policy.c feeds a GPU run's statistics to
+     * the CPU's policy). NULL = none. */
+    void (*layer_hook)(struct ekv_kv *kv, int il, void *user);
+    void *layer_hook_user;
 };
 
 /* ---- cache (src/kv/cache.c) ---- */
