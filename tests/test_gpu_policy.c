@@ -610,6 +610,50 @@ out:
     ekv_context_free(cx), ekv_context_free(cr);
 }
 
+/* The attention of the latest query recorded on the GPU (ekv eval's hit
+ * rate): a full cache there records from its first forward, as the CPU. */
+static void test_record(const struct ekv_model *m) {
+    struct ekv_context *cg = ctx_on(m, g_dev), *cc = ctx_on(m, "cpu");
+    struct ekv_kv_params kp = kv_params("full", 1.0, EKV_KV_F32);
+    struct ekv_seq *sg = NULL, *sc = NULL;
+    if (cg && cc) CHECK_OK(ekv_seq_new(cg, &kp, &sg));
+    if (cg && cc) CHECK_OK(ekv_seq_new(cc, &kp, &sc));
+    if (sg && sc) {
+        CHECK_OK(ekv_seq_kv_record_attention(sg, true));
+        CHECK_OK(ekv_seq_kv_record_attention(sc, true));
+        CHECK(ekv_seq_on_device(sg));
+        CHECK_OK(ekv_seq_prefill(sg, g_toks, N_PROMPT, NULL));
+        CHECK_OK(ekv_seq_prefill(sc, g_toks, N_PROMPT, NULL));
+        CHECK_OK(ekv_seq_decode(sg, g_toks[N_PROMPT], NULL));
+        CHECK_OK(ekv_seq_decode(sc, g_toks[N_PROMPT], NULL));
+        float a[N_PROMPT + 1], b[N_PROMPT + 1];
+        double worst = 0.0;
+        for (int il = 0; il < m->info.n_layer; il++)
+            for (int hk = 0; hk < m->info.n_head_kv; hk++) {
+                size_t na = 0, nb = 0;
+                CHECK_OK(ekv_seq_kv_last_attention(sg, il, hk, a, N_PROMPT + 1, &na));
+                CHECK_OK(ekv_seq_kv_last_attention(sc, il, hk, b, N_PROMPT + 1, &nb));
+                CHECK(na == N_PROMPT + 1 && nb == na);
+                for (size_t j = 0; j < na && j < nb; j++) worst = fmax(worst, fabs(a[j] - b[j]));
+            }
+        printf("recorded attention of the latest query, GPU against CPU: max |diff| %.2g\n", worst);
+        CHECK_MSG(worst <= 1e-5, "recorded attention differs by %.3g", worst);
+        /* only before the first forward */
+        CHECK(ekv_seq_kv_record_attention(sg, false) == EKV_OK);
+    }
+    ekv_seq_free(sg), ekv_seq_free(sc);
+    struct ekv_seq *late = NULL;
+    if (cg) CHECK_OK(ekv_seq_new(cg, &kp, &late));
+    if (late) {
+        CHECK_OK(ekv_seq_prefill(late, g_toks, 8, NULL));
+        CHECK(ekv_seq_kv_record_attention(late, true) == EKV_ERR_INVALID_ARG);
+        CHECK_OK(ekv_seq_decode(late, g_toks[8], NULL)); /* and it goes on as it was */
+    }
+    ekv_seq_free(late);
+    check_validation(cg);
+    ekv_context_free(cg), ekv_context_free(cc);
+}
+
 static void test_refused(void) {
     char path[96];
     struct ekv_model *m = model_b(path, sizeof path);
@@ -648,6 +692,7 @@ int main(void) {
     if (only("same")) test_same_stats(m);
     if (only("batched")) test_batched(m);
     if (only("oom")) test_oom(m);
+    if (only("record")) test_record(m);
     if (only("refused")) test_refused();
     ekv_model_free(m);
     return test_finish("test_gpu_policy");

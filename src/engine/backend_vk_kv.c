@@ -73,7 +73,11 @@ static int32_t nq_after(const struct ekv_vk_seq *s, const struct ekv_vk_side *sd
     return q > sd->nq ? (int32_t)q : sd->nq;
 }
 
-static bool compressing(const struct ekv_seq *seq) { return strcmp(seq->kv->policy_name, "full") != 0; }
+/* A cache whose host side tracks entries: a compressing policy's, or one
+ * whose attention is recorded (ekv_seq_kv_record_attention). */
+static bool compressing(const struct ekv_seq *seq) {
+    return strcmp(seq->kv->policy_name, "full") != 0 || seq->kv->extra_stats != 0;
+}
 
 bool ekv_vk_seq_supported(const struct ekv_seq *seq, const char **why) {
     const struct ekv_kv *kv = seq->kv;

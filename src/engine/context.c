@@ -406,11 +406,29 @@ const struct ekv_backend_ops *ekv_seq_backend(const struct ekv_seq *seq) {
 
 enum ekv_status ekv_seq_kv_record_attention(struct ekv_seq *seq, bool on) {
     if (!seq) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_kv_record_attention: NULL sequence");
-    if (seq->gpu && on)
-        return ekv_err(EKV_ERR_UNSUPPORTED, "ekv_seq_kv_record_attention: attention is not recorded on the GPU "
-                                            "(%s) in this version; use device cpu", seq->ctx->device_name);
+    const unsigned before = seq->kv->extra_stats;
     if (on) seq->kv->extra_stats |= EKV_STAT_LASTROW;
     else seq->kv->extra_stats &= ~(unsigned)EKV_STAT_LASTROW;
+    if (seq->gpu && on && !ekv_vk_seq_compressed(seq->gpu)) {
+        /* a full cache on the GPU keeps no entries on the host: remade as a
+         * cache whose host side tracks entries and statistics (the GPU's
+         * statistics pass records the attention), before its first forward */
+        const char *why = NULL;
+        enum ekv_status s = EKV_OK;
+        if (seq->n_seen > 0)
+            s = ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_kv_record_attention: a full cache on the GPU records attention "
+                                             "only from its first forward");
+        else if (!ekv_vk_seq_supported(seq, &why))
+            s = ekv_err(EKV_ERR_UNSUPPORTED, "ekv_seq_kv_record_attention on %s: %s", seq->ctx->device_name, why);
+        struct ekv_vk_seq *ns = NULL;
+        if (s == EKV_OK) s = ekv_vk_seq_new(seq->ctx->gpu, seq, &ns);
+        if (s != EKV_OK) {
+            seq->kv->extra_stats = before;
+            return s;
+        }
+        ekv_vk_seq_free(seq->ctx->gpu, seq->gpu);
+        seq->gpu = ns;
+    }
     return EKV_OK;
 }
 
