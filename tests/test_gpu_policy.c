@@ -23,6 +23,8 @@
  *   policy x f16, f32, q8_0, q4_0, positions and weights equal at every step;
  * - batched decode of sequences with different policies and storage types
  *   in one forward == each alone, bit for bit;
+ * - a sliding-window model: every policy against the CPU (the entries'
+ *   positions on the device decide what a row sees);
  * - out of device memory mid-run (injected): the sequence whose cache must
  *   grow fails cleanly and can go on, another one goes on undisturbed;
  * - what stays on the CPU (KIVI with a compressing policy) is refused with
@@ -654,6 +656,36 @@ static void test_record(const struct ekv_model *m) {
     ekv_context_free(cg), ekv_context_free(cc);
 }
 
+/* A sliding-window model (Mistral's layout at small width, a window of 24
+ * over a 64-token prompt and 40 steps): the positions of a compressed
+ * cache's entries decide what a row sees; every policy against the CPU, and
+ * with the same statistics. */
+static void test_swa(void) {
+    static const char *pols[] = {"local", "h2o", "tova", "snapkv", "vlcache", "elastic", "elastic-v2"};
+    char path[96], cmd[512];
+    snprintf(path, sizeof path, "/tmp/ekv-test-gpu-policy-swa-%ld.gguf", (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-mistral --sliding-window 24 --type f32 -o '%s' > /dev/null 2>&1",
+             tu_bin(), path);
+    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    struct ekv_model *m = NULL;
+    CHECK_OK(ekv_model_load(path, NULL, &m));
+    if (!m) return;
+    CHECK(m->info.sliding_window == 24);
+    int32_t toks[N_PROMPT + N_STEPS + 1];
+    for (int32_t i = 0; i < N_PROMPT + N_STEPS + 1; i++) toks[i] = 1 + (i * 53 + 7) % (m->info.n_vocab - 1);
+    struct ekv_context *cg = ctx_on(m, g_dev), *cc = ctx_on(m, "cpu");
+    for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
+        run_case(m, cg, cc, toks, pols[pi], 0.3, EKV_KV_F16);
+        run_case(m, cg, cc, toks, pols[pi], 0.5, EKV_KV_Q8_0);
+        same_stats_case(m, cg, cc, toks, pols[pi], EKV_KV_F32);
+    }
+    run_case(m, cg, cc, toks, "h2o", 1.0, EKV_KV_F16); /* == the full cache bit for bit */
+    check_validation(cg);
+    ekv_context_free(cg), ekv_context_free(cc);
+    ekv_model_free(m);
+    remove(path);
+}
+
 static void test_refused(void) {
     char path[96];
     struct ekv_model *m = model_b(path, sizeof path);
@@ -693,6 +725,7 @@ int main(void) {
     if (only("batched")) test_batched(m);
     if (only("oom")) test_oom(m);
     if (only("record")) test_record(m);
+    if (only("swa")) test_swa();
     if (only("refused")) test_refused();
     ekv_model_free(m);
     return test_finish("test_gpu_policy");

@@ -132,6 +132,8 @@ uint64_t ekv_vk_mg_meta(const struct ekv_vk_mg *m, int il);
 enum ekv_status ekv_vk_mg_read_bias(const struct ekv_vk_mg *m, int il, float *out);
 /* Heads read back to the host so far (a policy that reads rows itself). */
 uint64_t ekv_vk_mg_read_backs(const struct ekv_vk_mg *m);
+/* Device address of layer il's entry positions (sliding window), 0 without. */
+uint64_t ekv_vk_mg_posb(const struct ekv_vk_mg *m, int il);
 /* The longest head of layer il once the part's rows are in. */
 int32_t ekv_vk_mg_max_len(const struct ekv_vk_mg *m, int il);
 /* Whether this forward computes statistics (then attn_combine writes ml). */

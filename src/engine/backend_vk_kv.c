@@ -323,7 +323,8 @@ static void rope_store(struct ekv_context *ctx, const struct ekv_vk_seq *s, int 
         .n_head = (uint32_t)in->n_head, .H = s->H, .D = s->D,
         .rope_dim = RD > s->D ? s->D : RD, .neox = in->rope_neox, .rows = (uint32_t)part->n,
         .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q), .kv_stride = (uint32_t)ekv_act_width(in, EKV_ACT_K),
-        .meta = s->mg ? ekv_vk_mg_meta(s->mg, il) : 0};
+        .meta = s->mg ? ekv_vk_mg_meta(s->mg, il) : 0, .posb = ekv_vk_mg_posb(s->mg, il),
+        .pos0 = (uint32_t)part->step.pos0};
     store_dst(g, s, &s->k, il, part, &pc.kdst, &pc.k_hstride, &pc.k_e0);
     store_dst(g, s, &s->v, il, part, &pc.vdst, &pc.v_hstride, &pc.v_e0);
     ekv_vk_dispatch(g->vk, ekv_vk_rope_store_pipe(s->k.type, s->v.type), &pc, sizeof pc, (uint32_t)part->n,

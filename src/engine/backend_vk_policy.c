@@ -78,6 +78,9 @@ struct ekv_vk_mg {
     /* with logit biases (elastic-v2:bias=1): [n_layer] device buffers [H][cap] f32 of log(weight), 0 past each
      * head's entries; planned like a side of one-word rows ("side" 2), so the host writes only what changes */
     struct ekv_vk_buf *bias;
+    /* with a sliding window: [n_layer] device buffers [H][cap] u32 of each entry's position (rope_store writes
+     * new entries'; planned like the biases, "side" 3, moves only) */
+    struct ekv_vk_buf *posb;
     int32_t *L0;               /* [n_layer][H] entries of each head before the part */
     int32_t *maxlen;           /* [n_layer] the longest head after the part */
     /* the statistics of the forward: [n_layer][n_slot][H][st_cap] f32, then zeros [n_layer][H][nblk] u32 */
@@ -101,9 +104,9 @@ struct ekv_vk_mg {
     size_t n_means, cap_means;
     uint32_t *members;         /* [2 * n_members] entry, weight (float bits) */
     size_t n_members, cap_members;
-    uint32_t *stage[3];        /* [rows][srw[side]] words; side 2: the biases */
-    size_t n_stage[3], cap_stage[3];
-    uint32_t srw[3], rw[3], sph[3];
+    uint32_t *stage[4];        /* [rows][srw[side]] words; side 2: the biases (side 3, positions: never staged) */
+    size_t n_stage[4], cap_stage[4];
+    uint32_t srw[4], rw[4], sph[4];
     uint8_t *pending;          /* [n_layer][H] a plan of the head waits */
     /* a head read back: rows [0, rc_len) of (rc_il, rc_hk) as floats */
     int32_t rc_il, rc_hk, rc_len;
@@ -121,10 +124,6 @@ bool ekv_vk_mg_supported(const struct ekv_seq *seq, const char **why) {
     const struct ekv_model_info *in = &seq->ctx->model->info;
     if (!row_type(kv->fk.type) || !row_type(kv->fv.type)) {
         *why = "a compressing policy with KIVI storage runs on the CPU in this version (GPU: f32, f16, q8_0, q4_0)";
-        return false;
-    }
-    if (in->sliding_window > 0) {
-        *why = "a compressing policy with sliding-window attention runs on the CPU in this version";
         return false;
     }
     const int R = in->n_head / in->n_head_kv;
@@ -169,7 +168,14 @@ static void cpu_to_dev(enum ekv_kv_type t, uint32_t D, const uint8_t *cpu, uint8
 }
 
 static struct ekv_vk_side *side_of(struct ekv_vk_mg *m, int side) { return side ? &m->s->v : &m->s->k; }
-static int n_sides(const struct ekv_vk_mg *m) { return m->bias ? 3 : 2; }
+/* Sides a cache plans: K, V, the logit biases (2), the positions (3). */
+static bool side_on(const struct ekv_vk_mg *m, int side) {
+    return side < 2 || (side == 2 && m->bias) || (side == 3 && m->posb);
+}
+/* The buffer of a side of layer il. */
+static struct ekv_vk_buf *side_buf(struct ekv_vk_mg *m, int side, int il) {
+    return side == 0 ? &m->s->k.buf[il] : side == 1 ? &m->s->v.buf[il] : side == 2 ? &m->bias[il] : &m->posb[il];
+}
 #define MG_ZERO 0xffffffffu /* kv_compact.comp: write 0 */
 
 /* ---- plans ---- */
@@ -202,10 +208,11 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
      * the runs with absolute rows and their prefix sums */
     const size_t mtab0 = 0, mem0 = 4 * m->n_means, runs0 = mem0 + 2 * m->n_members;
     const size_t st_words = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
-    const size_t st_off[3] = {0, m->n_stage[0], m->n_stage[0] + m->n_stage[1]};
+    const size_t st_off[4] = {0, m->n_stage[0], m->n_stage[0] + m->n_stage[1], st_words};
     size_t max_words = 1; /* the largest (layer, side)'s planned words: the scratch */
     for (int32_t il = 0; il < s->n_layer; il++)
-        for (int side = 0; side < n_sides(m); side++) {
+        for (int side = 0; side < 4; side++) {
+            if (!side_on(m, side)) continue;
             size_t r = 0;
             for (int32_t i = 0; i < m->n_plans; i++) {
                 const struct mg_plan *p = &m->plans[i];
@@ -250,7 +257,8 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
      * scratch, then to their places (two dispatches over the whole device) */
     size_t at = runs0;
     for (int32_t il = 0; il < s->n_layer; il++)
-        for (int side = 0; side < n_sides(m); side++) {
+        for (int side = 0; side < 4; side++) {
+            if (!side_on(m, side)) continue;
             const size_t r0 = at;
             uint32_t n_runs = 0;
             for (int32_t i = 0; i < m->n_plans; i++) {
@@ -275,7 +283,7 @@ static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
             const struct ekv_vk_side *sd = side < 2 ? side_of(m, side) : NULL;
             const uint64_t ew = (uint64_t)m->rw[side] + m->sph[side];
             struct ekv_vk_pc_kv_compact pc = {
-                .base = sd ? sd->buf[il].addr : m->bias[il].addr, .runs = g->plan.addr + r0 * 4,
+                .base = side_buf(m, side, il)->addr, .runs = g->plan.addr + r0 * 4,
                 .stage = g->stage.addr + st_off[side] * 4, .scr = g->cscr.addr, .n_runs = n_runs, .total = total,
                 .rw = m->rw[side], .sph = m->sph[side], .p0h = sd ? (uint32_t)(2 * sd->p0) : 0, .srw = m->srw[side]};
             const uint32_t gx = (uint32_t)EKV_MIN((uint64_t)65535, (total * ew + 255) / 256);
@@ -366,6 +374,18 @@ static enum ekv_status head_touch(struct ekv_vk_mg *m, int il, int hk) {
  * log), the places past the kept ones become 0. */
 static enum ekv_status plan_bias(struct ekv_vk_mg *m, int il, int hk, int32_t len, const uint8_t *keep, const int32_t *into,
                                  const float *w_old) {
+    if (m->posb) { /* the positions move with their entries (a merged entry keeps its own) */
+        const size_t first = m->n_pairs;
+        enum ekv_status st = EKV_OK;
+        uint32_t e = 0;
+        for (int32_t j = 0; j < len && st == EKV_OK; j++) {
+            if (keep ? !keep[j] : into[j] != j) continue;
+            if ((uint32_t)j != e) st = add_pair(m, first, e, (uint32_t)j);
+            e++;
+        }
+        if (st == EKV_OK) st = add_plan(m, il, hk, 3, first);
+        if (st != EKV_OK) return st;
+    }
     if (!m->bias) return EKV_OK;
     const float *w_now = m->seq->kv->layers[il].heads[hk].weight; /* survivors' new weights are set already */
     const size_t first = m->n_pairs;
@@ -563,13 +583,19 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
     if (!ekv_vk_side_layout(&nsd[0], &ns) || !ekv_vk_side_layout(&nsd[1], &ns))
         return ekv_err(EKV_ERR_OVERFLOW, "a cache of %d entries per head is too large for one GPU buffer per layer",
                        (int)newcap);
-    enum ekv_status st = grow((void **)&g->old, &g->cap_old, (size_t)g->n_old + 3 * (size_t)s->n_layer + 1, sizeof *g->old);
-    struct ekv_vk_buf *nb = NULL; /* new logit biases */
+    enum ekv_status st = grow((void **)&g->old, &g->cap_old, (size_t)g->n_old + 4 * (size_t)s->n_layer + 1, sizeof *g->old);
+    struct ekv_vk_buf *nb = NULL, *np = NULL; /* new logit biases, positions */
     if (st == EKV_OK && m->bias) {
         nb = calloc((size_t)s->n_layer, sizeof *nb);
         if (!nb) st = ekv_err(EKV_ERR_NOMEM, "out of memory");
         for (int32_t il = 0; il < s->n_layer && st == EKV_OK; il++)
             st = ekv_vk_buf_new(g->vk, (size_t)s->H * (size_t)newcap * 4, false, "GPU cache logit biases", &nb[il]);
+    }
+    if (st == EKV_OK && m->posb) {
+        np = calloc((size_t)s->n_layer, sizeof *np);
+        if (!np) st = ekv_err(EKV_ERR_NOMEM, "out of memory");
+        for (int32_t il = 0; il < s->n_layer && st == EKV_OK; il++)
+            st = ekv_vk_buf_new(g->vk, (size_t)s->H * (size_t)newcap * 4, false, "GPU cache positions", &np[il]);
     }
     for (int side = 0; side < 2 && st == EKV_OK; side++) {
         nsd[side].buf = calloc((size_t)s->n_layer, sizeof *nsd[side].buf);
@@ -582,9 +608,15 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
         for (int side = 0; side < 2; side++)
             for (int32_t il = 0; nsd[side].buf && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &nsd[side].buf[il]);
         for (int32_t il = 0; nb && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &nb[il]);
-        free(nsd[0].buf), free(nsd[1].buf), free(nb);
+        for (int32_t il = 0; np && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &np[il]);
+        free(nsd[0].buf), free(nsd[1].buf), free(nb), free(np);
         return st;
     }
+    for (int32_t il = 0; np && il < s->n_layer; il++)
+        for (uint32_t h = 0; h < s->H; h++) {
+            const uint64_t len = (uint64_t)lens[(size_t)il * s->H + h];
+            ekv_vk_copy(g->vk, &m->posb[il], h * (uint64_t)s->cap * 4, &np[il], h * (uint64_t)newcap * 4, len * 4);
+        }
     for (int32_t il = 0; nb && il < s->n_layer; il++) { /* zero, then each head's biases */
         ekv_vk_fill(g->vk, &nb[il], 0, (size_t)s->H * (size_t)newcap * 4, 0);
         for (uint32_t h = 0; h < s->H; h++) {
@@ -623,6 +655,14 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
         free(m->bias);
         m->bias = nb;
     }
+    for (int32_t il = 0; np && il < s->n_layer; il++) {
+        if (in_rec) g->old[g->n_old++] = m->posb[il];
+        else ekv_vk_buf_free(g->vk, &m->posb[il]);
+    }
+    if (np) {
+        free(m->posb);
+        m->posb = np;
+    }
     s->cap = newcap;
     m->rc_il = -1;
     return st; /* on failure the copies did not run: the cache's rows are lost */
@@ -655,10 +695,10 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
         side_shape(side_of(m, side)->type, s->D, &m->rw[side], &m->sph[side]);
         m->srw[side] = m->rw[side] + (m->sph[side] + 1) / 2;
     }
-    m->rw[2] = m->srw[2] = 1; /* a logit bias: one word */
-    m->sph[2] = 0;
+    m->rw[2] = m->srw[2] = m->rw[3] = m->srw[3] = 1; /* a logit bias, a position: one word */
+    m->sph[2] = m->sph[3] = 0;
     const size_t LH = (size_t)s->n_layer * s->H;
-    m->meta_words = s->H + 3;
+    m->meta_words = s->H + 5;
     m->L0 = calloc(LH, sizeof *m->L0);
     m->maxlen = calloc((size_t)s->n_layer, sizeof *m->maxlen);
     m->pending = calloc(LH, 1);
@@ -681,6 +721,13 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
         for (int32_t il = 0; il < s->n_layer; il++) ekv_vk_fill(g->vk, &m->bias[il], 0, (size_t)s->H * (size_t)s->cap * 4, 0);
         if ((st = ekv_vk_submit(g->vk)) != EKV_OK) return st;
     }
+    if (seq->ctx->model->info.sliding_window > 0) { /* each entry's position, for the window */
+        m->posb = calloc((size_t)s->n_layer, sizeof *m->posb);
+        if (!m->posb) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        for (int32_t il = 0; il < s->n_layer && st == EKV_OK; il++)
+            st = ekv_vk_buf_new(g->vk, (size_t)s->H * (size_t)s->cap * 4, false, "GPU cache positions", &m->posb[il]);
+        if (st != EKV_OK) return st;
+    }
     m->dev = (struct ekv_kv_dev){.user = m, .compact = dev_compact, .merge = dev_merge, .read = dev_read,
                                  .write = dev_write};
     seq->kv->dev = &m->dev;
@@ -697,6 +744,8 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     ekv_vk_buf_free(g->vk, &m->st);
     for (int32_t il = 0; m->bias && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &m->bias[il]);
     free(m->bias);
+    for (int32_t il = 0; m->posb && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &m->posb[il]);
+    free(m->posb);
     free(m->stage[2]);
     free(m->L0);
     free(m->maxlen);
@@ -720,6 +769,8 @@ enum ekv_status ekv_vk_mg_read_bias(const struct ekv_vk_mg *m, int il, float *ou
 }
 
 uint64_t ekv_vk_mg_read_backs(const struct ekv_vk_mg *m) { return m ? m->n_read_back : 0; }
+
+uint64_t ekv_vk_mg_posb(const struct ekv_vk_mg *m, int il) { return m && m->posb ? m->posb[il].addr : 0; }
 
 uint64_t ekv_vk_mg_meta(const struct ekv_vk_mg *m, int il) {
     return m->meta.addr + (uint64_t)il * m->meta_words * 4;
@@ -766,6 +817,9 @@ static void meta_write(struct ekv_vk_mg *m, const struct ekv_kv *kv) {
         w[H] = b ? 1u : 0u;
         w[H + 1] = (uint32_t)b;
         w[H + 2] = (uint32_t)(b >> 32);
+        const uint64_t p = m->posb ? m->posb[il].addr : 0;
+        w[H + 3] = (uint32_t)p;
+        w[H + 4] = (uint32_t)(p >> 32);
     }
 }
 
@@ -850,10 +904,22 @@ void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s,
         .s_colsum = m->slot[SL_COLSUM], .s_sumsq = m->slot[SL_SUMSQ], .s_last = m->slot[SL_LAST],
         .s_win = m->slot[SL_WIN], .s_bin = m->slot[SL_BIN], .sparsity = m->sparsity ? 1u : 0u,
         .scale = 1.0f / sqrtf((float)s->D),
-        .sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p};
+        .sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p,
+        .window = m->posb ? (uint32_t)kv->swa_window : 0, .pos0 = (uint32_t)m->step.pos0};
     const uint32_t gx = (uint32_t)((m->maxlen[il] + 63) / 64);
     /* workgroups past a head's length do nothing but write their (zero) sparsity block */
     ekv_vk_dispatch(g->vk, ekv_vk_attn_stats_pipe(s->k.type), &pc, sizeof pc, m->sparsity ? m->nblk : gx, s->H, 1);
+}
+
+/* First of the n entries of h at a position >= min_pos (attend.c's rule). */
+static int32_t window_first(const struct ekv_kv_head *h, int32_t n, int64_t min_pos) {
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (h->pos[mid] < min_pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
 }
 
 /* Adds layer il's increments to the host cache's statistics (as
@@ -866,14 +932,25 @@ static void stats_fold(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
     const float *st = (const float *)m->st.host + (size_t)il * m->n_slot * H * cap;
     const uint32_t *zeros = (const uint32_t *)m->st.host + m->zeros_off + (size_t)il * H * m->nblk;
     struct ekv_kv_layer *L = &kv->layers[il];
+    const int64_t W = m->posb ? kv->swa_window : 0;
     for (uint32_t hk = 0; hk < H; hk++) {
         struct ekv_kv_head *h = &L->heads[hk];
         const int32_t L0 = m->L0[(size_t)il * H + hk];
+        /* with a sliding window, row i sees entries [lo_i, L0 + i]: counts by difference array */
+        int32_t *seen = NULL;
+        if (W > 0 && (seen = calloc((size_t)h->len + 1, sizeof *seen)) != NULL) {
+            for (int32_t i = 0; i < n; i++) {
+                const int32_t lo = window_first(h, L0 + i + 1, m->step.pos0 + i - W + 1);
+                seen[lo]++;
+                seen[L0 + i + 1]--;
+            }
+            for (int32_t j = 1; j <= h->len; j++) seen[j] += seen[j - 1];
+        }
 #define SLOT(i) (st + ((size_t)m->slot[i] * H + hk) * cap)
         for (int32_t j = 0; j < h->len; j++) {
             if (m->slot[SL_COLSUM] != MG_NONE) {
                 h->colsum[j] += (double)SLOT(SL_COLSUM)[j];
-                h->count[j] += n - (j > L0 ? j - L0 : 0);
+                h->count[j] += seen ? seen[j] : n - (j > L0 ? j - L0 : 0);
             }
             if (m->slot[SL_SUMSQ] != MG_NONE) h->sumsq[j] += (double)SLOT(SL_SUMSQ)[j];
             if (m->slot[SL_LAST] != MG_NONE) h->lastrow[j] = SLOT(SL_LAST)[j];
@@ -884,10 +961,12 @@ static void stats_fold(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
         if (m->sparsity) {
             double z = 0.0, tot = 0.0;
             for (uint32_t b = 0; b < m->nblk; b++) z += zeros[(size_t)hk * m->nblk + b];
-            for (int32_t i = m->wrow; i < n; i++) tot += (double)R * (double)(L0 + i + 1);
+            for (int32_t i = m->wrow; i < n; i++)
+                tot += (double)R * (double)(L0 + i + 1 - (W > 0 ? window_first(h, L0 + i + 1, m->step.pos0 + i - W + 1) : 0));
             L->sparse_zero += z;
             L->sparse_total += tot;
         }
+        free(seen);
     }
 }
 

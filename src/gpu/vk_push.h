@@ -20,8 +20,8 @@ enum {
     EKV_VK_MV_BIAS = 2      /* + b */
 };
 struct ekv_vk_pc_rope_store {
-    uint64_t q, k, v, cs, kdst, vdst, meta;
-    uint32_t n_head, H, D, rope_dim, neox, rows, q_stride, kv_stride, k_hstride, k_e0, v_hstride, v_e0;
+    uint64_t q, k, v, cs, kdst, vdst, meta, posb;
+    uint32_t n_head, H, D, rope_dim, neox, rows, q_stride, kv_stride, k_hstride, k_e0, v_hstride, v_e0, pos0;
 };
 struct ekv_vk_pc_attn {
     uint64_t q, kc, vc, part, kscr, vscr, meta;
@@ -39,6 +39,7 @@ struct ekv_vk_pc_attn_stats {
     uint32_t n_head, n_head_kv, head_dim, n_ctx, rows, q_stride;
     uint32_t cap, wrow, s_colsum, s_sumsq, s_last, s_win, s_bin, sparsity;
     float scale, sparsity_p;
+    uint32_t window, pos0;
 };
 struct ekv_vk_pc_kv_merge { uint64_t base, stage, table, members; uint32_t H, C, D, rw, srw; };
 struct ekv_vk_pc_kv_compact { uint64_t base, runs, stage, scr; uint32_t n_runs, total, rw, sph, p0h, srw, phase; };

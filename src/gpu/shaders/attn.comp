@@ -15,8 +15,10 @@
 // [0, meta[h] + i] by index, and with meta[n_head_kv] != 0 the score of
 // entry j gets the logit bias b[h * n_ctx + j] (log of the tokens a merged
 // entry stands for; b is the device buffer at the address in
-// meta[n_head_kv + 1], [n_head_kv + 2], low word first). Without meta,
-// entry index = position (a full cache).
+// meta[n_head_kv + 1], [n_head_kv + 2], low word first). With a sliding
+// window a row sees the entries at positions > its own - window: the
+// head's positions are the buffer at meta[n_head_kv + 3], [n_head_kv + 4].
+// Without meta, entry index = position (a full cache).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
@@ -53,9 +55,23 @@ void main() {
     const uint bias0 = kvh * pc.n_ctx;
     F32 bias = F32(biased ? uint64_t(pc.meta.d[pc.n_head_kv + 1u]) | (uint64_t(pc.meta.d[pc.n_head_kv + 2u]) << 32)
                                 : uint64_t(pc.q));
-    const uint lo_w = (!managed && pc.window > 0u && pos + 1u > pc.window) ? pos + 1u - pc.window : 0u;
+    uint lo_w = (!managed && pc.window > 0u && pos + 1u > pc.window) ? pos + 1u - pc.window : 0u;
+    const uint end = L0 + (pos - pc.kv_pos0) + 1u;
+    if (managed && pc.window > 0u && pos + 1u > pc.window) {
+        // a compressed cache: the first entry at a position inside the window,
+        // by binary search over the head's positions (ascending)
+        U32 P = U32(uint64_t(pc.meta.d[pc.n_head_kv + 3u]) | (uint64_t(pc.meta.d[pc.n_head_kv + 4u]) << 32));
+        const uint want = pos + 1u - pc.window, base = kvh * pc.n_ctx;
+        uint a = 0u, b = end;
+        while (a < b) {
+            const uint mid = (a + b) / 2u;
+            if (P.d[base + mid] < want) a = mid + 1u;
+            else b = mid;
+        }
+        lo_w = a;
+    }
     const uint lo = max(lo_w, si * pc.split_len);
-    const uint hi = min(L0 + (pos - pc.kv_pos0) + 1u, (si + 1u) * pc.split_len); // exclusive
+    const uint hi = min(end, (si + 1u) * pc.split_len); // exclusive
     const uint ob = ((row * pc.n_head + h) * pc.n_split + si) * (D + 2u);
     KvSide ks = kside(), vs = vside();
     const uint NO = D / 8u, NS = nth / NO, eo = tid % NO, ls = tid / NO; // octets, key lanes

@@ -13,7 +13,10 @@
 // p^2 (sumsq), the last row's mean (lastrow), the means of rows >= wrow
 // (winsum), the share of heads with p >= 1/visible entries (bincount); and
 // per block the entries with p < sparsity_p * the row's largest p
-// (VL-Cache's counts; the largest p of a row is 1/L). Outputs are this
+// (VL-Cache's counts; the largest p of a row is 1/L). With a sliding
+// window (window != 0) a row sees only the entries from the first at a
+// position > its own - window (binary search in the head's positions, the
+// buffer at meta[H + 3], [H + 4]). Outputs are this
 // forward's increments, st[slot][head][cap] floats and zeros[head][block];
 // the host adds them to the cache's statistics (backend_vk_policy.c).
 // -DKT= the key storage type (row types).
@@ -28,7 +31,7 @@ layout(push_constant) uniform P {
     F32 q; U32 kc; F32 ml; U32 meta; F32 st; U32 zeros;
     uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint rows; uint q_stride;
     uint cap; uint wrow; uint s_colsum; uint s_sumsq; uint s_last; uint s_win; uint s_bin; uint sparsity;
-    float scale; float sparsity_p;
+    float scale; float sparsity_p; uint window; uint pos0;
 } pc;
 shared float sq[QF];
 shared float sm[64], sl[64];
@@ -83,7 +86,20 @@ void main() {
         for (uint ii = 0u; ii < nr; ii++) {
             const uint i = i0 + ii;
             if (i < first) continue;
-            const float thr = 1.0 / float(L0 + i + 1u);
+            uint lo = 0u; // a sliding window: the row's first visible entry
+            if (pc.window > 0u && pc.pos0 + i + 1u > pc.window) {
+                U32 P = U32(uint64_t(pc.meta.d[H + 3u]) | (uint64_t(pc.meta.d[H + 4u]) << 32));
+                const uint want = pc.pos0 + i + 1u - pc.window, base = h * pc.n_ctx;
+                uint a = 0u, b = L0 + i + 1u;
+                while (a < b) {
+                    const uint mid = (a + b) / 2u;
+                    if (P.d[base + mid] < want) a = mid + 1u;
+                    else b = mid;
+                }
+                lo = a;
+            }
+            if (j < lo) continue;
+            const float thr = 1.0 / float(L0 + i + 1u - lo);
             float sp = 0.0, sp2 = 0.0;
             uint cnt = 0u, z = 0u;
             for (uint r = 0u; r < R; r++) {

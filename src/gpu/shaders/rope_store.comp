@@ -10,7 +10,8 @@
 // heads hstride entries apart. A KIVI side is written as fp16 into the
 // forward's scratch (KV_F16, hstride = the scratch's rows, e0 = the part's
 // first row); kivi.comp quantises it after the attention. A compressed
-// cache (meta != 0) appends after each head's own entries: e0 = meta[h].
+// cache (meta != 0) appends after each head's own entries: e0 = meta[h],
+// and with posb != 0 records each new entry's position (pos0 + row) there.
 // Workgroup (row, head): heads below n_head are query heads (rotated in
 // place), the others key heads (rotated in shared memory, stored with
 // their values). The keys of the activation rows stay unrotated: nothing
@@ -25,9 +26,9 @@
 #include "kvq_quant.glsl"
 layout(local_size_x = 64) in;
 layout(push_constant) uniform P {
-    F32 q; F32 k; F32 v; F32 cs; U32 kdst; U32 vdst; U32 meta;
+    F32 q; F32 k; F32 v; F32 cs; U32 kdst; U32 vdst; U32 meta; U32 posb;
     uint n_head; uint H; uint D; uint rope_dim; uint neox; uint rows; uint q_stride; uint kv_stride;
-    uint k_hstride; uint k_e0; uint v_hstride; uint v_e0;
+    uint k_hstride; uint k_e0; uint v_hstride; uint v_e0; uint pos0;
 } pc;
 shared float sx[256]; // a key head, rotated
 
@@ -100,6 +101,7 @@ void main() {
     const bool managed = uint64_t(pc.meta) != 0ul;
     const uint ke0 = managed ? pc.meta.d[hk] : pc.k_e0, ve0 = managed ? pc.meta.d[hk] : pc.v_e0;
     store(SK, pc.kdst, hk * pc.k_hstride + ke0 + row, pc.k_hstride);
+    if (managed && uint64_t(pc.posb) != 0ul && tid == 0u) pc.posb.d[hk * pc.k_hstride + ke0 + row] = pc.pos0 + row;
     barrier();
     for (uint c = tid; c < D; c += 64u) sx[c] = pc.v.d[src + c];
     barrier();
