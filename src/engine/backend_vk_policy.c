@@ -1,5 +1,6 @@
 /*
- * backend_vk_policy.c — compressed KV caches on the GPU: every policy but
+ * backend_vk_policy.c — compressed KV caches on the GPU (the plans that
+ * act on the rows: backend_vk_plan.c): every policy but
  * full, with the policy code of src/kv unchanged (it decides; the device
  * holds the rows and executes).
  *
@@ -46,76 +47,9 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "engine/backend_vk.h"
+#include "engine/backend_vk_mg.h"
 #include "gpu/vk_push.h"
 #include "kernels/kvquant.h"
-#include "kv/kv.h"
-
-#define MG_HI 0x80000000u   /* a plan's source is a staged row */
-#define MG_NONE 0xffffffffu /* attn_stats: statistic not collected */
-enum { SL_COLSUM, SL_SUMSQ, SL_LAST, SL_WIN, SL_BIN, SL_COUNT };
-
-/* One head's plan for one side: n runs from `first` on. */
-struct mg_plan {
-    int32_t il, hk, side;
-    uint32_t first, n;
-};
-
-/* A merged entry's mean, computed on the device (kv_merge.comp) into stage
- * row `row` of its side from n (entry, weight) members from `first` on. */
-struct mg_mean {
-    int32_t il, hk, side;
-    uint32_t row, first, n;
-};
-
-struct ekv_vk_mg {
-    struct ekv_vk_ctx *g;
-    struct ekv_seq *seq;
-    struct ekv_vk_seq *s;
-    struct ekv_kv_dev dev;
-    struct ekv_vk_buf meta;    /* host-visible [n_layer][meta_words] u32: L0 [H], has_bias, the layer's bias address */
-    uint32_t meta_words;
-    /* with logit biases (elastic-v2:bias=1): [n_layer] device buffers [H][cap] f32 of log(weight), 0 past each
-     * head's entries; planned like a side of one-word rows ("side" 2), so the host writes only what changes */
-    struct ekv_vk_buf *bias;
-    /* with a sliding window: [n_layer] device buffers [H][cap] u32 of each entry's position (rope_store writes
-     * new entries'; planned like the biases, "side" 3, moves only) */
-    struct ekv_vk_buf *posb;
-    int32_t *L0;               /* [n_layer][H] entries of each head before the part */
-    int32_t *maxlen;           /* [n_layer] the longest head after the part */
-    /* the statistics of the forward: [n_layer][n_slot][H][st_cap] f32, then zeros [n_layer][H][nblk] u32 */
-    struct ekv_vk_buf st;
-    uint32_t st_cap, nblk, n_slot;
-    uint32_t slot[SL_COUNT];
-    bool sparsity, any_stats;
-    uint64_t zeros_off;        /* words */
-    struct ekv_kv_step step;   /* the part's step (its pointers live as long as the forward) */
-    int32_t n_rows, wrow;
-    bool in_fwd;
-    bool moved;                /* the cache moved to other buffers in the open recording */
-    /* plans not yet run, with their pairs and staged rows (per side) */
-    struct mg_plan *plans;
-    int32_t n_plans;
-    size_t cap_plans;
-    uint32_t *pairs;           /* [3 * n_pairs] runs: first destination, first source, rows (head-relative;
-                                  a source with MG_HI is a stage row, MG_ZERO zeros) */
-    size_t n_pairs, cap_pairs;
-    struct mg_mean *means;     /* merges the device averages */
-    size_t n_means, cap_means;
-    uint32_t *members;         /* [2 * n_members] entry, weight (float bits) */
-    size_t n_members, cap_members;
-    uint32_t *stage[4];        /* [rows][srw[side]] words; side 2: the biases (side 3, positions: never staged) */
-    size_t n_stage[4], cap_stage[4];
-    uint32_t srw[4], rw[4], sph[4];
-    uint8_t *pending;          /* [n_layer][H] a plan of the head waits */
-    /* a head read back: rows [0, rc_len) of (rc_il, rc_hk) as floats */
-    int32_t rc_il, rc_hk, rc_len;
-    float *rc_k, *rc_v;
-    size_t rc_cap;             /* floats per side */
-    uint8_t *rc_raw;           /* download scratch */
-    size_t rc_raw_cap;
-    uint64_t n_read_back;      /* heads read back so far */
-};
 
 static bool row_type(enum ekv_kv_type t) { return t == EKV_KV_F32 || t == EKV_KV_F16 || t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0; }
 
@@ -132,434 +66,6 @@ bool ekv_vk_mg_supported(const struct ekv_seq *seq, const char **why) {
         return false;
     }
     return true;
-}
-
-/* ---- rows between the device's layout and floats ---- */
-
-/* Quant bytes of one row of the device layout (words * 4) and its fp16 scales. */
-static void side_shape(enum ekv_kv_type t, uint32_t D, uint32_t *rw, uint32_t *sph) {
-    *sph = (t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0) ? D / 32 : 0;
-    *rw = t == EKV_KV_F32 ? D : t == EKV_KV_F16 ? D / 2 : t == EKV_KV_Q8_0 ? D / 4 : D / 8;
-}
-
-/* A device row (quants q, scales sc) as the CPU's row of the type (kvquant.h). */
-static void dev_to_cpu(enum ekv_kv_type t, uint32_t D, const uint8_t *q, const uint16_t *sc, uint8_t *cpu) {
-    if (t == EKV_KV_F32 || t == EKV_KV_F16) {
-        memcpy(cpu, q, (size_t)D * (t == EKV_KV_F32 ? 4 : 2));
-        return;
-    }
-    const size_t qb = t == EKV_KV_Q8_0 ? 32 : 16; /* quant bytes per block of 32 */
-    for (uint32_t b = 0; b < D / 32; b++) {
-        memcpy(cpu + b * (qb + 2), &sc[b], 2);
-        memcpy(cpu + b * (qb + 2) + 2, q + b * qb, qb);
-    }
-}
-
-static void cpu_to_dev(enum ekv_kv_type t, uint32_t D, const uint8_t *cpu, uint8_t *q, uint16_t *sc) {
-    if (t == EKV_KV_F32 || t == EKV_KV_F16) {
-        memcpy(q, cpu, (size_t)D * (t == EKV_KV_F32 ? 4 : 2));
-        return;
-    }
-    const size_t qb = t == EKV_KV_Q8_0 ? 32 : 16;
-    for (uint32_t b = 0; b < D / 32; b++) {
-        memcpy(&sc[b], cpu + b * (qb + 2), 2);
-        memcpy(q + b * qb, cpu + b * (qb + 2) + 2, qb);
-    }
-}
-
-static struct ekv_vk_side *side_of(struct ekv_vk_mg *m, int side) { return side ? &m->s->v : &m->s->k; }
-/* Sides a cache plans: K, V, the logit biases (2), the positions (3). */
-static bool side_on(const struct ekv_vk_mg *m, int side) {
-    return side < 2 || (side == 2 && m->bias) || (side == 3 && m->posb);
-}
-/* The buffer of a side of layer il. */
-static struct ekv_vk_buf *side_buf(struct ekv_vk_mg *m, int side, int il) {
-    return side == 0 ? &m->s->k.buf[il] : side == 1 ? &m->s->v.buf[il] : side == 2 ? &m->bias[il] : &m->posb[il];
-}
-#define MG_ZERO 0xffffffffu /* kv_compact.comp: write 0 */
-
-/* ---- plans ---- */
-
-static enum ekv_status grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return EKV_OK;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need) nc *= 2;
-    void *np = realloc(*p, nc * elem);
-    if (!np) return ekv_err(EKV_ERR_NOMEM, "out of memory for a GPU cache plan of %zu entries", need);
-    *p = np;
-    *cap = nc;
-    return EKV_OK;
-}
-
-/* Makes a device buffer hold `bytes` (no recording may be open). */
-static enum ekv_status buf_fit(struct ekv_vk *vk, struct ekv_vk_buf *b, size_t bytes, bool host, const char *what) {
-    if (b->buffer && b->bytes >= bytes) return EKV_OK;
-    ekv_vk_buf_free(vk, b);
-    size_t want = bytes < 4096 ? 4096 : bytes + bytes / 2;
-    return ekv_vk_buf_new(vk, want, host, what, b);
-}
-
-/* Runs the plans made so far (one submission). */
-static enum ekv_status mg_flush(struct ekv_vk_mg *m) {
-    if (m->n_plans == 0) return EKV_OK;
-    struct ekv_vk_ctx *g = m->g;
-    const struct ekv_vk_seq *s = m->s;
-    /* the plan buffer: merges' table and members, then per (layer, side)
-     * the runs with absolute rows and their prefix sums */
-    const size_t mtab0 = 0, mem0 = 4 * m->n_means, runs0 = mem0 + 2 * m->n_members;
-    const size_t st_words = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
-    const size_t st_off[4] = {0, m->n_stage[0], m->n_stage[0] + m->n_stage[1], st_words};
-    size_t max_words = 1; /* the largest (layer, side)'s planned words: the scratch */
-    for (int32_t il = 0; il < s->n_layer; il++)
-        for (int side = 0; side < 4; side++) {
-            if (!side_on(m, side)) continue;
-            size_t r = 0;
-            for (int32_t i = 0; i < m->n_plans; i++) {
-                const struct mg_plan *p = &m->plans[i];
-                if (p->il != il || p->side != side) continue;
-                for (uint32_t k = 0; k < p->n; k++) r += m->pairs[3 * (p->first + k) + 2];
-            }
-            max_words = EKV_MAX(max_words, r * (m->rw[side] + m->sph[side]));
-        }
-    enum ekv_status st = buf_fit(g->vk, &g->plan, (runs0 + 4 * m->n_pairs + 2 * (size_t)s->n_layer * 3) * 4, true,
-                                 "GPU cache plans");
-    if (st == EKV_OK) st = buf_fit(g->vk, &g->stage, (st_words ? st_words : 1) * 4, true, "GPU cache staged rows");
-    if (st == EKV_OK) st = buf_fit(g->vk, &g->cscr, max_words * 4, false, "GPU cache compaction scratch");
-    if (st != EKV_OK) return st;
-    uint32_t *w = g->plan.host;
-    uint32_t *sw = g->stage.host;
-    for (int side = 0; side < 3; side++)
-        if (m->n_stage[side]) memcpy(sw + st_off[side], m->stage[side], m->n_stage[side] * 4);
-    if (m->n_members) memcpy(w + mem0, m->members, 2 * m->n_members * 4);
-    if ((st = ekv_vk_begin(g->vk)) != EKV_OK) return st;
-    /* the merged entries' means first (they read the rows where they were),
-     * one dispatch per (layer, side) with means: a workgroup per merged entry */
-    size_t t = 0;
-    for (int32_t il = 0; il < s->n_layer && m->n_means; il++)
-        for (int side = 0; side < 2; side++) {
-            const size_t t0 = t;
-            for (size_t i = 0; i < m->n_means; i++) {
-                const struct mg_mean *q = &m->means[i];
-                if (q->il != il || q->side != side) continue;
-                uint32_t *e = w + mtab0 + 4 * t;
-                e[0] = (uint32_t)q->hk, e[1] = q->row, e[2] = q->first, e[3] = q->n;
-                t++;
-            }
-            if (t == t0) continue;
-            const struct ekv_vk_side *sd = side_of(m, side);
-            struct ekv_vk_pc_kv_merge pc = {
-                .base = sd->buf[il].addr, .stage = g->stage.addr + st_off[side] * 4,
-                .table = g->plan.addr + (mtab0 + 4 * t0) * 4, .members = g->plan.addr + mem0 * 4, .H = s->H,
-                .C = (uint32_t)s->cap, .D = s->D, .rw = m->rw[side], .srw = m->srw[side]};
-            ekv_vk_dispatch(g->vk, ekv_vk_kv_merge_pipe(sd->type), &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
-        }
-    /* then per (layer, side) the compaction: all planned rows into the
-     * scratch, then to their places (two dispatches over the whole device) */
-    size_t at = runs0;
-    for (int32_t il = 0; il < s->n_layer; il++)
-        for (int side = 0; side < 4; side++) {
-            if (!side_on(m, side)) continue;
-            const size_t r0 = at;
-            uint32_t n_runs = 0;
-            for (int32_t i = 0; i < m->n_plans; i++) {
-                const struct mg_plan *p = &m->plans[i];
-                if (p->il != il || p->side != side) continue;
-                const uint32_t hrow0 = (uint32_t)p->hk * (uint32_t)s->cap;
-                for (uint32_t k = 0; k < p->n; k++) {
-                    const uint32_t *q = m->pairs + 3 * (p->first + k);
-                    w[at++] = hrow0 + q[0];
-                    w[at++] = q[1] == MG_ZERO || (q[1] & MG_HI) ? q[1] : hrow0 + q[1];
-                    w[at++] = q[2];
-                    n_runs++;
-                }
-            }
-            if (n_runs == 0) continue;
-            uint32_t total = 0;
-            for (uint32_t r = 0; r < n_runs; r++) {
-                w[at++] = total;
-                total += w[r0 + 3 * r + 2];
-            }
-            w[at++] = total;
-            const struct ekv_vk_side *sd = side < 2 ? side_of(m, side) : NULL;
-            const uint64_t ew = (uint64_t)m->rw[side] + m->sph[side];
-            struct ekv_vk_pc_kv_compact pc = {
-                .base = side_buf(m, side, il)->addr, .runs = g->plan.addr + r0 * 4,
-                .stage = g->stage.addr + st_off[side] * 4, .scr = g->cscr.addr, .n_runs = n_runs, .total = total,
-                .rw = m->rw[side], .sph = m->sph[side], .p0h = sd ? (uint32_t)(2 * sd->p0) : 0, .srw = m->srw[side]};
-            const uint32_t gx = (uint32_t)EKV_MIN((uint64_t)65535, (total * ew + 255) / 256);
-            for (uint32_t phase = 0; phase < 2; phase++) {
-                pc.phase = phase;
-                ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, gx, 1, 1);
-            }
-        }
-    st = ekv_vk_submit(g->vk);
-    m->n_plans = 0;
-    m->n_pairs = 0;
-    m->n_means = 0;
-    m->n_members = 0;
-    m->n_stage[0] = m->n_stage[1] = m->n_stage[2] = 0;
-    memset(m->pending, 0, (size_t)s->n_layer * s->H);
-    return st;
-}
-
-/* Stages a float row of one side, quantised as the CPU would; its source code. */
-static enum ekv_status stage_row(struct ekv_vk_mg *m, int side, const float *x, uint32_t *code) {
-    const enum ekv_kv_type t = side_of(m, side)->type;
-    const uint32_t srw = m->srw[side];
-    const size_t row = m->n_stage[side] / srw;
-    if (row >= MG_HI) return ekv_err(EKV_ERR_OVERFLOW, "too many staged rows");
-    enum ekv_status st = grow((void **)&m->stage[side], &m->cap_stage[side], m->n_stage[side] + srw, 4);
-    if (st != EKV_OK) return st;
-    uint8_t cpu[256 * 4];
-    ekv_kv_traits(t)->from_float(x, cpu, (int64_t)m->s->D);
-    uint32_t *dst = m->stage[side] + m->n_stage[side];
-    memset(dst, 0, (size_t)srw * 4);
-    cpu_to_dev(t, m->s->D, cpu, (uint8_t *)dst, (uint16_t *)(dst + m->rw[side]));
-    m->n_stage[side] += srw;
-    *code = MG_HI | (uint32_t)row;
-    return EKV_OK;
-}
-
-/* Stages a logit bias (side 2): log(weight), 0 for weight 1 (attend.c's rule). */
-static enum ekv_status stage_bias(struct ekv_vk_mg *m, float weight, uint32_t *code) {
-    const size_t row = m->n_stage[2];
-    if (row >= MG_HI) return ekv_err(EKV_ERR_OVERFLOW, "too many staged rows");
-    enum ekv_status st = grow((void **)&m->stage[2], &m->cap_stage[2], row + 1, 4);
-    if (st != EKV_OK) return st;
-    const float b = weight != 1.0f ? logf(weight) : 0.0f;
-    memcpy(&m->stage[2][row], &b, 4);
-    m->n_stage[2]++;
-    *code = MG_HI | (uint32_t)row;
-    return EKV_OK;
-}
-
-/* Adds row dst <- src to the plan begun at run `first`, extending its last
- * run when both continue it. */
-static enum ekv_status add_pair(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src) {
-    if (m->n_pairs > first) {
-        uint32_t *q = m->pairs + 3 * (m->n_pairs - 1);
-        if (q[0] + q[2] == dst && ((src == MG_ZERO && q[1] == MG_ZERO) ||
-                                   (src != MG_ZERO && q[1] != MG_ZERO && q[1] + q[2] == src))) {
-            q[2]++;
-            return EKV_OK;
-        }
-    }
-    enum ekv_status st = grow((void **)&m->pairs, &m->cap_pairs, m->n_pairs + 1, 12);
-    if (st != EKV_OK) return st;
-    uint32_t *q = m->pairs + 3 * m->n_pairs;
-    q[0] = dst, q[1] = src, q[2] = 1;
-    m->n_pairs++;
-    return EKV_OK;
-}
-
-static enum ekv_status add_plan(struct ekv_vk_mg *m, int il, int hk, int side, size_t first) {
-    if (m->n_pairs == first) return EKV_OK;
-    enum ekv_status st = grow((void **)&m->plans, &m->cap_plans, (size_t)m->n_plans + 1, sizeof *m->plans);
-    if (st != EKV_OK) return st;
-    m->plans[m->n_plans++] = (struct mg_plan){.il = il, .hk = hk, .side = side, .first = (uint32_t)first,
-                                              .n = (uint32_t)(m->n_pairs - first)};
-    m->pending[(size_t)il * m->s->H + (size_t)hk] = 1;
-    return EKV_OK;
-}
-
-/* A head about to get a plan: an earlier plan of it runs first (plans of
- * one head in one dispatch would race), and its read-back is stale. */
-static enum ekv_status head_touch(struct ekv_vk_mg *m, int il, int hk) {
-    if (m->rc_il == il && m->rc_hk == hk) m->rc_il = -1;
-    return m->pending[(size_t)il * m->s->H + (size_t)hk] ? mg_flush(m) : EKV_OK;
-}
-
-/* The biases of head (il, hk) follow its entries: kept ones move (a
- * survivor whose weight changed, w_old[j] != its weight now, gets its new
- * log), the places past the kept ones become 0. */
-static enum ekv_status plan_bias(struct ekv_vk_mg *m, int il, int hk, int32_t len, const uint8_t *keep, const int32_t *into,
-                                 const float *w_old) {
-    if (m->posb) { /* the positions move with their entries (a merged entry keeps its own) */
-        const size_t first = m->n_pairs;
-        enum ekv_status st = EKV_OK;
-        uint32_t e = 0;
-        for (int32_t j = 0; j < len && st == EKV_OK; j++) {
-            if (keep ? !keep[j] : into[j] != j) continue;
-            if ((uint32_t)j != e) st = add_pair(m, first, e, (uint32_t)j);
-            e++;
-        }
-        if (st == EKV_OK) st = add_plan(m, il, hk, 3, first);
-        if (st != EKV_OK) return st;
-    }
-    if (!m->bias) return EKV_OK;
-    const float *w_now = m->seq->kv->layers[il].heads[hk].weight; /* survivors' new weights are set already */
-    const size_t first = m->n_pairs;
-    enum ekv_status st = EKV_OK;
-    uint32_t e = 0;
-    for (int32_t j = 0; j < len && st == EKV_OK; j++) {
-        if (keep ? !keep[j] : into[j] != j) continue;
-        uint32_t src = (uint32_t)j;
-        if (w_old && w_old[j] != w_now[j]) st = stage_bias(m, w_now[j], &src);
-        if (st == EKV_OK && src != e) st = add_pair(m, first, e, src);
-        e++;
-    }
-    for (uint32_t z = e; z < (uint32_t)len && st == EKV_OK; z++) st = add_pair(m, first, z, MG_ZERO);
-    return st == EKV_OK ? add_plan(m, il, hk, 2, first) : st;
-}
-
-static enum ekv_status dev_compact(void *user, int il, int hk, int32_t len, const uint8_t *keep,
-                                   const float *const *k_of, const float *const *v_of) {
-    struct ekv_vk_mg *m = user;
-    enum ekv_status st = head_touch(m, il, hk);
-    for (int side = 0; side < 2 && st == EKV_OK; side++) {
-        const float *const *of = side ? v_of : k_of;
-        const size_t first = m->n_pairs;
-        uint32_t e = 0;
-        for (int32_t j = 0; j < len && st == EKV_OK; j++) {
-            if (!keep[j]) continue;
-            uint32_t src = (uint32_t)j;
-            if (of && of[j]) st = stage_row(m, side, of[j], &src);
-            if (st == EKV_OK && src != e) st = add_pair(m, first, e, src); /* rows already in place stay */
-            e++;
-        }
-        if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
-    }
-    return st == EKV_OK ? plan_bias(m, il, hk, len, keep, NULL, NULL) : st;
-}
-
-/* A stage row the device fills (a merged entry's mean); its source code. */
-static enum ekv_status stage_blank(struct ekv_vk_mg *m, int side, uint32_t *code) {
-    const uint32_t srw = m->srw[side];
-    const size_t row = m->n_stage[side] / srw;
-    if (row >= MG_HI) return ekv_err(EKV_ERR_OVERFLOW, "too many staged rows");
-    enum ekv_status st = grow((void **)&m->stage[side], &m->cap_stage[side], m->n_stage[side] + srw, 4);
-    if (st != EKV_OK) return st;
-    memset(m->stage[side] + m->n_stage[side], 0, (size_t)srw * 4);
-    m->n_stage[side] += srw;
-    *code = MG_HI | (uint32_t)row;
-    return EKV_OK;
-}
-
-static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const int32_t *into, const float *w,
-                                 const float *const *k_of, const float *const *v_of) {
-    struct ekv_vk_mg *m = user;
-    enum ekv_status st = head_touch(m, il, hk);
-    /* members of each survivor: itself first, then the entries that join it in index order */
-    int32_t *cnt = calloc((size_t)(len ? len : 1), sizeof *cnt), *start = malloc((size_t)(len ? len : 1) * sizeof *start);
-    int32_t *list = malloc((size_t)(len ? len : 1) * sizeof *list);
-    if (!cnt || !start || !list) st = ekv_err(EKV_ERR_NOMEM, "out of memory for a merge of %d entries", (int)len);
-    for (int32_t j = 0; st == EKV_OK && j < len; j++) /* cnt[t]: entries that join t */
-        if (into[j] >= 0 && into[j] != j) cnt[into[j]]++;
-    int32_t at = 0;
-    for (int32_t t = 0; st == EKV_OK && t < len; t++) {
-        start[t] = at;
-        if (into[t] == t) list[at] = t, at += 1 + cnt[t];
-    }
-    for (int32_t t = 0; st == EKV_OK && t < len; t++) cnt[t] = 0;
-    for (int32_t j = 0; st == EKV_OK && j < len; j++) {
-        const int32_t t = into[j];
-        if (t >= 0 && t != j) list[start[t] + 1 + cnt[t]++] = j;
-    }
-    for (int side = 0; side < 2 && st == EKV_OK; side++) {
-        const float *const *of = side ? v_of : k_of;
-        const size_t first = m->n_pairs;
-        uint32_t e = 0;
-        for (int32_t j = 0; j < len && st == EKV_OK; j++) {
-            if (into[j] != j) continue;
-            uint32_t src = (uint32_t)j;
-            if (of && of[j]) {
-                st = stage_row(m, side, of[j], &src);
-            } else if (!of && cnt[j] > 0) { /* a mean of 1 + cnt[j] rows, on the device */
-                st = stage_blank(m, side, &src);
-                const uint32_t nmem = (uint32_t)cnt[j] + 1;
-                if (st == EKV_OK) st = grow((void **)&m->members, &m->cap_members, m->n_members + nmem, 8);
-                if (st == EKV_OK) st = grow((void **)&m->means, &m->cap_means, m->n_means + 1, sizeof *m->means);
-                if (st != EKV_OK) break;
-                m->means[m->n_means++] = (struct mg_mean){.il = il, .hk = hk, .side = side, .row = src & ~MG_HI,
-                                                          .first = (uint32_t)m->n_members, .n = nmem};
-                for (uint32_t i = 0; i < nmem; i++) {
-                    const int32_t mj = list[start[j] + (int32_t)i];
-                    m->members[2 * m->n_members] = (uint32_t)mj;
-                    memcpy(&m->members[2 * m->n_members + 1], &w[mj], 4);
-                    m->n_members++;
-                }
-            }
-            if (st == EKV_OK && src != e) st = add_pair(m, first, e, src);
-            e++;
-        }
-        if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
-    }
-    free(cnt), free(start), free(list);
-    return st == EKV_OK ? plan_bias(m, il, hk, len, NULL, into, w) : st;
-}
-
-static enum ekv_status dev_write(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n,
-                                 const float *k, const float *v) {
-    struct ekv_vk_mg *m = user;
-    (void)len;
-    enum ekv_status st = head_touch(m, il, hk);
-    for (int side = 0; side < 2 && st == EKV_OK; side++) {
-        const float *x = side ? v : k;
-        if (!x) continue;
-        const size_t first = m->n_pairs;
-        for (int32_t t = 0; t < n && st == EKV_OK; t++) {
-            uint32_t src;
-            st = stage_row(m, side, x + (size_t)t * m->s->D, &src);
-            if (st == EKV_OK) st = add_pair(m, first, (uint32_t)idx[t], src);
-        }
-        if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
-    }
-    return st;
-}
-
-/* Reads rows [0, len) of head (il, hk), both sides, into the read-back. */
-static enum ekv_status read_head(struct ekv_vk_mg *m, int il, int hk, int32_t len) {
-    const struct ekv_vk_seq *s = m->s;
-    const size_t D = s->D, n = (size_t)(len ? len : 1);
-    enum ekv_status st = grow((void **)&m->rc_k, &m->rc_cap, n * D, sizeof(float));
-    if (st == EKV_OK && m->rc_cap > 0) {
-        float *nv = realloc(m->rc_v, m->rc_cap * sizeof(float));
-        if (!nv) st = ekv_err(EKV_ERR_NOMEM, "out of memory for %d rows read back", (int)len);
-        else m->rc_v = nv;
-    }
-    if (st != EKV_OK) return st;
-    m->rc_il = -1;
-    for (int side = 0; side < 2; side++) {
-        const struct ekv_vk_side *sd = side_of(m, side);
-        const uint32_t rw = m->rw[side], sph = m->sph[side];
-        const size_t qbytes = (size_t)len * rw * 4, sbytes = (size_t)len * sph * 2;
-        if ((st = grow((void **)&m->rc_raw, &m->rc_raw_cap, qbytes + sbytes + 1, 1)) != EKV_OK) return st;
-        const size_t row0 = (size_t)hk * (size_t)s->cap;
-        if (len > 0 && (st = ekv_vk_download(m->g->vk, &sd->buf[il], row0 * rw * 4, m->rc_raw, qbytes)) != EKV_OK)
-            return st;
-        if (len > 0 && sph &&
-            (st = ekv_vk_download(m->g->vk, &sd->buf[il], (2 * sd->p0 + row0 * sph) * 2, m->rc_raw + qbytes, sbytes)) !=
-                EKV_OK)
-            return st;
-        const struct ekv_kv_type_traits *tr = ekv_kv_traits(sd->type);
-        uint8_t cpu[256 * 4];
-        float *out = side ? m->rc_v : m->rc_k;
-        for (int32_t j = 0; j < len; j++) {
-            dev_to_cpu(sd->type, s->D, m->rc_raw + (size_t)j * rw * 4, (const uint16_t *)(m->rc_raw + qbytes) + (size_t)j * sph,
-                       cpu);
-            tr->to_float(cpu, out + (size_t)j * D, (int64_t)D);
-        }
-    }
-    m->rc_il = il;
-    m->rc_hk = hk;
-    m->rc_len = len;
-    m->n_read_back++;
-    return EKV_OK;
-}
-
-static enum ekv_status dev_read(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n, float *k,
-                                float *v) {
-    struct ekv_vk_mg *m = user;
-    if (m->in_fwd) return ekv_err(EKV_ERR_INTERNAL, "a GPU cache's rows are read while its forward is recorded");
-    enum ekv_status st = m->pending[(size_t)il * m->s->H + (size_t)hk] ? mg_flush(m) : EKV_OK;
-    if (st == EKV_OK && !(m->rc_il == il && m->rc_hk == hk && m->rc_len == len)) st = read_head(m, il, hk, len);
-    if (st != EKV_OK) return st;
-    const size_t D = m->s->D;
-    for (int32_t t = 0; t < n; t++) {
-        if (k) memcpy(k + (size_t)t * D, m->rc_k + (size_t)idx[t] * D, D * sizeof(float));
-        if (v) memcpy(v + (size_t)t * D, m->rc_v + (size_t)idx[t] * D, D * sizeof(float));
-    }
-    return EKV_OK;
 }
 
 /* ---- capacity ---- */
@@ -583,7 +89,7 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
     if (!ekv_vk_side_layout(&nsd[0], &ns) || !ekv_vk_side_layout(&nsd[1], &ns))
         return ekv_err(EKV_ERR_OVERFLOW, "a cache of %d entries per head is too large for one GPU buffer per layer",
                        (int)newcap);
-    enum ekv_status st = grow((void **)&g->old, &g->cap_old, (size_t)g->n_old + 4 * (size_t)s->n_layer + 1, sizeof *g->old);
+    enum ekv_status st = ekv_vk_mg_grow((void **)&g->old, &g->cap_old, (size_t)g->n_old + 4 * (size_t)s->n_layer + 1, sizeof *g->old);
     struct ekv_vk_buf *nb = NULL, *np = NULL; /* new logit biases, positions */
     if (st == EKV_OK && m->bias) {
         nb = calloc((size_t)s->n_layer, sizeof *nb);
@@ -625,7 +131,7 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
         }
     }
     for (int side = 0; side < 2; side++) {
-        struct ekv_vk_side *sd = side_of(m, side);
+        struct ekv_vk_side *sd = mg_side_of(m, side);
         const uint64_t rw = m->rw[side], sph = m->sph[side], oc = (uint64_t)s->cap, nc = (uint64_t)newcap;
         for (int32_t il = 0; il < s->n_layer; il++)
             for (uint32_t h = 0; h < s->H; h++) {
@@ -639,7 +145,7 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
     }
     if (!in_rec) st = ekv_vk_submit(g->vk);
     for (int side = 0; side < 2; side++) {
-        struct ekv_vk_side *sd = side_of(m, side);
+        struct ekv_vk_side *sd = mg_side_of(m, side);
         for (int32_t il = 0; il < s->n_layer; il++) {
             if (in_rec) g->old[g->n_old++] = sd->buf[il];
             else ekv_vk_buf_free(g->vk, &sd->buf[il]);
@@ -692,7 +198,7 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     m->s = s;
     m->rc_il = -1;
     for (int side = 0; side < 2; side++) {
-        side_shape(side_of(m, side)->type, s->D, &m->rw[side], &m->sph[side]);
+        ekv_vk_mg_side_shape(mg_side_of(m, side)->type, s->D, &m->rw[side], &m->sph[side]);
         m->srw[side] = m->rw[side] + (m->sph[side] + 1) / 2;
     }
     m->rw[2] = m->srw[2] = m->rw[3] = m->srw[3] = 1; /* a logit bias, a position: one word */
@@ -728,8 +234,7 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
             st = ekv_vk_buf_new(g->vk, (size_t)s->H * (size_t)s->cap * 4, false, "GPU cache positions", &m->posb[il]);
         if (st != EKV_OK) return st;
     }
-    m->dev = (struct ekv_kv_dev){.user = m, .compact = dev_compact, .merge = dev_merge, .read = dev_read,
-                                 .write = dev_write};
+    ekv_vk_mg_dev_init(m);
     seq->kv->dev = &m->dev;
     return EKV_OK;
 }
@@ -805,7 +310,7 @@ static enum ekv_status stats_begin(struct ekv_vk_mg *m, struct ekv_kv *kv) {
     m->zeros_off = LH * m->n_slot * m->st_cap;
     const uint64_t words = m->zeros_off + (m->sparsity ? LH * m->nblk : 0);
     if (words > ((uint64_t)1 << 40)) return ekv_err(EKV_ERR_OVERFLOW, "GPU cache statistics of %llu words", (unsigned long long)words);
-    return buf_fit(m->g->vk, &m->st, (size_t)words * 4, true, "GPU cache statistics");
+    return ekv_vk_mg_buf_fit(m->g->vk, &m->st, (size_t)words * 4, true, "GPU cache statistics");
 }
 
 static void meta_write(struct ekv_vk_mg *m, const struct ekv_kv *kv) {
@@ -842,7 +347,7 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
                 return ekv_err(EKV_ERR_CONTEXT_FULL, "layer %d head %d holds %d entries: %d more do not fit the GPU cache of %d",
                                il, hk, (int)h->len, (int)n, (int)m->s->n_ctx);
         }
-    enum ekv_status st = grow((void **)&g->fwd_mg, &g->cap_fwd_mg, (size_t)g->n_fwd_mg + 1, sizeof *g->fwd_mg);
+    enum ekv_status st = ekv_vk_mg_grow((void **)&g->fwd_mg, &g->cap_fwd_mg, (size_t)g->n_fwd_mg + 1, sizeof *g->fwd_mg);
     const int64_t need = (int64_t)longest(kv) + n;
     if (st == EKV_OK && need > m->s->cap) { /* room for the part's rows: a larger cache (copies recorded first) */
         lengths(kv, m->L0);
@@ -983,7 +488,7 @@ static enum ekv_status mg_after(struct ekv_vk_mg *m) {
         st = ekv_kv_layer_policy(kv, il, &step);
     }
     if (st == EKV_OK) st = ekv_kv_end(kv, &step);
-    enum ekv_status sf = mg_flush(m);
+    enum ekv_status sf = ekv_vk_mg_flush(m);
     if (st == EKV_OK && sf == EKV_OK) { /* much more room than kept: a smaller cache */
         const int32_t mx = longest(kv);
         if ((int64_t)mx * 2 < m->s->cap && m->s->cap > 64) {
