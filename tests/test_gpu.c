@@ -31,28 +31,10 @@
 #include "kernels/kvquant.h"
 #include "kernels/quant.h"
 #include <unistd.h>
+#include "gputest.h"
 #include "testutil.h"
 
 static char g_dev[32];
-
-/* The device under test: $EKV_TEST_DEVICE, else the first usable Vulkan device. */
-static bool pick_device(void) {
-    const char *e = getenv("EKV_TEST_DEVICE");
-    if (e && *e) {
-        snprintf(g_dev, sizeof g_dev, "%s", e);
-        return true;
-    }
-    struct ekv_device_info d[8];
-    int32_t n = 0;
-    if (ekv_devices_list(d, 8, &n) != EKV_OK) return false;
-    for (int32_t i = 0; i < n && i < 8; i++)
-        if (d[i].usable) {
-            snprintf(g_dev, sizeof g_dev, "vulkan:%d", (int)d[i].index);
-            printf("device under test: %s = %s (%s)\n", g_dev, d[i].name, d[i].type);
-            return true;
-        }
-    return false;
-}
 
 static uint64_t xs = 88172645463325252ull;
 static float frand(void) {
@@ -192,21 +174,6 @@ static void test_matvec_shaders(void) {
     ekv_vk_close(vk);
 }
 
-static struct ekv_context *ctx_on(const struct ekv_model *m, const char *dev, int32_t n_ctx) {
-    struct ekv_context_params cp = ekv_context_default_params();
-    cp.device = dev;
-    cp.n_ctx = n_ctx;
-    struct ekv_context *c = NULL;
-    CHECK_OK(ekv_context_new(m, &cp, &c));
-    return c;
-}
-
-static void check_validation(struct ekv_context *c) {
-    const char *first = "";
-    uint64_t n = c ? ekv_vk_ctx_validation(c->gpu, &first) : 0;
-    CHECK_MSG(n == 0, "%llu validation messages, first: %s", (unsigned long long)n, first);
-}
-
 /* The greedy token (the project's own argmax, src/eval/metrics.c); -1 on NaN logits. */
 static int32_t argmax(const float *x, int32_t n) {
     size_t i = 0;
@@ -218,7 +185,7 @@ static void test_stories_greedy(void) {
     struct ekv_model *m = NULL;
     CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &m));
     if (!m) return;
-    struct ekv_context *cg = ctx_on(m, g_dev, 256), *cc = ctx_on(m, "cpu", 256);
+    struct ekv_context *cg = gt_ctx_on(m, g_dev, 256), *cc = gt_ctx_on(m, "cpu", 256);
     CHECK(cg && cg->gpu && strstr(ekv_context_device(cg), "vulkan:") == ekv_context_device(cg));
     CHECK(cc && !cc->gpu && !strcmp(ekv_context_device(cc), "cpu"));
     CHECK(ekv_context_device_bytes(cg) > 0 && ekv_context_device_bytes(cc) == 0);
@@ -253,7 +220,7 @@ static void test_stories_greedy(void) {
     struct ekv_kv_stats st;
     ekv_seq_kv_stats(sg, &st);
     CHECK(st.n_seen == nt + 64 && st.entries == st.entries_full && st.bytes > 0);
-    check_validation(cg);
+    gt_check_validation(cg);
     free(lg), free(lc);
     ekv_seq_free(sg), ekv_seq_free(sc);
     ekv_context_free(cg), ekv_context_free(cc);
@@ -283,7 +250,7 @@ static void test_ref28m_agreement(const char *path, const char *label, int n, do
     CHECK(nt >= N);
     const int32_t V = m->info.n_vocab;
     float *lg = malloc(sizeof(float) * (size_t)V * N), *lc = malloc(sizeof(float) * (size_t)V * N);
-    struct ekv_context *cg = ctx_on(m, g_dev, 1024), *cc = ctx_on(m, "cpu", 1024);
+    struct ekv_context *cg = gt_ctx_on(m, g_dev, 1024), *cc = gt_ctx_on(m, "cpu", 1024);
     struct ekv_seq *sg = NULL, *sc = NULL;
     CHECK_OK(ekv_seq_new(cg, NULL, &sg));
     CHECK_OK(ekv_seq_new(cc, NULL, &sc));
@@ -304,7 +271,7 @@ static void test_ref28m_agreement(const char *path, const char *label, int n, do
            agree / (double)N, maxrel);
     CHECK_MSG(agree >= (int)ceil(min_agree * N), "%s: top-1 agreement %d of %d", label, agree, N);
     CHECK_MSG(maxrel < max_rel, "%s: max relative logit difference %.3g", label, maxrel);
-    check_validation(cg);
+    gt_check_validation(cg);
     free(lg), free(lc), free(toks), free(text);
     ekv_seq_free(sg), ekv_seq_free(sc);
     ekv_context_free(cg), ekv_context_free(cc);
@@ -317,7 +284,7 @@ static void test_profile(void) {
     CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &m));
     if (!m) return;
     setenv("EKV_VK_PROFILE", "1", 1);
-    struct ekv_context *cg = ctx_on(m, g_dev, 64), *cc = ctx_on(m, "cpu", 64);
+    struct ekv_context *cg = gt_ctx_on(m, g_dev, 64), *cc = gt_ctx_on(m, "cpu", 64);
     unsetenv("EKV_VK_PROFILE");
     struct ekv_seq *s = NULL;
     CHECK_OK(ekv_seq_new(cg, NULL, &s));
@@ -332,7 +299,7 @@ static void test_profile(void) {
     const char *a = strstr(buf, "\nattn_f16_f16 ");
     CHECK(a && strtoull(a + 14, NULL, 10) == 10);
     CHECK(ekv_context_device_profile(cc, buf, sizeof buf) == EKV_ERR_UNSUPPORTED);
-    check_validation(cg);
+    gt_check_validation(cg);
     free(lg);
     ekv_seq_free(s);
     ekv_context_free(cg), ekv_context_free(cc);
@@ -344,7 +311,7 @@ static void test_batch_invariance(void) {
     struct ekv_model *m = NULL;
     CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &m));
     if (!m) return;
-    struct ekv_context *c = ctx_on(m, g_dev, 256);
+    struct ekv_context *c = gt_ctx_on(m, g_dev, 256);
     const int32_t V = m->info.n_vocab;
     int32_t p1[40], p2[23];
     for (int i = 0; i < 40; i++) p1[i] = 1 + (i * 37) % (V - 1);
@@ -383,7 +350,7 @@ static void test_batch_invariance(void) {
         same &= !memcmp(lbat, la, sizeof(float) * V) && !memcmp(lbat + V, lb, sizeof(float) * V);
     }
     CHECK_MSG(same, "batched decode differs from decode alone");
-    check_validation(c);
+    gt_check_validation(c);
     free(la), free(lb), free(lbat), free(lp);
     ekv_seq_free(a), ekv_seq_free(b), ekv_seq_free(a2), ekv_seq_free(b2), ekv_seq_free(pc);
     ekv_context_free(c);
@@ -432,7 +399,7 @@ static void test_presets(void) {
         struct ekv_model *m = NULL;
         CHECK_OK(ekv_model_load(path, NULL, &m));
         if (!m) continue;
-        struct ekv_context *cg = ctx_on(m, g_dev, 1024), *cc = ctx_on(m, "cpu", 1024);
+        struct ekv_context *cg = gt_ctx_on(m, g_dev, 1024), *cc = gt_ctx_on(m, "cpu", 1024);
         struct ekv_kv_params kp = ekv_kv_default_params();
         kp.type_k = kp.type_v = EKV_KV_F32;
         struct ekv_seq *sg = NULL, *sc = NULL;
@@ -455,7 +422,7 @@ static void test_presets(void) {
                maxv > 0 ? maxd / maxv : maxd);
         CHECK_MSG(maxv > 0 && maxd <= 1e-5 * maxv, "%s: max |gpu - cpu| %.3g of max |logit| %.3g", cases[ci].label, maxd,
                   maxv);
-        check_validation(cg);
+        gt_check_validation(cg);
         free(lg), free(lc);
         ekv_seq_free(sg), ekv_seq_free(sc);
         ekv_context_free(cg), ekv_context_free(cc);
@@ -815,7 +782,7 @@ static void test_kv_types(void) {
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         struct ekv_model *m = models[strcmp(cases[ci].preset, "tiny-llama3") != 0];
         if (!m) continue;
-        struct ekv_context *cg = ctx_on(m, g_dev, 512), *cc = ctx_on(m, "cpu", 512);
+        struct ekv_context *cg = gt_ctx_on(m, g_dev, 512), *cc = gt_ctx_on(m, "cpu", 512);
         struct ekv_kv_params kp = ekv_kv_default_params();
         kp.type_k = cases[ci].k;
         kp.type_v = cases[ci].v;
@@ -866,7 +833,7 @@ static void test_kv_types(void) {
         CHECK_MSG(maxv > 0 && maxd <= bound * maxv && maxd_dec <= bound * maxv,
                   "K %s V %s: max |gpu - cpu| prompt %.3g decode %.3g of max |logit| %.3g",
                   ekv_kv_type_name(cases[ci].k), ekv_kv_type_name(cases[ci].v), maxd, maxd_dec, maxv);
-        check_validation(cg);
+        gt_check_validation(cg);
         free(lg), free(lc);
         ekv_seq_free(sg), ekv_seq_free(sc);
         ekv_context_free(cg), ekv_context_free(cc);
@@ -889,7 +856,7 @@ static void test_prefill_pieces(void) {
     struct ekv_model *m = NULL;
     CHECK_OK(ekv_model_load(path, NULL, &m));
     if (!m) return;
-    struct ekv_context *c = ctx_on(m, g_dev, 256);
+    struct ekv_context *c = gt_ctx_on(m, g_dev, 256);
     const int32_t V = m->info.n_vocab, N = 45, L = m->info.n_layer;
     int32_t toks[45];
     for (int32_t i = 0; i < N; i++) toks[i] = 1 + (i * 53 + 7) % (V - 1);
@@ -936,7 +903,7 @@ static void test_prefill_pieces(void) {
         CHECK_MSG(same, "%s: the prompt in chunks of 7 differs from one piece", ekv_kv_type_name(types[ti]));
         ekv_seq_free(a), ekv_seq_free(b);
     }
-    check_validation(c);
+    gt_check_validation(c);
     free(la), free(lb);
     ekv_context_free(c);
     ekv_model_free(m);
@@ -970,7 +937,7 @@ static void test_faults(void) {
     ekv_context_free(c);
     /* a compressing policy runs on the device (test_gpu_policy: what it
      * refuses, KIVI storage with such a policy) */
-    c = ctx_on(m, g_dev, 128);
+    c = gt_ctx_on(m, g_dev, 128);
     struct ekv_kv_params kp = ekv_kv_default_params();
     kp.policy = "h2o";
     kp.budget = 0.5;
@@ -996,7 +963,7 @@ static void test_faults(void) {
     int32_t many[200];
     for (int i = 0; i < 200; i++) many[i] = 5;
     CHECK(ekv_seq_prefill(sq, many, 200, lg) == EKV_ERR_CONTEXT_FULL);
-    check_validation(c);
+    gt_check_validation(c);
     free(lg);
     ekv_seq_free(sq);
     ekv_context_free(c);
@@ -1016,7 +983,7 @@ int main(void) {
      * frames and tests/lsan_gpu.supp can suppress the driver's own blocks
      * (the handle is left open on purpose) */
     (void)dlopen("libvulkan_lvp.so", RTLD_NOW | RTLD_GLOBAL);
-    if (!pick_device()) {
+    if (!gt_pick_device(g_dev, sizeof g_dev)) {
         fprintf(stderr, "no usable Vulkan device (scripts/setup.sh --test installs lavapipe, mesa-vulkan-drivers): %s\n",
                 ekv_last_error());
         tu_fail++;

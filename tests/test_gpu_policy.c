@@ -42,41 +42,10 @@
 #include "engine/engine.h"
 #include "gpu/vk.h"
 #include "kv/kv.h"
+#include "gputest.h"
 #include "testutil.h"
 
 static char g_dev[32];
-
-static bool pick_device(void) {
-    const char *e = getenv("EKV_TEST_DEVICE");
-    if (e && *e) {
-        snprintf(g_dev, sizeof g_dev, "%s", e);
-        return true;
-    }
-    struct ekv_device_info d[8];
-    int32_t n = 0;
-    if (ekv_devices_list(d, 8, &n) != EKV_OK) return false;
-    for (int32_t i = 0; i < n && i < 8; i++)
-        if (d[i].usable) {
-            snprintf(g_dev, sizeof g_dev, "vulkan:%d", (int)d[i].index);
-            return true;
-        }
-    return false;
-}
-
-static struct ekv_context *ctx_on(const struct ekv_model *m, const char *dev) {
-    struct ekv_context_params cp = ekv_context_default_params();
-    cp.device = dev;
-    cp.n_ctx = 256;
-    struct ekv_context *c = NULL;
-    CHECK_OK(ekv_context_new(m, &cp, &c));
-    return c;
-}
-
-static void check_validation(struct ekv_context *c) {
-    const char *first = "";
-    uint64_t n = c ? ekv_vk_ctx_validation(c->gpu, &first) : 0;
-    CHECK_MSG(n == 0, "%llu validation messages, first: %s", (unsigned long long)n, first);
-}
 
 /* The test's token stream: a story of the bundled eval set, then more of
  * the same text as needed. */
@@ -132,7 +101,7 @@ static double rel_diff_d(const double *a, const double *b, int32_t n) {
 /* The GPU's statistics against the CPU's after a prompt that keeps everything. */
 static void test_stats(const struct ekv_model *m) {
     static const char *pols[] = {"h2o", "roco", "tova", "snapkv", "scissorhands", "vlcache"};
-    struct ekv_context *cg = ctx_on(m, g_dev), *cc = ctx_on(m, "cpu");
+    struct ekv_context *cg = gt_ctx_on(m, g_dev, 256), *cc = gt_ctx_on(m, "cpu", 256);
     const int32_t V = m->info.n_vocab;
     float *lg = malloc(sizeof(float) * V), *lc = malloc(sizeof(float) * V);
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
@@ -195,7 +164,7 @@ static void test_stats(const struct ekv_model *m) {
         if (!strcmp(pols[pi], "vlcache")) CHECK(tot_b > 0);
         ekv_seq_free(sg), ekv_seq_free(sc);
     }
-    check_validation(cg);
+    gt_check_validation(cg);
     free(lg), free(lc);
     ekv_context_free(cg), ekv_context_free(cc);
 }
@@ -353,7 +322,7 @@ static void test_policies(const struct ekv_model *m) {
                                  "snapkv",  "pyramidkv", "vlcache",     "random",  "elastic",
                                  "elastic-v2", "elastic-v2:key=rotate:bias=1:recent=0.25"};
     static const double budgets[] = {0.2, 0.5, 1.0};
-    struct ekv_context *cg = ctx_on(m, g_dev), *cc = ctx_on(m, "cpu");
+    struct ekv_context *cg = gt_ctx_on(m, g_dev, 256), *cc = gt_ctx_on(m, "cpu", 256);
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
         for (size_t bi = 0; bi < 3; bi++) run_case(m, cg, cc, g_toks, pols[pi], budgets[bi], EKV_KV_F16);
         run_case(m, cg, cc, g_toks, pols[pi], 0.2, EKV_KV_F32);
@@ -367,19 +336,19 @@ static void test_policies(const struct ekv_model *m) {
     run_case_n(m, cg, cc, twice, 2 * N_PROMPT, "snapkv", 0.3, EKV_KV_F32);
     run_case_n(m, cg, cc, twice, 2 * N_PROMPT, "elastic-v2:bias=1", 0.25, EKV_KV_F16);
     free(twice);
-    check_validation(cg);
+    gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
     /* q8_0 and q4_0 rows (head_dim 64), every policy at 0.2 and 0.5 */
     char path[96];
     struct ekv_model *mb = model_b(path, sizeof path);
-    cg = mb ? ctx_on(mb, g_dev) : NULL;
-    cc = mb ? ctx_on(mb, "cpu") : NULL;
+    cg = mb ? gt_ctx_on(mb, g_dev, 256) : NULL;
+    cc = mb ? gt_ctx_on(mb, "cpu", 256) : NULL;
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
         for (size_t bi = 0; bi < 2; bi++) run_case(mb, cg, cc, g_toks_b, pols[pi], budgets[bi], EKV_KV_Q8_0);
         run_case(mb, cg, cc, g_toks_b, pols[pi], 0.2, EKV_KV_Q4_0);
     }
     run_case(mb, cg, cc, g_toks_b, "h2o", 1.0, EKV_KV_Q8_0);
-    check_validation(cg);
+    gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
     ekv_model_free(mb);
     remove(path);
@@ -498,7 +467,7 @@ static void same_stats_case(const struct ekv_model *m, struct ekv_context *cg, s
 static void test_same_stats(const struct ekv_model *m) {
     static const char *pols[] = {"local",     "h2o",    "scissorhands", "tova",    "roco",       "snapkv",
                                  "pyramidkv", "vlcache", "random",      "elastic", "elastic-v2", "elastic-v2:key=rotate"};
-    struct ekv_context *cg = ctx_on(m, g_dev), *cc = ctx_on(m, "cpu");
+    struct ekv_context *cg = gt_ctx_on(m, g_dev, 256), *cc = gt_ctx_on(m, "cpu", 256);
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
         same_stats_case(m, cg, cc, g_toks, pols[pi], EKV_KV_F16);
         same_stats_case(m, cg, cc, g_toks, pols[pi], EKV_KV_F32);
@@ -506,13 +475,13 @@ static void test_same_stats(const struct ekv_model *m) {
     ekv_context_free(cg), ekv_context_free(cc);
     char path[96];
     struct ekv_model *mb = model_b(path, sizeof path);
-    cg = mb ? ctx_on(mb, g_dev) : NULL;
-    cc = mb ? ctx_on(mb, "cpu") : NULL;
+    cg = mb ? gt_ctx_on(mb, g_dev, 256) : NULL;
+    cc = mb ? gt_ctx_on(mb, "cpu", 256) : NULL;
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
         same_stats_case(mb, cg, cc, g_toks_b, pols[pi], EKV_KV_Q8_0);
         same_stats_case(mb, cg, cc, g_toks_b, pols[pi], EKV_KV_Q4_0);
     }
-    check_validation(cg);
+    gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
     ekv_model_free(mb);
     remove(path);
@@ -527,7 +496,7 @@ static void test_batched(const struct ekv_model *m) {
         double budget;
         enum ekv_kv_type t;
     } c[4] = {{"h2o", 0.3, EKV_KV_F16}, {"full", 1.0, EKV_KV_F16}, {"elastic-v2", 0.4, EKV_KV_F16}, {"snapkv", 0.25, EKV_KV_F32}};
-    struct ekv_context *cx = ctx_on(m, g_dev);
+    struct ekv_context *cx = gt_ctx_on(m, g_dev, 256);
     if (!cx) return;
     struct ekv_seq *bat[4] = {0}, *alone[4] = {0};
     const int32_t V = m->info.n_vocab;
@@ -553,7 +522,7 @@ static void test_batched(const struct ekv_model *m) {
     }
     for (int i = 0; i < 4; i++) same = same && heads_differ(bat[i]->kv, alone[i]->kv) == 0;
     CHECK_MSG(same, "batched decode of mixed policies differs from each alone");
-    check_validation(cx);
+    gt_check_validation(cx);
 out:
     for (int i = 0; i < 4; i++) ekv_seq_free(bat[i]), ekv_seq_free(alone[i]);
     free(lb), free(la);
@@ -564,7 +533,7 @@ out:
  * with a clear error (its cache as it was: it can go on), another sequence
  * on the same device goes on, equal to runs that never saw the failure. */
 static void test_oom(const struct ekv_model *m) {
-    struct ekv_context *cx = ctx_on(m, g_dev), *cr = ctx_on(m, g_dev);
+    struct ekv_context *cx = gt_ctx_on(m, g_dev, 256), *cr = gt_ctx_on(m, g_dev, 256);
     if (!cx || !cr) {
         ekv_context_free(cx), ekv_context_free(cr);
         return;
@@ -605,7 +574,7 @@ static void test_oom(const struct ekv_model *m) {
         same = same && !memcmp(l1, l2, sizeof(float) * V);
     }
     CHECK_MSG(same, "after a failed allocation the sequences differ from runs without it");
-    check_validation(cx);
+    gt_check_validation(cx);
 out:
     ekv_seq_free(a), ekv_seq_free(b), ekv_seq_free(ra), ekv_seq_free(rb);
     free(l1), free(l2), free(twice);
@@ -615,7 +584,7 @@ out:
 /* The attention of the latest query recorded on the GPU (ekv eval's hit
  * rate): a full cache there records from its first forward, as the CPU. */
 static void test_record(const struct ekv_model *m) {
-    struct ekv_context *cg = ctx_on(m, g_dev), *cc = ctx_on(m, "cpu");
+    struct ekv_context *cg = gt_ctx_on(m, g_dev, 256), *cc = gt_ctx_on(m, "cpu", 256);
     struct ekv_kv_params kp = kv_params("full", 1.0, EKV_KV_F32);
     struct ekv_seq *sg = NULL, *sc = NULL;
     if (cg && cc) CHECK_OK(ekv_seq_new(cg, &kp, &sg));
@@ -652,7 +621,7 @@ static void test_record(const struct ekv_model *m) {
         CHECK_OK(ekv_seq_decode(late, g_toks[8], NULL)); /* and it goes on as it was */
     }
     ekv_seq_free(late);
-    check_validation(cg);
+    gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
 }
 
@@ -673,14 +642,14 @@ static void test_swa(void) {
     CHECK(m->info.sliding_window == 24);
     int32_t toks[N_PROMPT + N_STEPS + 1];
     for (int32_t i = 0; i < N_PROMPT + N_STEPS + 1; i++) toks[i] = 1 + (i * 53 + 7) % (m->info.n_vocab - 1);
-    struct ekv_context *cg = ctx_on(m, g_dev), *cc = ctx_on(m, "cpu");
+    struct ekv_context *cg = gt_ctx_on(m, g_dev, 256), *cc = gt_ctx_on(m, "cpu", 256);
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
         run_case(m, cg, cc, toks, pols[pi], 0.3, EKV_KV_F16);
         run_case(m, cg, cc, toks, pols[pi], 0.5, EKV_KV_Q8_0);
         same_stats_case(m, cg, cc, toks, pols[pi], EKV_KV_F32);
     }
     run_case(m, cg, cc, toks, "h2o", 1.0, EKV_KV_F16); /* == the full cache bit for bit */
-    check_validation(cg);
+    gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
     ekv_model_free(m);
     remove(path);
@@ -689,7 +658,7 @@ static void test_swa(void) {
 static void test_refused(void) {
     char path[96];
     struct ekv_model *m = model_b(path, sizeof path);
-    struct ekv_context *cx = m ? ctx_on(m, g_dev) : NULL;
+    struct ekv_context *cx = m ? gt_ctx_on(m, g_dev, 256) : NULL;
     if (cx) {
         struct ekv_kv_params kp = kv_params("h2o", 0.5, EKV_KV_KIVI4);
         struct ekv_seq *s = NULL;
@@ -709,12 +678,11 @@ static bool only(const char *name) {
 int main(void) {
     setenv("EKV_VK_VALIDATE", "1", 0);
     (void)dlopen("libvulkan_lvp.so", RTLD_NOW | RTLD_GLOBAL); /* as test_gpu: LSan names the driver's frames */
-    if (!pick_device()) {
+    if (!gt_pick_device(g_dev, sizeof g_dev)) {
         fprintf(stderr, "no usable Vulkan device (scripts/setup.sh --test installs lavapipe): %s\n", ekv_last_error());
         tu_fail++;
         return test_finish("test_gpu_policy");
     }
-    printf("device under test: %s\n", g_dev);
     struct ekv_model *m = NULL;
     CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &m));
     if (!m) return test_finish("test_gpu_policy");

@@ -75,6 +75,18 @@ void ekv_vk_mg_release(struct ekv_vk_ctx *g) {
     g->n_old = 0;
 }
 
+/* Puts the per-layer buffers nb in place of *bufs; the old ones are freed
+ * now, or after the open recording ran (in_rec). */
+static void replace_bufs(struct ekv_vk_ctx *g, int32_t n_layer, struct ekv_vk_buf **bufs, struct ekv_vk_buf *nb,
+                         bool in_rec) {
+    for (int32_t il = 0; il < n_layer; il++) {
+        if (in_rec) g->old[g->n_old++] = (*bufs)[il];
+        else ekv_vk_buf_free(g->vk, &(*bufs)[il]);
+    }
+    free(*bufs);
+    *bufs = nb;
+}
+
 /* Moves the cache to buffers of newcap entries per head, copying the first
  * lens[il][hk] entries of each head. With in_rec the copies go into the
  * open recording and the old buffers are freed after it ran; otherwise one
@@ -153,22 +165,8 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
         free(sd->buf);
         *sd = nsd[side];
     }
-    for (int32_t il = 0; nb && il < s->n_layer; il++) {
-        if (in_rec) g->old[g->n_old++] = m->bias[il];
-        else ekv_vk_buf_free(g->vk, &m->bias[il]);
-    }
-    if (nb) {
-        free(m->bias);
-        m->bias = nb;
-    }
-    for (int32_t il = 0; np && il < s->n_layer; il++) {
-        if (in_rec) g->old[g->n_old++] = m->posb[il];
-        else ekv_vk_buf_free(g->vk, &m->posb[il]);
-    }
-    if (np) {
-        free(m->posb);
-        m->posb = np;
-    }
+    if (nb) replace_bufs(g, s->n_layer, &m->bias, nb, in_rec);
+    if (np) replace_bufs(g, s->n_layer, &m->posb, np, in_rec);
     s->cap = newcap;
     m->rc_il = -1;
     return st; /* on failure the copies did not run: the cache's rows are lost */
