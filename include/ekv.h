@@ -294,6 +294,8 @@ struct ekv_device_info {
     bool fp16;              /* shaderFloat16 */
     bool int8;              /* shaderInt8 + 8-bit storage */
     bool coopmat;           /* VK_KHR_cooperative_matrix */
+    bool fp64;              /* shaderFloat64: needed for the quantised KV cache types (q8_0, q4_0,
+                               KIVI) on the device, which round as the CPU does */
     bool usable;            /* has what ekv's shaders need (Vulkan 1.2, buffer device
                                addresses, 16-bit storage, subgroup arithmetic) */
 };

@@ -25,6 +25,7 @@
 
 #include "core/util.h"
 #include "eval/eval.h"
+#include "engine/backend_vk.h"
 #include "engine/engine.h"
 #include "gpu/vk.h"
 #include "gpu/vk_push.h"
@@ -938,6 +939,10 @@ static void test_faults(void) {
     /* a compressing policy runs on the device (test_gpu_policy: what it
      * refuses, KIVI storage with such a policy) */
     c = gt_ctx_on(m, g_dev, 128);
+    /* the device list says whether the quantised cache types can run there */
+    for (int32_t i = 0; c && c->gpu && i < n && i < 8; i++)
+        if (!strncmp(g_dev, "vulkan:", 7) && d[i].index == atoi(g_dev + 7))
+            CHECK(d[i].fp64 == ekv_vk_has_f64(c->gpu->vk));
     struct ekv_kv_params kp = ekv_kv_default_params();
     kp.policy = "h2o";
     kp.budget = 0.5;

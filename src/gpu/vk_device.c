@@ -153,6 +153,7 @@ void ekv_vk_describe(VkPhysicalDevice pd, int32_t index, struct ekv_device_info 
     d->fp16 = f12.shaderFloat16;
     d->int8 = f12.shaderInt8 && f12.storageBuffer8BitAccess;
     d->coopmat = has_device_ext(pd, "VK_KHR_cooperative_matrix");
+    d->fp64 = f2.features.shaderFloat64;
     bool sg_ok = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);

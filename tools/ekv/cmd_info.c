@@ -100,10 +100,11 @@ static int list_devices(void) {
     if (n == 0) printf("no Vulkan devices%s%s\n", ekv_last_error()[0] ? ": " : "", ekv_last_error());
     for (int32_t i = 0; i < n && i < 16; i++) {
         printf("vulkan:%d: %s (%s), Vulkan %u.%u.%u, driver %s, %.1f GiB device memory, subgroup %u, fp16 %s, "
-               "int8 %s, cooperative matrix %s%s\n",
+               "int8 %s, fp64 %s, cooperative matrix %s%s\n",
                (int)d[i].index, d[i].name, d[i].type, d[i].api_version >> 22, (d[i].api_version >> 12) & 0x3ffu,
                d[i].api_version & 0xfffu, d[i].driver[0] ? d[i].driver : "?", d[i].memory_bytes / 1073741824.0,
-               d[i].subgroup_size, d[i].fp16 ? "yes" : "no", d[i].int8 ? "yes" : "no", d[i].coopmat ? "yes" : "no",
+               d[i].subgroup_size, d[i].fp16 ? "yes" : "no", d[i].int8 ? "yes" : "no",
+               d[i].fp64 ? "yes" : "no (no quantised KV cache on this device)", d[i].coopmat ? "yes" : "no",
                d[i].usable ? (strcmp(d[i].type, "cpu") ? "" : " (a CPU device: used only when named, vulkan:N)")
                            : " (not usable: lacks Vulkan 1.2, buffer device addresses or 8/16-bit storage)");
     }
