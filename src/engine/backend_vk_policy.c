@@ -414,17 +414,6 @@ void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s,
     ekv_vk_dispatch(g->vk, ekv_vk_attn_stats_pipe(s->k.type), &pc, sizeof pc, m->sparsity ? m->nblk : gx, s->H, 1);
 }
 
-/* First of the n entries of h at a position >= min_pos (attend.c's rule). */
-static int32_t window_first(const struct ekv_kv_head *h, int32_t n, int64_t min_pos) {
-    int32_t lo = 0, hi = n;
-    while (lo < hi) {
-        const int32_t mid = lo + (hi - lo) / 2;
-        if (h->pos[mid] < min_pos) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
 /* Adds layer il's increments to the host cache's statistics (as
  * ekv_attn_accumulate does row by row on the CPU). */
 static void stats_fold(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
@@ -443,7 +432,7 @@ static void stats_fold(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
         int32_t *seen = NULL;
         if (W > 0 && (seen = calloc((size_t)h->len + 1, sizeof *seen)) != NULL) {
             for (int32_t i = 0; i < n; i++) {
-                const int32_t lo = window_first(h, L0 + i + 1, m->step.pos0 + i - W + 1);
+                const int32_t lo = ekv_kv_head_first_at(h, L0 + i + 1, m->step.pos0 + i - W + 1);
                 seen[lo]++;
                 seen[L0 + i + 1]--;
             }
@@ -465,7 +454,7 @@ static void stats_fold(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
             double z = 0.0, tot = 0.0;
             for (uint32_t b = 0; b < m->nblk; b++) z += zeros[(size_t)hk * m->nblk + b];
             for (int32_t i = m->wrow; i < n; i++)
-                tot += (double)R * (double)(L0 + i + 1 - (W > 0 ? window_first(h, L0 + i + 1, m->step.pos0 + i - W + 1) : 0));
+                tot += (double)R * (double)(L0 + i + 1 - (W > 0 ? ekv_kv_head_first_at(h, L0 + i + 1, m->step.pos0 + i - W + 1) : 0));
             L->sparse_zero += z;
             L->sparse_total += tot;
         }

@@ -67,8 +67,7 @@ struct attend_task {
     atomic_int failed;
 };
 
-/* First of the n entries whose position is >= min_pos (positions increase). */
-static int32_t swa_first(const struct ekv_kv_head *h, int32_t n, int64_t min_pos) {
+int32_t ekv_kv_head_first_at(const struct ekv_kv_head *h, int32_t n, int64_t min_pos) {
     int32_t lo = 0, hi = n;
     while (lo < hi) {
         int32_t mid = lo + (hi - lo) / 2;
@@ -134,7 +133,7 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
         st.flags = t->row_flags | (pos >= kv->win_start ? t->win_flags : 0u);
         const size_t qoff = ((size_t)i * (size_t)kv->n_head + (size_t)hk * (size_t)R) * (size_t)d;
         const int32_t n_keys = len0 + i + 1;
-        const int32_t lo = kv->swa_window > 0 ? swa_first(h, n_keys, pos - kv->swa_window + 1) : 0;
+        const int32_t lo = kv->swa_window > 0 ? ekv_kv_head_first_at(h, n_keys, pos - kv->swa_window + 1) : 0;
         if (lo == 0) {
             ekv_attn_row_kv(t->q + qoff, R, &kview, &vview, n_keys, t->scale, t->out + qoff, probs, rowbuf,
                             st.flags ? &st : NULL);

@@ -494,20 +494,28 @@ static enum ekv_status check_entry(const struct ekv_kv *kv, const struct ekv_kv_
     return EKV_OK;
 }
 
+/* kv->dev's address of head h (*il, *hk) and its explicit indices: idx, or
+ * (idx NULL) 0..n-1 in *seq, which the caller frees. */
+static enum ekv_status dev_head(const struct ekv_kv *kv, const struct ekv_kv_head *h, const int32_t *idx, int32_t n,
+                                int *il, int *hk, int32_t **seq) {
+    *seq = NULL;
+    head_where(kv, h, il, hk);
+    if (*il < 0) return ekv_err(EKV_ERR_INVALID_ARG, "kv cache: the head is not one of this cache's");
+    if (idx) return EKV_OK;
+    *seq = malloc((size_t)(n ? n : 1) * sizeof **seq);
+    if (!*seq) return ekv_err(EKV_ERR_NOMEM, "out of memory for %d indices", (int)n);
+    for (int32_t t = 0; t < n; t++) (*seq)[t] = t;
+    return EKV_OK;
+}
+
 /* Rows idx[0..n) (valid; idx NULL = 0..n-1) of K and/or V as floats. */
 static enum ekv_status rows_read(const struct ekv_kv *kv, const struct ekv_kv_head *h, const int32_t *idx, int32_t n,
                                  float *k, float *v) {
     if (kv->dev) {
         int il, hk;
-        head_where(kv, h, &il, &hk);
-        if (il < 0) return ekv_err(EKV_ERR_INVALID_ARG, "kv cache: the head is not one of this cache's");
-        int32_t *seq = NULL;
-        if (!idx) { /* the device takes explicit indices */
-            seq = malloc((size_t)(n ? n : 1) * sizeof *seq);
-            if (!seq) return ekv_err(EKV_ERR_NOMEM, "out of memory for %d indices", (int)n);
-            for (int32_t t = 0; t < n; t++) seq[t] = t;
-        }
-        enum ekv_status s = kv->dev->read(kv->dev->user, il, hk, h->len, idx ? idx : seq, n, k, v);
+        int32_t *seq;
+        enum ekv_status s = dev_head(kv, h, idx, n, &il, &hk, &seq);
+        if (s == EKV_OK) s = kv->dev->read(kv->dev->user, il, hk, h->len, idx ? idx : seq, n, k, v);
         free(seq);
         return s;
     }
@@ -525,16 +533,10 @@ static enum ekv_status rows_write(const struct ekv_kv *kv, struct ekv_kv_head *h
                                   int32_t n, const float *src) {
     if (kv->dev) {
         int il, hk;
-        head_where(kv, h, &il, &hk);
-        if (il < 0) return ekv_err(EKV_ERR_INVALID_ARG, "kv cache: the head is not one of this cache's");
-        int32_t *seq = NULL;
-        if (!idx) {
-            seq = malloc((size_t)(n ? n : 1) * sizeof *seq);
-            if (!seq) return ekv_err(EKV_ERR_NOMEM, "out of memory for %d indices", (int)n);
-            for (int32_t t = 0; t < n; t++) seq[t] = t;
-        }
-        enum ekv_status s = kv->dev->write(kv->dev->user, il, hk, h->len, idx ? idx : seq, n, is_v ? NULL : src,
-                                           is_v ? src : NULL);
+        int32_t *seq;
+        enum ekv_status s = dev_head(kv, h, idx, n, &il, &hk, &seq);
+        if (s == EKV_OK)
+            s = kv->dev->write(kv->dev->user, il, hk, h->len, idx ? idx : seq, n, is_v ? NULL : src, is_v ? src : NULL);
         free(seq);
         return s;
     }

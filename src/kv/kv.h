@@ -329,6 +329,10 @@ enum ekv_status ekv_kv_layer_forward_batch(struct ekv_pool *pool, int il, const 
  * runs after the attention unless step->defer is set. */
 enum ekv_status ekv_kv_layer_policy(struct ekv_kv *kv, int il, const struct ekv_kv_step *step);
 
+/* The first of the head's first n entries at a position >= min_pos (n when
+ * none is): the first entry a query sees under a sliding window. */
+int32_t ekv_kv_head_first_at(const struct ekv_kv_head *h, int32_t n, int64_t min_pos);
+
 /* Ends a forward: policy end(). */
 enum ekv_status ekv_kv_end(struct ekv_kv *kv, const struct ekv_kv_step *step);
 
