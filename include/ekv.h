@@ -338,6 +338,8 @@ uint64_t ekv_context_device_last_ns(const struct ekv_context *ctx);
  * written to buf (cap bytes, NUL-terminated, cut to fit). EKV_ERR_UNSUPPORTED
  * on the CPU or without profiling. */
 enum ekv_status ekv_context_device_profile(const struct ekv_context *ctx, char *buf, size_t cap);
+/* Starts those sums again from zero (a no-op on the CPU or without profiling). */
+void ekv_context_device_profile_reset(struct ekv_context *ctx);
 /* True when a sequence runs on the context's GPU (its policy and cache
  * type are supported there); false on the CPU. */
 bool ekv_seq_on_device(const struct ekv_seq *seq);
@@ -347,6 +349,14 @@ bool ekv_seq_on_device(const struct ekv_seq *seq);
 enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params *kv,
                             struct ekv_seq **out);
 void ekv_seq_free(struct ekv_seq *seq);
+/* A new sequence in src's context that holds what src holds: its cache
+ * (entries per layer and head, storage, merge weights, statistics), the
+ * policy's state and the positions seen, on src's device; fed the same
+ * tokens afterwards it gives the same logits as src, bit for bit. Use it
+ * to read a shared prefix (a document, a system prompt, an image) once and
+ * answer from several copies. src is not changed; it must not be reading a
+ * prompt in pieces. *out is owned by the caller (ekv_seq_free). */
+enum ekv_status ekv_seq_copy(const struct ekv_seq *src, struct ekv_seq **out);
 
 /* A run of positions with one modality: tokens, or embeddings (n x n_embd
  * floats, e.g. projected image patches) when `tokens` is NULL. */

@@ -28,7 +28,9 @@
  * - out of device memory mid-run (injected): the sequence whose cache must
  *   grow fails cleanly and can go on, another one goes on undisturbed;
  * - what stays on the CPU (KIVI with a compressing policy) is refused with
- *   a reason on a named device.
+ *   a reason on a named device;
+ * - copies (ekv_seq_copy) of full and compressed device caches go on as
+ *   their originals, bit for bit, batched with them and alone.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -308,6 +310,14 @@ static void run_case_n(const struct ekv_model *m, struct ekv_context *cg, struct
     else if (budget < 1.0)
         CHECK(read_backs > 0);
     if (budget == 1.0) CHECK(st.entries == st.entries_full);
+    /* bytes held in the storage type's sizes, as the CPU's cache counts them (--kv-mem admission and the
+     * bench's sessions read them); with different kept sets the counts differ by those entries */
+    struct ekv_kv_stats sc_st;
+    ekv_seq_kv_stats(sc, &sc_st);
+    if (!heads_differ(sg->kv, sc->kv))
+        CHECK_MSG(st.bytes == sc_st.bytes && st.bytes_full == sc_st.bytes_full,
+                  "%s %.1f %s: GPU holds %llu bytes, the CPU %llu", pol, budget, ekv_kv_type_name(t),
+                  (unsigned long long)st.bytes, (unsigned long long)sc_st.bytes);
     free(lg), free(lc), free(lf);
     ekv_seq_free(sg), ekv_seq_free(sc), ekv_seq_free(sf);
 }
@@ -625,6 +635,9 @@ static void test_record(const struct ekv_model *m) {
     ekv_context_free(cg), ekv_context_free(cc);
 }
 
+static void copy_case(const struct ekv_model *m, struct ekv_context *cx, const int32_t *toks, const char *pol,
+                      double budget, enum ekv_kv_type tk, enum ekv_kv_type tv);
+
 /* A sliding-window model (Mistral's layout at small width, a window of 24
  * over a 64-token prompt and 40 steps): the positions of a compressed
  * cache's entries decide what a row sees; every policy against the CPU, and
@@ -649,6 +662,7 @@ static void test_swa(void) {
         same_stats_case(m, cg, cc, toks, pols[pi], EKV_KV_F32);
     }
     run_case(m, cg, cc, toks, "h2o", 1.0, EKV_KV_F16); /* == the full cache bit for bit */
+    if (cg) copy_case(m, cg, toks, "h2o", 0.3, EKV_KV_F16, EKV_KV_F16); /* a copy's entry positions (ekv_seq_copy) */
     gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
     ekv_model_free(m);
@@ -667,6 +681,68 @@ static void test_refused(void) {
     ekv_context_free(cx);
     ekv_model_free(m);
     remove(path);
+}
+
+/* Copies on the device (ekv_seq_copy): a cache read once and copied goes
+ * on as its original, bit for bit, alone and batched with it; the copy
+ * outlives its original; an uncopied sequence fed the same tokens agrees
+ * (copying changed nothing). m: a model of head_dim 64 (q8_0/q4_0/KIVI). */
+static void copy_case(const struct ekv_model *m, struct ekv_context *cx, const int32_t *toks, const char *pol,
+                      double budget, enum ekv_kv_type tk, enum ekv_kv_type tv) {
+    const size_t V = (size_t)m->info.n_vocab;
+    struct ekv_kv_params kp = kv_params(pol, budget, tk);
+    kp.type_v = tv;
+    struct ekv_seq *a = NULL, *c = NULL, *pair[2] = {0};
+    float *la = malloc(V * 2 * sizeof *la), *lc = malloc(V * sizeof *lc);
+    CHECK_OK(ekv_seq_new(cx, &kp, &a));
+    CHECK_OK(ekv_seq_new(cx, &kp, &c));
+    if (!a || !c || !la || !lc) goto out;
+    CHECK_OK(ekv_seq_prefill(a, toks, N_PROMPT, NULL));
+    CHECK_OK(ekv_seq_prefill(c, toks, N_PROMPT, NULL));
+    CHECK_OK(ekv_seq_copy(a, &pair[1]));
+    pair[0] = a;
+    if (!pair[1]) goto out;
+    CHECK(ekv_seq_on_device(pair[1]) && heads_differ(a->kv, pair[1]->kv) == 0);
+    int bad = 0;
+    for (int step = 0; step < 16; step++) { /* the copy batched with its original */
+        int32_t t[2] = {toks[N_PROMPT + step], toks[N_PROMPT + step]};
+        CHECK_OK(ekv_decode_batch(cx, pair, t, 2, la));
+        CHECK_OK(ekv_seq_decode(c, t[0], lc));
+        bad += memcmp(la, la + V, V * sizeof *la) != 0 || memcmp(la, lc, V * sizeof *la) != 0;
+    }
+    ekv_seq_free(a); /* the copy goes on alone */
+    a = pair[0] = NULL;
+    for (int step = 16; step < N_STEPS; step++) {
+        CHECK_OK(ekv_seq_decode(pair[1], toks[N_PROMPT + step], la));
+        CHECK_OK(ekv_seq_decode(c, toks[N_PROMPT + step], lc));
+        bad += memcmp(la, lc, V * sizeof *la) != 0;
+    }
+    CHECK_MSG(bad == 0 && heads_differ(c->kv, pair[1]->kv) == 0 && rows_diff(c->kv, pair[1]->kv) == 0.0,
+              "%s budget %.2f %s/%s: the copy differs from an uncopied run at %d steps", pol, budget,
+              ekv_kv_type_name(tk), ekv_kv_type_name(tv), bad);
+out:
+    ekv_seq_free(a), ekv_seq_free(c), ekv_seq_free(pair[1]);
+    free(la), free(lc);
+}
+
+static void test_copy(void) {
+    char path[96];
+    struct ekv_model *mb = model_b(path, sizeof path);
+    struct ekv_context *cx = mb ? gt_ctx_on(mb, g_dev, 256) : NULL;
+    if (cx) {
+        copy_case(mb, cx, g_toks_b, "full", 1.0, EKV_KV_F16, EKV_KV_F16);
+        copy_case(mb, cx, g_toks_b, "full", 1.0, EKV_KV_KIVI4, EKV_KV_Q8_0);
+        copy_case(mb, cx, g_toks_b, "h2o", 0.3, EKV_KV_F16, EKV_KV_F16);
+        copy_case(mb, cx, g_toks_b, "snapkv", 0.3, EKV_KV_Q8_0, EKV_KV_Q4_0);
+        copy_case(mb, cx, g_toks_b, "elastic-v2:bias=1", 0.3, EKV_KV_F32, EKV_KV_F16);
+        copy_case(mb, cx, g_toks_b, "elastic", 0.4, EKV_KV_F16, EKV_KV_F16);
+        copy_case(mb, cx, g_toks_b, "vlcache", 0.3, EKV_KV_Q4_0, EKV_KV_Q4_0);
+        gt_check_validation(cx);
+    }
+    ekv_context_free(cx);
+    ekv_model_free(mb);
+    remove(path);
+    printf("copies on the device: 7 policy x storage cases checked\n");
 }
 
 /* EKV_GPU_TEST_ONLY=name[,name...] runs only those parts (ctest runs them all) */
@@ -695,6 +771,7 @@ int main(void) {
     if (only("record")) test_record(m);
     if (only("swa")) test_swa();
     if (only("refused")) test_refused();
+    if (only("copy")) test_copy();
     ekv_model_free(m);
     return test_finish("test_gpu_policy");
 }

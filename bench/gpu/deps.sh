@@ -15,9 +15,10 @@
 # It was run on Debian 12 (bookworm), the CPU machines' OS; about 7 MiB result.
 #
 #   sh bench/gpu/deps.sh --llama        # also: bench/gpu/.llama/{a,b}/ (git-ignored)
-# splits $SHARED/tools/gpu/llama-bench-cuda-sm90.xz (41 MB) into two pieces,
-# for a device tool that carries at most 64 MiB a call with the working tree:
-# carry .llama/a in one call and .llama/b in the next (ignored files stay on a
+# splits $SHARED/tools/gpu/llama-bench-cuda-sm90.xz (41 MB) into two pieces
+# (EKV_LLAMA_PIECES=3: three, a b c), for a device tool that carries at most
+# 64 MiB a call with the working tree (34 MiB of it tracked files): carry
+# .llama/a in one call and .llama/b in the next (ignored files stay on a
 # warm machine between calls); run.sh joins the pieces it finds.
 set -eu
 
@@ -31,11 +32,16 @@ if [ "${1:-}" = --llama ]; then
     xzf=$SHARED/tools/gpu/llama-bench-cuda-sm90.xz
     [ -f "$xzf" ] || { echo "deps.sh: no $xzf (set SHARED)" >&2; exit 1; }
     rm -rf "$here/.llama"
-    mkdir -p "$here/.llama/a" "$here/.llama/b"
+    n=${EKV_LLAMA_PIECES:-2}
     size=$(wc -c < "$xzf")
-    split -b $(( (size + 1) / 2 )) -a 2 "$xzf" "$here/.llama/llama-bench-cuda-sm90.xz.part-"
-    mv "$here/.llama/llama-bench-cuda-sm90.xz.part-aa" "$here/.llama/a/"
-    mv "$here/.llama/llama-bench-cuda-sm90.xz.part-ab" "$here/.llama/b/"
+    split -b $(( (size + n - 1) / n )) -a 2 "$xzf" "$here/.llama/llama-bench-cuda-sm90.xz.part-" 2> /dev/null ||
+        { mkdir -p "$here/.llama" && split -b $(( (size + n - 1) / n )) -a 2 "$xzf" "$here/.llama/llama-bench-cuda-sm90.xz.part-"; }
+    i=0
+    for part in "$here"/.llama/llama-bench-cuda-sm90.xz.part-*; do     # piece k in folder a, b, c, ...
+        d=$(printf "\\$(printf '%03o' $((97 + i)))")
+        mkdir -p "$here/.llama/$d" && mv "$part" "$here/.llama/$d/"
+        i=$((i + 1))
+    done
     du -ab "$here/.llama"
     exit 0
 fi

@@ -93,6 +93,7 @@ uint64_t ekv_vk_ctx_bytes(const struct ekv_vk_ctx *g, bool peak);
 uint64_t ekv_vk_ctx_last_ns(const struct ekv_vk_ctx *g);
 /* The per-shader profile as text (ekv_context_device_profile). */
 enum ekv_status ekv_vk_ctx_profile(const struct ekv_vk_ctx *g, char *buf, size_t cap);
+void ekv_vk_ctx_profile_reset(struct ekv_vk_ctx *g);
 /* Validation-layer messages so far (tests fail on any). */
 uint64_t ekv_vk_ctx_validation(const struct ekv_vk_ctx *g, const char **first);
 /* Whether a sequence with these cache parameters can run on the GPU; if
@@ -101,6 +102,11 @@ bool ekv_vk_seq_supported(const struct ekv_seq *seq, const char **why);
 /* The sequence's device cache ([n_layer] K and V of [n_head_kv][n_ctx][head_dim]). */
 enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq **out);
 void ekv_vk_seq_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s);
+/* *out gets a copy of src's device cache for seq, whose host cache
+ * (seq->kv) is already a copy of src's owner's (ekv_kv_clone): the same
+ * capacity, rows, logit biases and positions, copied on the device. */
+enum ekv_status ekv_vk_seq_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *src, struct ekv_seq *seq,
+                                struct ekv_vk_seq **out);
 uint64_t ekv_vk_seq_bytes(const struct ekv_vk_seq *s, int64_t n_seen, uint64_t *alloc);
 /* Whether the device cache is a compressing policy's (then the sequence's
  * host cache, seq->kv, holds every entry's position, weight, tag and

@@ -277,7 +277,6 @@ static void free_scratch(struct ekv_vk_ctx *g) {
     ekv_vk_buf_free(g->vk, &g->up);
     ekv_vk_buf_free(g->vk, &g->xin);
     ekv_vk_buf_free(g->vk, &g->cs);
-    ekv_vk_buf_free(g->vk, &g->logits);
     g->rows_cap = 0;
 }
 
@@ -301,7 +300,6 @@ static enum ekv_status reserve_rows(struct ekv_vk_ctx *g, const struct ekv_model
     }
     if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_embd * F, true, "input rows", &g->xin);
     if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->rope_dim * F, true, "rope rows", &g->cs);
-    if (s == EKV_OK) s = ekv_vk_buf_new(g->vk, R * (size_t)in->n_vocab * F, true, "logits", &g->logits);
     if (s != EKV_OK) {
         free_scratch(g);
         return ekv_err_prefix(s, "GPU scratch for %d rows", (int)rows);
@@ -345,6 +343,7 @@ enum ekv_status ekv_vk_ctx_new(struct ekv_context *ctx, const char *spec, struct
 void ekv_vk_ctx_free(struct ekv_vk_ctx *g) {
     if (!g) return;
     free_scratch(g);
+    ekv_vk_buf_free(g->vk, &g->logits);
     ekv_vk_kv_free_scratch(g);
     for (int32_t i = 0; i < g->n_t; i++) ekv_vk_buf_free(g->vk, &g->t[i].buf);
     free(g->t);
@@ -378,6 +377,10 @@ enum ekv_status ekv_vk_ctx_profile(const struct ekv_vk_ctx *g, char *buf, size_t
                                  total ? 100.0 * (double)ns[best] / (double)total : 0.0);
     }
     return EKV_OK;
+}
+
+void ekv_vk_ctx_profile_reset(struct ekv_vk_ctx *g) {
+    if (g) ekv_vk_profile_reset(g->vk);
 }
 
 uint64_t ekv_vk_ctx_validation(const struct ekv_vk_ctx *g, const char **first) {
@@ -526,6 +529,16 @@ static enum ekv_status vk_ffn(struct ekv_context *ctx, const struct ekv_layer_we
 static enum ekv_status vk_classify(struct ekv_context *ctx, int32_t n_rows, float *logits) {
     struct ekv_vk_ctx *g = G(ctx);
     const struct ekv_model_info *in = &ctx->model->info;
+    if (n_rows > g->logits_cap) { /* rows that give logits (a prompt's last, or all for eval), not all rows: a long
+                                     prompt read in one forward would need n_vocab floats for each of its rows */
+        ekv_vk_buf_free(g->vk, &g->logits); /* not read by the open recording: only this writes it */
+        g->logits_cap = 0;
+        const int32_t want = EKV_MAX(n_rows, 8);
+        enum ekv_status s = ekv_vk_buf_new(g->vk, (size_t)want * (size_t)in->n_vocab * sizeof(float), true, "logits",
+                                           &g->logits);
+        if (s != EKV_OK) return s;
+        g->logits_cap = want;
+    }
     g->logits_dst = logits;
     g->logits_rows = n_rows;
     return matvec(ctx, &ctx->model->output, act_addr(ctx, EKV_ACT_XB, 0), (uint32_t)in->n_embd, g->logits.addr,

@@ -53,7 +53,8 @@ struct ekv_vk_ctx {
     struct ekv_vk_buf gate, up; /* [rows][ff_stride], the columns past n_ff zero */
     struct ekv_vk_buf xin;      /* host-visible [rows][n_embd] input rows */
     struct ekv_vk_buf cs;       /* host-visible [rows][rope_dim] RoPE rows */
-    struct ekv_vk_buf logits;   /* host-visible [rows][n_vocab] */
+    struct ekv_vk_buf logits;   /* host-visible [logits_cap][n_vocab]: the rows a forward gives logits for */
+    int32_t logits_cap;
     struct ekv_vk_buf part;     /* attention partials */
     int32_t rows_cap;
     size_t part_cap;            /* floats */
@@ -121,6 +122,9 @@ bool ekv_vk_mg_supported(const struct ekv_seq *seq, const char **why);
  * kv->dev. */
 enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq *s);
 void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s);
+/* Records, into the open recording, copies of src's logit biases and
+ * entry positions into dst's (a new cache of src's capacity). */
+void ekv_vk_mg_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *src, struct ekv_vk_seq *dst);
 /* A compressed part of the forward starts: the policy's begin, the part's
  * entries appended to seq->kv, the lengths each head had (meta) written
  * for the shaders, the statistics' buffer sized. */

@@ -29,6 +29,7 @@
 
 #include "core/util.h"
 #include "engine/backend_vk.h"
+#include "engine/backend_vk_mg.h"
 #include "gpu/vk_push.h"
 #include "kv/kv.h"
 
@@ -139,7 +140,8 @@ static void side_free(struct ekv_vk_ctx *g, const struct ekv_vk_seq *s, struct e
     sd->buf = NULL;
 }
 
-enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq **out) {
+/* A device cache of cap entries per head for seq (0: the usual start). */
+static enum ekv_status seq_make(struct ekv_vk_ctx *g, struct ekv_seq *seq, int32_t cap, struct ekv_vk_seq **out) {
     *out = NULL;
     const struct ekv_model_info *in = &seq->ctx->model->info;
     const struct ekv_kv *kv = seq->kv;
@@ -148,7 +150,7 @@ enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct
     s->n_layer = in->n_layer;
     s->n_ctx = seq->ctx->params.n_ctx;
     /* a compressed cache starts small and follows what it keeps (backend_vk_policy.c) */
-    s->cap = compressing(seq) ? EKV_MIN(s->n_ctx, 64) : s->n_ctx;
+    s->cap = cap > 0 ? cap : compressing(seq) ? EKV_MIN(s->n_ctx, 64) : s->n_ctx;
     s->H = (uint32_t)in->n_head_kv;
     s->D = (uint32_t)in->head_dim;
     s->G = (uint32_t)kv->fk.g;
@@ -162,6 +164,38 @@ enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct
         return ekv_err_prefix(st, "%s: a cache of %d positions", ekv_vk_name(g->vk), (int)s->n_ctx);
     }
     if (kivi(s->k.type) || kivi(s->v.type)) g->kivi_seqs++;
+    *out = s;
+    return EKV_OK;
+}
+
+enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq **out) {
+    return seq_make(g, seq, 0, out);
+}
+
+enum ekv_status ekv_vk_seq_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *src, struct ekv_seq *seq,
+                                struct ekv_vk_seq **out) {
+    struct ekv_vk_seq *s = NULL;
+    enum ekv_status st = seq_make(g, seq, src->cap, &s);
+    if (st == EKV_OK && (!s->mg) != (!src->mg))
+        st = ekv_err(EKV_ERR_INTERNAL, "the copy's cache is %scompressed, the original's is not", s->mg ? "" : "not ");
+    if (st == EKV_OK && src->mg) st = ekv_vk_mg_flush(src->mg); /* plans not run yet would be lost */
+    if (st == EKV_OK) st = ekv_vk_begin(g->vk);
+    if (st != EKV_OK) {
+        ekv_vk_seq_free(g, s);
+        return st;
+    }
+    for (int side = 0; side < 2; side++) {
+        const struct ekv_vk_side *from = side ? &src->v : &src->k;
+        struct ekv_vk_side *to = side ? &s->v : &s->k;
+        to->nq = from->nq; /* KIVI's quantised prefix */
+        for (int32_t l = 0; l < s->n_layer; l++) ekv_vk_copy(g->vk, &from->buf[l], 0, &to->buf[l], 0, to->words * 4);
+    }
+    if (src->mg) ekv_vk_mg_copy(g, src, s);
+    st = ekv_vk_submit(g->vk);
+    if (st != EKV_OK) {
+        ekv_vk_seq_free(g, s);
+        return st;
+    }
     *out = s;
     return EKV_OK;
 }

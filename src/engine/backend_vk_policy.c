@@ -237,6 +237,16 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     return EKV_OK;
 }
 
+void ekv_vk_mg_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *src, struct ekv_vk_seq *dst) {
+    const struct ekv_vk_mg *a = src->mg;
+    struct ekv_vk_mg *b = dst->mg;
+    const size_t bytes = (size_t)dst->H * (size_t)dst->cap * 4;
+    for (int32_t il = 0; il < dst->n_layer; il++) {
+        if (a->bias && b->bias) ekv_vk_copy(g->vk, &a->bias[il], 0, &b->bias[il], 0, bytes);
+        if (a->posb && b->posb) ekv_vk_copy(g->vk, &a->posb[il], 0, &b->posb[il], 0, bytes);
+    }
+}
+
 void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     struct ekv_vk_mg *m = s ? s->mg : NULL;
     if (!m) return;

@@ -153,6 +153,26 @@ void ekv_seq_free(struct ekv_seq *s) {
     free(s);
 }
 
+enum ekv_status ekv_seq_copy(const struct ekv_seq *src, struct ekv_seq **out) {
+    ekv_err_clear();
+    if (!src || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_copy: src and out are required");
+    *out = NULL;
+    enum ekv_status st = ekv_seq_ready(src, "ekv_seq_copy");
+    if (st != EKV_OK) return st;
+    struct ekv_seq *s = calloc(1, sizeof *s);
+    if (!s) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    s->ctx = src->ctx;
+    s->n_seen = src->n_seen;
+    st = ekv_kv_clone(src->kv, &s->kv);
+    if (st == EKV_OK && src->gpu) st = ekv_vk_seq_copy(src->ctx->gpu, src->gpu, s, &s->gpu);
+    if (st != EKV_OK) {
+        ekv_seq_free(s);
+        return ekv_err_prefix(st, "ekv_seq_copy");
+    }
+    *out = s;
+    return EKV_OK;
+}
+
 int64_t ekv_seq_n_seen(const struct ekv_seq *s) { return s->n_seen; }
 
 enum ekv_status ekv_seq_ready(const struct ekv_seq *seq, const char *fn) {
@@ -395,6 +415,10 @@ bool ekv_seq_on_device(const struct ekv_seq *seq) { return seq && seq->gpu; }
 enum ekv_status ekv_context_device_profile(const struct ekv_context *ctx, char *buf, size_t cap) {
     ekv_err_clear();
     return ekv_vk_ctx_profile(ctx ? ctx->gpu : NULL, buf, cap);
+}
+
+void ekv_context_device_profile_reset(struct ekv_context *ctx) {
+    if (ctx) ekv_vk_ctx_profile_reset(ctx->gpu);
 }
 
 uint64_t ekv_context_device_last_ns(const struct ekv_context *ctx) {

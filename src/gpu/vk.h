@@ -176,6 +176,8 @@ void ekv_vk_abort(struct ekv_vk *vk);
  * was opened, when EKV_VK_PROFILE=1 was set then (a timestamp after each
  * dispatch; false otherwise). ns, calls: [EKV_VK_PIPE_COUNT]. */
 bool ekv_vk_profile(const struct ekv_vk *vk, uint64_t *ns, uint64_t *calls);
+/* Zeroes the sums ekv_vk_profile reports. */
+void ekv_vk_profile_reset(struct ekv_vk *vk);
 const char *ekv_vk_pipe_name(enum ekv_vk_pipe p);
 
 /* Device-side timing of the last submission (ns), 0 when unknown. */

@@ -413,6 +413,12 @@ static void profile_collect(struct ekv_vk *vk) {
     vk->prof_n = 0;
 }
 
+void ekv_vk_profile_reset(struct ekv_vk *vk) {
+    if (!vk) return;
+    memset(vk->prof_ns, 0, sizeof vk->prof_ns);
+    memset(vk->prof_calls, 0, sizeof vk->prof_calls);
+}
+
 bool ekv_vk_profile(const struct ekv_vk *vk, uint64_t *ns, uint64_t *calls) {
     if (!vk || !vk->prof_pool) return false;
     memcpy(ns, vk->prof_ns, sizeof vk->prof_ns);

@@ -294,6 +294,84 @@ enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, i
     return EKV_OK;
 }
 
+/* dst (zeroed) becomes a copy of head src of a cache with formats fk/fv:
+ * its per-entry arrays (the first len entries copied) and stores. */
+static enum ekv_status head_clone(const struct ekv_kv *kv, const struct ekv_kv_head *src, struct ekv_kv_head *dst) {
+    *dst = *src;
+    dst->ks = (struct ekv_kv_store){0};
+    dst->vs = (struct ekv_kv_store){0};
+    dst->pos = NULL, dst->tag = NULL, dst->weight = NULL, dst->colsum = NULL, dst->count = NULL;
+    dst->sumsq = NULL, dst->lastrow = NULL, dst->winsum = NULL, dst->bincount = NULL;
+    const size_t n = src->cap > 0 ? (size_t)src->cap : 1, len = (size_t)src->len;
+    bool ok = true;
+#define EKV_DUP(member)                                                       \
+    do {                                                                      \
+        if (src->member) {                                                    \
+            dst->member = malloc(n * sizeof *src->member);                    \
+            if (dst->member) memcpy(dst->member, src->member, len * sizeof *src->member); \
+            else ok = false;                                                  \
+        }                                                                     \
+    } while (0)
+    EKV_DUP(pos);
+    EKV_DUP(tag);
+    EKV_DUP(weight);
+    EKV_DUP(colsum);
+    EKV_DUP(count);
+    EKV_DUP(sumsq);
+    EKV_DUP(lastrow);
+    EKV_DUP(winsum);
+    EKV_DUP(bincount);
+#undef EKV_DUP
+    enum ekv_status s = ok ? EKV_OK : ekv_err(EKV_ERR_NOMEM, "kv cache: out of memory copying a head of %d entries",
+                                              (int)src->cap);
+    if (s == EKV_OK) s = ekv_store_clone(&kv->fk, &src->ks, &dst->ks);
+    if (s == EKV_OK) s = ekv_store_clone(&kv->fv, &src->vs, &dst->vs);
+    if (s != EKV_OK) head_free(dst);
+    return s;
+}
+
+enum ekv_status ekv_kv_clone(const struct ekv_kv *src, struct ekv_kv **out) {
+    if (!src || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_clone: src and out are required");
+    *out = NULL;
+    if (src->pstate && !src->ops->clone)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "kv policy %s: its state cannot be copied", src->ops->name);
+    struct ekv_kv *kv = calloc(1, sizeof *kv);
+    if (!kv) return ekv_err(EKV_ERR_NOMEM, "kv cache: out of memory");
+    *kv = *src;
+    kv->layers = NULL;
+    kv->pstate = NULL;
+    kv->dev = NULL;         /* the copy's device rows, if any, are its owner's to attach */
+    kv->layer_hook = NULL;
+    kv->layer_hook_user = NULL;
+    kv->params.policy = kv->policy_name;
+    const struct ekv_policy_ops *ops = kv->ops;
+    kv->ops = NULL;         /* no destroy() until the state is copied */
+    enum ekv_status s = EKV_OK;
+    kv->layers = calloc((size_t)kv->n_layer, sizeof *kv->layers);
+    if (!kv->layers) s = ekv_err(EKV_ERR_NOMEM, "kv cache: out of memory for %d layers", (int)kv->n_layer);
+    for (int il = 0; il < kv->n_layer && s == EKV_OK; il++) {
+        kv->layers[il] = src->layers[il];
+        kv->layers[il].heads = calloc((size_t)kv->n_head_kv, sizeof(struct ekv_kv_head));
+        if (!kv->layers[il].heads) {
+            s = ekv_err(EKV_ERR_NOMEM, "kv cache: out of memory for %d heads", (int)kv->n_head_kv);
+            break;
+        }
+        for (int hk = 0; hk < kv->n_head_kv && s == EKV_OK; hk++)
+            s = head_clone(kv, &src->layers[il].heads[hk], &kv->layers[il].heads[hk]);
+    }
+    if (s == EKV_OK && src->pstate) {
+        kv->ops = ops;
+        s = ops->clone(kv, src);
+    }
+    if (s != EKV_OK) {
+        ekv_kv_free(kv);
+        return s;
+    }
+    kv->ops = ops;
+    *out = kv;
+    return EKV_OK;
+}
+
 enum ekv_status ekv_kv_reserve(struct ekv_kv *kv, int il, int32_t extra) {
     if (!kv || il < 0 || il >= kv->n_layer || extra < 0)
         return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_reserve: layer %d / extra %d out of range", il, (int)extra);
@@ -827,7 +905,10 @@ uint64_t ekv_kv_bytes(const struct ekv_kv *kv) {
     for (int il = 0; il < kv->n_layer; il++)
         for (int hk = 0; hk < kv->n_head_kv; hk++) {
             const struct ekv_kv_head *h = &kv->layers[il].heads[hk];
-            b += ekv_store_used_bytes(&kv->fk, &h->ks, h->len) + ekv_store_used_bytes(&kv->fv, &h->vs, h->len);
+            if (kv->dev) /* rows on a device (row types only): len rows of each type, its stores are empty */
+                b += ekv_store_full_bytes(&kv->fk, h->len) + ekv_store_full_bytes(&kv->fv, h->len);
+            else
+                b += ekv_store_used_bytes(&kv->fk, &h->ks, h->len) + ekv_store_used_bytes(&kv->fv, &h->vs, h->len);
         }
     return b;
 }

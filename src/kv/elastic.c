@@ -104,6 +104,15 @@ static enum ekv_status elastic_init(struct ekv_kv *kv) {
     return EKV_OK;
 }
 
+static enum ekv_status elastic_clone(struct ekv_kv *dst, const struct ekv_kv *src) {
+    const struct elastic_state *from = src->pstate;
+    enum ekv_status st = elastic_init(dst);
+    if (st != EKV_OK) return st;
+    struct elastic_state *s = dst->pstate;
+    memcpy(s->P, from->P, (size_t)src->n_layer * sizeof *s->P);
+    return EKV_OK;
+}
+
 static void elastic_destroy(struct ekv_kv *kv) {
     struct elastic_state *s = kv->pstate;
     if (s) {
@@ -452,6 +461,7 @@ const struct ekv_policy_ops ekv_policy_elastic = {
     .configure = elastic_configure,
     .init = elastic_init,
     .destroy = elastic_destroy,
+    .clone = elastic_clone,
     .begin = elastic_begin,
     .layer = elastic_layer,
     .end = NULL,

@@ -251,6 +251,18 @@ static void v2_destroy(struct ekv_kv *kv) {
     kv->pstate = NULL;
 }
 
+/* The options and fixed points; the scratch starts empty. */
+static enum ekv_status v2_clone(struct ekv_kv *dst, const struct ekv_kv *src) {
+    const struct v2_state *from = src->pstate;
+    enum ekv_status st = v2_init(dst);
+    if (st != EKV_OK) return st;
+    struct v2_state *s = dst->pstate;
+    s->o = from->o;
+    memcpy(s->P, from->P, (size_t)src->n_layer * sizeof *s->P);
+    dst->logit_bias = src->logit_bias;
+    return EKV_OK;
+}
+
 /* Scratch for T entries of head_dim d. */
 static enum ekv_status scratch(struct v2_state *s, int32_t T, int32_t d) {
     if ((size_t)T <= s->cap && s->acc) return EKV_OK;
@@ -549,6 +561,7 @@ const struct ekv_policy_ops ekv_policy_elastic_v2 = {
     .configure = v2_configure,
     .init = v2_init,
     .destroy = v2_destroy,
+    .clone = v2_clone,
     .begin = v2_begin,
     .layer = v2_layer,
     .option = v2_set_option,

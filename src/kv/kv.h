@@ -121,6 +121,9 @@ struct ekv_policy_ops {
     /* Allocates kv->pstate; optional. */
     enum ekv_status (*init)(struct ekv_kv *kv);
     void (*destroy)(struct ekv_kv *kv);
+    /* Sets dst->pstate to a copy of src->pstate (dst is src's copy in all
+     * else; ekv_kv_clone). Required when init() allocates a state. */
+    enum ekv_status (*clone)(struct ekv_kv *dst, const struct ekv_kv *src);
     /* Before a forward: set kv->stats, kv->win_start, reset statistics. Optional. */
     enum ekv_status (*begin)(struct ekv_kv *kv, const struct ekv_kv_step *step);
     /* After layer il's attention in this forward. Optional. */
@@ -184,6 +187,11 @@ struct ekv_kv {
 enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                            const struct ekv_kv_params *params, struct ekv_kv **out);
 void ekv_kv_free(struct ekv_kv *kv);
+/* *out gets a copy of src that goes on exactly as src would: entries,
+ * storage, statistics, counters, parameters and the policy's state
+ * (ops->clone). The copy has no device (kv->dev NULL: its owner attaches
+ * its own rows) and no layer hook. The caller owns *out (ekv_kv_free). */
+enum ekv_status ekv_kv_clone(const struct ekv_kv *src, struct ekv_kv **out);
 
 /* Makes room for `extra` more entries in every head of layer il (keeps the
  * statistics arrays required by kv->stats). */

@@ -400,6 +400,28 @@ void ekv_store_shrink(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int
     }
 }
 
+enum ekv_status ekv_store_clone(const struct ekv_store_fmt *f, const struct ekv_kv_store *src, struct ekv_kv_store *dst) {
+    memset(dst, 0, sizeof *dst);
+    const size_t tail_bytes = (size_t)src->tail_cap * 2u * (size_t)f->d; /* sizes the store allocated before */
+    const size_t gn_bytes = (size_t)src->gn_cap * sizeof(int32_t);
+    if (src->data_cap && !(dst->data = malloc(src->data_cap))) goto nomem;
+    if (tail_bytes && !(dst->tail = malloc(tail_bytes))) goto nomem;
+    if (gn_bytes && !(dst->gn = malloc(gn_bytes))) goto nomem;
+    if (src->data_cap) memcpy(dst->data, src->data, src->data_cap);
+    if (tail_bytes) memcpy(dst->tail, src->tail, tail_bytes);
+    if (gn_bytes) memcpy(dst->gn, src->gn, gn_bytes);
+    dst->data_cap = src->data_cap;
+    dst->data_used = src->data_used;
+    dst->nq = src->nq;
+    dst->tail_cap = src->tail_cap;
+    dst->ng = src->ng;
+    dst->gn_cap = src->gn_cap;
+    return EKV_OK;
+nomem:
+    ekv_store_free(dst);
+    return ekv_err(EKV_ERR_NOMEM, "kv cache: out of memory copying a store of %zu bytes", src->data_cap);
+}
+
 void ekv_store_free(struct ekv_kv_store *s) {
     free(s->data);
     free(s->tail);

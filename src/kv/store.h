@@ -77,6 +77,9 @@ enum ekv_status ekv_store_flush(const struct ekv_store_fmt *f, struct ekv_kv_sto
 void ekv_store_shrink(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len);
 /* Row types: sets the capacity to cap entries (cap >= len). */
 enum ekv_status ekv_store_set_rows(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t cap);
+/* dst (uninitialised) becomes a copy of src, capacity included; on failure
+ * dst is empty. */
+enum ekv_status ekv_store_clone(const struct ekv_store_fmt *f, const struct ekv_kv_store *src, struct ekv_kv_store *dst);
 void ekv_store_free(struct ekv_kv_store *s);
 /* The attention kernels' view of the len entries. */
 struct ekv_kv_view ekv_store_view(const struct ekv_store_fmt *f, const struct ekv_kv_store *s, int32_t len);

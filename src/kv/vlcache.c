@@ -86,6 +86,14 @@ static void vlcache_destroy(struct ekv_kv *kv) {
     kv->pstate = NULL;
 }
 
+static enum ekv_status vlcache_clone(struct ekv_kv *dst, const struct ekv_kv *src) {
+    const size_t bytes = sizeof(struct vlcache_state) + (size_t)src->n_layer * sizeof(double);
+    dst->pstate = malloc(bytes);
+    if (!dst->pstate) return ekv_err(EKV_ERR_NOMEM, "vlcache: state of %d layers", (int)src->n_layer);
+    memcpy(dst->pstate, src->pstate, bytes);
+    return EKV_OK;
+}
+
 static enum ekv_status vlcache_configure(struct ekv_kv *kv) {
     struct ekv_kv_params *p = &kv->params;
     enum ekv_status st = ekv_recompress_configure(kv);
@@ -205,6 +213,7 @@ const struct ekv_policy_ops ekv_policy_vlcache = {
     .configure = vlcache_configure,
     .init = vlcache_init,
     .destroy = vlcache_destroy,
+    .clone = vlcache_clone,
     .begin = vlcache_begin,
     .layer = NULL,
     .end = vlcache_end,

@@ -26,8 +26,10 @@ static const struct cli_help k_help = {
     "usage: ekv bench [options]",
     "Measures prompt processing and decode speed over a grid of settings.\n"
     "List options take comma-separated values; every combination is run.",
-    "Per grid point and repetition: for each of the b sequences, depth tokens are\n"
-    "evaluated as a prompt (untimed), then p tokens as a prompt (timed: prompt tok/s =\n"
+    "Per grid point and repetition: the b sequences start with depth tokens in their\n"
+    "cache (untimed: one sequence reads depth random tokens once per policy, storage\n"
+    "type, budget and depth, and every sequence is a copy of it), then each reads\n"
+    "p tokens as a prompt (timed: prompt tok/s =\n"
     "b*p / time; time to first token = time of one sequence's prompt and its first\n"
     "sampled token), then n decode steps of all b sequences together (timed: decode\n"
     "tok/s = b*n / time). 'stats ovh' is the prompt-time overhead against the full\n"
@@ -51,6 +53,7 @@ struct row {
     double *t_decode; /* [reps] seconds for n batched decode steps */
     double *cpu;      /* [reps] process CPU seconds / (wall seconds * threads) over the timed phases */
     uint64_t kv_bytes, kv_bytes_full, kv_bytes_f32, kv_alloc; /* K/V bytes in the types, full cache, full f32 */
+    uint64_t kv_alloc_now; /* bytes the caches have allocated at the end (host and device) */
     uint64_t peak_rss;
     double ovh; /* median prompt-time overhead vs. full, NaN if none */
     bool failed;
@@ -98,9 +101,38 @@ static int32_t argmax(const float *x, int32_t n) {
     return best;
 }
 
+/* The context already in the cache (--depth): one sequence reads `depth`
+ * random tokens once per (threads, policy, storage type, budget, depth);
+ * every sequence of every batch size and repetition of that point starts as
+ * a copy of it (ekv_seq_copy), so a deep grid reads each depth once, not
+ * b x reps times. */
+struct depth_fill {
+    struct ekv_seq *seq; /* NULL until read */
+    int32_t next;        /* its greedy next token */
+    int key[5];          /* threads, policy, type, budget, depth indices */
+};
+
+/* The depth sequence for r (read now unless df already holds it). */
+static enum ekv_status depth_seq(struct ekv_context *ctx, const struct ekv_kv_params *kvp, const struct row *r,
+                                 struct depth_fill *df, int32_t V, int32_t *toks, float *logits, uint64_t *seed) {
+    if (df->seq) return EKV_OK;
+    const double t0 = cli_now();
+    enum ekv_status s = ekv_seq_new(ctx, kvp, &df->seq);
+    for (long j = 0; j < r->depth && s == EKV_OK; j++) toks[j] = (int32_t)(rng_next(seed) % (uint64_t)V);
+    if (s == EKV_OK) s = ekv_seq_prefill(df->seq, toks, (int32_t)r->depth, logits);
+    if (s == EKV_OK) df->next = argmax(logits, V);
+    if (s == EKV_OK) fprintf(stderr, " [depth read in %.2f s]", cli_now() - t0);
+    if (s != EKV_OK) {
+        ekv_seq_free(df->seq);
+        df->seq = NULL;
+    }
+    return s;
+}
+
 /* One repetition of one grid point. */
 static enum ekv_status run_once(const struct ekv_model *model, struct ekv_context *ctx,
-                                const struct ekv_kv_params *kvp, struct row *r, int rep, uint64_t *seed) {
+                                const struct ekv_kv_params *kvp, struct row *r, int rep, uint64_t *seed,
+                                struct depth_fill *df) {
     struct ekv_model_info mi;
     ekv_model_get_info(model, &mi);
     const int32_t V = mi.n_vocab;
@@ -114,17 +146,15 @@ static enum ekv_status run_once(const struct ekv_model *model, struct ekv_contex
         s = EKV_ERR_NOMEM;
         goto done;
     }
-    for (long i = 0; i < b && s == EKV_OK; i++) s = ekv_seq_new(ctx, kvp, &seqs[i]);
+    if (r->depth > 0) s = depth_seq(ctx, kvp, r, df, V, toks, logits, seed);
+    for (long i = 0; i < b && s == EKV_OK; i++) {
+        s = r->depth > 0 ? ekv_seq_copy(df->seq, &seqs[i]) : ekv_seq_new(ctx, kvp, &seqs[i]);
+        next[i] = r->depth > 0 ? df->next : 0;
+    }
     if (s != EKV_OK) goto done;
 
     double t_prompt = 0.0, ttft = 0.0, cpu_timed = 0.0;
     for (long i = 0; i < b && s == EKV_OK; i++) {
-        if (r->depth > 0) {
-            for (long j = 0; j < r->depth; j++) toks[j] = (int32_t)(rng_next(seed) % (uint64_t)V);
-            s = ekv_seq_prefill(seqs[i], toks, (int32_t)r->depth, logits + (size_t)i * V);
-            if (s != EKV_OK) break;
-            next[i] = argmax(logits + (size_t)i * V, V);
-        }
         if (r->p > 0) {
             for (long j = 0; j < r->p; j++) toks[j] = (int32_t)(rng_next(seed) % (uint64_t)V);
             double t0 = cli_now(), c0 = cpu_seconds();
@@ -141,6 +171,7 @@ static enum ekv_status run_once(const struct ekv_model *model, struct ekv_contex
     }
     if (s != EKV_OK) goto done;
 
+    ekv_context_device_profile_reset(ctx); /* EKV_VK_PROFILE: the decode steps only */
     double t0 = cli_now(), c0 = cpu_seconds();
     for (long step = 0; step < r->n && s == EKV_OK; step++) {
         s = ekv_decode_batch(ctx, seqs, next, (int32_t)b, logits);
@@ -149,12 +180,17 @@ static enum ekv_status run_once(const struct ekv_model *model, struct ekv_contex
     double t_dec = cli_now() - t0;
     cpu_timed += cpu_seconds() - c0;
     if (s != EKV_OK) goto done;
+    char prof[4096];
+    if (rep == r->reps - 1 && r->n > 0 && ekv_seq_on_device(seqs[0]) &&
+        ekv_context_device_profile(ctx, prof, sizeof prof) == EKV_OK)
+        fprintf(stderr, "\nekv bench: device time by shader (EKV_VK_PROFILE), the last repetition's %ld decode steps:\n%s",
+                r->n, prof);
     r->cpu[rep] = t_prompt + t_dec > 0 ? cpu_timed / ((t_prompt + t_dec) * r->threads) : 0.0;
 
     r->t_prompt[rep] = t_prompt;
     r->t_ttft[rep] = ttft;
     r->t_decode[rep] = t_dec;
-    r->kv_bytes = r->kv_bytes_full = r->kv_bytes_f32 = r->kv_alloc = 0;
+    r->kv_bytes = r->kv_bytes_full = r->kv_bytes_f32 = r->kv_alloc = r->kv_alloc_now = 0;
     for (long i = 0; i < b; i++) {
         struct ekv_kv_stats st;
         ekv_seq_kv_stats(seqs[i], &st);
@@ -162,6 +198,7 @@ static enum ekv_status run_once(const struct ekv_model *model, struct ekv_contex
         r->kv_bytes_full += st.bytes_full;
         r->kv_bytes_f32 += st.bytes_full_f32;
         r->kv_alloc += st.peak_bytes_alloc;
+        r->kv_alloc_now += st.bytes_alloc;
     }
 done:
     if (seqs)
@@ -258,6 +295,7 @@ static bool write_json(const char *path, const struct row *rows, int nrows, cons
             cJSON_AddNumberToObject(o, "kv_bytes_full", (double)r->kv_bytes_full);
             cJSON_AddNumberToObject(o, "kv_bytes_full_f32", (double)r->kv_bytes_f32);
             cJSON_AddNumberToObject(o, "kv_peak_alloc_bytes", (double)r->kv_alloc);
+            cJSON_AddNumberToObject(o, "kv_alloc_bytes", (double)r->kv_alloc_now);
             cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)r->peak_rss);
             if (r->ovh == r->ovh) cJSON_AddNumberToObject(o, "stats_overhead", r->ovh);
         }
@@ -333,7 +371,7 @@ static void bench_warmup(struct ekv_context *ctx, int32_t n_vocab) {
 }
 
 /* All repetitions of one grid point (row r already describes it). */
-static bool bench_point(struct bench *b, struct ekv_context *ctx, struct row *r) {
+static bool bench_point(struct bench *b, struct ekv_context *ctx, struct row *r, struct depth_fill *df) {
     const size_t reps = (size_t)b->p.reps;
     r->reps = (int)reps;
     r->t_prompt = b->times + (size_t)(r - b->rows) * 4 * reps;
@@ -349,7 +387,7 @@ static bool bench_point(struct bench *b, struct ekv_context *ctx, struct row *r)
     fprintf(stderr, "ekv bench: t=%d %s kv=%s budget=%g p=%ld n=%ld depth=%ld b=%ld ...", r->threads, r->policy,
             r->kv_type, r->budget, r->p, r->n, r->depth, r->b);
     for (int rep = 0; rep < r->reps && !r->failed; rep++) {
-        enum ekv_status s = run_once(b->model, ctx, &k, r, rep, &b->seed);
+        enum ekv_status s = run_once(b->model, ctx, &k, r, rep, &b->seed, df);
         if (s != EKV_OK) {
             fprintf(stderr, " failed: %s: %s", ekv_status_str(s), ekv_last_error());
             r->failed = true;
@@ -384,12 +422,19 @@ static int bench_grid(struct bench *b) {
         enum ekv_status s = ekv_context_new(b->model, &cp, &ctx);
         if (s != EKV_OK) return cli_fail(CMD, s);
         if (p->warmup) bench_warmup(ctx, mi.n_vocab);
+        struct depth_fill df = {0};
         for (size_t g = 0; g < per_ctx; g++) {
             int idx[7];
             size_t rest = g;
             for (int a = 6; a >= 0; a--) {
                 idx[a] = (int)(rest % (size_t)ax[a]->n);
                 rest /= (size_t)ax[a]->n;
+            }
+            const int key[5] = {ti, idx[0], idx[1], idx[2], idx[5]};
+            if (memcmp(key, df.key, sizeof key)) { /* another depth sequence */
+                ekv_seq_free(df.seq);
+                df.seq = NULL;
+                memcpy(df.key, key, sizeof key);
             }
             const bool full = !strcmp(p->kv_policies.s[idx[0]], "full");
             if (full && idx[2] > 0) continue; /* the full cache has no budget */
@@ -408,8 +453,9 @@ static int bench_grid(struct bench *b) {
             r->n = p->n_gen.i[idx[4]];
             r->depth = p->depth.i[idx[5]];
             r->b = p->batch.i[idx[6]];
-            if (!bench_point(b, ctx, r)) rc = 1;
+            if (!bench_point(b, ctx, r, &df)) rc = 1;
         }
+        ekv_seq_free(df.seq);
         ekv_context_free(ctx);
     }
     return rc;
