@@ -73,7 +73,8 @@ env "LD_LIBRARY_PATH=$EKV_LD" "$EKV" info --devices 2>&1 | head -n 4
 
 if [ -n "${EKV_PAYOFF_TEST:-}" ]; then
     echo "## $EKV_PAYOFF_TEST (EKV_GPU_TEST_ONLY=copy) on the GPU"
-    env "LD_LIBRARY_PATH=$EKV_LD" EKV_VK_VALIDATE=0 EKV_TEST_DEVICE="$VK" EKV_GPU_TEST_ONLY=copy timeout 120 \
+    env "LD_LIBRARY_PATH=$EKV_LD" EKV_VK_VALIDATE=0 EKV_TEST_DEVICE="$VK" EKV_GPU_TEST_ONLY=copy \
+        EKV_TEST_SOURCE_DIR="$repo" EKV_TEST_BINARY_DIR="$(dirname "$EKV")" timeout 120 \
         "$EKV_PAYOFF_TEST" 2>&1 | tail -n 4 | sed 's/^/  /'
 fi
 JSONS=()
