@@ -216,6 +216,17 @@ code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 200, "
 [ "$code" = 400 ] && [ "$(jget error.code < "$T/r")" = kv_mem_exceeded ] && ok || bad "full cache over --kv-mem: $code"
 code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "ignore_eos": true, "kv": {"policy": "local", "budget": 0.2}}')
 [ "$code" = 200 ] && [ "$(jget usage.completion_tokens < "$T/r")" = 200 ] && ok || bad "compressed request must fit: $code $(head -c 200 "$T/r")"
+# (issue 23, defect 2) parsing costs a few times the body, not ~50x: 4 MB of small values (cJSON spends
+# ~100 bytes on each: ~200 MB before the fix) under the default --max-body of 8 MiB is refused before parsing
+hwm() { awk '/^VmHWM/ { print $2 }' "/proc/$PID_mem/status"; }
+hwm0=$(hwm)
+python3 -c 'import sys; sys.stdout.write("{\"prompt\": \"x\", \"x\": [" + ",".join(["0"] * 2000000) + "]}")' > "$T/many.json"
+code=$(curl -s -o "$T/r" -w '%{http_code}' -H 'Content-Type: application/json' "$URL/v1/completions" --data-binary @"$T/many.json")
+hwm1=$(hwm)
+[ "$code" = 400 ] && [ "$(jget error.code < "$T/r")" = too_many_json_values ] && [ $((hwm1 - hwm0)) -lt 40960 ] && ok \
+  || bad "4 MB of JSON values: $code, peak RSS +$((hwm1 - hwm0)) kB: $(head -c 200 "$T/r")"
+code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 2, "logit_bias": {}}')
+[ "$code" != 500 ] && ok || bad "after the refused body: $code"
 stop_server mem && ok || bad "mem server exit"
 
 # ---- on real weights with a slow decode: queue full -> 503, hang-up -> cancelled ----

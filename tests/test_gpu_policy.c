@@ -704,7 +704,7 @@ static void copy_case(const struct ekv_model *m, struct ekv_context *cx, const i
     if (!pair[1]) goto out;
     CHECK(ekv_seq_on_device(pair[1]) && heads_differ(a->kv, pair[1]->kv) == 0);
     int bad = 0;
-    for (int step = 0; step < 16; step++) { /* the copy batched with its original */
+    for (int step = 0; step < 12; step++) { /* the copy batched with its original */
         int32_t t[2] = {toks[N_PROMPT + step], toks[N_PROMPT + step]};
         CHECK_OK(ekv_decode_batch(cx, pair, t, 2, la));
         CHECK_OK(ekv_seq_decode(c, t[0], lc));
@@ -712,7 +712,7 @@ static void copy_case(const struct ekv_model *m, struct ekv_context *cx, const i
     }
     ekv_seq_free(a); /* the copy goes on alone */
     a = pair[0] = NULL;
-    for (int step = 16; step < N_STEPS; step++) {
+    for (int step = 12; step < 24; step++) {
         CHECK_OK(ekv_seq_decode(pair[1], toks[N_PROMPT + step], la));
         CHECK_OK(ekv_seq_decode(c, toks[N_PROMPT + step], lc));
         bad += memcmp(la, lc, V * sizeof *la) != 0;
@@ -735,14 +735,13 @@ static void test_copy(void) {
         copy_case(mb, cx, g_toks_b, "h2o", 0.3, EKV_KV_F16, EKV_KV_F16);
         copy_case(mb, cx, g_toks_b, "snapkv", 0.3, EKV_KV_Q8_0, EKV_KV_Q4_0);
         copy_case(mb, cx, g_toks_b, "elastic-v2:bias=1", 0.3, EKV_KV_F32, EKV_KV_F16);
-        copy_case(mb, cx, g_toks_b, "elastic", 0.4, EKV_KV_F16, EKV_KV_F16);
         copy_case(mb, cx, g_toks_b, "vlcache", 0.3, EKV_KV_Q4_0, EKV_KV_Q4_0);
         gt_check_validation(cx);
     }
     ekv_context_free(cx);
     ekv_model_free(mb);
     remove(path);
-    printf("copies on the device: 7 policy x storage cases checked\n");
+    printf("copies on the device: 6 policy x storage cases checked\n");
 }
 
 /* EKV_GPU_TEST_ONLY=name[,name...] runs only those parts (ctest runs them all) */

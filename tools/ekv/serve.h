@@ -188,8 +188,12 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
  * {"tokens": [...]}; NULL with e set on a bad request. */
 char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e);
 /* RFC 8259 syntax of s[0..n) (serve_json.c); false with the byte offset and
- * a static reason. */
-bool srv_json_strict(const char *s, size_t n, size_t *at, const char **why);
+ * a static reason. *values (may be NULL) gets the number of values and
+ * object keys, which cJSON would spend ~100 bytes each on. */
+bool srv_json_strict(const char *s, size_t n, size_t *at, const char **why, size_t *values);
+/* The most values and keys a body of n bytes may have (its parse memory
+ * then stays within a few times n plus ~6.5 MB). */
+size_t srv_json_max_values(size_t n);
 /* Is s[0..n) valid UTF-8 (no overlongs, no surrogates)? */
 bool srv_utf8_valid(const char *s, size_t n);
 /* Length of the longest prefix of s[0..n) that ends on a whole UTF-8 character. */

@@ -3,7 +3,11 @@
  * parses it: cJSON is lenient (it takes numbers like 01 and 1., invalid
  * \u escapes, raw control characters in strings, and cuts a string at
  * \u0000), and the server answers such bodies with a 400 naming the byte.
- * Syntax only: cJSON still builds the tree.
+ * Syntax only: cJSON still builds the tree. It also counts the values:
+ * cJSON spends ~100 bytes on each (a node, a copy of each key), so a body
+ * of small values ("[0,0,0,...]": 2 bytes each) would cost ~50x its size
+ * to parse; srv_json_max_values bounds them so that parsing a body costs at
+ * most a few times its size.
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -11,11 +15,14 @@
 #include "serve.h"
 
 #define SRV_JSON_DEPTH 64 /* arrays and objects nested deeper are refused */
+#define SRV_JSON_VALUES_FREE 65536   /* values any body may have (~6.5 MB of cJSON nodes) */
+#define SRV_JSON_BYTES_PER_VALUE 32  /* and one more per 32 bytes of body (~3x the body in nodes) */
 
 struct jp {
     const unsigned char *s;
     size_t n, i;
     const char *why;
+    size_t values; /* values seen (object keys count too: cJSON keeps a copy of each) */
 };
 
 static bool fail_at(struct jp *p, const char *why) {
@@ -109,6 +116,7 @@ static bool container(struct jp *p, int depth, bool object) {
         if (object) {
             ws(p);
             if (p->i >= p->n || p->s[p->i] != '"') return fail_at(p, "an object key that is not a string");
+            p->values++;
             if (!string(p)) return false;
             ws(p);
             if (p->i >= p->n || p->s[p->i] != ':') return fail_at(p, "a missing ':' after an object key");
@@ -129,6 +137,7 @@ static bool container(struct jp *p, int depth, bool object) {
 }
 
 static bool value(struct jp *p, int depth) {
+    p->values++;
     ws(p);
     if (p->i >= p->n) return fail_at(p, "a missing value");
     const unsigned char c = p->s[p->i];
@@ -141,8 +150,8 @@ static bool value(struct jp *p, int depth) {
     return fail_at(p, "an unexpected character");
 }
 
-bool srv_json_strict(const char *s, size_t n, size_t *at, const char **why) {
-    struct jp p = {.s = (const unsigned char *)s, .n = n, .i = 0, .why = NULL};
+bool srv_json_strict(const char *s, size_t n, size_t *at, const char **why, size_t *values) {
+    struct jp p = {.s = (const unsigned char *)s, .n = n, .i = 0, .why = NULL, .values = 0};
     bool ok = value(&p, 0);
     if (ok) {
         ws(&p);
@@ -150,5 +159,8 @@ bool srv_json_strict(const char *s, size_t n, size_t *at, const char **why) {
     }
     *at = p.i;
     *why = ok ? NULL : p.why;
+    if (values) *values = p.values;
     return ok;
 }
+
+size_t srv_json_max_values(size_t n) { return SRV_JSON_VALUES_FREE + n / SRV_JSON_BYTES_PER_VALUE; }

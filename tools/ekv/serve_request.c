@@ -571,9 +571,14 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
     r->kv = srv->cfg.kv;
     if (len == 0) return BAD(NULL, "the request has no body (a JSON object is expected)");
     if (!srv_utf8_valid(body, len)) return BAD(NULL, "the body is not valid UTF-8");
-    size_t at = 0;
+    size_t at = 0, values = 0;
     const char *why = NULL;
-    if (!srv_json_strict(body, len, &at, &why)) return BAD(NULL, "the body is not valid JSON: %s at byte %zu", why, at);
+    if (!srv_json_strict(body, len, &at, &why, &values))
+        return BAD(NULL, "the body is not valid JSON: %s at byte %zu", why, at);
+    if (values > srv_json_max_values(len))
+        return srv_fail(e, 400, "invalid_request_error", NULL, "too_many_json_values",
+                        "the body has %zu JSON values and keys; a body of %zu bytes may have at most %zu", values, len,
+                        srv_json_max_values(len));
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {
@@ -594,10 +599,14 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
 
 char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e) {
     if (len == 0 || !srv_utf8_valid(body, len)) return BAD(NULL, "the body must be a JSON object in UTF-8"), NULL;
-    size_t at = 0;
+    size_t at = 0, values = 0;
     const char *why = NULL;
-    if (!srv_json_strict(body, len, &at, &why))
+    if (!srv_json_strict(body, len, &at, &why, &values))
         return BAD(NULL, "the body is not valid JSON: %s at byte %zu", why, at), NULL;
+    if (values > srv_json_max_values(len))
+        return srv_fail(e, 400, "invalid_request_error", NULL, "too_many_json_values",
+                        "the body has %zu JSON values and keys; a body of %zu bytes may have at most %zu", values, len,
+                        srv_json_max_values(len)), NULL;
     cJSON *root = cJSON_ParseWithLength(body, len);
     const cJSON *content = root && cJSON_IsObject(root) ? field(root, "content") : NULL;
     bool add_special = true;
