@@ -206,23 +206,43 @@ static enum ekv_status stage_bias(struct ekv_vk_mg *m, float weight, uint32_t *c
     return EKV_OK;
 }
 
-/* Adds row dst <- src to the plan begun at run `first`, extending its last
- * run when both continue it. */
-static enum ekv_status add_pair(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src) {
+/* Adds rows dst.. <- src.. (n of them; src MG_ZERO: zeros) to the plan
+ * begun at run `first`, extending its last run when both continue it. */
+static enum ekv_status add_run(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src, uint32_t n) {
     if (m->n_pairs > first) {
         uint32_t *q = m->pairs + 3 * (m->n_pairs - 1);
         if (q[0] + q[2] == dst && ((src == MG_ZERO && q[1] == MG_ZERO) ||
                                    (src != MG_ZERO && q[1] != MG_ZERO && q[1] + q[2] == src))) {
-            q[2]++;
+            q[2] += n;
             return EKV_OK;
         }
     }
     enum ekv_status st = ekv_vk_mg_grow((void **)&m->pairs, &m->cap_pairs, m->n_pairs + 1, 12);
     if (st != EKV_OK) return st;
     uint32_t *q = m->pairs + 3 * m->n_pairs;
-    q[0] = dst, q[1] = src, q[2] = 1;
+    q[0] = dst, q[1] = src, q[2] = n;
     m->n_pairs++;
     return EKV_OK;
+}
+
+static enum ekv_status add_pair(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src) {
+    return add_run(m, first, dst, src, 1);
+}
+
+/* The moves that compact a head of len entries to its kept ones (no row
+ * replaced): one run per stretch of kept entries that moves, found at
+ * memchr speed (an eviction of one entry is a few runs, not one per entry). */
+static enum ekv_status add_keep_runs(struct ekv_vk_mg *m, size_t first, const uint8_t *keep, int32_t len, uint32_t *kept) {
+    enum ekv_status st = EKV_OK;
+    uint32_t e = 0;
+    for (int32_t j = ekv_keep_next(keep, 0, len, true); j < len && st == EKV_OK; j = ekv_keep_next(keep, j, len, true)) {
+        const int32_t r = ekv_keep_next(keep, j, len, false);
+        if ((uint32_t)j != e) st = add_run(m, first, e, (uint32_t)j, (uint32_t)(r - j));
+        e += (uint32_t)(r - j);
+        j = r;
+    }
+    if (kept) *kept = e;
+    return st;
 }
 
 static enum ekv_status add_plan(struct ekv_vk_mg *m, int il, int hk, int side, size_t first) {
@@ -251,10 +271,14 @@ static enum ekv_status plan_bias(struct ekv_vk_mg *m, int il, int hk, int32_t le
         const size_t first = m->n_pairs;
         enum ekv_status st = EKV_OK;
         uint32_t e = 0;
-        for (int32_t j = 0; j < len && st == EKV_OK; j++) {
-            if (keep ? !keep[j] : into[j] != j) continue;
-            if ((uint32_t)j != e) st = add_pair(m, first, e, (uint32_t)j);
-            e++;
+        if (keep) {
+            st = add_keep_runs(m, first, keep, len, NULL);
+        } else {
+            for (int32_t j = 0; j < len && st == EKV_OK; j++) {
+                if (into[j] != j) continue;
+                if ((uint32_t)j != e) st = add_pair(m, first, e, (uint32_t)j);
+                e++;
+            }
         }
         if (st == EKV_OK) st = add_plan(m, il, hk, 3, first);
         if (st != EKV_OK) return st;
@@ -264,14 +288,18 @@ static enum ekv_status plan_bias(struct ekv_vk_mg *m, int il, int hk, int32_t le
     const size_t first = m->n_pairs;
     enum ekv_status st = EKV_OK;
     uint32_t e = 0;
-    for (int32_t j = 0; j < len && st == EKV_OK; j++) {
-        if (keep ? !keep[j] : into[j] != j) continue;
-        uint32_t src = (uint32_t)j;
-        if (w_old && w_old[j] != w_now[j]) st = stage_bias(m, w_now[j], &src);
-        if (st == EKV_OK && src != e) st = add_pair(m, first, e, src);
-        e++;
+    if (keep && !w_old) { /* an eviction: the kept biases move as runs */
+        st = add_keep_runs(m, first, keep, len, &e);
+    } else {
+        for (int32_t j = 0; j < len && st == EKV_OK; j++) {
+            if (keep ? !keep[j] : into[j] != j) continue;
+            uint32_t src = (uint32_t)j;
+            if (w_old && w_old[j] != w_now[j]) st = stage_bias(m, w_now[j], &src);
+            if (st == EKV_OK && src != e) st = add_pair(m, first, e, src);
+            e++;
+        }
     }
-    for (uint32_t z = e; z < (uint32_t)len && st == EKV_OK; z++) st = add_pair(m, first, z, MG_ZERO);
+    if (st == EKV_OK && e < (uint32_t)len) st = add_run(m, first, e, MG_ZERO, (uint32_t)len - e);
     return st == EKV_OK ? add_plan(m, il, hk, 2, first) : st;
 }
 
@@ -283,10 +311,11 @@ static enum ekv_status dev_compact(void *user, int il, int hk, int32_t len, cons
         const float *const *of = side ? v_of : k_of;
         const size_t first = m->n_pairs;
         uint32_t e = 0;
-        for (int32_t j = 0; j < len && st == EKV_OK; j++) {
+        if (!of) st = add_keep_runs(m, first, keep, len, NULL); /* no row replaced: runs */
+        for (int32_t j = 0; of && j < len && st == EKV_OK; j++) {
             if (!keep[j]) continue;
             uint32_t src = (uint32_t)j;
-            if (of && of[j]) st = stage_row(m, side, of[j], &src);
+            if (of[j]) st = stage_row(m, side, of[j], &src);
             if (st == EKV_OK && src != e) st = add_pair(m, first, e, src); /* rows already in place stay */
             e++;
         }

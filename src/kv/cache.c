@@ -470,16 +470,36 @@ void ekv_kv_head_append(struct ekv_kv *kv, struct ekv_kv_head *h, const float *k
 }
 
 /* Moves entry src to slot dst (dst < src) in every per-entry array. */
-static void head_move(struct ekv_kv_head *h, int32_t dst, int32_t src) {
-    h->pos[dst] = h->pos[src];
-    h->tag[dst] = h->tag[src];
-    h->weight[dst] = h->weight[src];
-    if (h->colsum) h->colsum[dst] = h->colsum[src];
-    if (h->count) h->count[dst] = h->count[src];
-    if (h->sumsq) h->sumsq[dst] = h->sumsq[src];
-    if (h->lastrow) h->lastrow[dst] = h->lastrow[src];
-    if (h->winsum) h->winsum[dst] = h->winsum[src];
-    if (h->bincount) h->bincount[dst] = h->bincount[src];
+/* Entries [src, src + n) to [dst, dst + n) (dst <= src), every per-entry array. */
+static void head_move(struct ekv_kv_head *h, int32_t dst, int32_t src, int32_t n) {
+#define EKV_MOVE(a) \
+    if (h->a) memmove(h->a + dst, h->a + src, (size_t)n * sizeof *h->a)
+    EKV_MOVE(pos);
+    EKV_MOVE(tag);
+    EKV_MOVE(weight);
+    EKV_MOVE(colsum);
+    EKV_MOVE(count);
+    EKV_MOVE(sumsq);
+    EKV_MOVE(lastrow);
+    EKV_MOVE(winsum);
+    EKV_MOVE(bincount);
+#undef EKV_MOVE
+}
+
+int32_t ekv_keep_next(const uint8_t *keep, int32_t from, int32_t len, bool kept) {
+    if (from >= len) return len;
+    if (!kept) { /* the next 0 */
+        const uint8_t *p = memchr(keep + from, 0, (size_t)(len - from));
+        return p ? (int32_t)(p - keep) : len;
+    }
+    while (from + 8 <= len) { /* the next non-zero, 8 bytes at a time through zeros */
+        uint64_t w;
+        memcpy(&w, keep + from, 8);
+        if (w) break;
+        from += 8;
+    }
+    while (from < len && !keep[from]) from++;
+    return from;
 }
 
 /* The layer and KV head of h (one of kv's heads). */
@@ -516,11 +536,12 @@ static enum ekv_status head_compact(struct ekv_kv *kv, struct ekv_kv_head *h, co
         s2 = ekv_store_compact(&kv->fv, &h->vs, h->len, keep, v_of);
     }
     account_head(kv, h, before);
-    int32_t w = 0;
-    for (int32_t j = 0; j < h->len; j++) {
-        if (!keep[j]) continue;
-        if (w != j) head_move(h, w, j);
-        w++;
+    int32_t w = 0; /* by runs of kept entries: a few memmoves when few entries go */
+    for (int32_t j = ekv_keep_next(keep, 0, h->len, true); j < h->len; j = ekv_keep_next(keep, j, h->len, true)) {
+        const int32_t e = ekv_keep_next(keep, j, h->len, false);
+        if (w != j) head_move(h, w, j, e - j);
+        w += e - j;
+        j = e;
     }
     h->len = w;
     return s != EKV_OK ? s : s2;
@@ -528,9 +549,9 @@ static enum ekv_status head_compact(struct ekv_kv *kv, struct ekv_kv_head *h, co
 
 enum ekv_status ekv_kv_head_keep(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep) {
     if (!kv || !h || (!keep && h->len > 0)) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_keep: NULL argument");
-    double dropped = 0.0;
-    for (int32_t j = 0; j < h->len; j++)
-        if (!keep[j]) dropped += h->weight[j];
+    double dropped = 0.0; /* weights are whole numbers of tokens: any order of sums is exact */
+    for (int32_t j = ekv_keep_next(keep, 0, h->len, false); j < h->len; j = ekv_keep_next(keep, j + 1, h->len, false))
+        dropped += h->weight[j];
     enum ekv_status s = head_compact(kv, h, keep, NULL, NULL, NULL, NULL);
     h->n_evicted += (int64_t)llround(dropped);
     head_maybe_shrink(kv, h);
@@ -550,15 +571,15 @@ enum ekv_status ekv_kv_head_keep_idx(struct ekv_kv *kv, struct ekv_kv_head *h, c
                            "ekv_kv_head_keep_idx: index %d (= %d) is out of range [0, %d) or not ascending",
                            (int)t, (int)idx[t], (int)h->len);
     }
-    double total = 0.0, kept = 0.0;
-    for (int32_t j = 0; j < h->len; j++) total += h->weight[j];
-    for (int32_t t = 0; t < n; t++) kept += h->weight[idx[t]];
     uint8_t *keep = calloc((size_t)(h->len ? h->len : 1), 1);
     if (!keep) return ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_keep_idx: out of memory for %d entries", (int)h->len);
     for (int32_t t = 0; t < n; t++) keep[idx[t]] = 1;
+    double dropped = 0.0; /* whole numbers of tokens: exact in any order */
+    for (int32_t j = ekv_keep_next(keep, 0, h->len, false); j < h->len; j = ekv_keep_next(keep, j + 1, h->len, false))
+        dropped += h->weight[j];
     enum ekv_status s = head_compact(kv, h, keep, NULL, NULL, NULL, NULL);
     free(keep);
-    h->n_evicted += (int64_t)llround(total - kept);
+    h->n_evicted += (int64_t)llround(dropped);
     head_maybe_shrink(kv, h);
     return s;
 }

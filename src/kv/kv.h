@@ -270,6 +270,10 @@ uint64_t ekv_kv_bytes(const struct ekv_kv *kv);
 /* Bytes of K/V data a full cache (no eviction) of n tokens would hold. */
 uint64_t ekv_kv_bytes_full(const struct ekv_kv *kv, int64_t n);
 
+/* The first j in [from, len) with keep[j] != 0 (kept) or keep[j] == 0
+ * (!kept), len when there is none: runs of a keep mask at memchr speed. */
+int32_t ekv_keep_next(const uint8_t *keep, int32_t from, int32_t len, bool kept);
+
 /* Zeroes the statistics arrays of every head. */
 void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
 
