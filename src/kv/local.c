@@ -8,6 +8,7 @@
  * target - 1 so that the newest token is always kept.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/util.h"
 #include "kv/kv.h"
@@ -22,26 +23,24 @@ static enum ekv_status local_layer(struct ekv_kv *kv, int il, const struct ekv_k
     const int32_t target = ekv_kv_target(kv, il);
     const int32_t sinks = kv->params.sinks < target - 1 ? kv->params.sinks : target - 1;
     const int32_t recent = target - sinks;
-    int32_t *idx = NULL;
-    for (int hk = 0; hk < kv->n_head_kv; hk++) {
+    int32_t mx = 0;
+    for (int hk = 0; hk < kv->n_head_kv; hk++)
+        if (kv->layers[il].heads[hk].len > mx) mx = kv->layers[il].heads[hk].len;
+    if (mx <= target) return EKV_OK;
+    uint8_t *keep = malloc((size_t)mx); /* a mask set by ranges: no per-entry work before the compaction */
+    if (!keep) return ekv_err(EKV_ERR_NOMEM, "local: out of memory for %d entries", (int)mx);
+    enum ekv_status s = EKV_OK;
+    for (int hk = 0; hk < kv->n_head_kv && s == EKV_OK; hk++) {
         struct ekv_kv_head *h = &kv->layers[il].heads[hk];
         if (h->len <= target) continue;
-        if (!idx) {
-            idx = malloc((size_t)target * sizeof *idx);
-            if (!idx) return ekv_err(EKV_ERR_NOMEM, "local: out of memory for %d entries", (int)target);
-        }
         /* kept: [0, sinks) and [len - recent, len) */
-        int32_t n = 0;
-        for (int32_t j = 0; j < sinks; j++) idx[n++] = j;
-        for (int32_t j = h->len - recent; j < h->len; j++) idx[n++] = j;
-        enum ekv_status s = ekv_kv_head_keep_idx(kv, h, idx, n);
-        if (s != EKV_OK) {
-            free(idx);
-            return s;
-        }
+        memset(keep, 1, (size_t)sinks);
+        memset(keep + sinks, 0, (size_t)(h->len - recent - sinks));
+        memset(keep + h->len - recent, 1, (size_t)recent);
+        s = ekv_kv_head_keep(kv, h, keep);
     }
-    free(idx);
-    return EKV_OK;
+    free(keep);
+    return s;
 }
 
 const struct ekv_policy_ops ekv_policy_local = {
