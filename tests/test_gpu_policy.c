@@ -59,6 +59,8 @@ static int32_t g_toks[N_PROMPT + N_STEPS + 1];
  * so that q8_0 and q4_0 rows fit), and its token stream. */
 static int32_t g_toks_b[N_PROMPT + N_STEPS + 1];
 
+static struct ekv_model *g_mb; /* model_b, made once for the parts that use it (main) */
+
 static struct ekv_model *model_b(char *path, size_t cap) {
     char cmd[512];
     snprintf(path, cap, "/tmp/ekv-test-gpu-policy-%ld.gguf", (long)getpid());
@@ -349,8 +351,7 @@ static void test_policies(const struct ekv_model *m) {
     gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
     /* q8_0 and q4_0 rows (head_dim 64), every policy at 0.2 and 0.5 */
-    char path[96];
-    struct ekv_model *mb = model_b(path, sizeof path);
+    const struct ekv_model *mb = g_mb;
     cg = mb ? gt_ctx_on(mb, g_dev, 256) : NULL;
     cc = mb ? gt_ctx_on(mb, "cpu", 256) : NULL;
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
@@ -360,8 +361,6 @@ static void test_policies(const struct ekv_model *m) {
     run_case(mb, cg, cc, g_toks_b, "h2o", 1.0, EKV_KV_Q8_0);
     gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
-    ekv_model_free(mb);
-    remove(path);
 }
 
 /* ---- the same statistics fed to both ---- */
@@ -483,8 +482,7 @@ static void test_same_stats(const struct ekv_model *m) {
         same_stats_case(m, cg, cc, g_toks, pols[pi], EKV_KV_F32);
     }
     ekv_context_free(cg), ekv_context_free(cc);
-    char path[96];
-    struct ekv_model *mb = model_b(path, sizeof path);
+    const struct ekv_model *mb = g_mb;
     cg = mb ? gt_ctx_on(mb, g_dev, 256) : NULL;
     cc = mb ? gt_ctx_on(mb, "cpu", 256) : NULL;
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
@@ -493,8 +491,6 @@ static void test_same_stats(const struct ekv_model *m) {
     }
     gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
-    ekv_model_free(mb);
-    remove(path);
     printf("the same statistics fed to the CPU: every policy x f16, f32, q8_0, q4_0 checked\n");
 }
 
@@ -670,8 +666,7 @@ static void test_swa(void) {
 }
 
 static void test_refused(void) {
-    char path[96];
-    struct ekv_model *m = model_b(path, sizeof path);
+    const struct ekv_model *m = g_mb;
     struct ekv_context *cx = m ? gt_ctx_on(m, g_dev, 256) : NULL;
     if (cx) {
         struct ekv_kv_params kp = kv_params("h2o", 0.5, EKV_KV_KIVI4);
@@ -679,8 +674,6 @@ static void test_refused(void) {
         CHECK(ekv_seq_new(cx, &kp, &s) == EKV_ERR_UNSUPPORTED && !s && strstr(ekv_last_error(), "KIVI"));
     }
     ekv_context_free(cx);
-    ekv_model_free(m);
-    remove(path);
 }
 
 /* Copies on the device (ekv_seq_copy): a cache read once and copied goes
@@ -726,8 +719,7 @@ out:
 }
 
 static void test_copy(void) {
-    char path[96];
-    struct ekv_model *mb = model_b(path, sizeof path);
+    const struct ekv_model *mb = g_mb;
     struct ekv_context *cx = mb ? gt_ctx_on(mb, g_dev, 256) : NULL;
     if (cx) {
         copy_case(mb, cx, g_toks_b, "full", 1.0, EKV_KV_F16, EKV_KV_F16);
@@ -739,8 +731,6 @@ static void test_copy(void) {
         gt_check_validation(cx);
     }
     ekv_context_free(cx);
-    ekv_model_free(mb);
-    remove(path);
     printf("copies on the device: 6 policy x storage cases checked\n");
 }
 
@@ -762,6 +752,8 @@ int main(void) {
     CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &m));
     if (!m) return test_finish("test_gpu_policy");
     CHECK(make_tokens(m));
+    char path_b[96] = "";
+    if (only("policies") || only("same") || only("refused") || only("copy")) g_mb = model_b(path_b, sizeof path_b);
     if (only("stats")) test_stats(m);
     if (only("policies")) test_policies(m);
     if (only("same")) test_same_stats(m);
@@ -771,6 +763,8 @@ int main(void) {
     if (only("swa")) test_swa();
     if (only("refused")) test_refused();
     if (only("copy")) test_copy();
+    ekv_model_free(g_mb);
+    if (*path_b) remove(path_b);
     ekv_model_free(m);
     return test_finish("test_gpu_policy");
 }

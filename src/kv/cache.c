@@ -574,13 +574,8 @@ enum ekv_status ekv_kv_head_keep_idx(struct ekv_kv *kv, struct ekv_kv_head *h, c
     uint8_t *keep = calloc((size_t)(h->len ? h->len : 1), 1);
     if (!keep) return ekv_err(EKV_ERR_NOMEM, "ekv_kv_head_keep_idx: out of memory for %d entries", (int)h->len);
     for (int32_t t = 0; t < n; t++) keep[idx[t]] = 1;
-    double dropped = 0.0; /* whole numbers of tokens: exact in any order */
-    for (int32_t j = ekv_keep_next(keep, 0, h->len, false); j < h->len; j = ekv_keep_next(keep, j + 1, h->len, false))
-        dropped += h->weight[j];
-    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL, NULL, NULL);
+    enum ekv_status s = ekv_kv_head_keep(kv, h, keep);
     free(keep);
-    h->n_evicted += (int64_t)llround(dropped);
-    head_maybe_shrink(kv, h);
     return s;
 }
 

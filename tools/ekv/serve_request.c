@@ -561,6 +561,20 @@ bool srv_config_init(struct srv *srv, const struct cli_params *p) {
     return true;
 }
 
+/* RFC 8259 syntax, and no more values than cJSON may parse within a few
+ * times the body (serve_json.c); false with e set. */
+static bool body_json_ok(const char *body, size_t len, struct srv_error *e) {
+    size_t at = 0, values = 0;
+    const char *why = NULL;
+    if (!srv_json_strict(body, len, &at, &why, &values))
+        return BAD(NULL, "the body is not valid JSON: %s at byte %zu", why, at);
+    if (values > srv_json_max_values(len))
+        return srv_fail(e, 400, "invalid_request_error", NULL, "too_many_json_values",
+                        "the body has %zu JSON values and keys; a body of %zu bytes may have at most %zu", values, len,
+                        srv_json_max_values(len));
+    return true;
+}
+
 bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *body, size_t len, struct srv_request *r,
                        struct srv_error *e) {
     memset(r, 0, sizeof *r);
@@ -571,14 +585,7 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
     r->kv = srv->cfg.kv;
     if (len == 0) return BAD(NULL, "the request has no body (a JSON object is expected)");
     if (!srv_utf8_valid(body, len)) return BAD(NULL, "the body is not valid UTF-8");
-    size_t at = 0, values = 0;
-    const char *why = NULL;
-    if (!srv_json_strict(body, len, &at, &why, &values))
-        return BAD(NULL, "the body is not valid JSON: %s at byte %zu", why, at);
-    if (values > srv_json_max_values(len))
-        return srv_fail(e, 400, "invalid_request_error", NULL, "too_many_json_values",
-                        "the body has %zu JSON values and keys; a body of %zu bytes may have at most %zu", values, len,
-                        srv_json_max_values(len));
+    if (!body_json_ok(body, len, e)) return false;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {
@@ -599,14 +606,7 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
 
 char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e) {
     if (len == 0 || !srv_utf8_valid(body, len)) return BAD(NULL, "the body must be a JSON object in UTF-8"), NULL;
-    size_t at = 0, values = 0;
-    const char *why = NULL;
-    if (!srv_json_strict(body, len, &at, &why, &values))
-        return BAD(NULL, "the body is not valid JSON: %s at byte %zu", why, at), NULL;
-    if (values > srv_json_max_values(len))
-        return srv_fail(e, 400, "invalid_request_error", NULL, "too_many_json_values",
-                        "the body has %zu JSON values and keys; a body of %zu bytes may have at most %zu", values, len,
-                        srv_json_max_values(len)), NULL;
+    if (!body_json_ok(body, len, e)) return NULL;
     cJSON *root = cJSON_ParseWithLength(body, len);
     const cJSON *content = root && cJSON_IsObject(root) ? field(root, "content") : NULL;
     bool add_special = true;
