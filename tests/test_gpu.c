@@ -662,32 +662,38 @@ static uint8_t *build_side(enum ekv_kv_type t, bool is_v, const float *x, int E,
  * in every key type x value type, against attention in double over the
  * values the CPU reads: the shader's reading of each layout (codes, group
  * parameters, ring, scratch, quantised prefix) is exact, so only the order
- * of sums differs (bound 1e-5 of the largest output). GQA 2, three query
- * rows at positions 40-42 of 43 entries; KIVI: keys quantised up to 32,
- * values up to 30, the rest in the ring (16 slots) and the scratch. */
+ * of sums differs (bound 1e-5 of the largest output). Three query rows at
+ * positions 40-42 of 43 entries, with 1, 2 and 10 query heads per KV head
+ * (10: one workgroup's 8 heads and a second, partial group); KIVI: keys
+ * quantised up to 32, values up to 30, the rest in the ring (16 slots) and
+ * the scratch. */
 static void test_attn_read(void) {
     struct ekv_vk *vk = NULL;
     CHECK_OK(ekv_vk_open(g_dev, &vk));
     if (!vk) return;
-    enum { NH = 4, ROWS = 3, POS0 = 40, E = POS0 + ROWS, TC = 16 };
+    enum { NHMAX = 10 * AT_H, ROWS = 3, POS0 = 40, E = POS0 + ROWS, TC = 16 };
     const int H = AT_H, D = AT_D;
     float *k = malloc(sizeof(float) * H * E * D), *v = malloc(sizeof(float) * H * E * D);
     float *kd = malloc(sizeof(float) * H * E * D), *vd = malloc(sizeof(float) * H * E * D);
-    float q[ROWS * NH * AT_D], out[ROWS * NH * AT_D];
+    static float q[ROWS * NHMAX * AT_D], out[ROWS * NHMAX * AT_D];
     for (int i = 0; i < H * E * D; i++) k[i] = 2.0f * frand(), v[i] = frand() + (i % 7 == 0 ? 1.0f : 0.0f);
-    for (int i = 0; i < ROWS * NH * D; i++) q[i] = frand();
+    for (int i = 0; i < ROWS * NHMAX * D; i++) q[i] = frand();
     uint16_t *kscr = calloc((size_t)H * ROWS * D, 2), *vscr = calloc((size_t)H * ROWS * D, 2);
     struct ekv_vk_buf bq, bo, bpart, bks, bvs, bk, bv;
     CHECK_OK(ekv_vk_buf_new(vk, sizeof q, false, "q", &bq));
     CHECK_OK(ekv_vk_buf_new(vk, sizeof out, false, "out", &bo));
-    CHECK_OK(ekv_vk_buf_new(vk, sizeof(float) * ROWS * NH * (D + 2), false, "part", &bpart));
+    CHECK_OK(ekv_vk_buf_new(vk, sizeof(float) * ROWS * NHMAX * (D + 2), false, "part", &bpart));
     CHECK_OK(ekv_vk_buf_new(vk, (size_t)H * ROWS * D * 2, false, "kscr", &bks));
     CHECK_OK(ekv_vk_buf_new(vk, (size_t)H * ROWS * D * 2, false, "vscr", &bvs));
     CHECK_OK(ekv_vk_upload(vk, &bq, 0, q, sizeof q));
     double worst = 0.0;
     int cases = 0;
+    static const int gqa[] = {1, 2, 10};
+    for (int gq = 0; gq < 3; gq++)
     for (int kt = EKV_KV_F32; kt <= EKV_KV_KIVI4; kt++)
         for (int vt = EKV_KV_F32; vt <= EKV_KV_KIVI4; vt++) {
+            if (gq != 1 && kt != vt) continue; /* the other ratios: keys and values of one type */
+            const int NH = gqa[gq] * H;
             size_t kb = 0, vb = 0;
             const bool kk = ekv_kv_type_is_kivi((enum ekv_kv_type)kt), vk2 = ekv_kv_type_is_kivi((enum ekv_kv_type)vt);
             const int nqk = kk ? 32 : E, nqv = vk2 ? 30 : E;
@@ -711,7 +717,7 @@ static void test_attn_read(void) {
             struct ekv_vk_pc_combine cb = {.part = bpart.addr, .out = bo.addr, .n_head = NH, .head_dim = D,
                                            .rows = ROWS, .n_split = 1, .out_stride = NH * D};
             CHECK_OK(ekv_vk_begin(vk));
-            ekv_vk_dispatch(vk, ap, &at, sizeof at, NH, ROWS, 1);
+            ekv_vk_dispatch(vk, ap, &at, sizeof at, ekv_vk_attn_groups(NH, H), ROWS, 1);
             ekv_vk_dispatch(vk, EKV_VK_ATTN_COMBINE, &cb, sizeof cb, NH, ROWS, 1);
             CHECK_OK(ekv_vk_submit(vk));
             CHECK_OK(ekv_vk_download(vk, &bo, 0, out, sizeof out));
@@ -736,14 +742,15 @@ static void test_attn_read(void) {
                     }
                 }
             worst = fmax(worst, maxd / maxv);
-            CHECK_MSG(maxd <= 1e-5 * maxv, "attn K %s V %s: max |gpu - ref| %.3g of %.3g",
-                      ekv_kv_type_name((enum ekv_kv_type)kt), ekv_kv_type_name((enum ekv_kv_type)vt), maxd, maxv);
+            CHECK_MSG(maxd <= 1e-5 * maxv, "attn K %s V %s, %d query heads per KV head: max |gpu - ref| %.3g of %.3g",
+                      ekv_kv_type_name((enum ekv_kv_type)kt), ekv_kv_type_name((enum ekv_kv_type)vt), gqa[gq], maxd,
+                      maxv);
             cases++;
             ekv_vk_buf_free(vk, &bk), ekv_vk_buf_free(vk, &bv);
             free(hk), free(hv);
         }
-    printf("attention over every key x value storage type (%d pairs), stored by the host: max |gpu - ref| / max "
-           "|out| %.3g\n", cases, worst);
+    printf("attention over every key x value storage type (%d cases, GQA 1/2/10), stored by the host: max |gpu - ref| / "
+           "max |out| %.3g\n", cases, worst);
     CHECK_MSG(ekv_vk_validation_errors(vk) == 0, "%llu validation messages, first: %s",
               (unsigned long long)ekv_vk_validation_errors(vk), ekv_vk_validation_first(vk));
     ekv_vk_buf_free(vk, &bq), ekv_vk_buf_free(vk, &bo), ekv_vk_buf_free(vk, &bpart);

@@ -125,6 +125,13 @@ static void test_stats(const struct ekv_model *m) {
         CHECK_OK(ekv_seq_prefill(sc, g_toks, N_PROMPT, lc));
         CHECK_OK(ekv_seq_decode(sg, g_toks[N_PROMPT], lg)); /* statistics of a decode row too */
         CHECK_OK(ekv_seq_decode(sc, g_toks[N_PROMPT], lc));
+        /* SnapKV and VL-Cache do not read their statistics before the next
+         * re-selection point: the decode row's stay summed on the device
+         * until asked for */
+        const uint64_t summed = ekv_vk_mg_summed(sg->gpu->mg);
+        const bool sums = !strcmp(pols[pi], "snapkv") || !strcmp(pols[pi], "vlcache");
+        CHECK_MSG((summed > 0) == sums, "%s: %llu forwards summed on the device", pols[pi], (unsigned long long)summed);
+        CHECK_OK(ekv_vk_mg_stats_sync(sg->gpu->mg));
         const struct ekv_kv *a = sg->kv, *b = sc->kv;
         double w_col = 0, w_sq = 0, w_last = 0, w_win = 0, w_bin = 0;
         int64_t count_bad = 0, bin_total = 0;
@@ -632,7 +639,7 @@ static void test_record(const struct ekv_model *m) {
 }
 
 static void copy_case(const struct ekv_model *m, struct ekv_context *cx, const int32_t *toks, const char *pol,
-                      double budget, enum ekv_kv_type tk, enum ekv_kv_type tv);
+                      double budget, enum ekv_kv_type tk, enum ekv_kv_type tv, int pre, int recompress);
 
 /* A sliding-window model (Mistral's layout at small width, a window of 24
  * over a 64-token prompt and 40 steps): the positions of a compressed
@@ -658,7 +665,7 @@ static void test_swa(void) {
         same_stats_case(m, cg, cc, toks, pols[pi], EKV_KV_F32);
     }
     run_case(m, cg, cc, toks, "h2o", 1.0, EKV_KV_F16); /* == the full cache bit for bit */
-    if (cg) copy_case(m, cg, toks, "h2o", 0.3, EKV_KV_F16, EKV_KV_F16); /* a copy's entry positions (ekv_seq_copy) */
+    if (cg) copy_case(m, cg, toks, "h2o", 0.3, EKV_KV_F16, EKV_KV_F16, 0, -1); /* a copy's entry positions (ekv_seq_copy) */
     gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
     ekv_model_free(m);
@@ -679,12 +686,16 @@ static void test_refused(void) {
 /* Copies on the device (ekv_seq_copy): a cache read once and copied goes
  * on as its original, bit for bit, alone and batched with it; the copy
  * outlives its original; an uncopied sequence fed the same tokens agrees
- * (copying changed nothing). m: a model of head_dim 64 (q8_0/q4_0/KIVI). */
+ * (copying changed nothing). m: a model of head_dim 64 (q8_0/q4_0/KIVI).
+ * pre: decode steps before the copy; recompress: the policy's
+ * --kv-recompress (-1: its default) — a copy taken between re-selection
+ * points holds statistics summed on the device only. */
 static void copy_case(const struct ekv_model *m, struct ekv_context *cx, const int32_t *toks, const char *pol,
-                      double budget, enum ekv_kv_type tk, enum ekv_kv_type tv) {
+                      double budget, enum ekv_kv_type tk, enum ekv_kv_type tv, int pre, int recompress) {
     const size_t V = (size_t)m->info.n_vocab;
     struct ekv_kv_params kp = kv_params(pol, budget, tk);
     kp.type_v = tv;
+    kp.recompress = recompress;
     struct ekv_seq *a = NULL, *c = NULL, *pair[2] = {0};
     float *la = malloc(V * 2 * sizeof *la), *lc = malloc(V * sizeof *lc);
     CHECK_OK(ekv_seq_new(cx, &kp, &a));
@@ -692,6 +703,11 @@ static void copy_case(const struct ekv_model *m, struct ekv_context *cx, const i
     if (!a || !c || !la || !lc) goto out;
     CHECK_OK(ekv_seq_prefill(a, toks, N_PROMPT, NULL));
     CHECK_OK(ekv_seq_prefill(c, toks, N_PROMPT, NULL));
+    for (int i = 0; i < pre; i++) {
+        CHECK_OK(ekv_seq_decode(a, toks[N_PROMPT + i], la));
+        CHECK_OK(ekv_seq_decode(c, toks[N_PROMPT + i], lc));
+    }
+    toks += pre;
     CHECK_OK(ekv_seq_copy(a, &pair[1]));
     pair[0] = a;
     if (!pair[1]) goto out;
@@ -722,16 +738,17 @@ static void test_copy(void) {
     const struct ekv_model *mb = g_mb;
     struct ekv_context *cx = mb ? gt_ctx_on(mb, g_dev, 256) : NULL;
     if (cx) {
-        copy_case(mb, cx, g_toks_b, "full", 1.0, EKV_KV_F16, EKV_KV_F16);
-        copy_case(mb, cx, g_toks_b, "full", 1.0, EKV_KV_KIVI4, EKV_KV_Q8_0);
-        copy_case(mb, cx, g_toks_b, "h2o", 0.3, EKV_KV_F16, EKV_KV_F16);
-        copy_case(mb, cx, g_toks_b, "snapkv", 0.3, EKV_KV_Q8_0, EKV_KV_Q4_0);
-        copy_case(mb, cx, g_toks_b, "elastic-v2:bias=1", 0.3, EKV_KV_F32, EKV_KV_F16);
-        copy_case(mb, cx, g_toks_b, "vlcache", 0.3, EKV_KV_Q4_0, EKV_KV_Q4_0);
+        copy_case(mb, cx, g_toks_b, "full", 1.0, EKV_KV_F16, EKV_KV_F16, 0, -1);
+        copy_case(mb, cx, g_toks_b, "full", 1.0, EKV_KV_KIVI4, EKV_KV_Q8_0, 0, -1);
+        copy_case(mb, cx, g_toks_b, "h2o", 0.3, EKV_KV_F16, EKV_KV_F16, 0, -1);
+        copy_case(mb, cx, g_toks_b, "snapkv", 0.3, EKV_KV_Q8_0, EKV_KV_Q4_0, 0, -1);
+        copy_case(mb, cx, g_toks_b, "snapkv", 0.3, EKV_KV_F16, EKV_KV_F16, 5, 8); /* copied with sums pending */
+        copy_case(mb, cx, g_toks_b, "elastic-v2:bias=1", 0.3, EKV_KV_F32, EKV_KV_F16, 0, -1);
+        copy_case(mb, cx, g_toks_b, "vlcache", 0.3, EKV_KV_Q4_0, EKV_KV_Q4_0, 0, -1);
         gt_check_validation(cx);
     }
     ekv_context_free(cx);
-    printf("copies on the device: 6 policy x storage cases checked\n");
+    printf("copies on the device: 7 policy x storage cases checked\n");
 }
 
 /* EKV_GPU_TEST_ONLY=name[,name...] runs only those parts (ctest runs them all) */

@@ -33,8 +33,9 @@
 #   EKV_PAYOFF_KEEP (a folder that keeps the model between calls),
 #   EKV_PAYOFF_PHASES (llama,deep,over,profile,shallow,recompress: which to
 #   run; profile: EKV_VK_PROFILE=1, device time by shader over the decode
-#   steps at the shallow depth, batch 16), EKV_PAYOFF_TEST (tests/test_gpu_policy
-#   to run its "copy" part on the GPU first),
+#   steps at the shallow depth, batch 16), EKV_PAYOFF_TEST (test binaries to
+#   run on the GPU first, each BINARY[:PARTS], PARTS as EKV_GPU_TEST_ONLY,
+#   default copy: "build/tests/test_gpu:attn_read build/tests/test_gpu_policy:copy,stats"),
 #   EKV_GPU_BENCH_TMP, EKV_GPU_BENCH_DRY=1 (plumbing check on lavapipe:
 #   1-layer model, tiny grid).
 # KIVI storage with a compressing policy stays on the CPU in this version
@@ -71,12 +72,14 @@ echo "# ekv payoff on the GPU ($(date -u +%Y-%m-%dT%H:%M:%SZ)), budget ${BUDGET}
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 env "LD_LIBRARY_PATH=$EKV_LD" "$EKV" info --devices 2>&1 | head -n 4
 
-if [ -n "${EKV_PAYOFF_TEST:-}" ]; then
-    echo "## $EKV_PAYOFF_TEST (EKV_GPU_TEST_ONLY=copy) on the GPU"
-    env "LD_LIBRARY_PATH=$EKV_LD" EKV_VK_VALIDATE=0 EKV_TEST_DEVICE="$VK" EKV_GPU_TEST_ONLY=copy \
+for t in ${EKV_PAYOFF_TEST:-}; do # BINARY[:PARTS] (PARTS: EKV_GPU_TEST_ONLY, default copy)
+    tb=${t%%:*} parts=copy
+    [ "$tb" != "$t" ] && parts=${t#*:}
+    echo "## $tb (EKV_GPU_TEST_ONLY=$parts) on the GPU"
+    env "LD_LIBRARY_PATH=$EKV_LD" EKV_VK_VALIDATE=0 EKV_TEST_DEVICE="$VK" EKV_GPU_TEST_ONLY="$parts" \
         EKV_TEST_SOURCE_DIR="$repo" EKV_TEST_BINARY_DIR="$(dirname "$EKV")" timeout 120 \
-        "$EKV_PAYOFF_TEST" 2>&1 | tail -n 4 | sed 's/^/  /'
-fi
+        "$tb" 2>&1 | grep -v '^$' | tail -n 6 | sed 's/^/  /'
+done
 JSONS=()
 # bench_one NAME SECONDS ekv-bench-args...: one ekv bench call, its JSON kept for the tables
 bench_one() {

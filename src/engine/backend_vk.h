@@ -122,9 +122,10 @@ bool ekv_vk_mg_supported(const struct ekv_seq *seq, const char **why);
  * kv->dev. */
 enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq *s);
 void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s);
-/* Records, into the open recording, copies of src's logit biases and
- * entry positions into dst's (a new cache of src's capacity). */
-void ekv_vk_mg_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *src, struct ekv_vk_seq *dst);
+/* Records, into the open recording, copies of src's logit biases, entry
+ * positions and statistics summed on the device into dst's (a new cache of
+ * src's capacity). */
+enum ekv_status ekv_vk_mg_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *src, struct ekv_vk_seq *dst);
 /* A compressed part of the forward starts: the policy's begin, the part's
  * entries appended to seq->kv, the lengths each head had (meta) written
  * for the shaders, the statistics' buffer sized. */
@@ -136,6 +137,12 @@ uint64_t ekv_vk_mg_meta(const struct ekv_vk_mg *m, int il);
 enum ekv_status ekv_vk_mg_read_bias(const struct ekv_vk_mg *m, int il, float *out);
 /* Heads read back to the host so far (a policy that reads rows itself). */
 uint64_t ekv_vk_mg_read_backs(const struct ekv_vk_mg *m);
+/* Adds the statistics summed on the device since the policy last read them
+ * (SnapKV, PyramidKV and VL-Cache between re-selection points) to the host
+ * cache, outside a forward (one submission; nothing to do when none wait). */
+enum ekv_status ekv_vk_mg_stats_sync(struct ekv_vk_mg *m);
+/* Forwards whose statistics stayed on the device (summed, not read back). */
+uint64_t ekv_vk_mg_summed(const struct ekv_vk_mg *m);
 /* Device address of layer il's entry positions (sliding window), 0 without. */
 uint64_t ekv_vk_mg_posb(const struct ekv_vk_mg *m, int il);
 /* The longest head of layer il once the part's rows are in. */

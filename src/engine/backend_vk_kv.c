@@ -190,8 +190,9 @@ enum ekv_status ekv_vk_seq_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *s
         to->nq = from->nq; /* KIVI's quantised prefix */
         for (int32_t l = 0; l < s->n_layer; l++) ekv_vk_copy(g->vk, &from->buf[l], 0, &to->buf[l], 0, to->words * 4);
     }
-    if (src->mg) ekv_vk_mg_copy(g, src, s);
-    st = ekv_vk_submit(g->vk);
+    st = src->mg ? ekv_vk_mg_copy(g, src, s) : EKV_OK;
+    if (st == EKV_OK) st = ekv_vk_submit(g->vk);
+    else ekv_vk_abort(g->vk);
     if (st != EKV_OK) {
         ekv_vk_seq_free(g, s);
         return st;
@@ -418,8 +419,8 @@ static void attend_part(struct ekv_context *ctx, const struct ekv_vk_seq *s, int
             .window = (uint32_t)(in->sliding_window > 0 ? in->sliding_window : 0), .scale = 1.0f / sqrtf((float)HD),
             .g = s->G, .tc_k = s->k.tc, .tc_v = s->v.tc, .nq_k = (uint32_t)s->k.nq, .nq_v = (uint32_t)s->v.nq,
             .scr_stride = (uint32_t)g->kv_scr_rows, .kv_pos0 = pos0, .meta = s->mg ? ekv_vk_mg_meta(s->mg, il) : 0};
-        ekv_vk_dispatch(g->vk, ekv_vk_attn_pipe(s->k.type, s->v.type), &at, sizeof at, (uint32_t)in->n_head,
-                        (uint32_t)nb, n_split);
+        ekv_vk_dispatch(g->vk, ekv_vk_attn_pipe(s->k.type, s->v.type), &at, sizeof at,
+                        ekv_vk_attn_groups((uint32_t)in->n_head, s->H), (uint32_t)nb, n_split);
         struct ekv_vk_pc_combine cb = {.part = g->part.addr, .out = ekv_vk_act_addr(ctx, EKV_ACT_ATT, r0 + b0),
                                        .n_head = (uint32_t)in->n_head, .head_dim = HD, .rows = (uint32_t)nb,
                                        .n_split = n_split, .out_stride = QD,

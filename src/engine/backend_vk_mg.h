@@ -18,6 +18,8 @@
 #define MG_HI 0x80000000u   /* a plan's source is a staged row */
 #define MG_NONE 0xffffffffu /* attn_stats: statistic not collected */
 enum { SL_COLSUM, SL_SUMSQ, SL_LAST, SL_WIN, SL_BIN, SL_COUNT };
+/* attn_stats.comp's output: increments to st, summed into acc, or acc + increments to st */
+enum { MG_ACC_NONE, MG_ACC_ADD, MG_ACC_FINAL };
 
 /* One head's plan for one side: n runs from `first` on. */
 struct mg_plan {
@@ -53,9 +55,23 @@ struct ekv_vk_mg {
     uint32_t slot[SL_COUNT];
     bool sparsity, any_stats;
     uint64_t zeros_off;        /* words */
+    /* statistics summed on the device between the steps a policy reads them
+     * (SnapKV, PyramidKV, VL-Cache read theirs every --kv-recompress steps:
+     * ekv_kv_stats_read_after): acc [n_layer][acc_nslot][H][acc_cap] f32,
+     * device memory, all zero unless acc_pending; acc_host: a host copy
+     * (acc_sync) taken when the layout must change while sums are pending */
+    struct ekv_vk_buf acc, acc_host;
+    uint32_t acc_cap, acc_nslot, acc_slot[SL_COUNT];
+    uint32_t acc_mode;         /* this forward: MG_ACC_* */
+    bool acc_pending;          /* acc holds sums not yet in the host cache */
+    bool acc_pending_prev;     /* acc_pending before this forward (an aborted forward restores it) */
+    bool acc_fold_old;         /* this forward copies acc to acc_host: fold it first */
+    bool acc_new;              /* acc was made in this forward (its zeroing is in the recording) */
+    uint64_t n_summed;         /* forwards whose statistics stayed on the device (MG_ACC_ADD) */
     struct ekv_kv_step step;   /* the part's step (its pointers live as long as the forward) */
     int32_t n_rows, wrow;
     bool in_fwd;
+    enum ekv_status after_st;  /* ekv_vk_mg_after: the policy hooks' status */
     bool moved;                /* the cache moved to other buffers in the open recording */
     /* plans not yet run, with their pairs and staged rows (per side) */
     struct mg_plan *plans;
@@ -98,6 +114,8 @@ enum ekv_status ekv_vk_mg_grow(void **p, size_t *cap, size_t need, size_t elem);
 enum ekv_status ekv_vk_mg_buf_fit(struct ekv_vk *vk, struct ekv_vk_buf *b, size_t bytes, bool host, const char *what);
 /* Runs the plans made so far (one submission). */
 enum ekv_status ekv_vk_mg_flush(struct ekv_vk_mg *m);
+/* Runs the plans of n caches of one context in one submission. */
+enum ekv_status ekv_vk_mg_flush_all(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int32_t n);
 /* Words of one row of a side's type in the device layout, and its fp16 scales. */
 void ekv_vk_mg_side_shape(enum ekv_kv_type t, uint32_t D, uint32_t *rw, uint32_t *sph);
 /* Fills m->dev with the calls that act on the device's rows. */

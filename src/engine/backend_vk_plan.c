@@ -72,17 +72,13 @@ enum ekv_status ekv_vk_mg_buf_fit(struct ekv_vk *vk, struct ekv_vk_buf *b, size_
     return ekv_vk_buf_new(vk, want, host, what, b);
 }
 
-/* Runs the plans made so far (one submission). */
-enum ekv_status ekv_vk_mg_flush(struct ekv_vk_mg *m) {
-    if (m->n_plans == 0) return EKV_OK;
-    struct ekv_vk_ctx *g = m->g;
+/* Words one sequence's plans take: in the plan buffer (merges' table and
+ * members, then per (layer, side) the runs with absolute rows and their
+ * prefix sums), in the stage, and the largest (layer, side)'s rows in the
+ * compaction scratch. */
+static void flush_size(const struct ekv_vk_mg *m, size_t *plan_w, size_t *stage_w, size_t *scr_w) {
     const struct ekv_vk_seq *s = m->s;
-    /* the plan buffer: merges' table and members, then per (layer, side)
-     * the runs with absolute rows and their prefix sums */
-    const size_t mtab0 = 0, mem0 = 4 * m->n_means, runs0 = mem0 + 2 * m->n_members;
-    const size_t st_words = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
-    const size_t st_off[4] = {0, m->n_stage[0], m->n_stage[0] + m->n_stage[1], st_words};
-    size_t max_words = 1; /* the largest (layer, side)'s planned words: the scratch */
+    size_t max_words = 1;
     for (int32_t il = 0; il < s->n_layer; il++)
         for (int side = 0; side < 4; side++) {
             if (!mg_side_on(m, side)) continue;
@@ -94,17 +90,23 @@ enum ekv_status ekv_vk_mg_flush(struct ekv_vk_mg *m) {
             }
             max_words = EKV_MAX(max_words, r * (m->rw[side] + m->sph[side]));
         }
-    enum ekv_status st = ekv_vk_mg_buf_fit(g->vk, &g->plan, (runs0 + 4 * m->n_pairs + 2 * (size_t)s->n_layer * 3) * 4, true,
-                                 "GPU cache plans");
-    if (st == EKV_OK) st = ekv_vk_mg_buf_fit(g->vk, &g->stage, (st_words ? st_words : 1) * 4, true, "GPU cache staged rows");
-    if (st == EKV_OK) st = ekv_vk_mg_buf_fit(g->vk, &g->cscr, max_words * 4, false, "GPU cache compaction scratch");
-    if (st != EKV_OK) return st;
+    *plan_w = 4 * m->n_means + 2 * m->n_members + 4 * m->n_pairs + 2 * (size_t)s->n_layer * 3;
+    *stage_w = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
+    *scr_w = max_words;
+}
+
+/* Records one sequence's plans into the open recording, its words at
+ * plan0 of the plan buffer and stage0 of the stage. */
+static void flush_record(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
+    struct ekv_vk_ctx *g = m->g;
+    const struct ekv_vk_seq *s = m->s;
+    const size_t mtab0 = plan0, mem0 = mtab0 + 4 * m->n_means, runs0 = mem0 + 2 * m->n_members;
+    const size_t st_off[3] = {stage0, stage0 + m->n_stage[0], stage0 + m->n_stage[0] + m->n_stage[1]};
     uint32_t *w = g->plan.host;
     uint32_t *sw = g->stage.host;
     for (int side = 0; side < 3; side++)
         if (m->n_stage[side]) memcpy(sw + st_off[side], m->stage[side], m->n_stage[side] * 4);
     if (m->n_members) memcpy(w + mem0, m->members, 2 * m->n_members * 4);
-    if ((st = ekv_vk_begin(g->vk)) != EKV_OK) return st;
     /* the merged entries' means first (they read the rows where they were),
      * one dispatch per (layer, side) with means: a workgroup per merged entry */
     size_t t = 0;
@@ -157,23 +159,59 @@ enum ekv_status ekv_vk_mg_flush(struct ekv_vk_mg *m) {
             const uint64_t ew = (uint64_t)m->rw[side] + m->sph[side];
             struct ekv_vk_pc_kv_compact pc = {
                 .base = mg_side_buf(m, side, il)->addr, .runs = g->plan.addr + r0 * 4,
-                .stage = g->stage.addr + st_off[side] * 4, .scr = g->cscr.addr, .n_runs = n_runs, .total = total,
-                .rw = m->rw[side], .sph = m->sph[side], .p0h = sd ? (uint32_t)(2 * sd->p0) : 0, .srw = m->srw[side]};
+                .stage = g->stage.addr + (side < 3 ? st_off[side] : stage0) * 4, .scr = g->cscr.addr, .n_runs = n_runs,
+                .total = total, .rw = m->rw[side], .sph = m->sph[side], .p0h = sd ? (uint32_t)(2 * sd->p0) : 0,
+                .srw = m->srw[side]};
             const uint32_t gx = (uint32_t)EKV_MIN((uint64_t)65535, (total * ew + 255) / 256);
             for (uint32_t phase = 0; phase < 2; phase++) {
                 pc.phase = phase;
                 ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, gx, 1, 1);
             }
         }
-    st = ekv_vk_submit(g->vk);
+}
+
+static void flush_reset(struct ekv_vk_mg *m) {
     m->n_plans = 0;
     m->n_pairs = 0;
     m->n_means = 0;
     m->n_members = 0;
     m->n_stage[0] = m->n_stage[1] = m->n_stage[2] = 0;
-    memset(m->pending, 0, (size_t)s->n_layer * s->H);
+    memset(m->pending, 0, (size_t)m->s->n_layer * m->s->H);
+}
+
+/* Runs the plans of n sequences' caches (of one context) in one submission;
+ * the plans are dropped whatever happens. */
+enum ekv_status ekv_vk_mg_flush_all(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int32_t n) {
+    size_t plan_w = 0, stage_w = 0, scr_w = 1;
+    for (int32_t i = 0; i < n; i++) {
+        if (ms[i]->n_plans == 0) continue;
+        size_t p, st, sc;
+        flush_size(ms[i], &p, &st, &sc);
+        plan_w += p, stage_w += st, scr_w = EKV_MAX(scr_w, sc);
+    }
+    if (plan_w == 0) return EKV_OK;
+    enum ekv_status st = ekv_vk_mg_buf_fit(g->vk, &g->plan, plan_w * 4, true, "GPU cache plans");
+    if (st == EKV_OK) st = ekv_vk_mg_buf_fit(g->vk, &g->stage, (stage_w ? stage_w : 1) * 4, true, "GPU cache staged rows");
+    if (st == EKV_OK) st = ekv_vk_mg_buf_fit(g->vk, &g->cscr, scr_w * 4, false, "GPU cache compaction scratch");
+    if (st == EKV_OK) st = ekv_vk_begin(g->vk);
+    if (st == EKV_OK) {
+        size_t p0 = 0, s0 = 0;
+        for (int32_t i = 0; i < n; i++) {
+            if (ms[i]->n_plans == 0) continue;
+            size_t p, sw, sc;
+            flush_size(ms[i], &p, &sw, &sc);
+            flush_record(ms[i], p0, s0);
+            p0 += p, s0 += sw;
+        }
+        st = ekv_vk_submit(g->vk);
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (ms[i]->n_plans) flush_reset(ms[i]);
     return st;
 }
+
+/* Runs the plans made so far (one submission). */
+enum ekv_status ekv_vk_mg_flush(struct ekv_vk_mg *m) { return ekv_vk_mg_flush_all(m->g, &m, 1); }
 
 /* Stages a float row of one side, quantised as the CPU would; its source code. */
 static enum ekv_status stage_row(struct ekv_vk_mg *m, int side, const float *x, uint32_t *code) {

@@ -17,14 +17,18 @@
  *     attn + attn_combine attend over each head's own length (causal by
  *     index: row i sees entries [0, L0 + i]), and attn_stats computes the
  *     statistics the policy asked for (EKV_STAT_*) as this forward's
- *     increments;
+ *     increments (or, while the policy will not read them — SnapKV,
+ *     PyramidKV, VL-Cache between re-selection points — sums them into a
+ *     device buffer, acc, whose total the re-selection step reads back:
+ *     acc_begin);
  *   after the submission (ekv_vk_mg_after): per layer, the increments are
  *     added to the host cache's statistics and the policy's layer hook runs
  *     (as the CPU runs it right after the layer: a hook compacts its own
  *     layer only, so running it after the last layer gives the same result),
  *     then its end hook. What the hooks decide — keep these entries, give
  *     this kept entry a new (merged) row — becomes plans, which
- *     kv_compact.comp executes in one submission: rows move by their bits,
+ *     kv_compact.comp executes in one submission for all the forward's
+ *     sequences: rows move by their bits,
  *     new rows are quantised on the host with the CPU's own codecs (so they
  *     are the codes the CPU cache would hold).
  * Weighted means of merged entries (ekv_kv_head_merge: Elastic Cache,
@@ -66,6 +70,11 @@ bool ekv_vk_mg_supported(const struct ekv_seq *seq, const char **why) {
         return false;
     }
     return true;
+}
+
+/* Words of the statistics summed on the device (acc's layout). */
+static uint64_t acc_words(const struct ekv_vk_mg *m) {
+    return (uint64_t)m->s->n_layer * m->acc_nslot * m->s->H * m->acc_cap;
 }
 
 /* ---- capacity ---- */
@@ -237,7 +246,7 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     return EKV_OK;
 }
 
-void ekv_vk_mg_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *src, struct ekv_vk_seq *dst) {
+enum ekv_status ekv_vk_mg_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *src, struct ekv_vk_seq *dst) {
     const struct ekv_vk_mg *a = src->mg;
     struct ekv_vk_mg *b = dst->mg;
     const size_t bytes = (size_t)dst->H * (size_t)dst->cap * 4;
@@ -245,6 +254,17 @@ void ekv_vk_mg_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *src, struct e
         if (a->bias && b->bias) ekv_vk_copy(g->vk, &a->bias[il], 0, &b->bias[il], 0, bytes);
         if (a->posb && b->posb) ekv_vk_copy(g->vk, &a->posb[il], 0, &b->posb[il], 0, bytes);
     }
+    if (!a->acc_pending) return EKV_OK;
+    /* statistics summed on the device and not yet in the host cache: the copy goes on summing them */
+    b->acc_cap = a->acc_cap, b->acc_nslot = a->acc_nslot;
+    memcpy(b->acc_slot, a->acc_slot, sizeof a->acc_slot);
+    const size_t ab = (size_t)acc_words(a) * 4;
+    enum ekv_status st = ekv_vk_buf_new(g->vk, a->acc.bytes, false, "GPU cache statistics (sums)", &b->acc);
+    if (st != EKV_OK) return st;
+    ekv_vk_fill(g->vk, &b->acc, 0, b->acc.bytes & ~(size_t)3, 0);
+    ekv_vk_copy(g->vk, &a->acc, 0, &b->acc, 0, ab);
+    b->acc_pending = true;
+    return EKV_OK;
 }
 
 void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
@@ -255,6 +275,8 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
         if (g->fwd_mg[i] == m) g->fwd_mg[i] = g->fwd_mg[--g->n_fwd_mg];
     ekv_vk_buf_free(g->vk, &m->meta);
     ekv_vk_buf_free(g->vk, &m->st);
+    ekv_vk_buf_free(g->vk, &m->acc);
+    ekv_vk_buf_free(g->vk, &m->acc_host);
     for (int32_t il = 0; m->bias && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &m->bias[il]);
     free(m->bias);
     for (int32_t il = 0; m->posb && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &m->posb[il]);
@@ -295,6 +317,96 @@ bool ekv_vk_mg_wants_stats(const struct ekv_vk_mg *m) { return m && m->any_stats
 
 /* ---- a forward ---- */
 
+static bool acc_same_slots(const struct ekv_vk_mg *m) {
+    return m->acc_nslot == m->n_slot && memcmp(m->acc_slot, m->slot, sizeof m->slot) == 0;
+}
+
+/* Records, into the open recording, a copy of the pending sums to acc_host
+ * and acc's zeroing; the sums are added to the host cache after the
+ * forward (acc_fold_host). */
+static enum ekv_status acc_sync_record(struct ekv_vk_mg *m) {
+    const size_t bytes = (size_t)acc_words(m) * 4;
+    enum ekv_status st = ekv_vk_mg_buf_fit(m->g->vk, &m->acc_host, bytes, true, "GPU cache statistics (sums)");
+    if (st != EKV_OK) return st;
+    ekv_vk_copy(m->g->vk, &m->acc, 0, &m->acc_host, 0, bytes);
+    ekv_vk_fill(m->g->vk, &m->acc, 0, bytes, 0);
+    return EKV_OK;
+}
+
+/* Adds layer il's sums copied by acc_sync_record to the host cache. */
+static void acc_fold_host(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
+    const uint32_t H = m->s->H, cap = m->acc_cap;
+    const float *a = (const float *)m->acc_host.host + (size_t)il * m->acc_nslot * H * cap;
+    for (uint32_t hk = 0; hk < H; hk++) {
+        struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+        const int32_t n = EKV_MIN(h->len, (int32_t)cap);
+        double *dst[SL_COUNT] = {NULL, h->sumsq, NULL, h->winsum, NULL};
+        for (int sl = 0; sl < SL_COUNT; sl++) {
+            if (m->acc_slot[sl] == MG_NONE) continue;
+            const float *src = a + ((size_t)m->acc_slot[sl] * H + hk) * cap;
+            if (sl == SL_BIN && h->bincount)
+                for (int32_t j = 0; j < n; j++) h->bincount[j] += src[j];
+            else if (dst[sl])
+                for (int32_t j = 0; j < n; j++) dst[sl][j] += (double)src[j];
+        }
+    }
+}
+
+enum ekv_status ekv_vk_mg_stats_sync(struct ekv_vk_mg *m) {
+    if (!m || !m->acc_pending) return EKV_OK;
+    if (m->in_fwd) return ekv_err(EKV_ERR_INVALID_ARG, "GPU cache statistics: a forward is open");
+    enum ekv_status st = ekv_vk_begin(m->g->vk);
+    if (st != EKV_OK) return st;
+    if ((st = acc_sync_record(m)) != EKV_OK) {
+        ekv_vk_abort(m->g->vk);
+        return st;
+    }
+    if ((st = ekv_vk_submit(m->g->vk)) != EKV_OK) return st;
+    for (int32_t il = 0; il < m->s->n_layer; il++) acc_fold_host(m, m->seq->kv, il);
+    m->acc_pending = false;
+    return EKV_OK;
+}
+
+uint64_t ekv_vk_mg_summed(const struct ekv_vk_mg *m) { return m ? m->n_summed : 0; }
+
+/* Whether this forward's statistics are summed on the device (MG_ACC_*):
+ * only sums without per-entry row counts (sumsq, winsum, bincount; not
+ * colsum, lastrow or the sparsity counts), on decode steps, while the
+ * policy does not read them. Sums pending under another layout (the cache
+ * moved to other buffers, other statistics) are copied out first. */
+static enum ekv_status acc_begin(struct ekv_vk_mg *m, struct ekv_kv *kv) {
+    m->acc_pending_prev = m->acc_pending;
+    m->acc_fold_old = false;
+    m->acc_mode = MG_ACC_NONE;
+    const bool eligible = m->any_stats && !m->step.is_prompt && !m->sparsity && m->slot[SL_COLSUM] == MG_NONE &&
+                          m->slot[SL_LAST] == MG_NONE;
+    const bool reads = ekv_kv_stats_read_after(kv, &m->step);
+    if (m->acc_pending && !(eligible && m->acc_cap == (uint32_t)m->s->cap && acc_same_slots(m))) {
+        enum ekv_status st = acc_sync_record(m);
+        if (st != EKV_OK) return st;
+        m->acc_fold_old = true;
+        m->acc_pending = false;
+        return EKV_OK; /* this forward's own statistics as increments */
+    }
+    if (!eligible || (!m->acc_pending && reads)) return EKV_OK;
+    if (!m->acc_pending) { /* acc is all zero: (re)shape it */
+        m->acc_cap = (uint32_t)m->s->cap;
+        m->acc_nslot = m->n_slot;
+        memcpy(m->acc_slot, m->slot, sizeof m->slot);
+        const size_t bytes = (size_t)acc_words(m) * 4;
+        if (!m->acc.buffer || m->acc.bytes < bytes) {
+            enum ekv_status st = ekv_vk_mg_buf_fit(m->g->vk, &m->acc, bytes, false, "GPU cache statistics (sums)");
+            if (st != EKV_OK) return st;
+            ekv_vk_fill(m->g->vk, &m->acc, 0, m->acc.bytes & ~(size_t)3, 0);
+            m->acc_new = true;
+        }
+    }
+    m->acc_mode = reads ? MG_ACC_FINAL : MG_ACC_ADD;
+    m->acc_pending = !reads;
+    m->n_summed += !reads;
+    return EKV_OK;
+}
+
 /* The statistics this forward collects (as attend.c's layer_prepare: the
  * arrays ekv_kv_begin ensured) and their buffer. */
 static enum ekv_status stats_begin(struct ekv_vk_mg *m, struct ekv_kv *kv) {
@@ -309,15 +421,18 @@ static enum ekv_status stats_begin(struct ekv_vk_mg *m, struct ekv_kv *kv) {
     m->sparsity = (f & EKV_STAT_SPARSITY) && end > kv->win_start;
     m->any_stats = m->n_slot > 0 || m->sparsity;
     m->wrow = kv->win_start > m->step.pos0 ? (int32_t)EKV_MIN((int64_t)m->n_rows, kv->win_start - m->step.pos0) : 0;
-    if (!m->any_stats) return EKV_OK;
+    m->acc_new = false;
+    enum ekv_status st = acc_begin(m, kv);
+    if (st != EKV_OK || !m->any_stats) return st;
     int32_t cap = 1;
     for (int32_t il = 0; il < m->s->n_layer; il++) cap = EKV_MAX(cap, m->maxlen[il]);
-    m->st_cap = (uint32_t)cap;
+    m->st_cap = m->acc_mode != MG_ACC_NONE ? m->acc_cap : (uint32_t)cap; /* summed: acc's layout */
     m->nblk = (m->st_cap + 63) / 64;
     const uint64_t LH = (uint64_t)m->s->n_layer * m->s->H;
     m->zeros_off = LH * m->n_slot * m->st_cap;
     const uint64_t words = m->zeros_off + (m->sparsity ? LH * m->nblk : 0);
     if (words > ((uint64_t)1 << 40)) return ekv_err(EKV_ERR_OVERFLOW, "GPU cache statistics of %llu words", (unsigned long long)words);
+    if (m->acc_mode == MG_ACC_ADD) return EKV_OK; /* st is not written */
     return ekv_vk_mg_buf_fit(m->g->vk, &m->st, (size_t)words * 4, true, "GPU cache statistics");
 }
 
@@ -415,7 +530,8 @@ void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s,
         .n_head_kv = s->H, .head_dim = s->D, .n_ctx = (uint32_t)s->cap, .rows = (uint32_t)part->n,
         .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q), .cap = m->st_cap, .wrow = (uint32_t)m->wrow,
         .s_colsum = m->slot[SL_COLSUM], .s_sumsq = m->slot[SL_SUMSQ], .s_last = m->slot[SL_LAST],
-        .s_win = m->slot[SL_WIN], .s_bin = m->slot[SL_BIN], .sparsity = m->sparsity ? 1u : 0u,
+        .s_win = m->slot[SL_WIN], .s_bin = m->slot[SL_BIN], .flags = (m->sparsity ? 1u : 0u) | m->acc_mode << 1,
+        .acc = m->acc_mode != MG_ACC_NONE ? m->acc.addr + (uint64_t)il * m->n_slot * s->H * m->st_cap * 4 : 0,
         .scale = 1.0f / sqrtf((float)s->D),
         .sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p,
         .window = m->posb ? (uint32_t)kv->swa_window : 0, .pos0 = (uint32_t)m->step.pos0};
@@ -472,8 +588,9 @@ static void stats_fold(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
     }
 }
 
-/* One compressed part after its forward: statistics, hooks, plans. */
-static enum ekv_status mg_after(struct ekv_vk_mg *m) {
+/* One compressed part after its forward: statistics and the policy's hooks
+ * (their plans wait for ekv_vk_mg_after's one submission). */
+static enum ekv_status mg_hooks(struct ekv_vk_mg *m) {
     struct ekv_kv *kv = m->seq->kv;
     m->in_fwd = false;
     m->moved = false;
@@ -481,31 +598,41 @@ static enum ekv_status mg_after(struct ekv_vk_mg *m) {
     struct ekv_kv_step step = m->step;
     step.defer = false;
     for (int32_t il = 0; il < kv->n_layer && st == EKV_OK; il++) {
-        stats_fold(m, kv, il);
+        if (m->acc_fold_old) acc_fold_host(m, kv, il);
+        if (m->acc_mode != MG_ACC_ADD) stats_fold(m, kv, il); /* summed on the device: the policy does not read them */
         st = ekv_kv_layer_policy(kv, il, &step);
     }
+    m->acc_fold_old = false;
     if (st == EKV_OK) st = ekv_kv_end(kv, &step);
-    enum ekv_status sf = ekv_vk_mg_flush(m);
-    if (st == EKV_OK && sf == EKV_OK) { /* much more room than kept: a smaller cache */
-        const int32_t mx = longest(kv);
-        if ((int64_t)mx * 2 < m->s->cap && m->s->cap > 64) {
-            const int32_t nc = (int32_t)EKV_MIN((int64_t)m->s->cap, (int64_t)mx + mx / 4 + 64);
-            if (nc < m->s->cap) {
-                lengths(kv, m->L0);
-                sf = mg_resize(m, nc, m->L0, false);
-            }
-        }
-    }
-    return st != EKV_OK ? st : sf;
+    return st;
 }
 
+/* After the plans ran: a cache with much more room than it keeps moves to
+ * a smaller one. */
+static enum ekv_status mg_shrink(struct ekv_vk_mg *m) {
+    const int32_t mx = longest(m->seq->kv);
+    if ((int64_t)mx * 2 < m->s->cap && m->s->cap > 64) {
+        const int32_t nc = (int32_t)EKV_MIN((int64_t)m->s->cap, (int64_t)mx + mx / 4 + 64);
+        if (nc < m->s->cap) {
+            lengths(m->seq->kv, m->L0);
+            return mg_resize(m, nc, m->L0, false);
+        }
+    }
+    return EKV_OK;
+}
+
+/* Every compressed part of the forward: hooks, then all their plans in one
+ * submission (not one per sequence), then shrinking. */
 enum ekv_status ekv_vk_mg_after(struct ekv_context *ctx) {
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
+    for (int32_t i = 0; i < g->n_fwd_mg; i++) g->fwd_mg[i]->after_st = mg_hooks(g->fwd_mg[i]);
+    const enum ekv_status sf = ekv_vk_mg_flush_all(g, g->fwd_mg, g->n_fwd_mg);
     enum ekv_status st = EKV_OK;
     for (int32_t i = 0; i < g->n_fwd_mg; i++) {
-        enum ekv_status si = mg_after(g->fwd_mg[i]);
+        struct ekv_vk_mg *m = g->fwd_mg[i];
+        enum ekv_status si = m->after_st != EKV_OK ? m->after_st : sf != EKV_OK ? sf : mg_shrink(m);
         if (si != EKV_OK) {
-            g->fwd_mg[i]->seq->broken = true; /* its host and device caches may disagree now */
+            m->seq->broken = true; /* its host and device caches may disagree now */
             if (st == EKV_OK) st = si;
         }
     }
@@ -526,6 +653,10 @@ void ekv_vk_mg_abort(struct ekv_context *ctx) {
             }
         kv->n_seen = m->step.pos0;
         m->in_fwd = false;
+        m->acc_pending = m->acc_pending_prev; /* its copy, sums or zeroing did not run */
+        m->acc_fold_old = false;
+        if (m->acc_new) ekv_vk_buf_free(g->vk, &m->acc); /* its zeroing did not run either */
+        m->acc_new = false;
         if (m->moved) m->seq->broken = true; /* its rows were to be copied by the recording that did not run */
         m->moved = false;
     }

@@ -88,6 +88,13 @@ static inline enum ekv_vk_pipe ekv_vk_rope_store_pipe(enum ekv_kv_type k, enum e
 static inline enum ekv_vk_pipe ekv_vk_attn_pipe(enum ekv_kv_type k, enum ekv_kv_type v) {
     return (enum ekv_vk_pipe)(EKV_VK_ATTN_FIRST + 6 * ekv_vk_kv_index(k) + ekv_vk_kv_index(v));
 }
+/* attn.comp's workgroups along x: per KV head, one per group of at most 8
+ * of its query heads (the shader's GMAX). */
+#define EKV_VK_ATTN_GMAX 8u
+static inline uint32_t ekv_vk_attn_groups(uint32_t n_head, uint32_t n_head_kv) {
+    const uint32_t g = n_head / n_head_kv;
+    return n_head_kv * ((g + EKV_VK_ATTN_GMAX - 1) / EKV_VK_ATTN_GMAX);
+}
 
 /* attn_stats.comp for a key row type. */
 static inline enum ekv_vk_pipe ekv_vk_attn_stats_pipe(enum ekv_kv_type k) {

@@ -35,9 +35,10 @@ struct ekv_vk_pc_kivi {
 };
 struct ekv_vk_pc_combine { uint64_t part, out, ml; uint32_t n_head, head_dim, rows, n_split, out_stride; };
 struct ekv_vk_pc_attn_stats {
-    uint64_t q, kc, ml, meta, st, zeros;
+    uint64_t q, kc, ml, meta, st, zeros, acc;
     uint32_t n_head, n_head_kv, head_dim, n_ctx, rows, q_stride;
-    uint32_t cap, wrow, s_colsum, s_sumsq, s_last, s_win, s_bin, sparsity;
+    uint32_t cap, wrow, s_colsum, s_sumsq, s_last, s_win, s_bin;
+    uint32_t flags; /* bit 0: sparsity counts; bits 1-2: 0 increments, 1 add into acc, 2 acc + increment (acc zeroed) */
     float scale, sparsity_p;
     uint32_t window, pos0;
 };

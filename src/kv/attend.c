@@ -24,6 +24,7 @@
 #include "core/util.h"
 #include "kernels/kvquant.h"
 #include "kv/kv.h"
+#include "kv/policies_adv.h"
 
 enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) {
     if (!kv || !step) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_begin: NULL argument");
@@ -41,6 +42,11 @@ enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) 
     }
     kv->stats |= kv->extra_stats; /* begin() sets kv->stats afresh each forward */
     return ekv_kv_ensure_stats(kv);
+}
+
+bool ekv_kv_stats_read_after(const struct ekv_kv *kv, const struct ekv_kv_step *step) {
+    if (!kv->ops || !kv->ops->prompt_only || step->is_prompt || kv->layer_hook) return true;
+    return ekv_recompress_due(kv, step);
 }
 
 enum ekv_status ekv_kv_end(struct ekv_kv *kv, const struct ekv_kv_step *step) {

@@ -347,6 +347,11 @@ int32_t ekv_kv_head_first_at(const struct ekv_kv_head *h, int32_t n, int64_t min
 
 /* Ends a forward: policy end(). */
 enum ekv_status ekv_kv_end(struct ekv_kv *kv, const struct ekv_kv_step *step);
+/* Whether anything may read the statistics after this step's forward: the
+ * policy's hooks (a prompt_only policy reads them at the end of a prompt
+ * and at its re-selection points only: params.recompress), or a layer
+ * hook. False lets a backend keep summing them where they are computed. */
+bool ekv_kv_stats_read_after(const struct ekv_kv *kv, const struct ekv_kv_step *step);
 
 /* ---- policy helpers (src/kv/policy.c) ---- */
 

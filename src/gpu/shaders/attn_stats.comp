@@ -19,6 +19,10 @@
 // buffer at meta[H + 3], [H + 4]). Outputs are this
 // forward's increments, st[slot][head][cap] floats and zeros[head][block];
 // the host adds them to the cache's statistics (backend_vk_policy.c).
+// Between the steps a policy reads them (flags bits 1-2, ACC_*), the
+// increments are summed into acc (device memory, the layout of st) instead:
+// ACC_ADD adds them there, ACC_FINAL writes acc + increment to st and
+// zeroes acc. Bit 0 of flags: the sparsity counts.
 // -DKT= the key storage type (row types).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -26,16 +30,33 @@
 #include "kvq.glsl"
 #define NONE 0xffffffffu
 #define QF 4096 // floats of staged query vectors
+#define ACC_ADD 1u
+#define ACC_FINAL 2u
 layout(local_size_x = 64) in;
 layout(push_constant) uniform P {
-    F32 q; U32 kc; F32 ml; U32 meta; F32 st; U32 zeros;
+    F32 q; U32 kc; F32 ml; U32 meta; F32 st; U32 zeros; F32 acc;
     uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint rows; uint q_stride;
-    uint cap; uint wrow; uint s_colsum; uint s_sumsq; uint s_last; uint s_win; uint s_bin; uint sparsity;
+    uint cap; uint wrow; uint s_colsum; uint s_sumsq; uint s_last; uint s_win; uint s_bin; uint flags;
     float scale; float sparsity_p; uint window; uint pos0;
 } pc;
 shared float sq[QF];
 shared float sm[64], sl[64];
+shared uint slo[64]; // per row of the tile: its first visible entry
 shared uint zsum;
+
+// one statistic of one entry: the increment, or summed with acc (ACC_*)
+void out_stat(const uint slot, const uint sd, const uint o, const float v) {
+    if (slot == NONE) return;
+    const uint i = slot * sd + o, mode = (pc.flags >> 1) & 3u;
+    if (mode == ACC_ADD) {
+        pc.acc.d[i] += v;
+    } else if (mode == ACC_FINAL) {
+        pc.st.d[i] = pc.acc.d[i] + v;
+        pc.acc.d[i] = 0.0;
+    } else {
+        pc.st.d[i] = v;
+    }
+}
 
 void main() {
     const uint h = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
@@ -64,6 +85,22 @@ void main() {
             sm[x] = pc.ml.d[o];
             sl[x] = pc.ml.d[o + 1u];
         }
+        for (uint ii = tid; ii < nr; ii += 64u) { // each row's first visible entry (a sliding window)
+            const uint i = i0 + ii;
+            uint lo = 0u;
+            if (pc.window > 0u && pc.pos0 + i + 1u > pc.window) {
+                U32 P = U32(uint64_t(pc.meta.d[H + 3u]) | (uint64_t(pc.meta.d[H + 4u]) << 32));
+                const uint want = pc.pos0 + i + 1u - pc.window, base = h * pc.n_ctx;
+                uint a = 0u, b = L0 + i + 1u;
+                while (a < b) {
+                    const uint mid = (a + b) / 2u;
+                    if (P.d[base + mid] < want) a = mid + 1u;
+                    else b = mid;
+                }
+                lo = a;
+            }
+            slo[ii] = lo;
+        }
         barrier();
         if (!live || i0 + nr <= first) continue;
         float s[64];
@@ -83,52 +120,49 @@ void main() {
         [[unroll]] for (uint x = 0u; x < 64u; x++) {
             if (x < nq) s[x] = exp(s[x] * pc.scale + bias - sm[x]) / sl[x];
         }
-        for (uint ii = 0u; ii < nr; ii++) {
-            const uint i = i0 + ii;
-            if (i < first) continue;
-            uint lo = 0u; // a sliding window: the row's first visible entry
-            if (pc.window > 0u && pc.pos0 + i + 1u > pc.window) {
-                U32 P = U32(uint64_t(pc.meta.d[H + 3u]) | (uint64_t(pc.meta.d[H + 4u]) << 32));
-                const uint want = pc.pos0 + i + 1u - pc.window, base = h * pc.n_ctx;
-                uint a = 0u, b = L0 + i + 1u;
-                while (a < b) {
-                    const uint mid = (a + b) / 2u;
-                    if (P.d[base + mid] < want) a = mid + 1u;
-                    else b = mid;
+        // per row of the tile, the R heads' probabilities in head order (the
+        // index into s is a constant of the unrolled loop: no local memory)
+        float sp = 0.0, sp2 = 0.0, thr = 0.0;
+        uint cnt = 0u, z = 0u;
+        bool vis = false;
+        [[unroll]] for (uint x = 0u; x < 64u; x++) {
+            if (x < nq) {
+                const uint ii = x / R, r = x - ii * R, i = i0 + ii;
+                if (r == 0u) {
+                    vis = i >= first && j >= slo[ii];
+                    thr = 1.0 / float(L0 + i + 1u - slo[ii]);
+                    sp = 0.0, sp2 = 0.0, cnt = 0u, z = 0u;
                 }
-                lo = a;
-            }
-            if (j < lo) continue;
-            const float thr = 1.0 / float(L0 + i + 1u - lo);
-            float sp = 0.0, sp2 = 0.0;
-            uint cnt = 0u, z = 0u;
-            for (uint r = 0u; r < R; r++) {
-                const float p = s[ii * R + r];
-                sp += p;
-                sp2 += p * p;
-                cnt += p >= thr ? 1u : 0u;
-                z += p < pc.sparsity_p * (1.0 / sl[ii * R + r]) ? 1u : 0u;
-            }
-            const float m = sp / float(R);
-            a_col += m;
-            a_sq += sp2 / float(R);
-            a_bin += float(cnt) / float(R);
-            if (i + 1u == pc.rows) a_last = m;
-            if (i >= pc.wrow) {
-                a_win += m;
-                a_zero += z;
+                if (vis) {
+                    const float p = s[x];
+                    sp += p;
+                    sp2 += p * p;
+                    cnt += p >= thr ? 1u : 0u;
+                    z += p < pc.sparsity_p * (1.0 / sl[x]) ? 1u : 0u;
+                    if (r + 1u == R) {
+                        const float m = sp / float(R);
+                        a_col += m;
+                        a_sq += sp2 / float(R);
+                        a_bin += float(cnt) / float(R);
+                        if (i + 1u == pc.rows) a_last = m;
+                        if (i >= pc.wrow) {
+                            a_win += m;
+                            a_zero += z;
+                        }
+                    }
+                }
             }
         }
     }
     if (live) {
         const uint o = h * pc.cap + j, sd = H * pc.cap;
-        if (pc.s_colsum != NONE) pc.st.d[pc.s_colsum * sd + o] = a_col;
-        if (pc.s_sumsq != NONE) pc.st.d[pc.s_sumsq * sd + o] = a_sq;
-        if (pc.s_last != NONE) pc.st.d[pc.s_last * sd + o] = a_last;
-        if (pc.s_win != NONE) pc.st.d[pc.s_win * sd + o] = a_win;
-        if (pc.s_bin != NONE) pc.st.d[pc.s_bin * sd + o] = a_bin;
+        out_stat(pc.s_colsum, sd, o, a_col);
+        out_stat(pc.s_sumsq, sd, o, a_sq);
+        out_stat(pc.s_last, sd, o, a_last);
+        out_stat(pc.s_win, sd, o, a_win);
+        out_stat(pc.s_bin, sd, o, a_bin);
     }
-    if (pc.sparsity != 0u) {
+    if ((pc.flags & 1u) != 0u) {
         barrier();
         if (a_zero != 0u) atomicAdd(zsum, a_zero);
         barrier();
