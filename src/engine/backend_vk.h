@@ -149,8 +149,10 @@ uint64_t ekv_vk_mg_posb(const struct ekv_vk_mg *m, int il);
 int32_t ekv_vk_mg_max_len(const struct ekv_vk_mg *m, int il);
 /* Whether this forward computes statistics (then attn_combine writes ml). */
 bool ekv_vk_mg_wants_stats(const struct ekv_vk_mg *m);
-/* Records attn_stats for layer il of the part (after its attention). */
-void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part);
+/* Records attn_stats for layer il of the part (after its attention); without
+ * barrier the next dispatch does not wait for it (a group of parts). */
+void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part,
+                            bool barrier);
 /* After the forward ran on the device: for every compressed part, its
  * statistics added to the cache, the policy's layer and end hooks, and
  * the keep / merge plans they made run on the device (kv_compact.comp). */

@@ -347,7 +347,8 @@ static void store_dst(const struct ekv_vk_ctx *g, const struct ekv_vk_seq *s, co
 }
 
 /* Rotates the part's Q and K rows and writes K and V into the cache. */
-static void rope_store(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part) {
+static void rope_store(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part,
+                       bool barrier) {
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
     const struct ekv_model_info *in = &ctx->model->info;
     const int32_t r0 = part->row0;
@@ -362,8 +363,8 @@ static void rope_store(struct ekv_context *ctx, const struct ekv_vk_seq *s, int 
         .pos0 = (uint32_t)part->step.pos0};
     store_dst(g, s, &s->k, il, part, &pc.kdst, &pc.k_hstride, &pc.k_e0);
     store_dst(g, s, &s->v, il, part, &pc.vdst, &pc.v_hstride, &pc.v_e0);
-    ekv_vk_dispatch(g->vk, ekv_vk_rope_store_pipe(s->k.type, s->v.type), &pc, sizeof pc, (uint32_t)part->n,
-                    (uint32_t)in->n_head + s->H, 1);
+    (barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_rope_store_pipe(s->k.type, s->v.type), &pc, sizeof pc,
+                                                     (uint32_t)part->n, (uint32_t)in->n_head + s->H, 1);
 }
 
 /* KIVI's residual rule for one side after the layer's attention. */
@@ -396,52 +397,122 @@ static void flush_side(struct ekv_vk_ctx *g, const struct ekv_vk_seq *s, const s
     }
 }
 
-static void attend_part(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part) {
+/* Records attention of rows [b0, b0 + nb) of a part: attn then (phase 1)
+ * attn_combine, with its partials at word `off` of the scratch. Without
+ * `barrier` the dispatch does not wait for the ones before it (parts of a
+ * group: ekv_vk_kv_attention). */
+static void attend_rows(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part,
+                        int32_t b0, int32_t nb, size_t off, int phase, bool barrier) {
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
     const struct ekv_model_info *in = &ctx->model->info;
     const uint32_t HD = (uint32_t)in->head_dim, QD = (uint32_t)ekv_act_width(in, EKV_ACT_Q);
-    const int32_t r0 = part->row0, n = part->n;
+    const int32_t r0 = part->row0;
     const uint32_t pos0 = (uint32_t)part->step.pos0;
     /* a compressed cache: splits over the longest head of the layer */
-    const int64_t kv_end = s->mg ? ekv_vk_mg_max_len(s->mg, il) : (int64_t)pos0 + n;
+    const int64_t kv_end = s->mg ? ekv_vk_mg_max_len(s->mg, il) : (int64_t)pos0 + part->n;
     const uint32_t n_split = n_splits(kv_end);
-    const int32_t block = attn_block_rows(g, in, kv_end);
-    const bool stats = ekv_vk_mg_wants_stats(s->mg);
-    const bool any_kivi = kivi(s->k.type) || kivi(s->v.type);
-    for (int32_t b0 = 0; b0 < n; b0 += block) {
-        const int32_t nb = EKV_MIN(block, n - b0);
+    void (*disp)(struct ekv_vk *, enum ekv_vk_pipe, const void *, uint32_t, uint32_t, uint32_t, uint32_t) =
+        barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb;
+    if (phase == 0) {
+        const bool any_kivi = kivi(s->k.type) || kivi(s->v.type);
         struct ekv_vk_pc_attn at = {
             .q = ekv_vk_act_addr(ctx, EKV_ACT_Q, r0 + b0), .kc = s->k.buf[il].addr, .vc = s->v.buf[il].addr,
-            .part = g->part.addr, .kscr = any_kivi ? scr_addr(g, s, false, r0) : 0,
+            .part = g->part.addr + off * sizeof(float), .kscr = any_kivi ? scr_addr(g, s, false, r0) : 0,
             .vscr = any_kivi ? scr_addr(g, s, true, r0) : 0, .n_head = (uint32_t)in->n_head, .n_head_kv = s->H,
             .head_dim = HD, .n_ctx = (uint32_t)s->cap, .pos0 = pos0 + (uint32_t)b0, .rows = (uint32_t)nb,
             .q_stride = QD, .n_split = n_split, .split_len = EKV_VK_SPLIT,
             .window = (uint32_t)(in->sliding_window > 0 ? in->sliding_window : 0), .scale = 1.0f / sqrtf((float)HD),
             .g = s->G, .tc_k = s->k.tc, .tc_v = s->v.tc, .nq_k = (uint32_t)s->k.nq, .nq_v = (uint32_t)s->v.nq,
             .scr_stride = (uint32_t)g->kv_scr_rows, .kv_pos0 = pos0, .meta = s->mg ? ekv_vk_mg_meta(s->mg, il) : 0};
-        ekv_vk_dispatch(g->vk, ekv_vk_attn_pipe(s->k.type, s->v.type), &at, sizeof at,
-                        ekv_vk_attn_groups((uint32_t)in->n_head, s->H), (uint32_t)nb, n_split);
-        struct ekv_vk_pc_combine cb = {.part = g->part.addr, .out = ekv_vk_act_addr(ctx, EKV_ACT_ATT, r0 + b0),
-                                       .n_head = (uint32_t)in->n_head, .head_dim = HD, .rows = (uint32_t)nb,
-                                       .n_split = n_split, .out_stride = QD,
-                                       .ml = stats ? g->ml.addr + (uint64_t)(r0 + b0) * in->n_head * 2 * sizeof(float) : 0};
-        ekv_vk_dispatch(g->vk, EKV_VK_ATTN_COMBINE, &cb, sizeof cb, (uint32_t)in->n_head, (uint32_t)nb, 1);
+        disp(g->vk, ekv_vk_attn_pipe(s->k.type, s->v.type), &at, sizeof at, ekv_vk_attn_groups((uint32_t)in->n_head, s->H),
+             (uint32_t)nb, n_split);
+        return;
+    }
+    const bool stats = ekv_vk_mg_wants_stats(s->mg);
+    struct ekv_vk_pc_combine cb = {.part = g->part.addr + off * sizeof(float),
+                                   .out = ekv_vk_act_addr(ctx, EKV_ACT_ATT, r0 + b0), .n_head = (uint32_t)in->n_head,
+                                   .head_dim = HD, .rows = (uint32_t)nb, .n_split = n_split, .out_stride = QD,
+                                   .ml = stats ? g->ml.addr + (uint64_t)(r0 + b0) * in->n_head * 2 * sizeof(float) : 0};
+    disp(g->vk, EKV_VK_ATTN_COMBINE, &cb, sizeof cb, (uint32_t)in->n_head, (uint32_t)nb, 1);
+}
+
+/* Scratch words of a part's attention partials (all its rows at once). */
+static size_t part_words(const struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part) {
+    const struct ekv_model_info *in = &ctx->model->info;
+    const int64_t kv_end = s->mg ? ekv_vk_mg_max_len(s->mg, il) : part->step.pos0 + part->n;
+    return (size_t)in->n_head * n_splits(kv_end) * (size_t)(in->head_dim + 2) * (size_t)part->n;
+}
+
+/* One part alone, its rows in blocks whose partials fit the scratch. */
+static void attend_part(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part) {
+    struct ekv_vk_ctx *g = ekv_vk_of(ctx);
+    const int64_t kv_end = s->mg ? ekv_vk_mg_max_len(s->mg, il) : part->step.pos0 + part->n;
+    const int32_t block = attn_block_rows(g, &ctx->model->info, kv_end);
+    for (int32_t b0 = 0; b0 < part->n; b0 += block) {
+        const int32_t nb = EKV_MIN(block, part->n - b0);
+        attend_rows(ctx, s, il, part, b0, nb, 0, 0, true);
+        attend_rows(ctx, s, il, part, b0, nb, 0, 1, true);
     }
 }
 
+/* After a part's attention: its statistics and KIVI's residual rule. */
+static void part_after(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part,
+                       bool barrier) {
+    struct ekv_vk_ctx *g = ekv_vk_of(ctx);
+    if (s->mg) ekv_vk_mg_record_stats(ctx, s, il, part, barrier);
+    if (kivi(s->k.type)) flush_side(g, s, &s->k, il, part);
+    if (kivi(s->v.type)) flush_side(g, s, &s->v, il, part);
+}
+
+/* A layer's attention for every part of the forward. Parts whose partials
+ * fit the scratch together form a group, and each step of a group (store,
+ * attend, combine, statistics) is one barrier for all its parts: the
+ * sequences of a batch run side by side on the device, not one after the
+ * other. Every part's arithmetic is what it is alone. */
 enum ekv_status ekv_vk_kv_attention(struct ekv_context *ctx, int il, struct ekv_fwd_part *parts, int32_t n_parts) {
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
     for (int32_t p = 0; p < n_parts; p++) {
         const struct ekv_vk_seq *s = parts[p].seq->gpu;
-        if (parts[p].n <= 0) continue;
-        if ((kivi(s->k.type) || kivi(s->v.type)) && parts[p].row0 + parts[p].n > g->kv_scr_rows)
+        if (parts[p].n > 0 && (kivi(s->k.type) || kivi(s->v.type)) && parts[p].row0 + parts[p].n > g->kv_scr_rows)
             return ekv_err(EKV_ERR_INTERNAL, "KIVI scratch of %d rows for rows up to %d", (int)g->kv_scr_rows,
                            (int)(parts[p].row0 + parts[p].n));
-        rope_store(ctx, s, il, &parts[p]);
-        attend_part(ctx, s, il, &parts[p]);
-        if (s->mg) ekv_vk_mg_record_stats(ctx, s, il, &parts[p]);
-        if (kivi(s->k.type)) flush_side(g, s, &s->k, il, &parts[p]);
-        if (kivi(s->v.type)) flush_side(g, s, &s->v, il, &parts[p]);
+    }
+    for (int32_t p0 = 0, p1; p0 < n_parts; p0 = p1) {
+        size_t used = 0;
+        for (p1 = p0; p1 < n_parts; p1++) { /* the group [p0, p1) */
+            const size_t w = parts[p1].n > 0 ? part_words(ctx, parts[p1].seq->gpu, il, &parts[p1]) : 0;
+            if (used + w > g->part_cap) break;
+            used += w;
+        }
+        if (p1 == p0) { /* a part too long to attend at once: alone, in blocks */
+            const struct ekv_vk_seq *s = parts[p0].seq->gpu;
+            p1 = p0 + 1;
+            if (parts[p0].n <= 0) continue;
+            rope_store(ctx, s, il, &parts[p0], true);
+            attend_part(ctx, s, il, &parts[p0]);
+            part_after(ctx, s, il, &parts[p0], true);
+            continue;
+        }
+        int32_t last = -1; /* the group's last part with rows: its dispatches carry the barrier */
+        for (int32_t p = p0; p < p1; p++)
+            if (parts[p].n > 0) last = p;
+        if (last < 0) continue;
+        for (int32_t p = p0; p < p1; p++)
+            if (parts[p].n > 0) rope_store(ctx, parts[p].seq->gpu, il, &parts[p], p == last);
+        for (int phase = 0; phase < 2; phase++) {
+            size_t off = 0;
+            for (int32_t p = p0; p < p1; p++) {
+                if (parts[p].n <= 0) continue;
+                const struct ekv_vk_seq *s = parts[p].seq->gpu;
+                attend_rows(ctx, s, il, &parts[p], 0, parts[p].n, off, phase, p == last);
+                off += part_words(ctx, s, il, &parts[p]);
+            }
+        }
+        int32_t last_st = -1; /* statistics of a group: side by side too */
+        for (int32_t p = p0; p < p1; p++)
+            if (parts[p].n > 0 && ekv_vk_mg_wants_stats(((const struct ekv_vk_seq *)parts[p].seq->gpu)->mg)) last_st = p;
+        for (int32_t p = p0; p < p1; p++)
+            if (parts[p].n > 0) part_after(ctx, parts[p].seq->gpu, il, &parts[p], p == last_st || last_st < 0);
     }
     return EKV_OK;
 }

@@ -516,7 +516,8 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
     return EKV_OK;
 }
 
-void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part) {
+void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part,
+                            bool barrier) {
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
     const struct ekv_vk_mg *m = s->mg;
     if (!m || !m->any_stats || part->n <= 0) return;
@@ -537,7 +538,8 @@ void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s,
         .window = m->posb ? (uint32_t)kv->swa_window : 0, .pos0 = (uint32_t)m->step.pos0};
     const uint32_t gx = (uint32_t)((m->maxlen[il] + 63) / 64);
     /* workgroups past a head's length do nothing but write their (zero) sparsity block */
-    ekv_vk_dispatch(g->vk, ekv_vk_attn_stats_pipe(s->k.type), &pc, sizeof pc, m->sparsity ? m->nblk : gx, s->H, 1);
+    (barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_attn_stats_pipe(s->k.type), &pc, sizeof pc,
+                                                     m->sparsity ? m->nblk : gx, s->H, 1);
 }
 
 /* Adds layer il's increments to the host cache's statistics (as
