@@ -274,6 +274,34 @@ if [ -f "$SHARED/models/ekv-ref-28m-f16.gguf" ]; then
   [ $freed = yes ] && grep -q '^ekv_requests_cancelled_total 3$' "$T/m" && ok || bad "stream hang-up must cancel"
   code=$(post /v1/completions '{"prompt": "static int", "max_tokens": 8, "temperature": 0}')
   [ "$code" = 200 ] && ok || bad "normal request after cancellations: $code"
+  # issue 23 defect 8: a client that shuts down its sending side after the body (a half-close) still
+  # gets its whole answer (non-streaming: after an interim 100 that tells it from a hang-up; streaming:
+  # after an SSE comment line), and nothing is cancelled
+  for stream in false true; do
+    python3 - "$PORT_ref" "$stream" > "$T/hc" 2>&1 << 'PYEOF'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+body = ('{"prompt": "static int", "max_tokens": 48, "ignore_eos": true, "stream": %s}' % sys.argv[2]).encode()
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+          b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+s.shutdown(socket.SHUT_WR)
+data = b""
+while True:
+    c = s.recv(65536)
+    if not c:
+        break
+    data += c
+sys.stdout.write(data.decode("utf-8", "replace"))
+PYEOF
+    if [ $stream = false ]; then
+      grep -q '^HTTP/1.1 200' "$T/hc" && grep -q '"completion_tokens":48' "$T/hc" && ok \
+        || bad "a half-closed client must get its answer: $(head -c 300 "$T/hc")"
+    else
+      grep -q '^HTTP/1.1 200' "$T/hc" && grep -q '^data: \[DONE\]' "$T/hc" && grep -q '"finish_reason":"length"' "$T/hc" && ok \
+        || bad "a half-closed streaming client must get its stream: $(head -c 300 "$T/hc")"
+    fi
+  done
+  curl -s "$URL/metrics" | grep -q '^ekv_requests_cancelled_total 3$' && ok || bad "a half-close must not cancel"
   stop_server ref && ok || bad "ref server exit"
   # 4: --queue 0 means nothing waits: a request runs if a slot is free, else 503 (it refused everything)
   start_server ref0 -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --parallel 1 --queue 0 || exit 1

@@ -43,6 +43,7 @@ struct conn {
     size_t len, cap;
     bool too_big;
     bool timeout_off; /* the idle timeout is suspended while the request runs */
+    bool http11;      /* HTTP/1.1 or later: an interim 1xx response may be sent (peer_wait) */
 };
 
 /* The {id} of /v1/models/{id} or /models/{id}, NULL for other paths. */
@@ -197,15 +198,45 @@ static bool authorized(const struct srv *srv, struct MHD_Connection *c) {
     return key_equal(srv->cfg.api_key, h);
 }
 
-/* Has the client closed its end? (peeks; never consumes a byte) */
-static bool client_gone(int fd) {
-    if (fd < 0) return false;
+/* A client's socket, peeked at (never consumes a byte): open, its sending
+ * side shut down (its FIN seen: it may still read, or may have closed
+ * altogether), or gone (reset, error). */
+enum peer { PEER_OPEN, PEER_EOF, PEER_GONE };
+
+static enum peer peer_state(int fd) {
+    if (fd < 0) return PEER_OPEN;
     struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    if (poll(&p, 1, 0) <= 0) return PEER_OPEN;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return PEER_GONE;
+    if (p.revents & POLLRDHUP) return PEER_EOF;
     char ch;
     ssize_t n = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (n == 0) return PEER_EOF;
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR ? PEER_GONE : PEER_OPEN;
+}
+
+/* A waiting request's view of its client. A client that shut down its
+ * sending side after the body (a half-close) still gets its answer; one that
+ * closed its socket must not keep a slot busy. Only a write tells them apart
+ * (a closed socket answers data with a reset, which the next look sees as
+ * gone): before any response byte (an HTTP/1.1 client, not streaming) an
+ * interim "100 Continue" goes out, which clients skip (RFC 9110 15.2); in a
+ * stream an SSE comment line. */
+struct peer_watch {
+    int fd;
+    bool interim; /* may send the interim response */
+    bool eof;     /* the half-close was seen (and probed) */
+};
+
+enum peer_wait { WAIT_READY, WAIT_GONE, WAIT_PROBE };
+
+/* The interim response on the raw socket (nothing else writes it before the
+ * final response); false if the client is gone or it went out in part. */
+static bool interim_probe(int fd) {
+    static const char k_msg[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    const ssize_t n = send(fd, k_msg, sizeof k_msg - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == (ssize_t)(sizeof k_msg - 1)) return true;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
 }
 
 static int conn_fd(struct MHD_Connection *c) {
@@ -213,9 +244,10 @@ static int conn_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
-/* Waits (locked) until the job is done or has more than `seen` bytes ready;
- * false when the client went away first. */
-static bool wait_job_locked(struct srv *srv, struct srv_job *j, size_t seen, int fd) {
+/* Waits (locked) until the job is done or has more than `seen` bytes ready
+ * (WAIT_READY), the client went away (WAIT_GONE), or a stream's client
+ * half-closed and the stream must write something to tell (WAIT_PROBE). */
+static enum peer_wait wait_job_locked(struct srv *srv, struct srv_job *j, size_t seen, struct peer_watch *w) {
     while (j->state != JOB_DONE && j->ready <= seen) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -225,9 +257,15 @@ static bool wait_job_locked(struct srv *srv, struct srv_job *j, size_t seen, int
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&j->cv, &srv->mu, &ts);
-        if (client_gone(fd)) return false;
+        const enum peer p = peer_state(w->fd);
+        if (p == PEER_GONE) return WAIT_GONE;
+        if (p == PEER_EOF && !w->eof) {
+            w->eof = true;
+            if (!w->interim) return WAIT_PROBE;
+            if (!interim_probe(w->fd)) return WAIT_GONE;
+        }
     }
-    return true;
+    return WAIT_READY;
 }
 
 /* ---- streaming ---- */
@@ -235,7 +273,7 @@ static bool wait_job_locked(struct srv *srv, struct srv_job *j, size_t seen, int
 struct stream {
     struct srv *srv;
     struct srv_job *job;
-    int fd;
+    struct peer_watch watch;
     size_t sent;      /* text bytes sent */
     size_t tok;       /* next token boundary to look at (job->tok_end) */
     bool first_sent;  /* the role chunk */
@@ -264,9 +302,11 @@ static bool stream_next(struct stream *s) {
     struct srv *srv = s->srv;
     struct srv_job *j = s->job;
     pthread_mutex_lock(&srv->mu);
-    if (!wait_job_locked(srv, j, s->sent, s->fd)) {
+    const enum peer_wait wr = wait_job_locked(srv, j, s->sent, &s->watch);
+    if (wr != WAIT_READY) {
         pthread_mutex_unlock(&srv->mu);
-        return false;
+        /* a half-closed client: a comment line, which a closed socket answers with a reset */
+        return wr == WAIT_PROBE && pend_append(s, strdup(": ping\n\n"));
     }
     bool ok = true;
     if (j->err.status) { /* OpenAI streams errors as an event with an error object */
@@ -344,7 +384,7 @@ static enum MHD_Result start_stream(struct srv *srv, struct MHD_Connection *c, s
     }
     s->srv = srv;
     s->job = job;
-    s->fd = conn_fd(c);
+    s->watch.fd = conn_fd(c); /* response bytes, not an interim response: an SSE comment probes */
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
     if (!r) {
         stream_free(s);
@@ -379,10 +419,14 @@ static enum MHD_Result completions(struct srv *srv, struct MHD_Connection *c, st
         return send_error(srv, c, &e);
     }
     if (job->req.stream) return start_stream(srv, c, job);
-    const int fd = conn_fd(c);
+    struct peer_watch w = {.fd = conn_fd(c), .interim = cs->http11};
     pthread_mutex_lock(&srv->mu);
-    while (job->state != JOB_DONE)
-        if (!wait_job_locked(srv, job, (size_t)-1, fd)) break;
+    while (job->state != JOB_DONE) {
+        const enum peer_wait wr = wait_job_locked(srv, job, (size_t)-1, &w);
+        if (wr == WAIT_GONE) break;
+        /* an HTTP/1.0 client's half-close cannot be probed: taken as a hang-up, as before */
+        if (wr == WAIT_PROBE) break;
+    }
     const bool done = job->state == JOB_DONE;
     pthread_mutex_unlock(&srv->mu);
     if (!done) { /* the client left: cancel, and close the connection */
@@ -399,7 +443,6 @@ static enum MHD_Result completions(struct srv *srv, struct MHD_Connection *c, st
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
-    (void)version;
     struct srv *srv = cls;
     struct conn *cs = *con_cls;
     if (!cs) { /* headers only: route, method, key, declared size */
@@ -407,6 +450,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!cs) return MHD_NO;
         *con_cls = cs;
         cs->route = find_route(url);
+        cs->http11 = version && strcmp(version, MHD_HTTP_VERSION_1_0) != 0 && strcmp(version, "HTTP/0.9") != 0;
         const bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         if (cs->route == R_NONE)
             return fail(srv, c, 404, "invalid_request_error", "not_found", "no endpoint %.200s", url);
