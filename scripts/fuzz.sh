@@ -1,7 +1,8 @@
 #!/bin/sh
 # Builds the libFuzzer targets (tests/fuzz, clang + ASan/UBSan, build-fuzz/)
 # and runs them:
-#   scripts/fuzz.sh smoke              every target 30 s on its seed corpus
+#   scripts/fuzz.sh smoke              every target 20 s on its seed corpus
+#                                      (gguf, request, tokenizer, chat, jsonl, image)
 #                                      (part of scripts/test.sh)
 #   scripts/fuzz.sh run SECONDS [JOBS] every target SECONDS, JOBS processes
 #                                      each, corpora kept in build-fuzz/corpus-*
@@ -14,23 +15,31 @@ set -eu
 cd "$(dirname "$0")/.."
 MODE=${1:-smoke}
 case $MODE in
-    smoke) SECS=30 JOBS=1 ;;
+    smoke) SECS=20 JOBS=1 ;;
     run) SECS=${2:?usage: scripts/fuzz.sh run SECONDS [JOBS]} JOBS=${3:-1} ;;
     *) echo "usage: scripts/fuzz.sh smoke | run SECONDS [JOBS]" >&2; exit 2 ;;
 esac
 command -v clang > /dev/null || { echo "fuzz.sh: clang is missing: run scripts/setup.sh --test" >&2; exit 1; }
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DEKV_FUZZ=ON -DEKV_SANITIZE=ON > /dev/null
-cmake --build build-fuzz --target fuzz_gguf fuzz_request -j"$(nproc)"
+TARGETS="fuzz_gguf fuzz_request fuzz_tokenizer fuzz_chat fuzz_jsonl fuzz_image"
+# shellcheck disable=SC2086 # a list of targets
+cmake --build build-fuzz --target $TARGETS -j"$(nproc)"
 B=$(pwd)/build-fuzz
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-if [ "$MODE" = run ]; then CG=$B/corpus-gguf CR=$B/corpus-request; else CG=$WORK/gguf CR=$WORK/request; fi
+C=$WORK/c
+[ "$MODE" = run ] && C=$B/corpus
+CG=$C-gguf CR=$C-request
 mkdir -p "$CG" "$CR"
 # seeds: the hostile GGUF files test_gguf_hostile writes, a real model; the request corpus
 cmake --build build-fuzz --target test_gguf_hostile -j"$(nproc)" > /dev/null
 EKV_HOSTILE_DIR="$CG" "$B/tests/test_gguf_hostile" > /dev/null
 cp models/stories260K.gguf "$CG/"
 cp tests/fuzz/corpus/request/* "$CR/"
+for t in tokenizer chat jsonl image; do # the other targets: their committed seeds
+    mkdir -p "$C-$t"
+    cp tests/fuzz/corpus/$t/* "$C-$t/"
+done
 cd "$B"  # crash-* files land here
 run() { # run NAME CORPUS MAXLEN
     echo "fuzz.sh: $1, ${SECS}s x $JOBS job(s), corpus $2"
@@ -51,4 +60,8 @@ run() { # run NAME CORPUS MAXLEN
 rm -f "$B"/crash-* "$B"/leak-* "$B"/timeout-*
 run fuzz_gguf "$CG" 65536
 run fuzz_request "$CR" 4096
+run fuzz_tokenizer "$C-tokenizer" 4096
+run fuzz_chat "$C-chat" 4096
+run fuzz_jsonl "$C-jsonl" 8192
+run fuzz_image "$C-image" 65536
 echo "fuzz.sh: no crash, leak or timeout"

@@ -406,7 +406,7 @@ static const char *find_marker(const char *p, size_t n) {
 
 enum ekv_status ekv_tokenize_prompt(const struct ekv_model *m, const char *text, size_t len, int32_t *tokens,
                                     size_t n_max, size_t *n_out, int32_t *image_at) {
-    if (!m || !text || !tokens || !n_out || !image_at)
+    if (!m || !text || (!tokens && n_max > 0) || !n_out || !image_at)
         return ekv_err(EKV_ERR_INVALID_ARG, "ekv_tokenize_prompt: model, text, tokens, n_out and image_at are required");
     *image_at = -1;
     const char *mark = find_marker(text, len);
@@ -419,9 +419,13 @@ enum ekv_status ekv_tokenize_prompt(const struct ekv_model *m, const char *text,
                        EKV_IMAGE_MARKER);
     /* the text before the image starts the prompt (BOS); the text after it continues it */
     enum ekv_status s = ekv_tokenize(m, text, a_len, true, true, tokens, n_max, &na);
-    if (s != EKV_OK) return s;
-    s = ekv_tokenize(m, rest, rest_len, false, true, tokens + na, n_max - na, &nb);
+    const bool fits = s == EKV_OK;
+    if (!fits && !(s == EKV_ERR_INVALID_ARG && na > n_max)) return s;
+    /* a buffer too small: the whole count still goes to *n_out (as ekv_tokenize's rule) */
+    s = ekv_tokenize(m, rest, rest_len, false, true, fits && tokens ? tokens + na : NULL, fits ? n_max - na : 0, &nb);
     *n_out = na + nb;
+    if (!fits && (s == EKV_OK || (s == EKV_ERR_INVALID_ARG && nb > 0)))
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_tokenize_prompt: %zu tokens do not fit %zu", na + nb, n_max);
     if (s != EKV_OK) return s;
     *image_at = (int32_t)na;
     return EKV_OK;

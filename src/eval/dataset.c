@@ -200,7 +200,8 @@ static enum ekv_status get_id(const cJSON *obj, const char *where, char **dst) {
             s = v->valuestring;
         } else if (cJSON_IsNumber(v)) {
             double d = v->valuedouble;
-            if (d == (double)(long long)d && d > -9007199254740992.0 && d < 9007199254740992.0)
+            /* the range first: casting a double outside long long's range is undefined (found by fuzz_jsonl) */
+            if (d > -9007199254740992.0 && d < 9007199254740992.0 && d == (double)(long long)d)
                 snprintf(buf, sizeof buf, "%lld", (long long)d);
             else
                 snprintf(buf, sizeof buf, "%.17g", d);

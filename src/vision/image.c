@@ -46,6 +46,56 @@ void ekv_image_free(struct ekv_image *img) {
     img->nx = img->ny = 0;
 }
 
+/* stb_image (Debian's header, 2.27) builds a JPEG Huffman table with one
+ * size entry per code into an array of 257 without checking that the table
+ * has at most 256 codes: a hostile file writes past the array (found by
+ * tests/fuzz/fuzz_image.c; its corpus keeps the input). Every DHT segment is
+ * checked here first, read as stb reads it (tables one after another while
+ * the segment's length lasts, bytes past the end read as 0), including the
+ * ones between the scans of a progressive JPEG. Returns the first table's
+ * code count over 256, or 0 when all are fine (or the data is no JPEG). */
+static int jpeg_huffman_excess(const uint8_t *p, size_t n) {
+    if (n < 2 || p[0] != 0xFF || p[1] != 0xD8) return 0;
+    size_t i = 2;
+    while (i < n) {
+        if (p[i] != 0xFF) {
+            i++;
+            continue;
+        }
+        while (i < n && p[i] == 0xFF) i++;
+        if (i >= n) break;
+        const uint8_t m = p[i++];
+        if (m == 0xD9) break; /* end of image */
+        if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7)) continue; /* no length */
+        if (i + 2 > n) break;
+        const size_t seg = i;
+        long len = (long)p[i] << 8 | p[i + 1];
+        i += 2;
+        if (m == 0xC4) { /* define Huffman tables */
+            len -= 2;
+            while (len > 0 && i < n) {
+                int codes = 0;
+                i++; /* class and id */
+                for (int k = 0; k < 16; k++, i++) codes += i < n ? p[i] : 0;
+                if (codes > 256) return codes;
+                i += (size_t)codes;
+                len -= 17 + codes;
+            }
+            continue;
+        }
+        i = seg + (size_t)(len < 2 ? 2 : len);
+        if (m == 0xDA) /* a scan: its entropy-coded bytes up to the next marker */
+            while (i + 1 < n && !(p[i] == 0xFF && p[i + 1] != 0x00 && !(p[i + 1] >= 0xD0 && p[i + 1] <= 0xD7))) i++;
+    }
+    return 0;
+}
+
+static enum ekv_status jpeg_check(const void *data, size_t n, const char *name) {
+    const int codes = jpeg_huffman_excess(data, n);
+    return codes ? ekv_err(EKV_ERR_FORMAT, "%s: corrupt JPEG: a Huffman table of %d codes (at most 256)", name, codes)
+                 : EKV_OK;
+}
+
 /* Bytes of an nx x ny RGB image, with the project's size limits. */
 static enum ekv_status image_bytes(const char *name, long long nx, long long ny, size_t *out) {
     if (nx < 1 || ny < 1)
@@ -132,6 +182,7 @@ enum ekv_status ekv_image_load_memory(const void *data, size_t n, const char *na
     enum ekv_status s;
     if (sniff_size(data, n, &hw, &hh) && (s = image_bytes(name, hw, hh, &bytes)) != EKV_OK)
         return s;
+    if ((s = jpeg_check(data, n, name)) != EKV_OK) return s;
     int w = 0, h = 0, comp = 0;
     if (!stbi_info_from_memory(data, (int)n, &w, &h, &comp))
         return ekv_err(EKV_ERR_FORMAT, "%s: not a readable JPEG or PNG image (%s)", name,
@@ -172,6 +223,7 @@ enum ekv_status ekv_image_probe_memory(const void *data, size_t n, const char *n
     size_t bytes;
     enum ekv_status s;
     if (sniff_size(data, n, &hw, &hh) && (s = image_bytes(name, hw, hh, &bytes)) != EKV_OK) return s;
+    if ((s = jpeg_check(data, n, name)) != EKV_OK) return s;
     int w = 0, h = 0, comp = 0;
     if (!stbi_info_from_memory(data, (int)n, &w, &h, &comp))
         return ekv_err(EKV_ERR_FORMAT, "%s: not a readable JPEG or PNG image (%s)", name,
