@@ -7,12 +7,11 @@
  * first byte picks the endpoint, the rest is the body.
  *
  * Built two ways: a libFuzzer target (clang, -DEKV_FUZZ=ON: fuzz_request)
- * and, always, a replay driver (fuzz_request_replay FILE|DIR...) that ctest
- * runs over the committed corpus (tests/fuzz/corpus/request) in every
- * build, sanitizers included, so inputs that once crashed stay fixed; a
- * file named ok_* must be taken and bad_* refused.
+ * and, always, with fuzz_replay.c's driver (fuzz_request_replay FILE|DIR...)
+ * that ctest runs over the committed corpus (tests/fuzz/corpus/request) in
+ * every build, sanitizers included, so inputs that once crashed stay fixed;
+ * a file named ok_* must be taken and bad_* refused.
  */
-#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,47 +70,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 }
 
 #ifdef EKV_FUZZ_REPLAY
-/* Replays one file; a name starting "ok_" must be taken, "bad_" refused
- * (others: any outcome, no crash). 1 on a problem. */
-static int replay_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "fuzz_request_replay: cannot open %s\n", path);
-        return 1;
-    }
-    uint8_t *buf = malloc(1 << 20);
-    size_t n = buf ? fread(buf, 1, 1 << 20, f) : 0;
-    fclose(f);
-    if (!buf) return 1;
-    const int got = run_one(buf, n);
-    free(buf);
+/* fuzz_replay.c's check of one input: a name starting "ok_" must be taken,
+ * "bad_" refused (others: any outcome, no crash). 1 on a problem. */
+int ekv_fuzz_replay_one(const char *path, const uint8_t *data, size_t n) {
+    const int got = run_one(data, n);
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     const int want = !strncmp(base, "ok_", 3) ? 1 : !strncmp(base, "bad_", 4) ? 0 : got;
     if (got != want) fprintf(stderr, "fuzz_request_replay: %s was %s\n", path, got ? "taken" : "refused");
     return got != want;
 }
 
-int main(int argc, char **argv) {
-    int fails = 0, files = 0;
-    for (int i = 1; i < argc; i++) {
-        DIR *d = opendir(argv[i]);
-        if (!d) {
-            fails += replay_file(argv[i]);
-            files++;
-            continue;
-        }
-        struct dirent *de;
-        char path[4096];
-        while ((de = readdir(d))) {
-            if (de->d_name[0] == '.') continue;
-            snprintf(path, sizeof path, "%s/%s", argv[i], de->d_name);
-            fails += replay_file(path);
-            files++;
-        }
-        closedir(d);
-    }
-    ekv_model_free(g_srv.model);
-    printf("fuzz_request_replay: %d inputs replayed, %d unreadable or not as their names say\n", files, fails);
-    return fails || files == 0;
-}
+void ekv_fuzz_cleanup(void) { ekv_model_free(g_srv.model); }
 #endif
