@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (tests/fuzz, clang + ASan/UBSan, build-fuzz/)
 # and runs them:
 #   scripts/fuzz.sh smoke              every target 20 s on its seed corpus
-#                                      (gguf, request, tokenizer, chat, jsonl, image)
+#                                      (gguf, request, tokenizer, chat, jsonl, image, model)
 #                                      (part of scripts/test.sh)
 #   scripts/fuzz.sh run SECONDS [JOBS] every target SECONDS, JOBS processes
 #                                      each, corpora kept in build-fuzz/corpus-*
@@ -21,7 +21,7 @@ case $MODE in
 esac
 command -v clang > /dev/null || { echo "fuzz.sh: clang is missing: run scripts/setup.sh --test" >&2; exit 1; }
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DEKV_FUZZ=ON -DEKV_SANITIZE=ON > /dev/null
-TARGETS="fuzz_gguf fuzz_request fuzz_tokenizer fuzz_chat fuzz_jsonl fuzz_image"
+TARGETS="fuzz_gguf fuzz_request fuzz_tokenizer fuzz_chat fuzz_jsonl fuzz_image fuzz_model"
 # shellcheck disable=SC2086 # a list of targets
 cmake --build build-fuzz --target $TARGETS -j"$(nproc)"
 B=$(pwd)/build-fuzz
@@ -36,10 +36,11 @@ cmake --build build-fuzz --target test_gguf_hostile -j"$(nproc)" > /dev/null
 EKV_HOSTILE_DIR="$CG" "$B/tests/test_gguf_hostile" > /dev/null
 cp models/stories260K.gguf "$CG/"
 cp tests/fuzz/corpus/request/* "$CR/"
-for t in tokenizer chat jsonl image; do # the other targets: their committed seeds
+for t in tokenizer chat jsonl image model; do # the other targets: their committed seeds
     mkdir -p "$C-$t"
     cp tests/fuzz/corpus/$t/* "$C-$t/"
 done
+cp "$CG"/* "$C-model/" # model construction: the hostile GGUF files too
 cd "$B"  # crash-* files land here
 run() { # run NAME CORPUS MAXLEN
     echo "fuzz.sh: $1, ${SECS}s x $JOBS job(s), corpus $2"
@@ -64,4 +65,5 @@ run fuzz_tokenizer "$C-tokenizer" 4096
 run fuzz_chat "$C-chat" 4096
 run fuzz_jsonl "$C-jsonl" 8192
 run fuzz_image "$C-image" 65536
+run fuzz_model "$C-model" 262144
 echo "fuzz.sh: no crash, leak or timeout"

@@ -5,7 +5,8 @@
  * random blocks over many magnitudes, an all-zero block, blocks whose
  * scale is exactly 1 with every value on a rounding tie (k + 0.5, which
  * roundf sends away from zero and round-to-even would not), negative zeros,
- * and lengths of 1 to 9 blocks. Skipped (reported) without AVX2.
+ * blocks with a NaN or an infinity (zeros), and lengths of 1 to 9 blocks.
+ * Skipped (reported) without AVX2.
  */
 #include <math.h>
 #include <stdio.h>
@@ -64,5 +65,18 @@ int main(void) {
     struct ekv_block_q8_0x q;
     ekv_quant_q8_0x_avx2(x, &q, EKV_QK8_0);
     CHECK(q.qs[0] == 1 && q.qs[1] == -4); /* 0.5 -> 1, -3.5 -> -4 (away from zero) */
+    /* a block with a NaN or an infinity has no codes: zeros, d = 0, s = 0, on both paths (its
+     * sum was the wrapped sum of INT_MIN lanes, which the Q4_0 correction then overflowed) */
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < 2 * EKV_QK8_0; i++) x[i] = frand();
+        x[EKV_QK8_0 + 5 + k] = k == 0 ? NAN : k == 1 ? INFINITY : -INFINITY;
+        same(x, 2 * EKV_QK8_0, "non-finite");
+        struct ekv_block_q8_0x z[2];
+        ekv_quant_q8_0x_avx2(x, z, 2 * EKV_QK8_0);
+        int nz = 0;
+        for (int j = 0; j < EKV_QK8_0; j++) nz += z[1].qs[j] != 0;
+        CHECK_MSG(z[1].d == 0.0f && z[1].s == 0 && nz == 0 && z[0].d > 0.0f, "non-finite block %d: d %g s %d", k,
+                  (double)z[1].d, (int)z[1].s);
+    }
     return test_finish("test_quant_act");
 }

@@ -7,6 +7,9 @@
 #define Q8_FN(name) name##_avx2
 #include "kernels/q8_256.h"
 
+#include <float.h>
+#include <string.h>
+
 /* roundf (ties away from zero) of 8 lanes, rebuilt from truncation. */
 static inline __m256i round_away(__m256 x) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -32,6 +35,19 @@ void ekv_quant_q8_0x_avx2(const float *src, void *dst, int64_t n) {
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
         const float amax = _mm_cvtss_f32(h);
+        /* a NaN or an infinity: the block is zeros, as ekv_quant_q8_0 makes it */
+        const __m256 big = _mm256_set1_ps(FLT_MAX);
+        const __m256 ok = _mm256_and_ps(
+            _mm256_and_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, v0), big, _CMP_LE_OQ),
+                          _mm256_cmp_ps(_mm256_andnot_ps(sign, v1), big, _CMP_LE_OQ)),
+            _mm256_and_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, v2), big, _CMP_LE_OQ),
+                          _mm256_cmp_ps(_mm256_andnot_ps(sign, v3), big, _CMP_LE_OQ)));
+        if (_mm256_movemask_ps(ok) != 0xff) {
+            b[i].d = 0.0f;
+            b[i].s = 0;
+            memset(b[i].qs, 0, sizeof b[i].qs);
+            continue;
+        }
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         b[i].d = ekv_fp16_to_f32(ekv_f32_to_fp16(d));

@@ -11,7 +11,9 @@
  * quantizers of ekv's own: they produce valid blocks for synthetic models
  * but are not llama.cpp's error-minimising search.
  */
+#include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "core/util.h"
@@ -48,11 +50,24 @@ void ekv_quant_bf16(const float *src, void *dst, int64_t n) {
 /* Q8_0 / Q4_0                                                          */
 /* ------------------------------------------------------------------ */
 
+/* A block with a NaN or an infinity (a model whose weights or activations
+ * overflowed) has no int8 codes: converting such a float to an integer is
+ * undefined, so the block becomes zeros (d = 0) on every path (found by
+ * tests/fuzz/fuzz_model.c). Finite blocks are unchanged. */
 void ekv_quant_q8_0(const float *src, void *dst, int64_t n) {
     struct ekv_block_q8_0 *b = dst;
     for (int64_t i = 0; i < n / EKV_QK8_0; i++, src += EKV_QK8_0) {
         float amax = 0.0f;
-        for (int j = 0; j < EKV_QK8_0; j++) amax = fmaxf(amax, fabsf(src[j]));
+        bool finite = true;
+        for (int j = 0; j < EKV_QK8_0; j++) {
+            amax = fmaxf(amax, fabsf(src[j]));
+            finite &= fabsf(src[j]) <= FLT_MAX;
+        }
+        if (!finite) {
+            b[i].d = 0;
+            memset(b[i].qs, 0, sizeof b[i].qs);
+            continue;
+        }
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         b[i].d = ekv_f32_to_fp16(d);

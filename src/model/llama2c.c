@@ -6,6 +6,7 @@
  * from a separate tok<N>.bin file. Every size is checked against the file.
  */
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,7 +71,7 @@ enum ekv_status ekv_model_load_llama2c(struct ekv_model *m, const char *path, co
     int32_t dim = hdr[0], hidden = hdr[1], n_layers = hdr[2], n_heads = hdr[3], n_kv = hdr[4];
     int32_t vocab = hdr[5], seq_len = hdr[6];
     bool shared = vocab > 0;
-    if (vocab < 0) vocab = -vocab;
+    if (vocab < 0) vocab = vocab == INT32_MIN ? 0 : -vocab; /* INT32_MIN has no negation: refused below (fuzz_model) */
     if (dim <= 0 || dim > 65536 || hidden <= 0 || hidden > 1 << 20 || n_layers <= 0 || n_layers > 1024 ||
         n_heads <= 0 || n_heads > dim || n_kv <= 0 || n_kv > n_heads || vocab <= 0 || vocab > 1 << 22 ||
         seq_len <= 0 || seq_len > 1 << 22 || dim % n_heads)
