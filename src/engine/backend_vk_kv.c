@@ -481,7 +481,7 @@ enum ekv_status ekv_vk_kv_attention(struct ekv_context *ctx, int il, struct ekv_
         size_t used = 0;
         for (p1 = p0; p1 < n_parts; p1++) { /* the group [p0, p1) */
             const size_t w = parts[p1].n > 0 ? part_words(ctx, parts[p1].seq->gpu, il, &parts[p1]) : 0;
-            if (used + w > g->part_cap) break;
+            if (used + w > g->part_cap || parts[p1].n > 65535) break; /* rows: a dispatch's y count */
             used += w;
         }
         if (p1 == p0) { /* a part too long to attend at once: alone, in blocks */
