@@ -397,6 +397,12 @@ static void flush_side(struct ekv_vk_ctx *g, const struct ekv_vk_seq *s, const s
     }
 }
 
+/* Entries the part's rows attend over: a compressed cache splits over the
+ * longest head of the layer, a full one over the positions. */
+static int64_t kv_end_of(const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part) {
+    return s->mg ? ekv_vk_mg_max_len(s->mg, il) : part->step.pos0 + part->n;
+}
+
 /* Records attention of rows [b0, b0 + nb) of a part: attn then (phase 1)
  * attn_combine, with its partials at word `off` of the scratch. Without
  * `barrier` the dispatch does not wait for the ones before it (parts of a
@@ -408,9 +414,7 @@ static void attend_rows(struct ekv_context *ctx, const struct ekv_vk_seq *s, int
     const uint32_t HD = (uint32_t)in->head_dim, QD = (uint32_t)ekv_act_width(in, EKV_ACT_Q);
     const int32_t r0 = part->row0;
     const uint32_t pos0 = (uint32_t)part->step.pos0;
-    /* a compressed cache: splits over the longest head of the layer */
-    const int64_t kv_end = s->mg ? ekv_vk_mg_max_len(s->mg, il) : (int64_t)pos0 + part->n;
-    const uint32_t n_split = n_splits(kv_end);
+    const uint32_t n_split = n_splits(kv_end_of(s, il, part));
     void (*disp)(struct ekv_vk *, enum ekv_vk_pipe, const void *, uint32_t, uint32_t, uint32_t, uint32_t) =
         barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb;
     if (phase == 0) {
@@ -439,15 +443,13 @@ static void attend_rows(struct ekv_context *ctx, const struct ekv_vk_seq *s, int
 /* Scratch words of a part's attention partials (all its rows at once). */
 static size_t part_words(const struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part) {
     const struct ekv_model_info *in = &ctx->model->info;
-    const int64_t kv_end = s->mg ? ekv_vk_mg_max_len(s->mg, il) : part->step.pos0 + part->n;
-    return (size_t)in->n_head * n_splits(kv_end) * (size_t)(in->head_dim + 2) * (size_t)part->n;
+    return (size_t)in->n_head * n_splits(kv_end_of(s, il, part)) * (size_t)(in->head_dim + 2) * (size_t)part->n;
 }
 
 /* One part alone, its rows in blocks whose partials fit the scratch. */
 static void attend_part(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part) {
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
-    const int64_t kv_end = s->mg ? ekv_vk_mg_max_len(s->mg, il) : part->step.pos0 + part->n;
-    const int32_t block = attn_block_rows(g, &ctx->model->info, kv_end);
+    const int32_t block = attn_block_rows(g, &ctx->model->info, kv_end_of(s, il, part));
     for (int32_t b0 = 0; b0 < part->n; b0 += block) {
         const int32_t nb = EKV_MIN(block, part->n - b0);
         attend_rows(ctx, s, il, part, b0, nb, 0, 0, true);
@@ -512,7 +514,7 @@ enum ekv_status ekv_vk_kv_attention(struct ekv_context *ctx, int il, struct ekv_
         for (int32_t p = p0; p < p1; p++)
             if (parts[p].n > 0 && ekv_vk_mg_wants_stats(((const struct ekv_vk_seq *)parts[p].seq->gpu)->mg)) last_st = p;
         for (int32_t p = p0; p < p1; p++)
-            if (parts[p].n > 0) part_after(ctx, parts[p].seq->gpu, il, &parts[p], p == last_st || last_st < 0);
+            if (parts[p].n > 0) part_after(ctx, parts[p].seq->gpu, il, &parts[p], p == last_st);
     }
     return EKV_OK;
 }

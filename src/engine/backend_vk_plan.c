@@ -72,14 +72,18 @@ enum ekv_status ekv_vk_mg_buf_fit(struct ekv_vk *vk, struct ekv_vk_buf *b, size_
     return ekv_vk_buf_new(vk, want, host, what, b);
 }
 
-/* Words one sequence's plans take: in the plan buffer (merges' table and
+/* Words one sequence's plans take in the plan buffer (merges' table and
  * members, then per (layer, side) the runs with absolute rows and their
- * prefix sums), in the stage, and the largest (layer, side)'s rows in the
- * compaction scratch. */
-static void flush_size(const struct ekv_vk_mg *m, size_t *plan_w, size_t *stage_w, size_t *scr_w) {
-    const struct ekv_vk_seq *s = m->s;
+ * prefix sums) and in the stage. */
+static void flush_words(const struct ekv_vk_mg *m, size_t *plan_w, size_t *stage_w) {
+    *plan_w = 4 * m->n_means + 2 * m->n_members + 4 * m->n_pairs + 2 * (size_t)m->s->n_layer * 3;
+    *stage_w = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
+}
+
+/* Words of the largest (layer, side)'s planned rows: the compaction scratch. */
+static size_t flush_scratch_words(const struct ekv_vk_mg *m) {
     size_t max_words = 1;
-    for (int32_t il = 0; il < s->n_layer; il++)
+    for (int32_t il = 0; il < m->s->n_layer; il++)
         for (int side = 0; side < 4; side++) {
             if (!mg_side_on(m, side)) continue;
             size_t r = 0;
@@ -90,9 +94,7 @@ static void flush_size(const struct ekv_vk_mg *m, size_t *plan_w, size_t *stage_
             }
             max_words = EKV_MAX(max_words, r * (m->rw[side] + m->sph[side]));
         }
-    *plan_w = 4 * m->n_means + 2 * m->n_members + 4 * m->n_pairs + 2 * (size_t)s->n_layer * 3;
-    *stage_w = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
-    *scr_w = max_words;
+    return max_words;
 }
 
 /* Records one sequence's plans into the open recording, its words at
@@ -185,9 +187,9 @@ enum ekv_status ekv_vk_mg_flush_all(struct ekv_vk_ctx *g, struct ekv_vk_mg *cons
     size_t plan_w = 0, stage_w = 0, scr_w = 1;
     for (int32_t i = 0; i < n; i++) {
         if (ms[i]->n_plans == 0) continue;
-        size_t p, st, sc;
-        flush_size(ms[i], &p, &st, &sc);
-        plan_w += p, stage_w += st, scr_w = EKV_MAX(scr_w, sc);
+        size_t p, st;
+        flush_words(ms[i], &p, &st);
+        plan_w += p, stage_w += st, scr_w = EKV_MAX(scr_w, flush_scratch_words(ms[i]));
     }
     if (plan_w == 0) return EKV_OK;
     enum ekv_status st = ekv_vk_mg_buf_fit(g->vk, &g->plan, plan_w * 4, true, "GPU cache plans");
@@ -198,8 +200,8 @@ enum ekv_status ekv_vk_mg_flush_all(struct ekv_vk_ctx *g, struct ekv_vk_mg *cons
         size_t p0 = 0, s0 = 0;
         for (int32_t i = 0; i < n; i++) {
             if (ms[i]->n_plans == 0) continue;
-            size_t p, sw, sc;
-            flush_size(ms[i], &p, &sw, &sc);
+            size_t p, sw;
+            flush_words(ms[i], &p, &sw);
             flush_record(ms[i], p0, s0);
             p0 += p, s0 += sw;
         }

@@ -333,22 +333,28 @@ static enum ekv_status acc_sync_record(struct ekv_vk_mg *m) {
     return EKV_OK;
 }
 
+/* Adds one head's values of statistic sl (SL_*) from the device, src[0, n),
+ * to the host cache's array (lastrow: replaces it); a statistic the host
+ * no longer keeps is dropped. */
+static void add_stat(struct ekv_kv_head *h, int sl, const float *src, int32_t n) {
+    double *d = sl == SL_COLSUM ? h->colsum : sl == SL_SUMSQ ? h->sumsq : sl == SL_WIN ? h->winsum : NULL;
+    if (d)
+        for (int32_t j = 0; j < n; j++) d[j] += (double)src[j];
+    else if (sl == SL_BIN && h->bincount)
+        for (int32_t j = 0; j < n; j++) h->bincount[j] += src[j];
+    else if (sl == SL_LAST && h->lastrow)
+        memcpy(h->lastrow, src, (size_t)n * sizeof *src);
+}
+
 /* Adds layer il's sums copied by acc_sync_record to the host cache. */
 static void acc_fold_host(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
     const uint32_t H = m->s->H, cap = m->acc_cap;
     const float *a = (const float *)m->acc_host.host + (size_t)il * m->acc_nslot * H * cap;
     for (uint32_t hk = 0; hk < H; hk++) {
         struct ekv_kv_head *h = &kv->layers[il].heads[hk];
-        const int32_t n = EKV_MIN(h->len, (int32_t)cap);
-        double *dst[SL_COUNT] = {NULL, h->sumsq, NULL, h->winsum, NULL};
-        for (int sl = 0; sl < SL_COUNT; sl++) {
-            if (m->acc_slot[sl] == MG_NONE) continue;
-            const float *src = a + ((size_t)m->acc_slot[sl] * H + hk) * cap;
-            if (sl == SL_BIN && h->bincount)
-                for (int32_t j = 0; j < n; j++) h->bincount[j] += src[j];
-            else if (dst[sl])
-                for (int32_t j = 0; j < n; j++) dst[sl][j] += (double)src[j];
-        }
+        for (int sl = 0; sl < SL_COUNT; sl++)
+            if (m->acc_slot[sl] != MG_NONE)
+                add_stat(h, sl, a + ((size_t)m->acc_slot[sl] * H + hk) * cap, EKV_MIN(h->len, (int32_t)cap));
     }
 }
 
@@ -566,18 +572,10 @@ static void stats_fold(struct ekv_vk_mg *m, struct ekv_kv *kv, int il) {
             }
             for (int32_t j = 1; j <= h->len; j++) seen[j] += seen[j - 1];
         }
-#define SLOT(i) (st + ((size_t)m->slot[i] * H + hk) * cap)
-        for (int32_t j = 0; j < h->len; j++) {
-            if (m->slot[SL_COLSUM] != MG_NONE) {
-                h->colsum[j] += (double)SLOT(SL_COLSUM)[j];
-                h->count[j] += seen ? seen[j] : n - (j > L0 ? j - L0 : 0);
-            }
-            if (m->slot[SL_SUMSQ] != MG_NONE) h->sumsq[j] += (double)SLOT(SL_SUMSQ)[j];
-            if (m->slot[SL_LAST] != MG_NONE) h->lastrow[j] = SLOT(SL_LAST)[j];
-            if (m->slot[SL_WIN] != MG_NONE) h->winsum[j] += (double)SLOT(SL_WIN)[j];
-            if (m->slot[SL_BIN] != MG_NONE) h->bincount[j] += SLOT(SL_BIN)[j];
-        }
-#undef SLOT
+        for (int sl = 0; sl < SL_COUNT; sl++)
+            if (m->slot[sl] != MG_NONE) add_stat(h, sl, st + ((size_t)m->slot[sl] * H + hk) * cap, h->len);
+        if (m->slot[SL_COLSUM] != MG_NONE) /* the rows that saw each entry */
+            for (int32_t j = 0; j < h->len; j++) h->count[j] += seen ? seen[j] : n - (j > L0 ? j - L0 : 0);
         if (m->sparsity) {
             double z = 0.0, tot = 0.0;
             for (uint32_t b = 0; b < m->nblk; b++) z += zeros[(size_t)hk * m->nblk + b];

@@ -421,12 +421,9 @@ static enum MHD_Result completions(struct srv *srv, struct MHD_Connection *c, st
     if (job->req.stream) return start_stream(srv, c, job);
     struct peer_watch w = {.fd = conn_fd(c), .interim = cs->http11};
     pthread_mutex_lock(&srv->mu);
-    while (job->state != JOB_DONE) {
-        const enum peer_wait wr = wait_job_locked(srv, job, (size_t)-1, &w);
-        if (wr == WAIT_GONE) break;
-        /* an HTTP/1.0 client's half-close cannot be probed: taken as a hang-up, as before */
-        if (wr == WAIT_PROBE) break;
-    }
+    /* gone, or (WAIT_PROBE) an HTTP/1.0 client's half-close, which cannot be probed: a hang-up, as before */
+    while (job->state != JOB_DONE)
+        if (wait_job_locked(srv, job, (size_t)-1, &w) != WAIT_READY) break;
     const bool done = job->state == JOB_DONE;
     pthread_mutex_unlock(&srv->mu);
     if (!done) { /* the client left: cancel, and close the connection */
