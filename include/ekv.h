@@ -129,6 +129,11 @@ struct ekv_model_info {
                                     storage type (ekv_kv_type_default(); other types: ekv_kv_project) */
 };
 void ekv_model_get_info(const struct ekv_model *model, struct ekv_model_info *info);
+/* 64 bits that tell this model file from others: a hash of the GGUF's
+ * header, metadata and tensor infos (llama.c: config, size and vocabulary)
+ * and of the first bytes of every weight matrix. Saved caches carry it
+ * (ekv_seq_save) and loading refuses another model's. 0 for NULL. */
+uint64_t ekv_model_fingerprint(const struct ekv_model *model);
 
 /* Conversion of a GGUF model to another weight type (`ekv quantize`). */
 struct ekv_quantize_params {
@@ -358,6 +363,40 @@ void ekv_seq_free(struct ekv_seq *seq);
  * prompt in pieces. *out is owned by the caller (ekv_seq_free). */
 enum ekv_status ekv_seq_copy(const struct ekv_seq *src, struct ekv_seq **out);
 
+/* Saved caches (`ekv run --kv-save/--kv-load`, the server's slots): a
+ * sequence's whole state — its cache per (layer, KV head) in its storage
+ * types bit for bit, merge weights, positions, statistics, the policy spec,
+ * parameters and state, tokens seen — so that a loaded sequence, fed the
+ * same tokens, gives the same logits as the saved one would have, bit for
+ * bit. File format (docs/kv-files.md): a versioned header with the model's
+ * fingerprint, then sections each with its CRC-32C.
+ *
+ * ekv_seq_save writes "<path>.tmp" and renames it to path, so a reader
+ * never sees a partial file; tokens[n_tokens] (optional: NULL, 0) are the
+ * token ids of the first n_tokens positions, -1 for a position that was
+ * not a token (an image row), so that a later caller can match a prompt
+ * against them (n_tokens <= the positions seen). The sequence must not be
+ * reading a prompt in pieces; a cache held on a GPU cannot be saved yet
+ * (EKV_ERR_UNSUPPORTED). ekv_seq_save_mem gives the same bytes in *data
+ * (malloc'd, the caller frees it with free()).
+ *
+ * ekv_seq_load makes a new sequence in ctx (owned by the caller) from a
+ * file; *tokens (malloc'd, free() it; NULL when none were saved) and
+ * *n_tokens get the saved token ids (both pointers may be NULL: not
+ * wanted). It refuses with a clear message: another model (fingerprint),
+ * another format version, a bad checksum, a truncated or inconsistent file
+ * (EKV_ERR_FORMAT), and a sequence that would not fit ctx's n_ctx. The
+ * sequence runs on the CPU (a context on a GPU too, unless its device was
+ * required: then EKV_ERR_UNSUPPORTED). ekv_seq_load_mem reads size bytes
+ * of data (borrowed for the call). */
+enum ekv_status ekv_seq_save(const struct ekv_seq *seq, const int32_t *tokens, int32_t n_tokens, const char *path);
+enum ekv_status ekv_seq_save_mem(const struct ekv_seq *seq, const int32_t *tokens, int32_t n_tokens, void **data,
+                                 size_t *size);
+enum ekv_status ekv_seq_load(struct ekv_context *ctx, const char *path, struct ekv_seq **out, int32_t **tokens,
+                             int32_t *n_tokens);
+enum ekv_status ekv_seq_load_mem(struct ekv_context *ctx, const void *data, size_t size, struct ekv_seq **out,
+                                 int32_t **tokens, int32_t *n_tokens);
+
 /* A run of positions with one modality: tokens, or embeddings (n x n_embd
  * floats, e.g. projected image patches) when `tokens` is NULL. */
 struct ekv_segment {
@@ -466,8 +505,14 @@ struct ekv_kv_stats {
     int64_t merged;          /* tokens merged into another entry (summed) */
     enum ekv_kv_type type_k; /* storage types of keys and values (resolved, never DEFAULT) */
     enum ekv_kv_type type_v;
+    const char *policy;      /* the policy spec ("snapkv", "elastic-v2:bias=1"; owned by the sequence) */
+    double budget;           /* its budget */
 };
 void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st);
+/* The sequence's KV parameters with every default resolved (what its
+ * policy runs with); out->policy points to the policy spec, owned by the
+ * sequence. Two sequences with equal resolved parameters compress alike. */
+void ekv_seq_kv_params(const struct ekv_seq *seq, struct ekv_kv_params *out);
 
 
 /* Entries of one layer (0 if out of range). */

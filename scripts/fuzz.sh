@@ -1,8 +1,8 @@
 #!/bin/sh
 # Builds the libFuzzer targets (tests/fuzz, clang + ASan/UBSan, build-fuzz/)
 # and runs them:
-#   scripts/fuzz.sh smoke              every target 20 s on its seed corpus
-#                                      (gguf, request, tokenizer, chat, jsonl, image, model)
+#   scripts/fuzz.sh smoke              every target 15 s on its seed corpus
+#                                      (gguf, request, tokenizer, chat, jsonl, image, model, kvfile)
 #                                      (part of scripts/test.sh)
 #   scripts/fuzz.sh run SECONDS [JOBS] every target SECONDS, JOBS processes
 #                                      each, corpora kept in build-fuzz/corpus-*
@@ -15,13 +15,13 @@ set -eu
 cd "$(dirname "$0")/.."
 MODE=${1:-smoke}
 case $MODE in
-    smoke) SECS=20 JOBS=1 ;;
+    smoke) SECS=15 JOBS=1 ;;
     run) SECS=${2:?usage: scripts/fuzz.sh run SECONDS [JOBS]} JOBS=${3:-1} ;;
     *) echo "usage: scripts/fuzz.sh smoke | run SECONDS [JOBS]" >&2; exit 2 ;;
 esac
 command -v clang > /dev/null || { echo "fuzz.sh: clang is missing: run scripts/setup.sh --test" >&2; exit 1; }
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DEKV_FUZZ=ON -DEKV_SANITIZE=ON > /dev/null
-TARGETS="fuzz_gguf fuzz_request fuzz_tokenizer fuzz_chat fuzz_jsonl fuzz_image fuzz_model"
+TARGETS="fuzz_gguf fuzz_request fuzz_tokenizer fuzz_chat fuzz_jsonl fuzz_image fuzz_model fuzz_kvfile"
 # shellcheck disable=SC2086 # a list of targets
 cmake --build build-fuzz --target $TARGETS -j"$(nproc)"
 B=$(pwd)/build-fuzz
@@ -36,7 +36,7 @@ cmake --build build-fuzz --target test_gguf_hostile -j"$(nproc)" > /dev/null
 EKV_HOSTILE_DIR="$CG" "$B/tests/test_gguf_hostile" > /dev/null
 cp models/stories260K.gguf "$CG/"
 cp tests/fuzz/corpus/request/* "$CR/"
-for t in tokenizer chat jsonl image model; do # the other targets: their committed seeds
+for t in tokenizer chat jsonl image model kvfile; do # the other targets: their committed seeds
     mkdir -p "$C-$t"
     cp tests/fuzz/corpus/$t/* "$C-$t/"
 done
@@ -66,4 +66,5 @@ run fuzz_chat "$C-chat" 4096
 run fuzz_jsonl "$C-jsonl" 8192
 run fuzz_image "$C-image" 65536
 run fuzz_model "$C-model" 262144
+run fuzz_kvfile "$C-kvfile" 32768
 echo "fuzz.sh: no crash, leak or timeout"

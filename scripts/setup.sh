@@ -25,6 +25,7 @@ PKGS="$PKGS libvulkan-dev libvulkan-volk-dev glslc libvulkan1"
 [ $TEST -eq 0 ] || PKGS="$PKGS curl python3" # python3: tests/cli_longctx.sh rebuilds data/longctx
 [ $TEST -eq 0 ] || PKGS="$PKGS clang" # the libFuzzer targets' smoke run (scripts/fuzz.sh)
 [ $TEST -eq 0 ] || PKGS="$PKGS mesa-vulkan-drivers vulkan-validationlayers" # lavapipe + validation: GPU tests
+[ $TEST -eq 0 ] || PKGS="$PKGS nginx" # tests/cli_deploy.sh: replicas behind nginx (deploy/; Debian 12+: the binary package)
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

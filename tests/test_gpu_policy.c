@@ -712,6 +712,12 @@ static void copy_case(const struct ekv_model *m, struct ekv_context *cx, const i
     pair[0] = a;
     if (!pair[1]) goto out;
     CHECK(ekv_seq_on_device(pair[1]) && heads_differ(a->kv, pair[1]->kv) == 0);
+    void *saved = (void *)&kp;
+    size_t n_saved = 1;
+    CHECK(ekv_seq_save_mem(a, NULL, 0, &saved, &n_saved) == EKV_ERR_UNSUPPORTED && saved == NULL && n_saved == 0 &&
+          strstr(ekv_last_error(), "GPU")); /* not yet: docs/kv-files.md */
+    struct ekv_seq *loaded = (struct ekv_seq *)&kp;
+    CHECK(ekv_seq_load_mem(cx, "EKVCACHE", 8, &loaded, NULL, NULL) == EKV_ERR_UNSUPPORTED && loaded == NULL);
     int bad = 0;
     for (int step = 0; step < 12; step++) { /* the copy batched with its original */
         int32_t t[2] = {toks[N_PROMPT + step], toks[N_PROMPT + step]};

@@ -32,19 +32,6 @@ static struct ekv_kv_params params(const char *policy, double budget, enum ekv_k
     return p;
 }
 
-/* Same lengths per (layer, head), bytes and tokens seen. */
-static bool same_shape(const struct ekv_model *m, const struct ekv_seq *a, const struct ekv_seq *b) {
-    struct ekv_model_info mi;
-    ekv_model_get_info(m, &mi);
-    for (int32_t il = 0; il < mi.n_layer; il++)
-        for (int32_t hk = 0; hk < mi.n_head_kv; hk++)
-            if (ekv_seq_kv_layer_len(a, il, hk) != ekv_seq_kv_layer_len(b, il, hk)) return false;
-    struct ekv_kv_stats sa, sb;
-    ekv_seq_kv_stats(a, &sa);
-    ekv_seq_kv_stats(b, &sb);
-    return sa.bytes == sb.bytes && ekv_seq_n_seen(a) == ekv_seq_n_seen(b);
-}
-
 /* Original A, its copy B and an uncopied C through the same tokens (with
  * `more`, a second prompt part first, then decoding). */
 static void copy_case(const struct ekv_model *m, struct ekv_context *c, const char *policy, double budget,
@@ -63,7 +50,7 @@ static void copy_case(const struct ekv_model *m, struct ekv_context *c, const ch
     CHECK_OK(ekv_seq_prefill(cc, g_toks, N_PROMPT, NULL));
     CHECK_OK(ekv_seq_copy(a, &b));
     if (!b) goto done;
-    CHECK(same_shape(m, a, b));
+    CHECK(tu_same_kv_shape(m, a, b));
     int bad = 0, bad_c = 0;
     if (more) { /* a second prompt part after the copy (the policies that act on prompts see it) */
         CHECK_OK(ekv_seq_prefill(a, g_toks + N_PROMPT, N_MORE, la));
@@ -80,7 +67,7 @@ static void copy_case(const struct ekv_model *m, struct ekv_context *c, const ch
         bad += memcmp(la, lb, V * sizeof *la) != 0;
         bad_c += memcmp(la, lc, V * sizeof *la) != 0;
     }
-    CHECK(same_shape(m, a, b) && same_shape(m, a, cc));
+    CHECK(tu_same_kv_shape(m, a, b) && tu_same_kv_shape(m, a, cc));
     /* the copy owns all it holds: it goes on after its original is freed */
     struct ekv_seq *b2 = NULL;
     CHECK_OK(ekv_seq_copy(b, &b2));
@@ -130,10 +117,10 @@ static void test_policies(const struct ekv_model *m, struct ekv_context *c, int 
     if (a) CHECK_OK(ekv_seq_prefill(a, g_toks, N_PROMPT, NULL));
     if (a) CHECK_OK(ekv_seq_copy(a, &b));
     if (a && b) {
-        CHECK(same_shape(m, a, b) && ekv_seq_kv_layer_len(b, 0, 0) <= 20);
+        CHECK(tu_same_kv_shape(m, a, b) && ekv_seq_kv_layer_len(b, 0, 0) <= 20);
         CHECK_OK(ekv_seq_decode(a, 5, NULL));
         CHECK_OK(ekv_seq_decode(b, 5, NULL));
-        CHECK(same_shape(m, a, b));
+        CHECK(tu_same_kv_shape(m, a, b));
     }
     ekv_seq_free(a), ekv_seq_free(b);
 }

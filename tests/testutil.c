@@ -1,6 +1,8 @@
 /* testutil.c — see testutil.h. */
 #include "testutil.h"
 
+#include "ekv.h"
+
 #include <stdlib.h>
 
 int tu_pass, tu_fail;
@@ -40,4 +42,17 @@ char *tu_read_file(const char *path, size_t *len) {
 int test_finish(const char *name) {
     printf("%s: %d passed, %d failed\n", name, tu_pass, tu_fail);
     return tu_fail ? 1 : 0;
+}
+
+bool tu_same_kv_shape(const struct ekv_model *m, const struct ekv_seq *a, const struct ekv_seq *b) {
+    struct ekv_model_info mi;
+    ekv_model_get_info(m, &mi);
+    for (int32_t il = 0; il < mi.n_layer; il++)
+        for (int32_t hk = 0; hk < mi.n_head_kv; hk++)
+            if (ekv_seq_kv_layer_len(a, il, hk) != ekv_seq_kv_layer_len(b, il, hk)) return false;
+    struct ekv_kv_stats sa, sb;
+    ekv_seq_kv_stats(a, &sa);
+    ekv_seq_kv_stats(b, &sb);
+    return sa.bytes == sb.bytes && sa.entries == sb.entries && sa.evicted == sb.evicted && sa.merged == sb.merged &&
+           ekv_seq_n_seen(a) == ekv_seq_n_seen(b);
 }

@@ -6,6 +6,7 @@
 #ifndef EKV_TESTUTIL_H
 #define EKV_TESTUTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -30,5 +31,10 @@ const char *tu_bin(void);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL on failure. */
 char *tu_read_file(const char *path, size_t *len);
 int test_finish(const char *name);
+/* Whether two sequences of model m hold the same entries per (layer, KV
+ * head), K/V bytes, evicted and merged counts and tokens seen. */
+struct ekv_model;
+struct ekv_seq;
+bool tu_same_kv_shape(const struct ekv_model *m, const struct ekv_seq *a, const struct ekv_seq *b);
 
 #endif

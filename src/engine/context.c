@@ -334,10 +334,17 @@ enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const 
     return s;
 }
 
+void ekv_seq_kv_params(const struct ekv_seq *seq, struct ekv_kv_params *out) {
+    *out = seq->kv->params;
+    out->policy = seq->kv->spec;
+}
+
 void ekv_seq_kv_stats(const struct ekv_seq *seq, struct ekv_kv_stats *st) {
     memset(st, 0, sizeof *st);
     const struct ekv_kv *kv = seq->kv;
     st->n_seen = seq->n_seen;
+    st->policy = kv->spec;
+    st->budget = kv->params.budget;
     if (seq->gpu && !ekv_vk_seq_compressed(seq->gpu)) { /* a full cache on the device: every position of every (layer, KV head) */
         st->entries = st->entries_full = seq->n_seen * kv->n_layer * kv->n_head_kv;
         st->bytes = st->bytes_full = ekv_vk_seq_bytes(seq->gpu, seq->n_seen, &st->bytes_alloc);

@@ -244,6 +244,9 @@ enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, i
     if (!real_param_ok(p.beta)) return ekv_err(EKV_ERR_INVALID_ARG, "kv beta must be finite (NaN = default)");
     if (!real_param_ok(p.sparsity_p)) return ekv_err(EKV_ERR_INVALID_ARG, "kv sparsity_p must be finite (NaN = default)");
     if (!real_param_ok(p.recent_ratio)) return ekv_err(EKV_ERR_INVALID_ARG, "kv recent_ratio must be finite (NaN = default)");
+    if (strlen(name) >= sizeof(((struct ekv_kv *)0)->spec))
+        return ekv_err(EKV_ERR_INVALID_ARG, "kv policy spec of %zu bytes is too long (at most %zu)", strlen(name),
+                       sizeof(((struct ekv_kv *)0)->spec) - 1);
     struct ekv_store_fmt fk, fv;
     enum ekv_status ts = resolve_storage(&p, head_dim, &fk, &fv);
     if (ts != EKV_OK) return ts;
@@ -262,6 +265,7 @@ enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, i
     kv->fk = fk;
     kv->fv = fv;
     snprintf(kv->policy_name, sizeof kv->policy_name, "%s", ops->name);
+    snprintf(kv->spec, sizeof kv->spec, "%s", name);
     p.policy = kv->policy_name;
     kv->params = p;
     kv->stats = ops->stats;
@@ -413,6 +417,19 @@ enum ekv_status ekv_kv_reserve(struct ekv_kv *kv, int il, int32_t extra) {
         }                                                                                     \
     } while (0)
 
+/* Makes the statistics arrays of h those of `want` (array flags); false
+ * when an allocation failed. */
+static bool stat_arrays(struct ekv_kv_head *h, unsigned want) {
+    bool ok = true;
+    EKV_STAT_ARRAY(h, colsum, want & EKV_STAT_COLSUM, ok);
+    EKV_STAT_ARRAY(h, count, want & EKV_STAT_COLSUM, ok);
+    EKV_STAT_ARRAY(h, sumsq, want & EKV_STAT_SUMSQ, ok);
+    EKV_STAT_ARRAY(h, lastrow, want & EKV_STAT_LASTROW, ok);
+    EKV_STAT_ARRAY(h, winsum, want & EKV_STAT_WINSUM, ok);
+    EKV_STAT_ARRAY(h, bincount, want & EKV_STAT_BINCOUNT, ok);
+    return ok;
+}
+
 enum ekv_status ekv_kv_ensure_stats(struct ekv_kv *kv) {
     const unsigned want = kv->stats & STAT_ARRAY_FLAGS;
     for (int il = 0; il < kv->n_layer; il++) {
@@ -420,13 +437,7 @@ enum ekv_status ekv_kv_ensure_stats(struct ekv_kv *kv) {
             struct ekv_kv_head *h = &kv->layers[il].heads[hk];
             const unsigned have = head_stat_flags(h);
             if (have == want) continue;
-            bool ok = true;
-            EKV_STAT_ARRAY(h, colsum, want & EKV_STAT_COLSUM, ok);
-            EKV_STAT_ARRAY(h, count, want & EKV_STAT_COLSUM, ok);
-            EKV_STAT_ARRAY(h, sumsq, want & EKV_STAT_SUMSQ, ok);
-            EKV_STAT_ARRAY(h, lastrow, want & EKV_STAT_LASTROW, ok);
-            EKV_STAT_ARRAY(h, winsum, want & EKV_STAT_WINSUM, ok);
-            EKV_STAT_ARRAY(h, bincount, want & EKV_STAT_BINCOUNT, ok);
+            const bool ok = stat_arrays(h, want);
             /* count follows colsum; a failed half leaves the pair absent */
             if (!h->colsum || !h->count) {
                 free(h->colsum);
@@ -444,6 +455,21 @@ enum ekv_status ekv_kv_ensure_stats(struct ekv_kv *kv) {
         }
     }
     return EKV_OK;
+}
+
+void ekv_kv_recount(struct ekv_kv *kv) {
+    uint64_t b = 0;
+    for (int il = 0; il < kv->n_layer; il++)
+        for (int hk = 0; hk < kv->n_head_kv; hk++) b += head_alloc(kv, &kv->layers[il].heads[hk]);
+    kv->bytes_alloc = b;
+    if (b > kv->peak_bytes_alloc) kv->peak_bytes_alloc = b;
+}
+
+enum ekv_status ekv_kv_head_alloc(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t cap, unsigned stat_flags) {
+    if (h->cap != 0 || h->len != 0 || cap < 0)
+        return ekv_err(EKV_ERR_INTERNAL, "ekv_kv_head_alloc: the head is not empty");
+    if (!stat_arrays(h, stat_flags & STAT_ARRAY_FLAGS)) return ekv_err(EKV_ERR_NOMEM, "kv cache: out of memory for statistics"); /* freed with the head */
+    return cap > 0 ? head_set_cap(kv, h, cap) : EKV_OK;
 }
 #undef EKV_STAT_ARRAY
 

@@ -122,6 +122,18 @@ static void elastic_destroy(struct ekv_kv *kv) {
     kv->pstate = NULL;
 }
 
+/* Saved caches: the fixed points (any value: every use clamps it). */
+static void elastic_state_save(const struct ekv_kv *kv, struct ekv_wbuf *w) {
+    const struct elastic_state *s = kv->pstate;
+    ekv_wbuf_i32s(w, s->P, (size_t)kv->n_layer);
+}
+
+static enum ekv_status elastic_state_load(struct ekv_kv *kv, struct ekv_rbuf *r) {
+    struct elastic_state *s = kv->pstate;
+    ekv_rbuf_i32s(r, s->P, (size_t)kv->n_layer);
+    return r->bad ? ekv_err(EKV_ERR_FORMAT, "elastic: truncated state") : EKV_OK;
+}
+
 int32_t ekv_elastic_fixed_point(const struct ekv_kv *kv, int il) {
     const struct elastic_state *s = kv->pstate;
     if (!s || il < 0 || il >= kv->n_layer || kv->ops != &ekv_policy_elastic) return P_UNSET;
@@ -462,6 +474,8 @@ const struct ekv_policy_ops ekv_policy_elastic = {
     .init = elastic_init,
     .destroy = elastic_destroy,
     .clone = elastic_clone,
+    .state_save = elastic_state_save,
+    .state_load = elastic_state_load,
     .begin = elastic_begin,
     .layer = elastic_layer,
     .end = NULL,

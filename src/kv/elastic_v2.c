@@ -263,6 +263,19 @@ static enum ekv_status v2_clone(struct ekv_kv *dst, const struct ekv_kv *src) {
     return EKV_OK;
 }
 
+/* Saved caches: the fixed points (the options come back from the spec;
+ * every use of P clamps it). */
+static void v2_state_save(const struct ekv_kv *kv, struct ekv_wbuf *w) {
+    const struct v2_state *s = kv->pstate;
+    ekv_wbuf_i32s(w, s->P, (size_t)kv->n_layer);
+}
+
+static enum ekv_status v2_state_load(struct ekv_kv *kv, struct ekv_rbuf *r) {
+    struct v2_state *s = kv->pstate;
+    ekv_rbuf_i32s(r, s->P, (size_t)kv->n_layer);
+    return r->bad ? ekv_err(EKV_ERR_FORMAT, "elastic-v2: truncated state") : EKV_OK;
+}
+
 /* Scratch for T entries of head_dim d. */
 static enum ekv_status scratch(struct v2_state *s, int32_t T, int32_t d) {
     if ((size_t)T <= s->cap && s->acc) return EKV_OK;
@@ -562,6 +575,8 @@ const struct ekv_policy_ops ekv_policy_elastic_v2 = {
     .init = v2_init,
     .destroy = v2_destroy,
     .clone = v2_clone,
+    .state_save = v2_state_save,
+    .state_load = v2_state_load,
     .begin = v2_begin,
     .layer = v2_layer,
     .option = v2_set_option,

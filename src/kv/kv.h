@@ -143,6 +143,12 @@ struct ekv_policy_ops {
      * order. Optional: NULL = the policy takes no options (a spec with any
      * is refused). */
     enum ekv_status (*option)(struct ekv_kv *kv, const char *key, const char *value);
+    /* A saved cache (src/kv/persist.c): write kv->pstate's changing part
+     * (the options come back from kv->spec) / read it back into the state
+     * init() and the spec's options made, validating every value. Required
+     * when init() allocates a state. */
+    void (*state_save)(const struct ekv_kv *kv, struct ekv_wbuf *w);
+    enum ekv_status (*state_load)(struct ekv_kv *kv, struct ekv_rbuf *r);
 };
 
 struct ekv_kv {
@@ -166,6 +172,7 @@ struct ekv_kv {
                                     positions (elastic-v2:key=rotate, ekv_rope_shift_ext) */
     struct ekv_kv_params params;  /* defaults resolved by configure() */
     char policy_name[32];
+    char spec[256];       /* the policy spec as given ("name" or "name:key=value:..."), for saved caches */
     const struct ekv_policy_ops *ops;
     void *pstate;         /* policy-owned */
     uint64_t bytes_alloc; /* bytes allocated for entries + statistics */
@@ -192,6 +199,11 @@ void ekv_kv_free(struct ekv_kv *kv);
  * (ops->clone). The copy has no device (kv->dev NULL: its owner attaches
  * its own rows) and no layer hook. The caller owns *out (ekv_kv_free). */
 enum ekv_status ekv_kv_clone(const struct ekv_kv *src, struct ekv_kv **out);
+
+/* An empty head (len 0, cap 0, as ekv_kv_new leaves it) gets room for cap
+ * entries and exactly the statistics arrays of stat_flags (zeroed): what a
+ * saved cache's head held (src/kv/persist.c). */
+enum ekv_status ekv_kv_head_alloc(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t cap, unsigned stat_flags);
 
 /* Makes room for `extra` more entries in every head of layer il (keeps the
  * statistics arrays required by kv->stats). */
@@ -302,6 +314,24 @@ int32_t ekv_kv_prompt_chunk(const struct ekv_kv *kv);
 /* RoPE position of the first new token of the coming forward: step->pos0,
  * unless the policy moves it (ops->rope_pos). Call before ekv_kv_begin. */
 int64_t ekv_kv_rope_pos(const struct ekv_kv *kv, const struct ekv_kv_step *step);
+
+/* ---- saved caches (src/kv/persist.c) ----
+ * A cache as bytes: a head part (policy spec and resolved parameters,
+ * tokens seen, statistics flags, the policy's state) and one part per
+ * layer (every head's entries, statistics and K/V in their storage types,
+ * bit for bit). Loaded, the cache goes on exactly as the saved one would.
+ * The caller frames and checksums the parts (src/engine/seqfile.c). */
+enum ekv_status ekv_kv_save_head(const struct ekv_kv *kv, struct ekv_wbuf *w);
+enum ekv_status ekv_kv_save_layer(const struct ekv_kv *kv, int il, struct ekv_wbuf *w);
+/* A new cache of the given shape from a head part (*out owned by the
+ * caller; its layers empty until ekv_kv_load_layer); EKV_ERR_FORMAT with
+ * the reason for anything inconsistent. */
+enum ekv_status ekv_kv_load_head(int32_t n_layer, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                                 struct ekv_rbuf *r, struct ekv_kv **out);
+/* Layer il of a cache from ekv_kv_load_head (its heads still empty). */
+enum ekv_status ekv_kv_load_layer(struct ekv_kv *kv, int il, struct ekv_rbuf *r);
+/* Recomputes the bytes allocated from the heads (the peak at least that). */
+void ekv_kv_recount(struct ekv_kv *kv);
 
 /* ---- one forward through the cache (src/kv/attend.c) ---- */
 

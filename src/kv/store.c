@@ -428,3 +428,70 @@ void ekv_store_free(struct ekv_kv_store *s) {
     free(s->gn);
     memset(s, 0, sizeof *s);
 }
+
+/* ---- saved caches (src/kv/persist.c) ----
+ * A store is written as: nq, ng (KIVI keys, else 0), gn[ng], the byte count
+ * of data in use and those bytes as they are in memory (quantised blocks
+ * keep their codes: loading gives back the same bits), then the residual
+ * tail's (len - nq) fp16 rows. */
+void ekv_store_save(const struct ekv_store_fmt *f, const struct ekv_kv_store *s, int32_t len, struct ekv_wbuf *w) {
+    const int32_t ng = is_kivi_k(f) ? s->ng : 0;
+    ekv_wbuf_u32(w, (uint32_t)s->nq);
+    ekv_wbuf_u32(w, (uint32_t)ng);
+    ekv_wbuf_i32s(w, s->gn, (size_t)ng);
+    ekv_wbuf_u64(w, (uint64_t)s->data_used);
+    ekv_wbuf_put(w, s->data, s->data_used);
+    ekv_wbuf_u16s(w, s->tail, (size_t)(len - s->nq) * (size_t)f->d);
+}
+
+enum ekv_status ekv_store_load(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len, struct ekv_rbuf *r) {
+    const char *side = f->is_v ? "values" : "keys";
+    const int32_t nq = ekv_rbuf_i32(r), ng = ekv_rbuf_i32(r);
+    if (r->bad) return ekv_err(EKV_ERR_FORMAT, "%s: truncated", side);
+    if (nq < 0 || nq > len || (!is_kivi(f) && nq != len))
+        return ekv_err(EKV_ERR_FORMAT, "%s: %d quantised entries of %d", side, (int)nq, (int)len);
+    if (ng < 0 || ng > nq || (!is_kivi_k(f) && ng != 0))
+        return ekv_err(EKV_ERR_FORMAT, "%s: %d groups for %d entries", side, (int)ng, (int)nq);
+    if (!ekv_rbuf_has_n(r, (size_t)ng, 4)) return ekv_err(EKV_ERR_FORMAT, "%s: truncated group sizes", side);
+    enum ekv_status st = grow_gn(s, ng);
+    if (st != EKV_OK) return st;
+    ekv_rbuf_i32s(r, s->gn, (size_t)ng);
+    s->ng = ng;
+    uint64_t want = 0; /* the bytes the entries need in this type */
+    if (is_kivi_k(f)) {
+        int64_t sum = 0;
+        for (int32_t i = 0; i < ng; i++) {
+            if (s->gn[i] < 1 || s->gn[i] > f->g)
+                return ekv_err(EKV_ERR_FORMAT, "keys: group %d holds %d entries (1..%d)", (int)i, (int)s->gn[i], f->g);
+            sum += s->gn[i];
+            want += gbytes(f, s->gn[i]);
+        }
+        if (sum != nq) return ekv_err(EKV_ERR_FORMAT, "keys: groups hold %lld entries, not %d", (long long)sum, (int)nq);
+    } else {
+        want = (uint64_t)nq * f->row_bytes;
+    }
+    const uint64_t used = ekv_rbuf_u64(r);
+    if (r->bad || used != want)
+        return ekv_err(EKV_ERR_FORMAT, "%s: %llu data bytes, %llu expected", side, (unsigned long long)used,
+                       (unsigned long long)want);
+    if (!ekv_rbuf_has(r, (size_t)used)) return ekv_err(EKV_ERR_FORMAT, "%s: truncated data", side);
+    if (is_kivi(f)) {
+        void *p = s->data;
+        st = grow(&p, &s->data_cap, (size_t)used);
+        if (st != EKV_OK) return st;
+        s->data = p;
+    } else if (s->data_cap < used) {
+        return ekv_err(EKV_ERR_INTERNAL, "%s: rows not allocated", side);
+    }
+    ekv_rbuf_get(r, s->data, (size_t)used);
+    s->data_used = (size_t)used;
+    s->nq = nq;
+    const size_t tail = (size_t)(len - nq) * (size_t)f->d;
+    if (!ekv_rbuf_has_n(r, tail, 2)) return ekv_err(EKV_ERR_FORMAT, "%s: truncated residual", side);
+    if (len > nq) {
+        st = grow_tail(f, s, len - nq);
+        if (st != EKV_OK) return st;
+        ekv_rbuf_u16s(r, s->tail, tail);
+    }
+    return EKV_OK;
+}

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "ekv.h"
+#include "core/serial.h"
 #include "kernels/kvquant.h"
 
 /* What a store needs to know of its cache. */
@@ -81,6 +82,13 @@ enum ekv_status ekv_store_set_rows(const struct ekv_store_fmt *f, struct ekv_kv_
  * dst is empty. */
 enum ekv_status ekv_store_clone(const struct ekv_store_fmt *f, const struct ekv_kv_store *src, struct ekv_kv_store *dst);
 void ekv_store_free(struct ekv_kv_store *s);
+/* Appends the len entries of s to w, bytes as they are (saved caches). */
+void ekv_store_save(const struct ekv_store_fmt *f, const struct ekv_kv_store *s, int32_t len, struct ekv_wbuf *w);
+/* Reads what ekv_store_save wrote into s: empty for KIVI types, its rows
+ * allocated for len entries for row types (ekv_store_set_rows). Every count
+ * and size is checked against the type and len; on error s holds what was
+ * allocated (ekv_store_free). */
+enum ekv_status ekv_store_load(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len, struct ekv_rbuf *r);
 /* The attention kernels' view of the len entries. */
 struct ekv_kv_view ekv_store_view(const struct ekv_store_fmt *f, const struct ekv_kv_store *s, int32_t len);
 

@@ -94,6 +94,27 @@ static enum ekv_status vlcache_clone(struct ekv_kv *dst, const struct ekv_kv *sr
     return EKV_OK;
 }
 
+/* Saved caches: whether a prompt set the budgets, and beta per layer (a
+ * share of the tokens seen, in [0, 1]). */
+static void vlcache_state_save(const struct ekv_kv *kv, struct ekv_wbuf *w) {
+    const struct vlcache_state *s = kv->pstate;
+    ekv_wbuf_u8(w, s->have_beta ? 1 : 0);
+    ekv_wbuf_f64s(w, s->beta, (size_t)kv->n_layer);
+}
+
+static enum ekv_status vlcache_state_load(struct ekv_kv *kv, struct ekv_rbuf *r) {
+    struct vlcache_state *s = kv->pstate;
+    const uint8_t have = ekv_rbuf_u8(r);
+    ekv_rbuf_f64s(r, s->beta, (size_t)kv->n_layer);
+    if (r->bad) return ekv_err(EKV_ERR_FORMAT, "vlcache: truncated state");
+    if (have > 1) return ekv_err(EKV_ERR_FORMAT, "vlcache: state flag %d is not 0 or 1", (int)have);
+    for (int32_t l = 0; l < kv->n_layer; l++)
+        if (!(s->beta[l] >= 0.0 && s->beta[l] <= 1.0))
+            return ekv_err(EKV_ERR_FORMAT, "vlcache: layer %d budget share %g is not in [0, 1]", (int)l, s->beta[l]);
+    s->have_beta = have;
+    return EKV_OK;
+}
+
 static enum ekv_status vlcache_configure(struct ekv_kv *kv) {
     struct ekv_kv_params *p = &kv->params;
     enum ekv_status st = ekv_recompress_configure(kv);
@@ -214,6 +235,8 @@ const struct ekv_policy_ops ekv_policy_vlcache = {
     .init = vlcache_init,
     .destroy = vlcache_destroy,
     .clone = vlcache_clone,
+    .state_save = vlcache_state_save,
+    .state_load = vlcache_state_load,
     .begin = vlcache_begin,
     .layer = NULL,
     .end = vlcache_end,

@@ -558,6 +558,7 @@ uint32_t ekv_gguf_version(const struct ekv_gguf_file *f) { return f->version; }
 uint32_t ekv_gguf_alignment(const struct ekv_gguf_file *f) { return f->alignment; }
 size_t ekv_gguf_file_size(const struct ekv_gguf_file *f) { return f->size; }
 size_t ekv_gguf_data_offset(const struct ekv_gguf_file *f) { return f->data_offset; }
+const void *ekv_gguf_bytes(const struct ekv_gguf_file *f) { return f->base; }
 size_t ekv_gguf_n_kv(const struct ekv_gguf_file *f) { return f->n_kv; }
 size_t ekv_gguf_n_tensors(const struct ekv_gguf_file *f) { return f->n_tensors; }
 

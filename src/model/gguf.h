@@ -88,6 +88,8 @@ uint32_t ekv_gguf_version(const struct ekv_gguf_file *f);
 uint32_t ekv_gguf_alignment(const struct ekv_gguf_file *f);
 size_t ekv_gguf_file_size(const struct ekv_gguf_file *f);
 size_t ekv_gguf_data_offset(const struct ekv_gguf_file *f);
+/* The file's bytes [0, ekv_gguf_file_size) as mapped (or borrowed). */
+const void *ekv_gguf_bytes(const struct ekv_gguf_file *f);
 
 size_t ekv_gguf_n_kv(const struct ekv_gguf_file *f);
 const struct ekv_gguf_kv *ekv_gguf_kv_at(const struct ekv_gguf_file *f, size_t i);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/serial.h"
 #include "core/util.h"
 #include "model/gguf.h"
 #include "kernels/kvquant.h"
@@ -476,6 +477,46 @@ static bool is_gguf_file(const char *path, enum ekv_status *st) {
     return n == 4 && !memcmp(magic, "GGUF", 4);
 }
 
+static uint64_t weight_hash(uint64_t h, const struct ekv_weight *w) {
+    const int64_t shape[3] = {(int64_t)w->type, w->ne0, w->ne1};
+    h = ekv_fnv64(h, shape, sizeof shape);
+    size_t n = 0;
+    if (w->data && ekv_mul_ok((size_t)w->ne1, w->row_bytes, &n)) h = ekv_fnv64(h, w->data, n < 64 ? n : 64);
+    return h;
+}
+
+/* What tells models apart for saved caches (ekv_model_fingerprint): the
+ * GGUF's header, metadata and tensor infos byte for byte, or a llama2.c
+ * checkpoint's config, size and vocabulary; and of every weight matrix the
+ * first 64 bytes and the row count, so files that differ only in trained
+ * weights differ too. Bytes of the file, so repacking changes nothing. */
+static uint64_t model_fingerprint(const struct ekv_model *m) {
+    uint64_t h = EKV_FNV64_INIT;
+    if (m->gguf) {
+        h = ekv_fnv64(h, ekv_gguf_bytes(m->gguf), ekv_gguf_data_offset(m->gguf));
+    } else {
+        const uint64_t sz = m->map_size;
+        h = ekv_fnv64(h, &sz, sizeof sz);
+        h = ekv_fnv64(h, m->map, m->map_size < 28 ? m->map_size : 28);
+        for (int32_t t = 0; t < ekv_vocab_n_tokens(m->vocab); t++) {
+            size_t n = 0;
+            const char *txt = ekv_vocab_token_text(m->vocab, t, &n);
+            if (txt) h = ekv_fnv64(h, txt, n);
+            h = ekv_fnv64(h, &n, sizeof n);
+        }
+    }
+    const struct ekv_weight *w[] = {&m->tok_embd, &m->output};
+    for (size_t i = 0; i < EKV_ARRAY_LEN(w); i++) h = weight_hash(h, w[i]);
+    for (int32_t l = 0; l < m->info.n_layer; l++) {
+        const struct ekv_layer_weights *L = &m->layers[l];
+        const struct ekv_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < EKV_ARRAY_LEN(lw); i++) h = weight_hash(h, lw[i]);
+    }
+    return h;
+}
+
+uint64_t ekv_model_fingerprint(const struct ekv_model *m) { return m ? m->fingerprint : 0; }
+
 enum ekv_status ekv_model_load(const char *path, const struct ekv_model_params *params,
                                struct ekv_model **out) {
     ekv_err_clear();
@@ -488,6 +529,7 @@ enum ekv_status ekv_model_load(const char *path, const struct ekv_model_params *
     enum ekv_status s;
     bool gguf = is_gguf_file(path, &s);
     if (s == EKV_OK) s = gguf ? ekv_model_load_gguf(m, path) : ekv_model_load_llama2c(m, path, p.tokenizer_path);
+    if (s == EKV_OK) m->fingerprint = model_fingerprint(m); /* before repacking: the file's bytes */
     if (s == EKV_OK && gguf && !p.no_repack) s = repack_weights(m);
     if (s != EKV_OK) {
         ekv_model_free(m);

@@ -57,6 +57,7 @@ struct ekv_model {
     float *vecs;                 /* owned f32 copies of all 1-D tensors (norms, biases) */
     size_t vecs_len;
     size_t vecs_used;
+    uint64_t fingerprint;        /* ekv_model_fingerprint: set by ekv_model_load */
 };
 
 /* Loaders; both leave *m fully initialised on success, and free what they

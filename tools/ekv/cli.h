@@ -95,6 +95,8 @@ struct cli_params {
     bool json;                   /* run, eval: JSON on stdout */
     const char *json_path;       /* bench: JSON file ('-' = stdout) */
     const char *kv_trace;        /* run */
+    const char *kv_save;         /* run: save the sequence at the end (ekv_seq_save) */
+    const char *kv_load;         /* run: start from a saved sequence (ekv_seq_load) */
     /* eval */
     const char *data;
     const char *format;
@@ -126,6 +128,8 @@ struct cli_params {
     long port;
     long parallel;               /* sequences decoded together at most */
     double kv_mem_mib;           /* 0 = no cap */
+    double prefix_cache_mib;     /* serve: cached prefixes, 0 = off */
+    const char *slot_save_path;  /* serve: /slots save/restore folder */
     long queue;                  /* waiting places */
     const char *api_key;
     const char *cors;            /* serve: the origin allowed to call from a browser (CORS), or NULL */

@@ -134,8 +134,14 @@ struct run {
     char *out_text;
     size_t out_len, out_cap;
     const char *stop;
-    double t_img, t_start, t0, t1, t2, t_first;
+    double t_img, t_start, t0, t1, t2, t_first, t_load;
     cJSON *trace;
+    /* --kv-load / --kv-save */
+    int32_t *hist;         /* token ids of the positions the sequence holds (-1: not a token) */
+    int64_t n_hist, cap_hist;
+    bool hist_ok;          /* hist covers every position */
+    int64_t n_loaded;      /* positions the loaded sequence held */
+    int64_t n_skip;        /* prompt positions the loaded sequence already held */
 };
 
 static int run_parse(struct run *r, int argc, char **argv) {
@@ -146,6 +152,8 @@ static int run_parse(struct run *r, int argc, char **argv) {
     if (r->p.images.n && !r->p.mmproj) return cli_usage_error(CMD, "--image needs --mmproj (the vision tower)");
     if (r->p.chat && r->p.prompt_file) return cli_usage_error(CMD, "--chat reads the conversation from stdin; drop -f");
     if (r->p.chat && r->p.kv_trace) return cli_usage_error(CMD, "--kv-trace is not available with --chat");
+    if (r->p.chat && (r->p.kv_save || r->p.kv_load))
+        return cli_usage_error(CMD, "--kv-save and --kv-load are not available with --chat");
     return 0;
 }
 
@@ -224,6 +232,135 @@ static cJSON *trace_new(const struct run *r) {
     return trace;
 }
 
+/* ---- --kv-load / --kv-save ---- */
+
+static bool hist_push(struct run *r, int32_t t) {
+    if (r->n_hist == r->cap_hist) {
+        const int64_t cap = r->cap_hist ? 2 * r->cap_hist : 256;
+        int32_t *nh = realloc(r->hist, (size_t)cap * sizeof *nh);
+        if (!nh) return false;
+        r->hist = nh;
+        r->cap_hist = cap;
+    }
+    r->hist[r->n_hist++] = t;
+    return true;
+}
+
+/* The saved sequence, with the token ids it was saved with. */
+static bool run_load(struct run *r) {
+    r->t_start = cli_now(); /* time to first token counts the load */
+    int32_t *tok = NULL, nt = 0;
+    enum ekv_status s = ekv_seq_load(r->ctx, r->p.kv_load, &r->seq, &tok, &nt);
+    if (s != EKV_OK) return cli_fail(CMD, s), false;
+    r->t_load = cli_now() - r->t_start;
+    r->n_loaded = ekv_seq_n_seen(r->seq);
+    r->hist_ok = tok && nt == r->n_loaded;
+    for (int32_t i = 0; i < nt && r->hist_ok; i++) r->hist_ok = hist_push(r, tok[i]);
+    free(tok);
+    struct ekv_kv_stats st;
+    ekv_seq_kv_stats(r->seq, &st);
+    fprintf(stderr, "ekv run: loaded %s in %.3f s: %lld positions, %lld cache entries (%.1f KiB, K %s, V %s), "
+                    "policy %s at budget %g (the file's; --kv-* do not apply)\n",
+            r->p.kv_load, r->t_load, (long long)r->n_loaded, (long long)st.entries, st.bytes / 1024.0,
+            ekv_kv_type_name(st.type_k), ekv_kv_type_name(st.type_v), st.policy, st.budget);
+    return true;
+}
+
+/* The prompt's positions as token ids (-1 for image rows) into ids[n]. */
+static bool prompt_ids(const struct ekv_prompt *pr, int32_t *ids, int64_t n) {
+    const struct ekv_segment *sg = NULL;
+    int32_t ns = 0;
+    if (ekv_prompt_segments(pr, &sg, &ns) != EKV_OK) return false;
+    int64_t at = 0;
+    for (int32_t i = 0; i < ns; i++)
+        for (int32_t j = 0; j < sg[i].n && at < n; j++) ids[at++] = sg[i].tokens ? sg[i].tokens[j] : -1;
+    return at == n;
+}
+
+/* A prompt that begins with the saved tokens reads only the rest; any
+ * other follows them as a continuation (tokenized without BOS). */
+static bool run_match_loaded(struct run *r) {
+    const int64_t n = ekv_prompt_n_positions(r->pr);
+    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    if (!ids || !prompt_ids(r->pr, ids, n)) return free(ids), cli_fail(CMD, EKV_ERR_NOMEM), false;
+    bool prefix = r->hist_ok && r->n_loaded <= n;
+    for (int64_t i = 0; i < r->n_loaded && prefix; i++) prefix = ids[i] >= 0 && ids[i] == r->hist[i];
+    free(ids);
+    if (prefix) {
+        r->n_skip = r->n_loaded;
+        if (r->n_skip == n) {
+            fprintf(stderr, "ekv run: error: the prompt is the %lld saved tokens of %s and adds nothing: give the text "
+                            "that follows them (e.g. a question)\n", (long long)n, r->p.kv_load);
+            return false;
+        }
+        fprintf(stderr, "ekv run: the prompt begins with the %lld saved tokens: reading its other %lld\n",
+                (long long)r->n_skip, (long long)(n - r->n_skip));
+        return true;
+    }
+    /* a continuation: the same text without BOS, images set again */
+    struct ekv_prompt *np = NULL;
+    enum ekv_status s = ekv_prompt_new(r->model, r->chat, strlen(r->chat), false, &np);
+    if (s != EKV_OK) return cli_fail(CMD, s), false;
+    ekv_prompt_free(r->pr);
+    r->pr = np;
+    r->n_img = 0;
+    if (r->p.images.n && !run_encode_images(r)) return false;
+    fprintf(stderr, "ekv run: the prompt follows the %lld saved positions\n", (long long)r->n_loaded);
+    return true;
+}
+
+/* The prompt's positions from n_skip on, as one prompt. */
+static enum ekv_status run_eval_rest(struct run *r) {
+    const struct ekv_segment *sg = NULL;
+    int32_t ns = 0;
+    enum ekv_status s = ekv_prompt_segments(r->pr, &sg, &ns);
+    if (s != EKV_OK) return s;
+    struct ekv_segment *rest = malloc((size_t)(ns ? ns : 1) * sizeof *rest);
+    if (!rest) return EKV_ERR_NOMEM;
+    int32_t nr = 0;
+    int64_t skip = r->n_skip;
+    for (int32_t i = 0; i < ns; i++) {
+        struct ekv_segment g = sg[i];
+        const int32_t k = (int32_t)(skip < g.n ? skip : g.n);
+        skip -= k;
+        if (k == g.n) continue;
+        if (g.tokens) g.tokens += k;
+        else g.embd += (size_t)k * (size_t)r->mi.n_embd;
+        g.n -= k;
+        rest[nr++] = g;
+    }
+    const struct ekv_input in = {.segs = rest, .n_segs = nr, .is_prompt = true};
+    s = ekv_seq_eval(r->seq, &in, r->logits);
+    free(rest);
+    return s;
+}
+
+/* After the prompt: its positions' ids join those the sequence held. */
+static bool hist_add_prompt(struct run *r) {
+    if (!r->p.kv_load) r->hist_ok = true;
+    const int64_t n = ekv_prompt_n_positions(r->pr);
+    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    bool ok = ids && prompt_ids(r->pr, ids, n);
+    for (int64_t i = r->n_skip; i < n && ok; i++) ok = hist_push(r, ids[i]);
+    free(ids);
+    if (!ok) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    return true;
+}
+
+static bool run_save(struct run *r) {
+    const double t = cli_now();
+    const bool with = r->hist_ok && r->n_hist == ekv_seq_n_seen(r->seq);
+    enum ekv_status s = ekv_seq_save(r->seq, with ? r->hist : NULL, with ? (int32_t)r->n_hist : 0, r->p.kv_save);
+    if (s != EKV_OK) return cli_fail(CMD, s), false;
+    FILE *f = fopen(r->p.kv_save, "rb");
+    long size = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+    if (f) fclose(f);
+    fprintf(stderr, "ekv run: saved %lld positions to %s (%.1f KiB) in %.3f s\n", (long long)ekv_seq_n_seen(r->seq),
+            r->p.kv_save, size / 1024.0, cli_now() - t);
+    return true;
+}
+
 /* Model, context, sequence, sampler, prompt, images, buffers. */
 static bool run_setup(struct run *r) {
     struct cli_params *p = &r->p;
@@ -239,7 +376,11 @@ static bool run_setup(struct run *r) {
     r->n_threads = p->threads > 0 ? (int32_t)p->threads : ekv_context_default_params().n_threads;
     r->ctx_size = p->n_ctx > 0 ? (int32_t)p->n_ctx : r->mi.n_ctx_train;
     enum ekv_status s;
-    if ((s = ekv_seq_new(r->ctx, &p->kv, &r->seq)) != EKV_OK) return cli_fail(CMD, s), false;
+    if (p->kv_load) {
+        if (!run_load(r)) return false;
+    } else if ((s = ekv_seq_new(r->ctx, &p->kv, &r->seq)) != EKV_OK) {
+        return cli_fail(CMD, s), false;
+    }
     if ((s = ekv_sampler_new(&p->sampling, &r->smp)) != EKV_OK) return cli_fail(CMD, s), false;
     if (p->chat) { /* run_chat builds each turn's prompt */
         r->logits = malloc((size_t)r->mi.n_vocab * sizeof *r->logits);
@@ -249,17 +390,19 @@ static bool run_setup(struct run *r) {
         return true;
     }
     if (!run_build_prompt(r)) return false;
-    r->t_start = cli_now(); /* time to first token counts image encoding */
+    if (!p->kv_load) r->t_start = cli_now(); /* time to first token counts image encoding (and loading) */
     if (p->images.n && !run_encode_images(r)) return false;
     if (ekv_prompt_n_tokens(r->pr) == 0 && r->n_img == 0) return cli_usage_error(CMD, "the prompt is empty"), false;
-    r->n_prompt = ekv_prompt_n_positions(r->pr);
-    if (r->n_prompt >= r->ctx_size) {
-        fprintf(stderr, "ekv run: error: prompt of %lld positions does not fit the context of %d\n",
-                (long long)r->n_prompt, r->ctx_size);
+    if (p->kv_load && !run_match_loaded(r)) return false;
+    r->n_prompt = ekv_prompt_n_positions(r->pr) - r->n_skip; /* the positions read now */
+    const int64_t held = r->n_loaded + r->n_prompt;
+    if (held >= r->ctx_size) {
+        fprintf(stderr, "ekv run: error: prompt of %lld positions does not fit the context of %d\n", (long long)held,
+                r->ctx_size);
         return false;
     }
     r->n_predict = p->n_predict;
-    if (r->n_predict < 0 || r->n_prompt + r->n_predict > r->ctx_size) r->n_predict = r->ctx_size - (long)r->n_prompt;
+    if (r->n_predict < 0 || held + r->n_predict > r->ctx_size) r->n_predict = r->ctx_size - (long)held;
     r->gen = malloc(((size_t)r->n_predict + 1) * sizeof *r->gen);
     r->logits = malloc((size_t)r->mi.n_vocab * sizeof *r->logits);
     r->out_cap = 256;
@@ -271,9 +414,11 @@ static bool run_setup(struct run *r) {
 }
 
 static bool run_prefill(struct run *r) {
-    enum ekv_status s = ekv_seq_eval_prompt(r->seq, r->pr, r->logits);
+    enum ekv_status s;
+    if (r->p.kv_load) s = run_eval_rest(r);
+    else s = ekv_seq_eval_prompt(r->seq, r->pr, r->logits);
     if (s != EKV_OK) return cli_fail(CMD, s), false;
-    return true;
+    return r->p.kv_save ? hist_add_prompt(r) : true;
 }
 
 static bool append_text(struct run *r, const char *piece, size_t pn) {
@@ -324,8 +469,10 @@ static bool run_generate(struct run *r) {
         if (r->n_gen == r->n_predict) break;
         enum ekv_status s = ekv_seq_decode(r->seq, t, r->logits);
         if (s != EKV_OK) return cli_fail(CMD, s), false;
+        if (r->p.kv_save && !hist_push(r, t)) return cli_fail(CMD, EKV_ERR_NOMEM), false;
     }
     r->t2 = cli_now();
+    if (r->p.kv_save && !run_save(r)) return false;
     if (!p->json) {
         printf("\n");
         fflush(stdout); /* before the report on stderr */
@@ -580,7 +727,7 @@ static bool run_chat(struct run *r) {
     return ok;
 }
 
-static void run_print_json(const struct run *r, const char *pol) {
+static void run_print_json(const struct run *r, const char *pol, double budget) {
     const double pp_s = r->t1 - r->t0, tg_s = r->t2 - r->t1;
     const long n_dec = r->n_gen > 1 ? r->n_gen - 1 : 0;
     struct ekv_kv_stats st;
@@ -593,6 +740,11 @@ static void run_print_json(const struct run *r, const char *pol) {
     for (long i = 0; i < r->n_gen; i++) cJSON_AddItemToArray(ga, cJSON_CreateNumber(r->gen[i]));
     cJSON_AddStringToObject(o, "stop", r->stop);
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->n_prompt);
+    if (r->p.kv_load) {
+        cJSON_AddNumberToObject(o, "kv_loaded_positions", (double)r->n_loaded);
+        cJSON_AddNumberToObject(o, "kv_reused_prompt_tokens", (double)r->n_skip);
+        cJSON_AddNumberToObject(o, "kv_load_seconds", r->t_load);
+    }
     cJSON_AddNumberToObject(o, "image_tokens", r->n_img);
     cJSON_AddNumberToObject(o, "image_encode_seconds", r->t_img);
     cJSON_AddNumberToObject(o, "generated_tokens", (double)r->n_gen);
@@ -603,7 +755,7 @@ static void run_print_json(const struct run *r, const char *pol) {
     cJSON_AddNumberToObject(o, "decode_tokens_per_second", tg_s > 0 ? n_dec / tg_s : 0);
     cJSON *kvo = cJSON_AddObjectToObject(o, "kv");
     cJSON_AddStringToObject(kvo, "policy", pol);
-    cJSON_AddNumberToObject(kvo, "budget", r->p.kv.budget);
+    cJSON_AddNumberToObject(kvo, "budget", budget);
     cJSON_AddNumberToObject(kvo, "bytes", (double)st.bytes);
     cJSON_AddNumberToObject(kvo, "bytes_full", (double)st.bytes_full);
     cJSON_AddNumberToObject(kvo, "bytes_full_f32", (double)st.bytes_full_f32);
@@ -626,9 +778,10 @@ static void run_print_json(const struct run *r, const char *pol) {
 }
 
 static void run_report(const struct run *r) {
-    const char *pol = r->p.kv.policy ? r->p.kv.policy : "full";
-    if (r->p.json) run_print_json(r, pol);
-    print_kv_report(stderr, r->seq, &r->mi, pol, r->p.kv.budget);
+    struct ekv_kv_stats st;
+    ekv_seq_kv_stats(r->seq, &st); /* a loaded sequence has its own policy */
+    if (r->p.json) run_print_json(r, st.policy, st.budget);
+    print_kv_report(stderr, r->seq, &r->mi, st.policy, st.budget);
     const double pp_s = r->t1 - r->t0, tg_s = r->t2 - r->t1;
     /* decode time excludes the first token (it comes from the prefill logits) */
     const long n_dec = r->n_gen > 1 ? r->n_gen - 1 : 0;
@@ -656,6 +809,7 @@ static void run_free(struct run *r) {
     free(r->out_text);
     free(r->logits);
     free(r->gen);
+    free(r->hist);
     ekv_sampler_free(r->smp);
     ekv_seq_free(r->seq);
     ekv_context_free(r->ctx);

@@ -89,11 +89,13 @@ static void serve_banner(const struct srv *srv, const struct cli_params *p, int 
     fprintf(stderr,
             "ekv serve: %s (%s, %d layers, context %d, %.1f KiB of KV per token), device %s, %d threads, template %s\n"
             "ekv serve: default policy %s at budget %g; --kv-mem %s%.1f MiB, --parallel %d, --queue %ld, "
-            "prefill %d tokens per step%s\n",
+            "prefill %d tokens per step, prefix cache %.1f MiB%s%s%s\n",
             c->model_id, srv->mi.arch, srv->mi.n_layer, c->n_ctx, srv->mi.kv_bytes_per_token / 1024.0,
             ekv_context_device(srv->ctx), c->n_threads,
             c->chat_template, c->kv_policy, c->kv.budget, c->kv_mem ? "" : "unlimited, ", c->kv_mem / 1048576.0,
-            c->parallel, c->queue, c->prefill_chunk, srv->vision ? ", vision tower loaded" : "");
+            c->parallel, c->queue, c->prefill_chunk, c->prefix_cache / 1048576.0,
+            c->slot_save_path ? ", slots saved in " : "", c->slot_save_path ? c->slot_save_path : "",
+            srv->vision ? ", vision tower loaded" : "");
     /* the one line tests and scripts wait for (stdout, flushed) */
     printf("ekv serve: listening on http://%s:%d\n", p->host, port);
     fflush(stdout);

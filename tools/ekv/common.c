@@ -211,6 +211,13 @@ static const struct cli_opt k_opts[] = {
     {S, G_SERVE, "--kv-mem", NULL, "MiB",
      "cap on the KV bytes of all sequences together; a request is admitted\nwhen its projected cache fits (0 = no cap)",
      K_F64, OFF(kv_mem_mib), 0, 1 << 30, NULL, NULL, NULL, false},
+    {S, G_SERVE, "--prefix-cache", NULL, "MiB",
+     "reuse the caches of shared prefixes (every message of a chat but the last: system\nprompt, document, images, "
+     "history) up to MiB, least recently used out first;\nthey count against --kv-mem (0 = off)", K_F64,
+     OFF(prefix_cache_mib), 0, 1 << 30, NULL, NULL, NULL, false},
+    {S, G_SERVE, "--slot-save-path", NULL, "DIR",
+     "allow POST /slots/{id}?action=save|restore: cached prefixes to and from files in DIR", K_STR,
+     OFF(slot_save_path), 0, 0, NULL, NULL, "", false},
     {S, G_SERVE, "--queue", NULL, "N",
      "requests that may wait for admission; beyond, 503 + Retry-After (0: none waits, a request runs if a slot is "
      "free now)", K_LONG, OFF(queue), 0, 1L << 20, NULL, NULL, NULL, false},
@@ -292,6 +299,13 @@ static const struct cli_opt k_opts[] = {
     {R, G_OUT, "--kv-trace", NULL, "FILE",
      "write kept positions and merge weights per layer and KV head (JSON)\nafter prefill and at the end", K_STR,
      OFF(kv_trace), 0, 0, NULL, NULL, "", false},
+    {R, G_OUT, "--kv-save", NULL, "FILE",
+     "save the sequence (compressed cache, policy state, tokens) to FILE at the end,\nfor --kv-load", K_STR,
+     OFF(kv_save), 0, 0, NULL, NULL, "", false},
+    {R, G_OUT, "--kv-load", NULL, "FILE",
+     "start from a sequence saved with --kv-save (its policy and budget): a prompt that\nbegins with the "
+     "saved tokens reads only the rest, any other prompt follows them", K_STR, OFF(kv_load), 0, 0, NULL, NULL,
+     "", false},
 
     /* KV-cache policy */
     {R | S, G_KV, "--kv-policy", NULL, "NAME", "policy (list below)", K_STR, OFF(kv.policy), 0, 0,

@@ -70,6 +70,14 @@ struct srv_request {
     bool ignore_eos;
     struct ekv_kv_params kv;
     char kv_policy[32];           /* kv.policy points here */
+    /* prefix reuse (--prefix-cache, serve_prefix.c): a chat prompt read message by message,
+       each part a prompt of its own, so that any conversation so far can be reused: bounds
+       are the positions where messages 2..n start (increasing, inside the prompt); the
+       last one ends the shared prefix (every message but the last: system prompt,
+       document, images, history) */
+    int32_t *bounds;              /* [n_bounds] owned, or NULL: the prompt is read whole */
+    int32_t n_bounds;
+    bool cache_prompt;            /* the request's "cache_prompt" (default true) */
 };
 
 void srv_request_free(struct srv_request *r);
@@ -95,10 +103,52 @@ struct srv_config {
     size_t max_body;
     unsigned timeout;
     int32_t prefill_chunk;
+    uint64_t prefix_cache;        /* bytes of cached prefixes (--prefix-cache MiB); 0 = no prefix reuse */
+    const char *slot_save_path;   /* --slot-save-path DIR, or NULL (no /slots save/restore) */
     const struct cli_params *cli; /* the parsed flags (request kv options parse through them) */
 };
 
 enum srv_state { JOB_QUEUED, JOB_PREFILL, JOB_RUNNING, JOB_DONE };
+
+/* What identifies a cached prefix besides the KV parameters: its
+ * positions as token ids (-1 for image rows) and a hash of its image
+ * embeddings (serve_prefix.c). */
+struct srv_pkey {
+    int32_t *ids;                 /* [n] owned */
+    int32_t n;
+    uint64_t img;                 /* FNV-1a of the image rows' embeddings, 0 without images */
+    uint64_t hash;                /* of ids and img, for a quick compare */
+};
+
+/* One cached prefix (serve_prefix.c): the sequence after reading it, under
+ * the resolved KV parameters it was read with. The list is changed by the
+ * engine thread only, under srv->mu; the engine reads `seq` without the
+ * lock (nobody else touches it). */
+struct srv_prefix {
+    uint64_t id;                  /* slot id in /slots */
+    struct srv_pkey key;
+    struct ekv_kv_params kv;      /* resolved; kv.policy points to spec */
+    char spec[256];
+    struct ekv_seq *seq;
+    uint64_t bytes;               /* bytes its cache allocated */
+    uint64_t hits;
+    double t_used;
+    struct srv_prefix *next;      /* most recently used first */
+};
+
+/* A /slots action waiting for the engine thread (serve_prefix.c). */
+struct srv_ctl {
+    int action;                   /* SRV_SLOT_SAVE, _RESTORE, _ERASE */
+    uint64_t id;
+    char path[4096];
+    char filename[256];
+    bool done;
+    char *body;                   /* answer (malloc'd JSON) when it succeeded */
+    struct srv_error err;
+    pthread_cond_t cv;            /* signalled when done */
+    struct srv_ctl *next;
+};
+enum { SRV_SLOT_SAVE = 1, SRV_SLOT_RESTORE, SRV_SLOT_ERASE };
 
 /* One request in flight. Fields marked (engine) are the engine thread's
  * alone; (shared) ones are read and written under srv->mu. */
@@ -128,6 +178,9 @@ struct srv_job {
     struct ekv_seq *seq;
     struct ekv_prefill *prefill;
     struct ekv_sampler *smp;
+    struct srv_pkey pkey;         /* prefix reuse: the prefix being read (cached when read), or empty */
+    int32_t n_cached;             /* prompt positions that came from a cached prefix */
+    int32_t part;                 /* the next bound a part of the prompt reads up to */
     int32_t next;                 /* token to feed at the next decode step */
     struct srv_job *next_in_list; /* (shared) queue / active list link */
 };
@@ -143,6 +196,7 @@ struct srv_stats {
     double engine_decode_seconds;  /* engine time in batched decode steps */
     double engine_prefill_seconds; /* engine time reading prompts */
     int running_max;              /* most sequences admitted at once */
+    uint64_t prefix_hits, prefix_misses, prefix_hit_tokens, prefix_evicted;
     uint64_t cancelled;
     uint64_t device_bytes, device_peak_bytes; /* the context's GPU memory (0 on the CPU), set by the engine */
 };
@@ -170,6 +224,11 @@ struct srv {
     uint64_t next_id;
     long n_live;                  /* (shared) jobs not yet freed by both sides */
     struct srv_stats st;
+    struct srv_prefix *prefixes;  /* (shared, changed by the engine) cached prefixes, LRU order */
+    uint64_t pc_bytes;            /* (shared) their bytes */
+    int pc_n;
+    uint64_t pc_next_id;
+    struct srv_ctl *ctl_head;     /* (shared) /slots actions for the engine */
     double t_start;
     pthread_t engine;
     bool engine_started;
@@ -218,6 +277,35 @@ struct srv_job *srv_submit(struct srv *srv, struct srv_request *req, struct srv_
 /* Drops the caller's reference; a job not done yet is cancelled (its cache
  * is freed by the engine at once). */
 void srv_release(struct srv *srv, struct srv_job *job);
+
+/* ---- serve_prefix.c ---- */
+
+/* The key of the first n positions of a prompt into k (owned: srv_pkey_free); false on out of memory. */
+bool srv_pkey_make(const struct srv *srv, const struct ekv_prompt *p, int32_t n, struct srv_pkey *k);
+void srv_pkey_free(struct srv_pkey *k);
+/* Engine thread: a copy of the cached prefix with key k read under fresh's
+ * resolved KV parameters into *out (NULL when there is none). */
+enum ekv_status srv_prefix_take(struct srv *srv, const struct srv_pkey *k, const struct ekv_seq *fresh,
+                                struct ekv_seq **out);
+/* Counts a request's lookup: a hit of n_cached positions, or a miss (0). */
+void srv_prefix_count(struct srv *srv, int32_t n_cached);
+/* Engine thread: caches a copy of seq under key k (k moved into the cache),
+ * evicting the least recently used prefixes beyond --prefix-cache. */
+void srv_prefix_put(struct srv *srv, struct srv_pkey *k, const struct ekv_seq *seq);
+/* Engine thread, locked: drops the least recently used prefix; false when none. */
+bool srv_prefix_evict_locked(struct srv *srv);
+/* Engine thread, at exit: drops them all. */
+void srv_prefix_free_all(struct srv *srv);
+/* Engine thread, locked: runs the waiting /slots actions (without the lock while they work). */
+void srv_ctl_run_locked(struct srv *srv);
+/* Engine thread, locked, at shut-down: fails the waiting /slots actions. */
+void srv_ctl_fail_locked(struct srv *srv);
+/* HTTP thread: GET /slots (JSON array of the cached prefixes). */
+char *srv_slots_json(struct srv *srv);
+/* HTTP thread: POST /slots/{id}?action=save|restore|erase with body {"filename": "..."}: the
+ * answer body, or NULL with e set. */
+char *srv_slot_action(struct srv *srv, const char *id, const char *action, const char *body, size_t len,
+                      struct srv_error *e);
 
 /* ---- serve_response.c ---- */
 

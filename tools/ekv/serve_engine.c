@@ -54,6 +54,7 @@ static void job_drop_engine(struct srv_job *j) {
     ekv_prefill_free(j->prefill);
     ekv_seq_free(j->seq);
     ekv_sampler_free(j->smp);
+    srv_pkey_free(&j->pkey);
     j->prefill = NULL;
     j->seq = NULL;
     j->smp = NULL;
@@ -264,7 +265,10 @@ static void admit_locked(struct srv *srv) {
     if (!j || in_prefill_locked(srv) || srv->n_active >= srv->cfg.parallel) return;
     account_locked(srv);
     const uint64_t need = job_reserve(j, 0);
-    if (srv->cfg.kv_mem && srv->kv_reserved + need > srv->cfg.kv_mem) return;
+    /* cached prefixes count against --kv-mem: they go before a request waits */
+    while (srv->cfg.kv_mem && srv->kv_reserved + srv->pc_bytes + need > srv->cfg.kv_mem && srv_prefix_evict_locked(srv)) {
+    }
+    if (srv->cfg.kv_mem && srv->kv_reserved + srv->pc_bytes + need > srv->cfg.kv_mem) return;
     srv->queue_head = j->next_in_list;
     if (!srv->queue_head) srv->queue_tail = NULL;
     srv->n_queued--;
@@ -286,20 +290,71 @@ static void admit_locked(struct srv *srv) {
 /* generation (engine thread, unlocked unless said)                     */
 /* ------------------------------------------------------------------ */
 
-/* Sequence, sampler and the prompt reader of a newly admitted job. */
+/* The prompt reader of positions [from, to) of j->req.prompt (or its
+ * tokens) on j->seq, as one prompt. The reader copies what it needs: once
+ * the last part is started, the prompt's memory goes. */
+static enum ekv_status prompt_start(struct srv *srv, struct srv_job *j, int32_t from, int32_t to) {
+    struct ekv_segment tok = {.tokens = j->req.tokens, .n = j->req.n_tokens, .tag = EKV_TAG_TEXT};
+    const struct ekv_segment *sg = &tok;
+    int32_t ns = 1;
+    enum ekv_status s;
+    if (j->req.prompt && (s = ekv_prompt_segments(j->req.prompt, &sg, &ns)) != EKV_OK) return s;
+    struct ekv_segment *part = malloc((size_t)ns * sizeof *part);
+    if (!part) return EKV_ERR_NOMEM;
+    int32_t np = 0, pos = 0;
+    for (int32_t i = 0; i < ns; pos += sg[i].n, i++) { /* the pieces of [from, to) */
+        const int32_t a = from > pos ? from - pos : 0, b = to < pos + sg[i].n ? to - pos : sg[i].n;
+        if (a >= b) continue;
+        part[np] = sg[i];
+        if (part[np].tokens) part[np].tokens += a;
+        else part[np].embd += (size_t)a * (size_t)srv->mi.n_embd;
+        part[np++].n = b - a;
+    }
+    const struct ekv_input in = {.segs = part, .n_segs = np, .is_prompt = true};
+    s = ekv_prefill_new(j->seq, &in, srv->cfg.prefill_chunk, &j->prefill);
+    free(part);
+    if (s == EKV_OK && to == j->req.n_tokens) {
+        ekv_prompt_free(j->req.prompt);
+        j->req.prompt = NULL;
+    }
+    return s;
+}
+
+/* The end of the part that starts at bound `part` - 1 (or 0). */
+static int32_t part_end(const struct srv_job *j) {
+    return j->part < j->req.n_bounds ? j->req.bounds[j->part] : j->req.n_tokens;
+}
+
+/* Sequence, sampler and the prompt reader of a newly admitted job. A
+ * prompt in parts (message by message) starts from the longest cached
+ * prefix that ends at one of its bounds, and caches the one that ends at
+ * its last bound once read. */
 static enum ekv_status job_start(struct srv *srv, struct srv_job *j) {
     enum ekv_status s = ekv_seq_new(srv->ctx, &j->req.kv, &j->seq);
     if (s != EKV_OK) return s;
     struct ekv_sampler_params sp = j->req.sampling;
     if ((s = ekv_sampler_new(&sp, &j->smp)) != EKV_OK) return s;
-    struct ekv_segment seg = {.tokens = j->req.tokens, .n = j->req.n_tokens, .tag = EKV_TAG_TEXT};
-    struct ekv_input in = {.segs = &seg, .n_segs = 1, .is_prompt = true};
-    if (j->req.prompt && (s = ekv_prompt_segments(j->req.prompt, &in.segs, &in.n_segs)) != EKV_OK) return s;
-    if ((s = ekv_prefill_new(j->seq, &in, srv->cfg.prefill_chunk, &j->prefill)) != EKV_OK) return s;
-    /* the reader copied what it needs: the prompt's memory goes now */
-    ekv_prompt_free(j->req.prompt);
-    j->req.prompt = NULL;
-    return EKV_OK;
+    j->part = 0;
+    int32_t from = 0;
+    const int32_t nb = j->req.n_bounds;
+    for (int32_t b = nb - 1; b >= 0 && j->req.prompt; b--) {
+        struct srv_pkey k;
+        if (!srv_pkey_make(srv, j->req.prompt, j->req.bounds[b], &k)) return EKV_ERR_NOMEM;
+        struct ekv_seq *hit = NULL;
+        s = srv_prefix_take(srv, &k, j->seq, &hit);
+        if (b == nb - 1 && !hit) j->pkey = k; /* to cache once read */
+        else srv_pkey_free(&k);
+        if (s != EKV_OK) return s;
+        if (hit) { /* that prefix's cache as it was read: the parts after it are left */
+            ekv_seq_free(j->seq);
+            j->seq = hit;
+            j->n_cached = from = j->req.bounds[b];
+            j->part = b + 1;
+            break;
+        }
+    }
+    if (nb > 0) srv_prefix_count(srv, j->n_cached);
+    return prompt_start(srv, j, from, part_end(j));
 }
 
 /* What one token did to a job, decided outside the lock. */
@@ -412,6 +467,18 @@ static bool step_prefill(struct srv *srv, struct srv_job *j, float *logits, stru
     if (!done) return false;
     ekv_prefill_free(j->prefill);
     j->prefill = NULL;
+    if (j->part < j->req.n_bounds) { /* a part is read: the next; the shared prefix is cached */
+        const int32_t from = j->req.bounds[j->part++];
+        if (j->part == j->req.n_bounds && j->pkey.ids) srv_prefix_put(srv, &j->pkey, j->seq);
+        if ((s = prompt_start(srv, j, from, part_end(j))) != EKV_OK) {
+            job_error(j, 500, "prompt", s);
+            o->job = j;
+            o->n = 0;
+            o->finish = "error";
+            return true;
+        }
+        return false;
+    }
     j->t_prompt_done = j->t_first = cli_now();
     take_token(srv, j, logits, o);
     return true;
@@ -509,6 +576,7 @@ static void *engine_main(void *arg) {
     struct engine_buf b = {0};
     pthread_mutex_lock(&srv->mu);
     while (!srv->stop) {
+        srv_ctl_run_locked(srv); /* /slots actions */
         reap_cancelled_locked(srv);
         admit_locked(srv);
         struct srv_job *pre;
@@ -551,7 +619,9 @@ static void *engine_main(void *arg) {
         account_locked(srv);
     }
     fail_all_locked(srv);
+    srv_ctl_fail_locked(srv);
     pthread_mutex_unlock(&srv->mu);
+    srv_prefix_free_all(srv);
     free(b.jobs);
     free(b.seqs);
     free(b.toks);

@@ -34,7 +34,7 @@ struct srv_http {
     struct srv *srv;
 };
 
-enum route { R_NONE, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_MODELS, R_MODEL, R_HEALTH, R_METRICS };
+enum route { R_NONE, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_SLOTS, R_SLOT };
 
 /* Per-request state of a connection (MHD's con_cls). */
 struct conn {
@@ -62,11 +62,12 @@ static enum route find_route(const char *url) {
         {"/v1/completions", R_COMPLETIONS}, {"/completions", R_COMPLETIONS},
         {"/v1/models", R_MODELS}, {"/models", R_MODELS},
         {"/health", R_HEALTH}, {"/v1/health", R_HEALTH},
-        {"/metrics", R_METRICS}, {"/tokenize", R_TOKENIZE},
+        {"/metrics", R_METRICS}, {"/tokenize", R_TOKENIZE}, {"/slots", R_SLOTS},
     };
     for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
         if (!strcmp(url, k_routes[i].path)) return k_routes[i].r;
     if (model_in_url(url)) return R_MODEL; /* /v1/models/{id} (the OpenAI SDK's models.retrieve) */
+    if (!strncmp(url, "/slots/", 7) && url[7]) return R_SLOT; /* /slots/{id}?action=... (llama-server's) */
     return R_NONE;
 }
 
@@ -458,7 +459,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return send_body_h(srv, c, 401, srv_error_json(&e), "application/json", 0, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
                                "Bearer");
         }
-        const bool wants_post = cs->route == R_CHAT || cs->route == R_COMPLETIONS || cs->route == R_TOKENIZE;
+        const bool wants_post =
+            cs->route == R_CHAT || cs->route == R_COMPLETIONS || cs->route == R_TOKENIZE || cs->route == R_SLOT;
         if ((wants_post && !post) || (!wants_post && !get))
             return fail(srv, c, 405, "invalid_request_error", "method_not_allowed", "%.200s does not take %.16s",
                         url, method);
@@ -527,6 +529,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return send_body(srv, c, down ? 503 : 200, srv_health_json(srv), "application/json", down ? 1 : 0);
     }
     case R_METRICS: return send_body(srv, c, 200, srv_metrics_text(srv), "text/plain; version=0.0.4", 0);
+    case R_SLOTS: return send_body(srv, c, 200, srv_slots_json(srv), "application/json", 0);
+    case R_SLOT: {
+        struct srv_error e = {0};
+        const char *action = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "action");
+        char *body = srv_slot_action(srv, url + 7, action, cs->body ? cs->body : "", cs->len, &e);
+        return body ? send_body(srv, c, 200, body, "application/json", 0) : send_error(srv, c, &e);
+    }
     case R_TOKENIZE: {
         struct srv_error e = {0};
         char *body = srv_tokenize_json(srv, cs->body ? cs->body : "", cs->len, &e);

@@ -20,6 +20,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "serve.h"
 
@@ -48,6 +49,7 @@ void srv_request_free(struct srv_request *r) {
     if (!r) return;
     free(r->tokens);
     ekv_prompt_free(r->prompt);
+    free(r->bounds);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
 }
@@ -466,8 +468,44 @@ static bool parse_messages(const struct srv *srv, const cJSON *msgs, struct chat
 }
 
 /* Text with image markers -> the request's prompt (tokens and image slots). */
-static bool make_prompt(const struct srv *srv, const char *text, size_t len, struct images *im, struct srv_request *r,
-                        const char *param, struct srv_error *e) {
+/* Where the text text[0, split) ends among the prompt's positions, when
+ * the prompt's tokens begin with exactly its tokens (no token straddles
+ * the split; the prefix's image markers come first): prefix reuse then
+ * reads those positions first and the rest after, the same tokens as the
+ * whole. 0 when not, or when nothing would be left after it. */
+static int32_t prefix_positions(const struct srv *srv, const struct ekv_prompt *whole, const char *text, size_t split) {
+    struct ekv_prompt *pre = NULL;
+    int32_t at = 0;
+    if (ekv_prompt_new(srv->model, text, split, true, &pre) != EKV_OK) return 0;
+    const int32_t nt = ekv_prompt_n_tokens(pre), ni = ekv_prompt_n_images(pre);
+    int32_t *pt = malloc((size_t)(nt ? nt : 1) * sizeof *pt);
+    const struct ekv_segment *sg = NULL;
+    int32_t ns = 0;
+    if (pt && nt > 0 && ekv_prompt_segments(whole, &sg, &ns) == EKV_OK) {
+        ekv_prompt_tokens(pre, pt);
+        int32_t t = 0, i = 0, pos = 0; /* text tokens and images of the prefix matched, positions */
+        for (int32_t s = 0; s < ns && (t < nt || i < ni); s++) {
+            if (!sg[s].tokens) { /* an image: the prefix's own while it has images left */
+                if (i == ni) break;
+                i++;
+                pos += sg[s].n;
+                continue;
+            }
+            const int32_t m = sg[s].n < nt - t ? sg[s].n : nt - t;
+            if (memcmp(sg[s].tokens, pt + t, (size_t)m * sizeof *pt) != 0) break;
+            t += m;
+            pos += m;
+        }
+        if (t == nt && i == ni && pos < ekv_prompt_n_positions(whole)) at = pos;
+    }
+    free(pt);
+    ekv_prompt_free(pre);
+    return at;
+}
+
+/* The request's prompt from text. */
+static bool make_prompt(const struct srv *srv, const char *text, size_t len, struct images *im,
+                        struct srv_request *r, const char *param, struct srv_error *e) {
     enum ekv_status s = ekv_prompt_new(srv->model, text, len, true, &r->prompt);
     if (s != EKV_OK) return BAD(param, "cannot tokenize the prompt: %s", ekv_last_error());
     if (ekv_prompt_n_images(r->prompt) != im->n)
@@ -486,6 +524,32 @@ static bool make_prompt(const struct srv *srv, const char *text, size_t len, str
     return true;
 }
 
+/* Prefix reuse: where messages 2..n of the conversation start among the
+ * prompt's positions (r->bounds), at each message boundary that the
+ * template renders as the start of the whole and that no token straddles;
+ * none without --prefix-cache or with "cache_prompt": false. */
+static void message_bounds(const struct srv *srv, const struct chat *c, const char *text, size_t len,
+                           struct srv_request *r) {
+    if (!srv->cfg.prefix_cache || !r->cache_prompt || c->n < 2) return;
+    if (!(r->bounds = malloc((size_t)(c->n - 1) * sizeof *r->bounds))) return;
+    for (int k = 1; k < c->n; k++) {
+        size_t plen = 0;
+        char *pre = NULL;
+        if (ekv_chat_apply(srv->cfg.chat_template, c->msgs, (size_t)k, false, NULL, 0, &plen) == EKV_OK &&
+            plen > 0 && plen < len && (pre = malloc(plen + 1)) &&
+            ekv_chat_apply(srv->cfg.chat_template, c->msgs, (size_t)k, false, pre, plen + 1, &plen) == EKV_OK &&
+            !memcmp(pre, text, plen)) {
+            const int32_t at = prefix_positions(srv, r->prompt, text, plen);
+            if (at > 0 && (r->n_bounds == 0 || at > r->bounds[r->n_bounds - 1])) r->bounds[r->n_bounds++] = at;
+        }
+        free(pre);
+    }
+    if (r->n_bounds == 0) {
+        free(r->bounds);
+        r->bounds = NULL;
+    }
+}
+
 static bool parse_chat(const struct srv *srv, const cJSON *root, struct srv_request *r, struct srv_error *e) {
     struct chat c = {0};
     struct images im = {0};
@@ -499,6 +563,7 @@ static bool parse_chat(const struct srv *srv, const cJSON *root, struct srv_requ
         if (s != EKV_OK) ok = BAD("messages", "chat template %s: %s", srv->cfg.chat_template, ekv_last_error());
     }
     if (ok) ok = make_prompt(srv, text, len, &im, r, "messages", e);
+    if (ok) message_bounds(srv, &c, text, len, r);
     free(text);
     images_free(&im);
     chat_free(&c);
@@ -552,6 +617,15 @@ bool srv_config_init(struct srv *srv, const struct cli_params *p) {
     c->kv.policy = c->kv_policy;
     c->parallel = (int32_t)p->parallel;
     c->kv_mem = (uint64_t)(p->kv_mem_mib * 1048576.0);
+    c->prefix_cache = (uint64_t)(p->prefix_cache_mib * 1048576.0);
+    c->slot_save_path = p->slot_save_path && p->slot_save_path[0] ? p->slot_save_path : NULL;
+    if (c->slot_save_path) {
+        struct stat st;
+        if (stat(c->slot_save_path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "ekv serve: error: --slot-save-path %s is not a folder\n", c->slot_save_path);
+            return false;
+        }
+    }
     c->queue = p->queue;
     c->api_key = p->api_key && p->api_key[0] ? p->api_key : NULL;
     c->cors = p->cors && p->cors[0] ? p->cors : NULL;
@@ -598,7 +672,9 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
         for (const char *c = end; c < body + len && ok; c++)
             if (!isspace((unsigned char)*c)) ok = BAD(NULL, "the body has bytes after its JSON object (at byte %zu)", (size_t)(c - body));
     }
-    ok = ok && refuse_unsupported(root, e) && parse_sampling(srv, root, r, e) && parse_kv(srv, root, r, e);
+    r->cache_prompt = true;
+    ok = ok && refuse_unsupported(root, e) && parse_sampling(srv, root, r, e) && parse_kv(srv, root, r, e) &&
+         get_bool(e, root, "cache_prompt", &r->cache_prompt);
     if (ok) ok = kind == SRV_CHAT ? parse_chat(srv, root, r, e) : parse_completion(srv, root, r, e);
     cJSON_Delete(root);
     return ok;

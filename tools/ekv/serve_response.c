@@ -119,6 +119,8 @@ static cJSON *usage(const struct srv *srv, const struct srv_job *j) {
     cJSON_AddNumberToObject(u, "prompt_tokens", j->req.n_tokens);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)j->n_gen);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(j->req.n_tokens + j->n_gen));
+    cJSON *det = cJSON_AddObjectToObject(u, "prompt_tokens_details"); /* OpenAI's: positions from a cached prefix */
+    if (det) cJSON_AddNumberToObject(det, "cached_tokens", j->n_cached);
     cJSON *kv = cJSON_AddObjectToObject(u, "kv");
     if (kv) {
         const struct ekv_kv_stats *st = &j->kv_stats;
@@ -312,6 +314,7 @@ char *srv_metrics_text(struct srv *srv) {
     const struct srv_stats st = srv->st;
     const double queued = (double)srv->n_queued, active = srv->n_active;
     const double used = (double)srv->kv_used, reserved = (double)srv->kv_reserved, alloc = (double)srv->kv_alloc;
+    const double pc_bytes = (double)srv->pc_bytes, pc_n = srv->pc_n;
     int prefill = 0;
     for (const struct srv_job *j = srv->active; j; j = j->next_in_list) prefill += j->state == JOB_PREFILL;
     pthread_mutex_unlock(&srv->mu);
@@ -344,6 +347,16 @@ char *srv_metrics_text(struct srv *srv) {
            (double)st.evicted);
     metric(&t, "kv_tokens_merged_total", "counter", "cache entries merged, summed over layers and heads of finished requests",
            (double)st.merged);
+    metric(&t, "prefix_cache_hits_total", "counter", "requests that started from a cached prefix", (double)st.prefix_hits);
+    metric(&t, "prefix_cache_misses_total", "counter", "requests with a prefix that was not cached (read, then cached)",
+           (double)st.prefix_misses);
+    metric(&t, "prefix_cache_hit_tokens_total", "counter", "prompt positions not read again thanks to cached prefixes",
+           (double)st.prefix_hit_tokens);
+    metric(&t, "prefix_cache_evicted_total", "counter", "cached prefixes dropped (least recently used)",
+           (double)st.prefix_evicted);
+    metric(&t, "prefix_cache_entries", "gauge", "cached prefixes now", pc_n);
+    metric(&t, "prefix_cache_bytes", "gauge", "bytes the cached prefixes' caches allocated", pc_bytes);
+    metric(&t, "prefix_cache_bytes_allowed", "gauge", "--prefix-cache in bytes (0 = off)", (double)srv->cfg.prefix_cache);
     metric(&t, "rss_bytes", "gauge", "resident set size of the server", (double)cli_rss());
     metric(&t, "device_bytes", "gauge", "GPU memory the context holds (weights, activations, caches; 0 on the CPU)",
            (double)st.device_bytes);
