@@ -130,7 +130,7 @@ struct ekv_model_info {
 };
 void ekv_model_get_info(const struct ekv_model *model, struct ekv_model_info *info);
 /* 64 bits that tell this model file from others: a hash of the GGUF's
- * header, metadata and tensor infos (llama.c: config, size and vocabulary)
+ * header, metadata and tensor infos (llama2.c: config, size and vocabulary)
  * and of the first bytes of every weight matrix. Saved caches carry it
  * (ekv_seq_save) and loading refuses another model's. 0 for NULL. */
 uint64_t ekv_model_fingerprint(const struct ekv_model *model);

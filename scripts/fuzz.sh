@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds the libFuzzer targets (tests/fuzz, clang + ASan/UBSan, build-fuzz/)
 # and runs them:
-#   scripts/fuzz.sh smoke              every target 15 s on its seed corpus
+#   scripts/fuzz.sh smoke              every target 10 s on its seed corpus
 #                                      (gguf, request, tokenizer, chat, jsonl, image, model, kvfile)
 #                                      (part of scripts/test.sh)
 #   scripts/fuzz.sh run SECONDS [JOBS] every target SECONDS, JOBS processes
@@ -15,7 +15,7 @@ set -eu
 cd "$(dirname "$0")/.."
 MODE=${1:-smoke}
 case $MODE in
-    smoke) SECS=15 JOBS=1 ;;
+    smoke) SECS=10 JOBS=1 ;;
     run) SECS=${2:?usage: scripts/fuzz.sh run SECONDS [JOBS]} JOBS=${3:-1} ;;
     *) echo "usage: scripts/fuzz.sh smoke | run SECONDS [JOBS]" >&2; exit 2 ;;
 esac

@@ -440,7 +440,8 @@ struct ekv_eval_runner {
  * the document tokenised with BOS and cut into windows of n_ctx tokens,
  * each a fresh sequence; windows of at most `stride` tokens score nothing
  * and are skipped. rouge and hitrate need JSONL; ppl, kl and hitrate need
- * answers; images without cfg->vision are EKV_ERR_UNSUPPORTED. */
+ * answers; images without cfg->vision are EKV_ERR_UNSUPPORTED. On failure
+ * nothing stays allocated (no ekv_eval_runner_free needed, though harmless). */
 enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_context *ctx,
                                      const struct ekv_dataset *ds, const struct ekv_eval_cfg *cfg);
 void ekv_eval_runner_free(struct ekv_eval_runner *r);

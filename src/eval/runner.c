@@ -264,9 +264,20 @@ static enum ekv_status init_text_item(struct ekv_eval_runner *r, size_t i) {
     return s;
 }
 
+static enum ekv_status runner_init(struct ekv_eval_runner *r, struct ekv_context *ctx, const struct ekv_dataset *ds,
+                                   const struct ekv_eval_cfg *cfg);
+
+/* On failure nothing is left allocated (r is as after ekv_eval_runner_free). */
 enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_context *ctx,
                                      const struct ekv_dataset *ds, const struct ekv_eval_cfg *cfg) {
     memset(r, 0, sizeof *r);
+    const enum ekv_status s = runner_init(r, ctx, ds, cfg);
+    if (s != EKV_OK) ekv_eval_runner_free(r); /* units made before the failure (issue 23: alloc_fail) */
+    return s;
+}
+
+static enum ekv_status runner_init(struct ekv_eval_runner *r, struct ekv_context *ctx, const struct ekv_dataset *ds,
+                                   const struct ekv_eval_cfg *cfg) {
     r->cur = SIZE_MAX;
     if (!ctx || !ds || !cfg) return ekv_err(EKV_ERR_INVALID_ARG, "eval runner: NULL argument");
     r->ctx = ctx;

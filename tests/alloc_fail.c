@@ -1,0 +1,338 @@
+/*
+ * alloc_fail.c — allocation-failure injection (issue 23): every malloc,
+ * calloc, realloc, strdup and aligned_alloc that ekv's code makes (the
+ * library, the eval runner and the server's request parsing, linked with
+ * -Wl,--wrap so that their calls come here) can be made to fail. Each
+ * scenario runs once to count its allocations, then once per allocation
+ * with exactly that one failing: the scenario must end with a status and a
+ * message (or succeed with the same results when the failure was one the
+ * code may absorb, such as a shrinking realloc), never crash, and free what
+ * it made (the ASan build's LeakSanitizer checks that at exit).
+ *
+ * Scenarios: model load + context (stories260K GGUF, and the llama2.c
+ * checkpoint when ../shared has it); per policy, a sequence's prompt,
+ * decode steps, copy, save and load (stories260K; a tiny-llama3 model from
+ * `ekv mkmodel` for the quantised and KIVI storage types); an evaluation
+ * (data set, runner, full-cache reference, a policy's ppl/kl/rouge); a
+ * server request (chat with per-request KV options and prefix-reuse
+ * boundaries, a completion, /tokenize).
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/util.h"
+#include "ekv.h"
+#include "eval/eval.h"
+#include "serve.h"
+#include "testutil.h"
+
+/* ---- the wrapped allocator ---- */
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t m);
+void *__real_realloc(void *p, size_t n);
+void *__real_aligned_alloc(size_t a, size_t n);
+
+static atomic_long g_count;   /* allocations since the scenario started */
+static atomic_long g_fail_at; /* the one that fails (0: none) */
+
+static int fail_now(void) {
+    const long at = atomic_load(&g_fail_at);
+    if (at <= 0) {
+        atomic_fetch_add(&g_count, 1);
+        return 0;
+    }
+    return atomic_fetch_add(&g_count, 1) + 1 == at;
+}
+
+void *__wrap_malloc(size_t n) { return fail_now() ? NULL : __real_malloc(n); }
+void *__wrap_calloc(size_t n, size_t m) { return fail_now() ? NULL : __real_calloc(n, m); }
+void *__wrap_realloc(void *p, size_t n) { return fail_now() ? NULL : __real_realloc(p, n); }
+void *__wrap_aligned_alloc(size_t a, size_t n) { return fail_now() ? NULL : __real_aligned_alloc(a, n); }
+char *__wrap_strdup(const char *s) {
+    if (fail_now()) return NULL;
+    const size_t n = strlen(s) + 1;
+    char *d = __real_malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* ---- the walk ---- */
+
+/* A scenario: runs with what arg holds, returns its first failing status
+ * and sets *sum to a checksum of its results (compared when it succeeds). */
+typedef enum ekv_status (*scenario_fn)(void *arg, double *sum);
+
+static long g_total_sites, g_total_clean, g_total_absorbed;
+static char g_msg[SRV_ERR_MAX]; /* a scenario's own error message (the server's), else ekv_last_error() */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void walk(const char *name, scenario_fn fn, void *arg) {
+    const double t0 = now_s();
+    double want = 0, got = 0;
+    atomic_store(&g_fail_at, 0);
+    atomic_store(&g_count, 0);
+    const enum ekv_status s0 = fn(arg, &want);
+    const long total = atomic_load(&g_count);
+    CHECK_MSG(s0 == EKV_OK, "%s without failures: %s", name, ekv_last_error());
+    long clean = 0, absorbed = 0, silent = 0, wrong = 0;
+    for (long n = 1; n <= total; n++) {
+        atomic_store(&g_count, 0);
+        atomic_store(&g_fail_at, n);
+        got = 0;
+        ekv_err_clear();
+        g_msg[0] = 0;
+        const enum ekv_status s = fn(arg, &got);
+        atomic_store(&g_fail_at, 0);
+        if (s == EKV_OK) {
+            absorbed++;
+            if (got != want && !(isnan(got) && isnan(want))) {
+                wrong++;
+                if (wrong <= 3) fprintf(stderr, "  %s: allocation %ld failed, the scenario succeeded with other results\n",
+                                        name, n);
+            }
+        } else if (!g_msg[0] && !ekv_last_error()[0]) {
+            silent++;
+            if (silent <= 3) fprintf(stderr, "  %s: allocation %ld failed: status %d without a message\n", name, n, (int)s);
+        } else {
+            clean++;
+        }
+    }
+    CHECK_MSG(silent == 0 && wrong == 0, "%s: %ld of %ld failures without a message, %ld absorbed with other results",
+              name, silent, total, wrong);
+    printf("%-34s %5ld allocations, each failed in turn: %5ld clean errors, %4ld absorbed (%.1f s)\n", name, total, clean, absorbed,
+           now_s() - t0);
+    g_total_sites += total;
+    g_total_clean += clean;
+    g_total_absorbed += absorbed;
+}
+
+/* ---- scenarios ---- */
+
+struct load_arg {
+    const char *path, *tok;
+};
+
+static enum ekv_status sc_load(void *argp, double *sum) {
+    const struct load_arg *a = argp;
+    struct ekv_model_params mp = ekv_model_default_params();
+    mp.tokenizer_path = a->tok;
+    struct ekv_model *m = NULL;
+    struct ekv_context *c = NULL;
+    enum ekv_status s = ekv_model_load(a->path, &mp, &m);
+    struct ekv_context_params cp = ekv_context_default_params();
+    cp.device = "cpu";
+    cp.n_threads = 1;
+    cp.n_ctx = 128;
+    if (s == EKV_OK) s = ekv_context_new(m, &cp, &c);
+    if (s == EKV_OK) *sum = (double)ekv_model_fingerprint(m);
+    ekv_context_free(c);
+    ekv_model_free(m);
+    return s;
+}
+
+struct seq_arg {
+    struct ekv_context *ctx;
+    int32_t n_vocab;
+    struct ekv_kv_params kv;
+};
+
+static double sum_of(const float *x, int32_t n) {
+    double s = 0;
+    for (int32_t i = 0; i < n; i++) s += (double)x[i] * (double)(i % 7 + 1);
+    return s;
+}
+
+/* prompt, 2 steps, copy, a step of the copy, save, load, a step of the loaded */
+static enum ekv_status sc_seq(void *argp, double *sum) {
+    struct seq_arg *a = argp;
+    int32_t toks[24];
+    for (int i = 0; i < 24; i++) toks[i] = 1 + (i * 37 + 11) % (a->n_vocab - 1);
+    float *lg = __real_malloc((size_t)a->n_vocab * sizeof *lg);
+    struct ekv_seq *s1 = NULL, *s2 = NULL, *s3 = NULL;
+    void *buf = NULL;
+    size_t n = 0;
+    enum ekv_status s = lg ? ekv_seq_new(a->ctx, &a->kv, &s1) : EKV_ERR_NOMEM;
+    if (s == EKV_OK) s = ekv_seq_prefill(s1, toks, 14, lg);
+    for (int i = 0; i < 2 && s == EKV_OK; i++) s = ekv_seq_decode(s1, toks[14 + i], lg);
+    if (s == EKV_OK) s = ekv_seq_copy(s1, &s2);
+    if (s == EKV_OK) s = ekv_seq_decode(s2, toks[20], lg);
+    if (s == EKV_OK) *sum += sum_of(lg, a->n_vocab);
+    if (s == EKV_OK) s = ekv_seq_save_mem(s1, toks, 16, &buf, &n);
+    if (s == EKV_OK) s = ekv_seq_load_mem(a->ctx, buf, n, &s3, NULL, NULL);
+    if (s == EKV_OK) s = ekv_seq_decode(s3, toks[21], lg);
+    if (s == EKV_OK) *sum += sum_of(lg, a->n_vocab) + (double)n;
+    free(buf);
+    ekv_seq_free(s3);
+    ekv_seq_free(s2);
+    ekv_seq_free(s1);
+    free(lg);
+    return s;
+}
+
+struct eval_arg {
+    struct ekv_context *ctx;
+    const char *data;
+};
+
+static enum ekv_status sc_eval(void *argp, double *sum) {
+    struct eval_arg *a = argp;
+    struct ekv_dataset ds = {0};
+    struct ekv_eval_runner r;
+    memset(&r, 0, sizeof r);
+    bool runner = false;
+    struct ekv_data_opts o = ekv_data_default_opts();
+    enum ekv_status s = ekv_dataset_load(a->data, &o, &ds);
+    struct ekv_eval_cfg cfg = ekv_eval_default_cfg();
+    cfg.metrics = EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_ROUGE;
+    cfg.n_predict = 2;
+    if (s == EKV_OK) s = ekv_eval_runner_init(&r, a->ctx, &ds, &cfg);
+    runner = s == EKV_OK;
+    struct ekv_eval_cell cell;
+    ekv_eval_cell_init(&cell);
+    struct ekv_kv_params kv = ekv_kv_default_params();
+    kv.policy = "h2o";
+    kv.budget = 0.5;
+    for (size_t u = 0; runner && u < r.n_units && s == EKV_OK; u++) {
+        s = ekv_eval_unit_prepare(&r, u);
+        if (s == EKV_OK) s = ekv_eval_unit_run(&r, &kv, &cell);
+    }
+    double ppl = 0;
+    if (s == EKV_OK && ekv_ppl_value(&cell.ppl, &ppl) == EKV_OK) *sum = ppl;
+    if (runner) ekv_eval_runner_free(&r);
+    ekv_dataset_free(&ds);
+    return s;
+}
+
+static struct srv g_srv;
+
+static enum ekv_status sc_request(void *argp, double *sum) {
+    (void)argp;
+    static const char *const bodies[3] = {
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"Once upon a time there was a dog.\"}, "
+        "{\"role\": \"user\", \"content\": \"Who?\"}, {\"role\": \"assistant\", \"content\": \"A dog.\"}, "
+        "{\"role\": \"user\", \"content\": \"And then?\"}], \"max_tokens\": 8, \"stop\": [\"x\", \"yy\"], "
+        "\"kv\": {\"policy\": \"elastic-v2:bias=1\", \"budget\": 0.3, \"type\": \"f16\"}}",
+        "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4, \"kv_policy\": \"snapkv\", \"kv_budget\": 0.5}",
+        "{\"content\": \"Once upon a time\"}"};
+    enum ekv_status s = EKV_OK;
+    for (int i = 0; i < 3 && s == EKV_OK; i++) {
+        struct srv_error e;
+        memset(&e, 0, sizeof e);
+        if (i == 2) {
+            char *out = srv_tokenize_json(&g_srv, bodies[i], strlen(bodies[i]), &e);
+            if (out) *sum += (double)strlen(out);
+            else s = EKV_ERR_NOMEM;
+            free(out);
+        } else {
+            struct srv_request r;
+            if (srv_request_parse(&g_srv, i == 0 ? SRV_CHAT : SRV_COMPLETION, bodies[i], strlen(bodies[i]), &r, &e))
+                *sum += r.n_tokens; /* not n_bounds: without memory for them the prompt is read whole */
+            else
+                s = e.status >= 500 ? EKV_ERR_NOMEM : EKV_ERR_INVALID_ARG;
+            srv_request_free(&r);
+        }
+        /* the server's errors carry their message in e */
+        if (s != EKV_OK) snprintf(g_msg, sizeof g_msg, "%s", e.message);
+    }
+    return s;
+}
+
+/* ---- the walks ---- */
+
+static void walk_policies(const char *model_path, bool quantised) {
+    struct ekv_model *m = NULL;
+    struct ekv_context *c = NULL;
+    CHECK_OK(ekv_model_load(model_path, NULL, &m));
+    struct ekv_context_params cp = ekv_context_default_params();
+    cp.device = "cpu";
+    cp.n_threads = 1; /* a sanitizer build walks ~13K runs: one core, not a spinning pool */
+    cp.n_ctx = 128;
+    if (m) CHECK_OK(ekv_context_new(m, &cp, &c));
+    if (!c) {
+        ekv_model_free(m);
+        return;
+    }
+    struct ekv_model_info mi;
+    ekv_model_get_info(m, &mi);
+    struct seq_arg a = {.ctx = c, .n_vocab = mi.n_vocab};
+    static const char *const pols[] = {"full", "random", "local", "h2o", "scissorhands", "tova", "roco", "snapkv",
+                                       "pyramidkv", "vlcache", "elastic", "elastic-v2:bias=1:key=rotate"};
+    static const enum ekv_kv_type qt[][2] = {{EKV_KV_Q8_0, EKV_KV_Q4_0}, {EKV_KV_KIVI4, EKV_KV_KIVI2}};
+    char name[96];
+    for (size_t i = 0; i < EKV_ARRAY_LEN(pols); i++) {
+        if (quantised && strcmp(pols[i], "snapkv") && strcmp(pols[i], "elastic-v2:bias=1:key=rotate")) continue;
+        for (size_t t = 0; t < (quantised ? EKV_ARRAY_LEN(qt) : 1); t++) {
+            a.kv = ekv_kv_default_params();
+            a.kv.policy = pols[i];
+            a.kv.budget = 0.4;
+            a.kv.recompress = 2;
+            a.kv.type_k = quantised ? qt[t][0] : EKV_KV_F16;
+            a.kv.type_v = quantised ? qt[t][1] : EKV_KV_F16;
+            if (quantised) a.kv.kv_residual = 0;
+            snprintf(name, sizeof name, "seq %s %s/%s", pols[i], ekv_kv_type_name(a.kv.type_k),
+                     ekv_kv_type_name(a.kv.type_v));
+            walk(name, sc_seq, &a);
+        }
+    }
+    if (!quantised) { /* an evaluation with this model */
+        char data[96];
+        snprintf(data, sizeof data, "/tmp/ekv-alloc-fail-%ld.jsonl", (long)getpid());
+        FILE *f = fopen(data, "w");
+        if (f) {
+            fputs("{\"instruction\": \"Once upon a time there was a little dog\", \"answer\": \" who liked to run.\"}\n", f);
+            fclose(f);
+            struct eval_arg e = {.ctx = c, .data = data};
+            walk("eval h2o 0.5 ppl,kl,rouge", sc_eval, &e);
+            remove(data);
+        }
+    }
+    ekv_context_free(c);
+    ekv_model_free(m);
+}
+
+int main(void) {
+    struct load_arg la = {.path = tu_src("models/stories260K.gguf")};
+    walk("model load + context (GGUF)", sc_load, &la);
+    struct load_arg lb = {.path = tu_shared("models/stories260K.bin"), .tok = tu_shared("models/tok512.bin")};
+    if (access(lb.path, R_OK) == 0 && access(lb.tok, R_OK) == 0) walk("model load + context (llama2.c)", sc_load, &lb);
+    else printf("llama2.c checkpoint: skipped: ../shared absent\n");
+    walk_policies(tu_src("models/stories260K.gguf"), false);
+    char path[96], cmd[512];
+    snprintf(path, sizeof path, "/tmp/ekv-alloc-fail-%ld.gguf", (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-llama3 --n-layer 2 --type q8_0 -o '%s' > /dev/null 2>&1",
+             tu_bin(), path);
+    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    walk_policies(path, true);
+    remove(path);
+    /* a server request, parsed as the HTTP threads do */
+    struct cli_params cli;
+    cli_params_init(&cli, CLI_SERVE);
+    cli.model = tu_src("models/stories260K.gguf");
+    cli.n_ctx = 256;
+    CHECK(srv_config_init(&g_srv, &cli));
+    CHECK_OK(ekv_model_load(cli.model, NULL, &g_srv.model));
+    if (g_srv.model) {
+        ekv_model_get_info(g_srv.model, &g_srv.mi);
+        g_srv.cfg.n_ctx = 256;
+        g_srv.cfg.chat_template = "chatml";
+        g_srv.cfg.prefix_cache = 1u << 20; /* message boundaries too */
+        walk("server request parse", sc_request, NULL);
+        ekv_model_free(g_srv.model);
+    }
+    cli_params_free(&cli);
+    printf("alloc_fail: %ld allocations failed one at a time: %ld clean errors, %ld absorbed (same results)\n", g_total_sites,
+           g_total_clean, g_total_absorbed);
+    return test_finish("alloc_fail");
+}
