@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (tests/fuzz, clang + ASan/UBSan, build-fuzz/)
 # and runs them:
 #   scripts/fuzz.sh smoke              every target 10 s on its seed corpus
-#                                      (gguf, request, tokenizer, chat, jsonl, image, model, kvfile)
+#                                      (gguf, request, tokenizer, chat, jsonl, image, model, kvfile, mmproj)
 #                                      (part of scripts/test.sh)
 #   scripts/fuzz.sh run SECONDS [JOBS] every target SECONDS, JOBS processes
 #                                      each, corpora kept in build-fuzz/corpus-*
@@ -21,7 +21,7 @@ case $MODE in
 esac
 command -v clang > /dev/null || { echo "fuzz.sh: clang is missing: run scripts/setup.sh --test" >&2; exit 1; }
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DEKV_FUZZ=ON -DEKV_SANITIZE=ON > /dev/null
-TARGETS="fuzz_gguf fuzz_request fuzz_tokenizer fuzz_chat fuzz_jsonl fuzz_image fuzz_model fuzz_kvfile"
+TARGETS="fuzz_gguf fuzz_request fuzz_tokenizer fuzz_chat fuzz_jsonl fuzz_image fuzz_model fuzz_kvfile fuzz_mmproj"
 # shellcheck disable=SC2086 # a list of targets
 cmake --build build-fuzz --target $TARGETS -j"$(nproc)"
 B=$(pwd)/build-fuzz
@@ -36,11 +36,12 @@ cmake --build build-fuzz --target test_gguf_hostile -j"$(nproc)" > /dev/null
 EKV_HOSTILE_DIR="$CG" "$B/tests/test_gguf_hostile" > /dev/null
 cp models/stories260K.gguf "$CG/"
 cp tests/fuzz/corpus/request/* "$CR/"
-for t in tokenizer chat jsonl image model kvfile; do # the other targets: their committed seeds
+for t in tokenizer chat jsonl image model kvfile mmproj; do # the other targets: their committed seeds
     mkdir -p "$C-$t"
     cp tests/fuzz/corpus/$t/* "$C-$t/"
 done
 cp "$CG"/* "$C-model/" # model construction: the hostile GGUF files too
+cp "$CG"/* "$C-mmproj/" # and the vision tower loader
 cd "$B"  # crash-* files land here
 run() { # run NAME CORPUS MAXLEN
     echo "fuzz.sh: $1, ${SECS}s x $JOBS job(s), corpus $2"
@@ -67,4 +68,5 @@ run fuzz_jsonl "$C-jsonl" 8192
 run fuzz_image "$C-image" 65536
 run fuzz_model "$C-model" 262144
 run fuzz_kvfile "$C-kvfile" 32768
+run fuzz_mmproj "$C-mmproj" 262144
 echo "fuzz.sh: no crash, leak or timeout"

@@ -1,0 +1,57 @@
+/*
+ * fuzz_mmproj.c — libFuzzer target for the vision tower loader (issue 23):
+ * arbitrary bytes as an mmproj GGUF through ekv_vision_load, as `ekv run
+ * --mmproj` and `ekv serve --mmproj` load it (CLIP/SigLIP metadata, patch
+ * and image sizes, projector type, LLaVA-1.6 grid pinpoints, tensor shapes
+ * and types that parse but lie must be refused with an error, never read
+ * past). A tower that loads and is small then encodes an image (a 3x2 PNG
+ * and a JPEG of the committed image corpus: resize, pad, patches, the ViT
+ * and the projector), so a shape the loader let through that the encoder
+ * cannot take shows. The input goes to an anonymous in-memory file (memfd)
+ * loaded by its /proc path. fuzz_replay.c replays the corpus in every build.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "ekv.h"
+
+void ekv_fuzz_cleanup(void) {}
+
+static void encode(const struct ekv_vision *v, const char *image) {
+    struct ekv_image_input in = {.path = image};
+    int32_t n = 0;
+    if (ekv_vision_image_tokens(v, &in, &n) != EKV_OK) return;
+    const int64_t cells = (int64_t)n * ekv_vision_n_embd(v);
+    if (n <= 0 || cells <= 0 || cells > (1 << 22)) return; /* a large tower would take seconds per input */
+    float *out = malloc((size_t)cells * sizeof *out);
+    if (out) (void)ekv_vision_encode_file(v, NULL, image, out);
+    free(out);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const int fd = memfd_create("ekv-fuzz-mmproj", 0);
+    if (fd < 0) return 0;
+    size_t off = 0;
+    while (off < size) {
+        const ssize_t w = write(fd, data + off, size - off);
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    struct ekv_vision *v = NULL;
+    if (ekv_vision_load(path, &v) == EKV_OK) {
+        encode(v, EKV_SOURCE_DIR "/tests/fuzz/corpus/image/grey_3x2.png");
+        if (size && (data[size - 1] & 1)) encode(v, EKV_SOURCE_DIR "/tests/fuzz/corpus/image/astronaut.jpg");
+        ekv_vision_free(v);
+    }
+    close(fd);
+    return 0;
+}
