@@ -90,10 +90,26 @@ static int jpeg_huffman_excess(const uint8_t *p, size_t n) {
     return 0;
 }
 
+/* Whether a PNG's first IDAT chunk is empty: stb_image (Debian's header)
+ * then offsets its still-NULL data pointer (undefined behaviour, found by
+ * fuzz_image). Such files are refused. */
+static bool png_empty_first_idat(const unsigned char *b, size_t n) {
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
+    if (n < 8 || memcmp(b, sig, 8) != 0) return false;
+    for (size_t at = 8; n - at >= 12;) {
+        const uint32_t len = (uint32_t)b[at] << 24 | (uint32_t)b[at + 1] << 16 | (uint32_t)b[at + 2] << 8 | b[at + 3];
+        if (!memcmp(b + at + 4, "IDAT", 4)) return len == 0;
+        if (len > n - at - 12) return false;
+        at += 12 + (size_t)len;
+    }
+    return false;
+}
+
 static enum ekv_status jpeg_check(const void *data, size_t n, const char *name) {
     const int codes = jpeg_huffman_excess(data, n);
-    return codes ? ekv_err(EKV_ERR_FORMAT, "%s: corrupt JPEG: a Huffman table of %d codes (at most 256)", name, codes)
-                 : EKV_OK;
+    if (codes) return ekv_err(EKV_ERR_FORMAT, "%s: corrupt JPEG: a Huffman table of %d codes (at most 256)", name, codes);
+    if (png_empty_first_idat(data, n)) return ekv_err(EKV_ERR_FORMAT, "%s: corrupt PNG: an empty first IDAT chunk", name);
+    return EKV_OK;
 }
 
 /* Bytes of an nx x ny RGB image, with the project's size limits. */
