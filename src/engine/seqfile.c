@@ -167,27 +167,17 @@ static enum ekv_status next_section(struct ekv_rbuf *r, uint32_t i, struct secti
     return EKV_OK;
 }
 
-/* The next section, which must be of kind `kind` (and index `index`). */
+/* The next section, which must be of kind `kind` and index `index`. */
 static enum ekv_status want_section(struct ekv_rbuf *r, uint32_t *i, uint32_t n_sec, uint32_t kind, uint32_t index,
-                                    bool optional, struct section *out, bool *found) {
-    if (found) *found = false;
-    if (*i >= n_sec) {
-        if (optional) return EKV_OK;
+                                    struct section *out) {
+    if (*i >= n_sec)
         return ekv_err(EKV_ERR_FORMAT, "section %s %u missing (the file holds %u sections)", kind_name(kind), index, n_sec);
-    }
-    const size_t at = r->at;
     enum ekv_status s = next_section(r, *i, out);
     if (s != EKV_OK) return s;
-    if (out->kind != kind || out->index != index) {
-        if (optional) {
-            r->at = at; /* not there: read it again as the next one */
-            return EKV_OK;
-        }
+    if (out->kind != kind || out->index != index)
         return ekv_err(EKV_ERR_FORMAT, "section %u is %s %u where %s %u belongs", *i, kind_name(out->kind),
                        out->index, kind_name(kind), index);
-    }
     (*i)++;
-    if (found) *found = true;
     return EKV_OK;
 }
 
@@ -262,20 +252,19 @@ static enum ekv_status load(struct ekv_context *ctx, struct ekv_rbuf *r, struct 
     uint64_t fp = 0;
     enum ekv_status s = check_header(ctx->model, r, &n_sec, &fp);
     struct section sq = {0}, tk = {0}, sec = {0};
-    bool have_tokens = false;
     int64_t n_seen = 0;
-    if (s == EKV_OK) s = want_section(r, &i, n_sec, SEC_SEQ, 0, false, &sq, NULL);
-    if (s == EKV_OK && n_sec == (uint32_t)in->n_layer + 3)
-        s = want_section(r, &i, n_sec, SEC_TOKENS, 0, false, &tk, &have_tokens);
+    if (s == EKV_OK) s = want_section(r, &i, n_sec, SEC_SEQ, 0, &sq);
+    const bool have_tokens = n_sec == (uint32_t)in->n_layer + 3;
+    if (s == EKV_OK && have_tokens) s = want_section(r, &i, n_sec, SEC_TOKENS, 0, &tk);
     if (s == EKV_OK) s = read_seq(ctx, fp, &sq, &tk, have_tokens, &n_seen, tokens, n_tokens);
-    if (s == EKV_OK) s = want_section(r, &i, n_sec, SEC_KV, 0, false, &sec, NULL);
+    if (s == EKV_OK) s = want_section(r, &i, n_sec, SEC_KV, 0, &sec);
     struct ekv_kv *kv = NULL;
     if (s == EKV_OK) s = ekv_kv_load_head(in->n_layer, in->n_head, in->n_head_kv, in->head_dim, &sec.r, &kv);
     if (s == EKV_OK && (sec.r.at != sec.r.n || kv->n_seen != n_seen))
         s = ekv_err(EKV_ERR_FORMAT, "KV: malformed (%zu bytes left, %lld tokens seen of %lld)", sec.r.n - sec.r.at,
                     (long long)kv->n_seen, (long long)n_seen);
     for (int il = 0; il < in->n_layer && s == EKV_OK; il++) {
-        s = want_section(r, &i, n_sec, SEC_LAYER, (uint32_t)il, false, &sec, NULL);
+        s = want_section(r, &i, n_sec, SEC_LAYER, (uint32_t)il, &sec);
         if (s == EKV_OK) s = ekv_kv_load_layer(kv, il, &sec.r);
         if (s == EKV_OK && sec.r.at != sec.r.n)
             s = ekv_err(EKV_ERR_FORMAT, "layer %d: %zu bytes left over", il, sec.r.n - sec.r.at);

@@ -105,7 +105,8 @@ static bool png_empty_first_idat(const unsigned char *b, size_t n) {
     return false;
 }
 
-static enum ekv_status jpeg_check(const void *data, size_t n, const char *name) {
+/* Files stb_image would mishandle, refused before it reads them. */
+static enum ekv_status stb_check(const void *data, size_t n, const char *name) {
     const int codes = jpeg_huffman_excess(data, n);
     if (codes) return ekv_err(EKV_ERR_FORMAT, "%s: corrupt JPEG: a Huffman table of %d codes (at most 256)", name, codes);
     if (png_empty_first_idat(data, n)) return ekv_err(EKV_ERR_FORMAT, "%s: corrupt PNG: an empty first IDAT chunk", name);
@@ -198,7 +199,7 @@ enum ekv_status ekv_image_load_memory(const void *data, size_t n, const char *na
     enum ekv_status s;
     if (sniff_size(data, n, &hw, &hh) && (s = image_bytes(name, hw, hh, &bytes)) != EKV_OK)
         return s;
-    if ((s = jpeg_check(data, n, name)) != EKV_OK) return s;
+    if ((s = stb_check(data, n, name)) != EKV_OK) return s;
     int w = 0, h = 0, comp = 0;
     if (!stbi_info_from_memory(data, (int)n, &w, &h, &comp))
         return ekv_err(EKV_ERR_FORMAT, "%s: not a readable JPEG or PNG image (%s)", name,
@@ -239,7 +240,7 @@ enum ekv_status ekv_image_probe_memory(const void *data, size_t n, const char *n
     size_t bytes;
     enum ekv_status s;
     if (sniff_size(data, n, &hw, &hh) && (s = image_bytes(name, hw, hh, &bytes)) != EKV_OK) return s;
-    if ((s = jpeg_check(data, n, name)) != EKV_OK) return s;
+    if ((s = stb_check(data, n, name)) != EKV_OK) return s;
     int w = 0, h = 0, comp = 0;
     if (!stbi_info_from_memory(data, (int)n, &w, &h, &comp))
         return ekv_err(EKV_ERR_FORMAT, "%s: not a readable JPEG or PNG image (%s)", name,

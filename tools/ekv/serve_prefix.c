@@ -168,7 +168,7 @@ static void free_list(struct srv_prefix *e) {
 }
 
 /* A new entry holding seq (taken) under key k (moved). */
-static struct srv_prefix *entry_new(struct srv *srv, struct srv_pkey *k, struct ekv_seq *seq) {
+static struct srv_prefix *entry_new(struct srv_pkey *k, struct ekv_seq *seq) {
     struct srv_prefix *e = calloc(1, sizeof *e);
     if (!e) return NULL;
     e->key = *k;
@@ -181,7 +181,6 @@ static struct srv_prefix *entry_new(struct srv *srv, struct srv_pkey *k, struct 
     ekv_seq_kv_stats(seq, &st);
     e->bytes = st.bytes_alloc > st.bytes ? st.bytes_alloc : st.bytes;
     e->t_used = cli_now();
-    (void)srv;
     return e;
 }
 
@@ -202,7 +201,7 @@ void srv_prefix_put(struct srv *srv, struct srv_pkey *k, const struct ekv_seq *s
         srv_pkey_free(k);
         return;
     }
-    struct srv_prefix *e = entry_new(srv, k, copy);
+    struct srv_prefix *e = entry_new(k, copy);
     if (!e) {
         ekv_seq_free(copy);
         srv_pkey_free(k);
@@ -299,7 +298,7 @@ static void slot_restore(struct srv *srv, struct srv_ctl *c) {
     for (int32_t i = 0; i < nt && ok; i++) ok = tok[i] >= 0;
     struct srv_pkey k = {.ids = tok, .n = nt};
     key_hash(&k);
-    struct srv_prefix *e = ok ? entry_new(srv, &k, seq) : NULL;
+    struct srv_prefix *e = ok ? entry_new(&k, seq) : NULL;
     if (!e) {
         if (ok) FAIL(c, 500, NULL, "out of memory");
         else FAIL(c, 400, "slot_restore_failed", "%s holds no token ids for its %lld positions: it cannot serve as a "
