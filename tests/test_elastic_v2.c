@@ -45,21 +45,8 @@ static int32_t *g_toks;
  * policy sees the same inputs); logits of every step into lg
  * [(N_GEN + 1)][n_vocab] when not NULL; calls check(seq, step) after the
  * prompt (step 0) and each decode step. */
-typedef void (*check_fn)(struct ekv_seq *seq, int step, void *ud);
-static enum ekv_status run(const struct ekv_kv_params *kv, float *lg, check_fn check, void *ud) {
-    struct ekv_seq *seq = NULL;
-    const size_t V = (size_t)g_mi.n_vocab;
-    float *tmp = malloc(V * sizeof *tmp);
-    enum ekv_status s = tmp ? ekv_seq_new(g_ctx, kv, &seq) : EKV_ERR_NOMEM;
-    if (s == EKV_OK) s = ekv_seq_prefill(seq, g_toks, N_PROMPT, lg ? lg : tmp);
-    if (s == EKV_OK && check) check(seq, 0, ud);
-    for (int t = 1; s == EKV_OK && t <= N_GEN; t++) {
-        s = ekv_seq_decode(seq, g_toks[N_PROMPT + t - 1], lg ? lg + (size_t)t * V : tmp);
-        if (s == EKV_OK && check) check(seq, t, ud);
-    }
-    ekv_seq_free(seq);
-    free(tmp);
-    return s;
+static enum ekv_status run(const struct ekv_kv_params *kv, float *lg, tu_step_fn check, void *ud) {
+    return tu_run_forced(g_ctx, g_mi.n_vocab, kv, g_toks, N_PROMPT, N_GEN, lg, check, ud);
 }
 
 struct inv {
@@ -243,11 +230,7 @@ static struct ekv_kv *synthetic(const char *spec, int rope_dim, bool neox, const
         ekv_rope(k + i * SD, 1, SD, SD, i, 10000.0f, neox);
         for (int c = 0; c < SD; c++) v[i * SD + c] = frand();
     }
-    struct ekv_kv_step step = {.is_prompt = true, .last_chunk = true, .pos0 = 0, .n_new = ST, .prompt_pos0 = 0,
-                               .prompt_len = ST};
-    *st = ekv_kv_begin(kv, &step);
-    if (*st == EKV_OK) *st = ekv_kv_layer_forward(kv, NULL, 0, &step, q, k, v, out);
-    if (*st == EKV_OK) *st = ekv_kv_end(kv, &step);
+    *st = tu_kv_prompt(kv, ST, q, k, v, out);
     if (*st != EKV_OK) {
         ekv_kv_free(kv);
         return NULL;

@@ -6,7 +6,9 @@
  * - statistics: the attention shaders' colsum, count, sumsq, lastrow,
  *   winsum, bincount and VL-Cache's sparsity counts against the CPU's, on a
  *   prompt where nothing is evicted (budget 1.0);
- * - every policy (and elastic-v2 with rotated keys and logit biases) x
+ * - every policy (and elastic-v2 with rotated keys and logit biases, and
+ *   h2o+merge by position with rotated keys: merge_to=key would follow
+ *   the rounding of each backend's own keys near its similarity threshold) x
  *   budget {0.2, 0.5, 1.0} x storage (f16, q8_0; f32 and q4_0 for some),
  *   stories260K, a 64-token prompt then 40 teacher-forced decode steps,
  *   GPU beside CPU: the kept positions and weights of every (layer, KV head)
@@ -339,7 +341,8 @@ static void run_case(const struct ekv_model *m, struct ekv_context *cg, struct e
 static void test_policies(const struct ekv_model *m) {
     static const char *pols[] = {"local",   "h2o",      "scissorhands", "tova",    "roco",
                                  "snapkv",  "pyramidkv", "vlcache",     "random",  "elastic",
-                                 "elastic-v2", "elastic-v2:key=rotate:bias=1:recent=0.25"};
+                                 "elastic-v2", "elastic-v2:key=rotate:bias=1:recent=0.25",
+                                 "h2o+merge:merge_to=pos:merge_key=rotate"};
     static const double budgets[] = {0.2, 0.5, 1.0};
     struct ekv_context *cg = gt_ctx_on(m, g_dev, 256), *cc = gt_ctx_on(m, "cpu", 256);
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
@@ -482,7 +485,8 @@ static void same_stats_case(const struct ekv_model *m, struct ekv_context *cg, s
 
 static void test_same_stats(const struct ekv_model *m) {
     static const char *pols[] = {"local",     "h2o",    "scissorhands", "tova",    "roco",       "snapkv",
-                                 "pyramidkv", "vlcache", "random",      "elastic", "elastic-v2", "elastic-v2:key=rotate"};
+                                 "pyramidkv", "vlcache", "random",      "elastic", "elastic-v2", "elastic-v2:key=rotate",
+                                 "snapkv+merge:merge_to=pos"};
     struct ekv_context *cg = gt_ctx_on(m, g_dev, 256), *cc = gt_ctx_on(m, "cpu", 256);
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
         same_stats_case(m, cg, cc, g_toks, pols[pi], EKV_KV_F16);

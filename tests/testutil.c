@@ -2,6 +2,7 @@
 #include "testutil.h"
 
 #include "ekv.h"
+#include "kv/kv.h"
 
 #include <stdlib.h>
 
@@ -55,4 +56,30 @@ bool tu_same_kv_shape(const struct ekv_model *m, const struct ekv_seq *a, const 
     ekv_seq_kv_stats(b, &sb);
     return sa.bytes == sb.bytes && sa.entries == sb.entries && sa.evicted == sb.evicted && sa.merged == sb.merged &&
            ekv_seq_n_seen(a) == ekv_seq_n_seen(b);
+}
+
+enum ekv_status tu_run_forced(struct ekv_context *ctx, int32_t n_vocab, const struct ekv_kv_params *kv,
+                              const int32_t *toks, int n_prompt, int n_gen, float *lg, tu_step_fn step, void *ud) {
+    struct ekv_seq *seq = NULL;
+    const size_t V = (size_t)n_vocab;
+    float *tmp = malloc(V * sizeof *tmp);
+    enum ekv_status s = tmp ? ekv_seq_new(ctx, kv, &seq) : EKV_ERR_NOMEM;
+    if (s == EKV_OK) s = ekv_seq_prefill(seq, toks, n_prompt, lg ? lg : tmp);
+    if (s == EKV_OK && step) step(seq, 0, ud);
+    for (int t = 1; s == EKV_OK && t <= n_gen; t++) {
+        s = ekv_seq_decode(seq, toks[n_prompt + t - 1], lg ? lg + (size_t)t * V : tmp);
+        if (s == EKV_OK && step) step(seq, t, ud);
+    }
+    ekv_seq_free(seq);
+    free(tmp);
+    return s;
+}
+
+enum ekv_status tu_kv_prompt(struct ekv_kv *kv, int T, const float *q, const float *k, const float *v, float *out) {
+    struct ekv_kv_step step = {.is_prompt = true, .last_chunk = true, .pos0 = 0, .n_new = T, .prompt_pos0 = 0,
+                               .prompt_len = T};
+    enum ekv_status st = ekv_kv_begin(kv, &step);
+    if (st == EKV_OK) st = ekv_kv_layer_forward(kv, NULL, 0, &step, q, k, v, out);
+    if (st == EKV_OK) st = ekv_kv_end(kv, &step);
+    return st;
 }

@@ -8,7 +8,10 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+
+#include "ekv.h"
 
 extern int tu_pass, tu_fail;
 
@@ -36,5 +39,18 @@ int test_finish(const char *name);
 struct ekv_model;
 struct ekv_seq;
 bool tu_same_kv_shape(const struct ekv_model *m, const struct ekv_seq *a, const struct ekv_seq *b);
+/* A teacher-forced run on a new sequence of ctx with the KV params kv:
+ * the prompt toks[0, n_prompt), then n_gen decode steps fed toks[n_prompt
+ * + t - 1]. Logits of the prompt and every step into lg [(n_gen + 1)][n_vocab]
+ * when lg is not NULL; step(seq, t, ud) after the prompt (t = 0) and each
+ * step t when not NULL. The first failing status. */
+/* One prompt of T tokens through layer 0 of a cache (ekv_kv_begin,
+ * ekv_kv_layer_forward, ekv_kv_end; no model): queries q [T][n_head][d],
+ * keys k and values v [T][d] of its one KV head, output into out. */
+struct ekv_kv;
+enum ekv_status tu_kv_prompt(struct ekv_kv *kv, int T, const float *q, const float *k, const float *v, float *out);
+typedef void (*tu_step_fn)(struct ekv_seq *seq, int t, void *ud);
+enum ekv_status tu_run_forced(struct ekv_context *ctx, int32_t n_vocab, const struct ekv_kv_params *kv,
+                              const int32_t *toks, int n_prompt, int n_gen, float *lg, tu_step_fn step, void *ud);
 
 #endif

@@ -9,7 +9,7 @@
  * scaled by sqrt(n_embd)). Rows of several sequences can share one forward
  * (batched decode): the weight products run over all rows at once, the
  * attention per sequence. One layer is one call (ekv_forward_layer), so a
- * prompt can also be read layer by layer in bounded pieces (prompt.c).
+ * prompt can also be read layer by layer in bounded pieces (prefill.c).
  *
  * Every operation goes through the sequence's backend (backend.h): the CPU
  * kernels, or a Vulkan GPU that records the whole forward and submits it

@@ -9,7 +9,7 @@
  * VL-Cache: ops->prompt_only) keep T(prompt) and then grow by one entry per
  * generated token, up to T(n) + N when they re-select every N tokens
  * (params.recompress, default 32); a policy with no hook at all (full) keeps everything.
- * While a prompt is read (engine/prompt.c, one layer at a time), the layers
+ * While a prompt is read (engine/prefill.c, one layer at a time), the layers
  * already compressed hold at most T(prompt) each and the current layer the
  * whole prompt; a policy that compresses only after the last layer (no layer
  * hook) holds the whole prompt in every layer until then, and so may a

@@ -1,11 +1,12 @@
 /*
- * eval.h — internal API of libekv_eval, the part of `ekv eval` that does
- * not need a model: quality metrics (ROUGE-L, perplexity, KL, top-1
- * agreement, cache hit rate, Jaccard), evaluation-set readers (JSONL and
- * plain text with --offset/--limit) and result writers (CSV, JSON, Markdown,
- * gnuplot PNGs). The CLI (tools/ekv/cmd_eval.c) drives the engine and feeds
- * these functions; nothing here prints, every failure returns a status and
- * sets ekv_last_error().
+ * eval.h — internal API of libekv_eval, the library behind `ekv eval`:
+ * quality metrics (ROUGE-L, perplexity, KL, top-1 agreement, cache hit
+ * rate, Jaccard), evaluation-set readers (JSONL and plain text with
+ * --offset/--limit), result writers (CSV, JSON, Markdown, gnuplot PNGs),
+ * and the runner (runner.c) that drives a model through include/ekv.h for
+ * each item and policy. The CLI (tools/ekv/cmd_eval.c) parses options and
+ * calls these functions; nothing here prints, every failure returns a
+ * status and sets ekv_last_error().
  *
  * Protocols follow POLICIES.md §13; what each metric computes exactly is
  * written next to its function.

@@ -704,7 +704,7 @@ enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const do
     size_t n = 0;
     for (size_t p = 0; p < n_policies; p++) {
         int found = 0;
-        const size_t nl = strcspn(policies[p], ":"); /* a spec "name:options" names the policy `name` */
+        const size_t nl = strcspn(policies[p], ":+"); /* a spec "name+merge:options" names the policy `name` */
         for (int i = 0; i < ekv_kv_policy_count(); i++)
             found |= strlen(ekv_kv_policy_name(i)) == nl && !strncmp(policies[p], ekv_kv_policy_name(i), nl);
         if (!found || strlen(policies[p]) >= sizeof c->policy) {

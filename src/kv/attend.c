@@ -35,6 +35,7 @@ enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) 
         return ekv_err(EKV_ERR_INVALID_ARG, "kv step: prompt length %d at %lld is invalid",
                        (int)step->prompt_len, (long long)step->prompt_pos0);
     kv->n_seen = step->pos0 + step->n_new;
+    kv->in_prompt = step->is_prompt;
     kv->stats = kv->ops ? kv->ops->stats : 0;
     if (kv->ops && kv->ops->begin) {
         enum ekv_status s = kv->ops->begin(kv, step);

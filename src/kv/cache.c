@@ -186,10 +186,10 @@ static enum ekv_status resolve_storage(struct ekv_kv_params *p, int32_t head_dim
 }
 static bool real_param_ok(double v) { return isnan(v) || isfinite(v); }
 
-/* "key=value:key=value" of a policy spec, through ops->option. */
+/* "key=value:key=value" of a policy spec: merge_* keys to +merge's
+ * options (src/kv/merge.c), the others through ops->option. */
 static enum ekv_status apply_options(struct ekv_kv *kv, const char *opts) {
     char buf[256];
-    if (!kv->ops->option) return ekv_err(EKV_ERR_INVALID_ARG, "takes no options (got '%.64s')", opts);
     if (strlen(opts) >= sizeof buf) return ekv_err(EKV_ERR_INVALID_ARG, "options '%.64s...' are too long", opts);
     snprintf(buf, sizeof buf, "%s", opts);
     for (char *save = NULL, *kvp = strtok_r(buf, ":", &save); kvp; kvp = strtok_r(NULL, ":", &save)) {
@@ -197,8 +197,31 @@ static enum ekv_status apply_options(struct ekv_kv *kv, const char *opts) {
         if (!eq || eq == kvp || !eq[1])
             return ekv_err(EKV_ERR_INVALID_ARG, "option '%.64s' is not key=value", kvp);
         *eq = 0;
-        enum ekv_status s = kv->ops->option(kv, kvp, eq + 1);
+        enum ekv_status s;
+        if (!strncmp(kvp, "merge_", 6))
+            s = kv->merge.on ? ekv_kv_merge_option(&kv->merge, kvp, eq + 1)
+                             : ekv_err(EKV_ERR_INVALID_ARG, "option '%.64s' needs +merge in the spec", kvp);
+        else if (!kv->ops->option)
+            s = ekv_err(EKV_ERR_INVALID_ARG, "takes no options (got '%.64s')", kvp);
+        else
+            s = kv->ops->option(kv, kvp, eq + 1);
         if (s != EKV_OK) return s;
+    }
+    return EKV_OK;
+}
+
+/* The "+modifier" words between a spec's policy name and its options
+ * ("snapkv+merge:merge_to=key"): +merge turns on merging. */
+static enum ekv_status apply_modifiers(struct ekv_kv *kv, const char *spec) {
+    const char *p = spec + strcspn(spec, ":+");
+    while (*p == '+') {
+        const size_t n = strcspn(p + 1, ":+");
+        if (n == 5 && !strncmp(p + 1, "merge", 5) && !kv->merge.on)
+            kv->merge = ekv_kv_merge_defaults();
+        else
+            return ekv_err(EKV_ERR_INVALID_ARG, "unknown or repeated modifier '+%.*s' (known: +merge)", (int)(n < 32 ? n : 32),
+                           p + 1);
+        p += 1 + n;
     }
     return EKV_OK;
 }
@@ -288,7 +311,9 @@ enum ekv_status ekv_kv_new(int32_t n_layer, int32_t n_head, int32_t n_head_kv, i
         kv->ops = ops; /* destroy() runs only after init() was attempted */
         if (ops->init) s = ops->init(kv);
     }
+    if (s == EKV_OK) s = apply_modifiers(kv, name);
     if (s == EKV_OK && strchr(name, ':')) s = apply_options(kv, strchr(name, ':') + 1);
+    if (s == EKV_OK && kv->merge.on && kv->merge.bias) kv->logit_bias = true; /* after the policy's own options */
     if (s != EKV_OK) {
         ekv_kv_free(kv);
         return ekv_err_prefix(s, "kv policy %s", ops->name);
@@ -575,6 +600,8 @@ static enum ekv_status head_compact(struct ekv_kv *kv, struct ekv_kv_head *h, co
 
 enum ekv_status ekv_kv_head_keep(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep) {
     if (!kv || !h || (!keep && h->len > 0)) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_keep: NULL argument");
+    if (kv->merge.on && (kv->in_prompt || !kv->merge.prompt_only) && ekv_keep_next(keep, 0, h->len, false) < h->len)
+        return ekv_kv_merge_dropped(kv, h, keep);
     double dropped = 0.0; /* weights are whole numbers of tokens: any order of sums is exact */
     for (int32_t j = ekv_keep_next(keep, 0, h->len, false); j < h->len; j = ekv_keep_next(keep, j + 1, h->len, false))
         dropped += h->weight[j];
@@ -811,6 +838,7 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
         if (t == j || slot[t] < 0) continue;
         wsum[slot[t]] += h->weight[j];
         merged += h->weight[j];
+        if (kv->merge.on && !kv->merge.stats) continue; /* +merge:merge_stats=0: the survivor keeps its own */
         if (h->colsum) h->colsum[t] += h->colsum[j];
         if (h->count) h->count[t] += h->count[j];
         if (h->sumsq) h->sumsq[t] += h->sumsq[j];

@@ -138,20 +138,10 @@ struct v2_state {
     double *hscore;  /* [2][T] one head's scores (value weights), group weights */
     int32_t *idx;    /* [T] */
     int32_t *into;   /* [T] merge targets (read-only for merge_head) */
-    float *K, *V;    /* [T][d] gathered rows */
-    float *Ks, *Vs;  /* [T][d] survivors' new rows */
-    double *acc;     /* [T][2][d] survivors' sums of keys and values */
-    float *tmp;      /* [d] */
     size_t cap;
 };
 
 /* ---- options ---- */
-
-static bool parse_bool(const char *v, bool *out) {
-    if (!strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "true")) return *out = true, true;
-    if (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "false")) return *out = false, true;
-    return false;
-}
 
 static enum ekv_status v2_option(struct v2_opts *o, const char *key, const char *v) {
     bool ok = true;
@@ -183,12 +173,12 @@ static enum ekv_status v2_option(struct v2_opts *o, const char *key, const char 
         else if (!strcmp(v, "head")) o->per_head = true;
         else ok = false;
     } else if (!strcmp(key, "merge")) {
-        ok = parse_bool(v, &o->merge);
+        ok = ekv_kv_option_bool(v, &o->merge);
     } else if (!strcmp(key, "bias")) {
-        ok = parse_bool(v, &o->bias);
+        ok = ekv_kv_option_bool(v, &o->bias);
     } else if (!strcmp(key, "paper")) {
         bool on = false;
-        ok = parse_bool(v, &on);
+        ok = ekv_kv_option_bool(v, &on);
         if (ok && on) *o = PAPER;
     } else {
         return ekv_err(EKV_ERR_INVALID_ARG,
@@ -233,11 +223,8 @@ static enum ekv_status v2_init(struct ekv_kv *kv) {
 
 static void free_scratch(struct v2_state *s) {
     free(s->score); free(s->hscore); free(s->idx); free(s->into);
-    free(s->K); free(s->V); free(s->Ks); free(s->Vs); free(s->acc); free(s->tmp);
     s->score = s->hscore = NULL;
     s->idx = s->into = NULL;
-    s->K = s->V = s->Ks = s->Vs = s->tmp = NULL;
-    s->acc = NULL;
     s->cap = 0;
 }
 
@@ -276,23 +263,16 @@ static enum ekv_status v2_state_load(struct ekv_kv *kv, struct ekv_rbuf *r) {
     return r->bad ? ekv_err(EKV_ERR_FORMAT, "elastic-v2: truncated state") : EKV_OK;
 }
 
-/* Scratch for T entries of head_dim d. */
-static enum ekv_status scratch(struct v2_state *s, int32_t T, int32_t d) {
-    if ((size_t)T <= s->cap && s->acc) return EKV_OK;
+/* Scratch for T entries. */
+static enum ekv_status scratch(struct v2_state *s, int32_t T) {
+    if ((size_t)T <= s->cap && s->into) return EKV_OK;
     free_scratch(s);
-    size_t n = (size_t)(T > 16 ? T : 16), nd;
-    if (!ekv_mul_ok(n, (size_t)d, &nd)) return ekv_err(EKV_ERR_OVERFLOW, "elastic-v2: %d entries", (int)T);
+    const size_t n = (size_t)(T > 16 ? T : 16);
     s->score = malloc(n * sizeof *s->score);
     s->hscore = malloc(2 * n * sizeof *s->hscore);
     s->idx = malloc(n * sizeof *s->idx);
     s->into = malloc(n * sizeof *s->into);
-    s->K = malloc(nd * sizeof *s->K);
-    s->V = malloc(nd * sizeof *s->V);
-    s->Ks = malloc(nd * sizeof *s->Ks);
-    s->Vs = malloc(nd * sizeof *s->Vs);
-    s->acc = malloc(2 * nd * sizeof *s->acc);
-    s->tmp = malloc((size_t)d * sizeof *s->tmp);
-    if (!s->score || !s->hscore || !s->idx || !s->into || !s->K || !s->V || !s->Ks || !s->Vs || !s->acc || !s->tmp) {
+    if (!s->score || !s->hscore || !s->idx || !s->into) {
         free_scratch(s);
         return ekv_err(EKV_ERR_NOMEM, "elastic-v2: scratch for %d entries", (int)T);
     }
@@ -352,67 +332,23 @@ static enum ekv_status scores(const struct ekv_kv *kv, const struct v2_state *s,
 /* ---- merging ---- */
 
 /* Merges head h by into[] (ekv_kv_head_merge's convention) with the key and
- * value rules of the options; member weights use the head's own scores. */
+ * value rules of the options (merge.c's rule, shared with +merge); member
+ * weights use the head's own scores. */
 static enum ekv_status merge_head(struct ekv_kv *kv, struct v2_state *s, struct ekv_kv_head *h, const int32_t *into) {
-    const int32_t T = h->len, d = kv->head_dim;
+    const int32_t T = h->len;
     const struct v2_opts *o = &s->o;
     if (!o->merge) { /* eviction control: members are dropped */
         uint8_t *keep = (uint8_t *)s->hscore; /* T bytes fit in T doubles */
         for (int32_t j = 0; j < T; j++) keep[j] = (uint8_t)(into[j] == j);
         return ekv_kv_head_keep(kv, h, keep);
     }
-    /* Elastic's plain weighted mean is cache.c's own */
-    if (o->key == KEY_MEAN && !o->value_attn) return ekv_kv_head_merge(kv, h, into);
-    if (o->key == KEY_ROTATE && kv->rope.dim <= 0)
-        return ekv_err(EKV_ERR_INVALID_ARG, "elastic-v2: key=rotate needs the model's RoPE, and this cache was made "
-                                            "without it (kv->rope unset; ekv_seq_new sets it)");
-
-    enum ekv_status st = ekv_kv_head_gather(kv, h, NULL, T, s->K, s->V);
-    if (st != EKV_OK) return st;
-    for (int32_t j = 0; j < T; j++) s->hscore[j] = head_score(s, h, j);
-    /* per survivor t: members (s->idx), the sum of attention weights of its
-     * group (s->score; uniform weights when it is 0), then the sums */
-    double *gsum = s->score;
-    int32_t *cnt = s->idx;
-    for (int32_t j = 0; j < T; j++) gsum[j] = 0.0, cnt[j] = 0;
-    for (int32_t j = 0; j < T; j++) {
-        if (into[j] < 0) continue;
-        cnt[into[j]]++;
-        if (o->value_attn && s->hscore[j] > 0) gsum[into[j]] += s->hscore[j];
-    }
-    for (int32_t t = 0; t < T; t++)
-        if (into[t] == t && cnt[t] > 1) memset(s->acc + (size_t)t * 2 * d, 0, 2 * (size_t)d * sizeof *s->acc);
-    double *W = s->hscore + T; /* [T] second half of the double scratch */
-    for (int32_t t = 0; t < T; t++) W[t] = 0.0;
-    for (int32_t j = 0; j < T; j++) {
-        const int32_t t = into[j];
-        if (t < 0 || cnt[t] < 2) continue;
-        double w = h->weight[j];
-        if (o->value_attn && gsum[t] > 0) w *= s->hscore[j] > 0 ? s->hscore[j] : 0.0;
-        const float *kj = s->K + (size_t)j * d;
-        if (o->key == KEY_ROTATE && h->pos[j] != h->pos[t]) { /* the member's key in the anchor's frame */
-            memcpy(s->tmp, kj, (size_t)d * sizeof *s->tmp);
-            ekv_rope_shift_ext(&kv->rope, (int64_t)h->pos[t] - h->pos[j], s->tmp, 1, d);
-            kj = s->tmp;
-        }
-        double *ak = s->acc + (size_t)t * 2 * d, *av = ak + d;
-        const float *vj = s->V + (size_t)j * d;
-        for (int32_t c = 0; c < d; c++) {
-            ak[c] += w * kj[c];
-            av[c] += w * vj[c];
-        }
-        W[t] += w;
-    }
-    for (int32_t t = 0; t < T; t++) {
-        if (into[t] != t || cnt[t] < 2) continue;
-        const double *ak = s->acc + (size_t)t * 2 * d, *av = ak + d;
-        float *kt = s->Ks + (size_t)t * d, *vt = s->Vs + (size_t)t * d;
-        for (int32_t c = 0; c < d; c++) {
-            kt[c] = o->key == KEY_ANCHOR ? s->K[(size_t)t * d + c] : (float)(ak[c] / W[t]);
-            vt[c] = (float)(av[c] / W[t]);
-        }
-    }
-    return ekv_kv_head_merge_set(kv, h, into, s->Ks, s->Vs);
+    if (o->value_attn)
+        for (int32_t j = 0; j < T; j++) s->hscore[j] = head_score(s, h, j);
+    const enum ekv_merge_key key = o->key == KEY_ROTATE   ? EKV_MERGE_KEY_ROTATE
+                                   : o->key == KEY_ANCHOR ? EKV_MERGE_KEY_ANCHOR
+                                                          : EKV_MERGE_KEY_MEAN;
+    enum ekv_status st = ekv_kv_head_merge_rule(kv, h, into, key, o->value_attn ? s->hscore : NULL);
+    return st == EKV_OK ? st : ekv_err_prefix(st, "elastic-v2");
 }
 
 /* Elastic's fixed point for a cache of N entries (elastic.c). */
@@ -461,7 +397,7 @@ static enum ekv_status prefill_merge(struct ekv_kv *kv, struct v2_state *s, int 
     struct ekv_kv_layer *ly = &kv->layers[il];
     const int32_t start = EKV_MIN(kv->params.sinks, N - 1);
     const int32_t W = recent_window(&s->o, N, start);
-    enum ekv_status st = scratch(s, T, kv->head_dim);
+    enum ekv_status st = scratch(s, T);
     int32_t *into = s->into;
     for (int hh = 0; hh < kv->n_head_kv && st == EKV_OK; hh++) {
         if (hh == 0 || s->o.per_head) {
@@ -487,7 +423,7 @@ static enum ekv_status fixed_eliminate(struct ekv_kv *kv, struct v2_state *s, in
     if (p > T - 1 - cnt) p = T - 1 - cnt;
     if (p < 0) p = 0;
     struct ekv_kv_layer *ly = &kv->layers[il];
-    enum ekv_status st = scratch(s, T, kv->head_dim);
+    enum ekv_status st = scratch(s, T);
     uint8_t *keep = (uint8_t *)s->hscore;
     for (int32_t j = 0; j < T; j++) keep[j] = (uint8_t)(j < p || j >= p + cnt);
     for (int hh = 0; hh < kv->n_head_kv && st == EKV_OK; hh++) st = ekv_kv_head_keep(kv, &ly->heads[hh], keep);
@@ -505,7 +441,7 @@ static enum ekv_status window_step(struct ekv_kv *kv, struct v2_state *s, int il
         const int32_t start = EKV_MIN(kv->params.sinks, N - 1);
         const int32_t W = recent_window(&s->o, N, start);
         const int32_t m0 = start, m1 = T - W; /* candidates */
-        st = scratch(s, T, kv->head_dim);
+        st = scratch(s, T);
         int32_t victim = -1;
         for (int hh = 0; hh < kv->n_head_kv && st == EKV_OK; hh++) {
             struct ekv_kv_head *h = &ly->heads[hh];

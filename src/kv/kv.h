@@ -151,6 +151,23 @@ struct ekv_policy_ops {
     enum ekv_status (*state_load)(struct ekv_kv *kv, struct ekv_rbuf *r);
 };
 
+/* "+merge" in a policy spec (src/kv/merge.c): the policy's evictions
+ * become merges into kept entries. */
+enum ekv_merge_to { EKV_MERGE_TO_POS, EKV_MERGE_TO_KEY };
+/* The key of a merged entry: weighted mean of the cached (rotated) keys,
+ * the survivor's own key, or the mean of the keys turned to the survivor's
+ * position (elastic-v2's key=, +merge's merge_key=). */
+enum ekv_merge_key { EKV_MERGE_KEY_MEAN, EKV_MERGE_KEY_ANCHOR, EKV_MERGE_KEY_ROTATE };
+struct ekv_kv_merge {
+    bool on;               /* the spec says +merge */
+    enum ekv_merge_to to;  /* which kept entry a dropped one joins */
+    double sim;            /* merge_to=key: least cosine similarity to join, else dropped */
+    enum ekv_merge_key key;
+    bool bias;             /* sets kv->logit_bias */
+    bool stats;            /* a survivor's additive statistics take its members' */
+    bool prompt_only;      /* merge at the prompt's compression only; decode steps evict */
+};
+
 struct ekv_kv {
     int32_t n_layer;
     int32_t n_head;       /* query heads */
@@ -158,6 +175,7 @@ struct ekv_kv {
     int32_t head_dim;
     struct ekv_kv_layer *layers; /* [n_layer] */
     int64_t n_seen;       /* tokens seen, including the current forward's */
+    bool in_prompt;       /* the current forward reads a prompt (ekv_kv_begin) */
     unsigned stats;       /* EKV_STAT_* flags collected by attention */
     unsigned extra_stats; /* EKV_STAT_* flags collected on top of the policy's (set by
                              evaluation code, e.g. LASTROW for cache hit rates); 0 by default */
@@ -171,6 +189,7 @@ struct ekv_kv {
                                     cache, ekv_seq_new; dim 0 = unknown), for policies that move keys between
                                     positions (elastic-v2:key=rotate, ekv_rope_shift_ext) */
     struct ekv_kv_params params;  /* defaults resolved by configure() */
+    struct ekv_kv_merge merge;    /* "+merge" (on = false without it) */
     char policy_name[32];
     char spec[256];       /* the policy spec as given ("name" or "name:key=value:..."), for saved caches */
     const struct ekv_policy_ops *ops;
@@ -242,11 +261,32 @@ enum ekv_status ekv_kv_head_merge(struct ekv_kv *kv, struct ekv_kv_head *h, cons
 enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into,
                                       const float *k_set, const float *v_set);
 
+/* A boolean option value of a policy spec: 1/on/true or 0/off/false into
+ * *out; false for anything else (src/kv/policy.c). */
+bool ekv_kv_option_bool(const char *v, bool *out);
+
+/* ---- merging (src/kv/merge.c) ---- */
+
+/* +merge's defaults: merge_to=key, merge_sim=0.7, merge_key=mean, merge_bias=1,
+ * merge_stats=1, merge_at=all. */
+struct ekv_kv_merge ekv_kv_merge_defaults(void);
+/* One "merge_*" option of a spec into m; EKV_ERR_INVALID_ARG names a bad key or value. */
+enum ekv_status ekv_kv_merge_option(struct ekv_kv_merge *m, const char *key, const char *value);
+/* ekv_kv_head_merge (into[] convention) with the merged key by `key` and,
+ * when score is not NULL, member weights weight[j] x max(score[j], 0) in
+ * groups whose scores sum above 0 (elastic-v2's value=attn). MEAN without
+ * scores is ekv_kv_head_merge itself; ROTATE needs kv->rope. */
+enum ekv_status ekv_kv_head_merge_rule(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into,
+                                       enum ekv_merge_key key, const double *score);
+/* +merge: the entries with keep[j] == 0 join kept entries by kv->merge
+ * (called by ekv_kv_head_keep when kv->merge.on and something is dropped). */
+enum ekv_status ekv_kv_merge_dropped(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep);
+
 /* ---- entry access (src/kv/cache.c) ----
  * The ONLY way for code outside cache.c / attend.c (policies, tests, eval)
  * to read or write cached keys and values: the storage behind a head is
  * private and becomes typed (f16, q8_0, q4_0, KIVI groups; issue 11), so
- * never touch h->k / h->v. Reads give floats (dequantised); writes take
+ * never touch the stores h->ks / h->vs. Reads give floats (dequantised); writes take
  * floats and quantise as the storage type needs. Positions, tags, weights
  * and statistics stay plain arrays of the head.
  *

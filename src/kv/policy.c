@@ -32,7 +32,7 @@ static const struct ekv_policy_ops *const g_policies[] = {
 
 const struct ekv_policy_ops *ekv_policy_find(const char *name) {
     if (!name) return NULL;
-    const size_t n = strcspn(name, ":");
+    const size_t n = strcspn(name, ":+"); /* "name", "name+merge", "name:options" */
     for (size_t i = 0; i < EKV_ARRAY_LEN(g_policies); i++)
         if (strlen(g_policies[i]->name) == n && strncmp(g_policies[i]->name, name, n) == 0) return g_policies[i];
     return NULL;
@@ -86,6 +86,14 @@ struct ekv_kv_params ekv_kv_default_params(void) {
     p.kv_group = -1;
     p.kv_residual = -1;
     return p;
+}
+
+/* ---- option values ---- */
+
+bool ekv_kv_option_bool(const char *v, bool *out) {
+    if (!strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "true")) return *out = true, true;
+    if (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "false")) return *out = false, true;
+    return false;
 }
 
 /* ---- top-k ---- */

@@ -381,8 +381,8 @@ static const struct cli_opt k_opts[] = {
 const char *cli_check_policy(const char *name) {
     static char msg[512];
     for (int i = 0; i < ekv_kv_policy_count(); i++)
-        if (name && strlen(ekv_kv_policy_name(i)) == strcspn(name, ":") &&
-            !strncmp(name, ekv_kv_policy_name(i), strcspn(name, ":")))
+        if (name && strlen(ekv_kv_policy_name(i)) == strcspn(name, ":+") &&
+            !strncmp(name, ekv_kv_policy_name(i), strcspn(name, ":+")))
             return NULL; /* "name" or a spec "name:opt=val:..." (the policy checks its options) */
     size_t used = (size_t)snprintf(msg, sizeof msg, "unknown KV policy '%.64s' (known:", name ? name : "");
     for (int i = 0; i < ekv_kv_policy_count() && used < sizeof msg; i++)
@@ -915,6 +915,10 @@ void cli_print_help(FILE *out, const struct cli_params *p, const struct cli_help
         fprintf(out, "policies:\n");
         for (int i = 0; i < ekv_kv_policy_count(); i++)
             fprintf(out, "  %-13s %s\n", ekv_kv_policy_name(i), ekv_kv_policy_summary(i));
+        fprintf(out, "  NAME+merge    any policy, its evicted entries merged into kept ones instead of dropped\n"
+                     "                (options merge_to=key|pos, merge_sim=F (0.7), merge_key=mean|anchor|rotate,\n"
+                     "                merge_bias=1|0, merge_stats=1|0, merge_at=all|prompt; e.g.\n"
+                     "                snapkv+merge:merge_sim=0.8; docs/policies.md)\n");
         fputc('\n', out);
     }
     if (p->tool & (CLI_RUN | CLI_EVAL | CLI_SERVE)) {
