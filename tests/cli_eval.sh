@@ -36,6 +36,32 @@ grep -qi "second" "$T/a/results.csv" && bad "timings in CSV" || ok
 [ $? -eq 0 ] && cmp -s "$T/a/results.csv" "$T/b/results.csv" && ok || bad "CSV differs on a rerun"
 grep -q '"results"' "$T/b.json" && cmp -s "$T/b.json" "$T/b/results.json" && ok || bad "--json stdout"
 
+# --per-item JSONL (one line per unit and cell, the cell's PPL pooled back from
+# its lines) and --compare-to (ppl_ratio rows; the baseline's own is 1 in [1, 1])
+"$EKV" eval --limit 3 -c 512 -n 24 --metric ppl,kl --kv-policy h2o,h2o+merge,local --kv-budget 0.3 \
+  --compare-to h2o --per-item "$T/pi.jsonl" -o "$T/p" --no-plot > /dev/null 2> "$T/p.err"
+[ $? -eq 0 ] && ok || { bad "--per-item/--compare-to run failed"; cat "$T/p.err" >&2; }
+[ "$(wc -l < "$T/pi.jsonl")" -eq 9 ] && [ ! -e "$T/pi.jsonl.tmp" ] && ok || bad "per-item lines: $(wc -l < "$T/pi.jsonl")"
+pooled=$(grep '"policy":"local"' "$T/pi.jsonl" | sed 's/.*"tokens":\([0-9]*\),"nll":\([-0-9.e+]*\).*/\1 \2/' \
+  | awk '{ t += $1; n += $2 } END { printf "%.4f", exp(n / t) }')
+csv=$(grep "^local,f16,0.3,ppl," "$T/p/results.csv" | cut -d, -f5)
+awk -v a="$pooled" -v b="$csv" 'BEGIN { exit !(a > 0 && (a - b) ^ 2 < 1e-6) }' && ok || bad "per-item pooled ppl $pooled vs $csv"
+grep -q "^h2o,f16,0.3,ppl_ratio,1,3$" "$T/p/results.csv" && grep -q "^h2o,f16,0.3,ppl_ratio_lo,1,3$" "$T/p/results.csv" \
+  && ok || bad "the baseline's own ratio must be 1 in [1, 1]"
+lr=$(grep "^local,f16,0.3,ppl_ratio," "$T/p/results.csv" | cut -d, -f5); hp=$(grep "^h2o,f16,0.3,ppl," "$T/p/results.csv" | cut -d, -f5)
+lo=$(grep "^local,f16,0.3,ppl_ratio_lo," "$T/p/results.csv" | cut -d, -f5); hi=$(grep "^local,f16,0.3,ppl_ratio_hi," "$T/p/results.csv" | cut -d, -f5)
+awk -v r="$lr" -v p="$csv" -v h="$hp" -v lo="$lo" -v hi="$hi" 'BEGIN { exit !((r - p / h) ^ 2 < 1e-6 && lo <= r && r <= hi) }' \
+  && ok || bad "local's ratio $lr in [$lo, $hi] vs $csv / $hp"
+# --compare-to base: X+merge over X, nothing for cells without +merge
+"$EKV" eval --limit 3 -c 512 -n 24 --metric ppl --kv-policy h2o,h2o+merge,local --kv-budget 0.3 --compare-to base \
+  -o "$T/pb" --no-plot > /dev/null 2>&1
+mr=$(grep "^h2o+merge,f16,0.3,ppl_ratio," "$T/pb/results.csv" | cut -d, -f5)
+mp=$(grep "^h2o+merge,f16,0.3,ppl," "$T/pb/results.csv" | cut -d, -f5)
+awk -v r="$mr" -v p="$mp" -v h="$hp" 'BEGIN { exit !(r > 0 && (r - p / h) ^ 2 < 1e-6) }' \
+  && ! grep -q "^local,f16,0.3,ppl_ratio" "$T/pb/results.csv" && ok || bad "--compare-to base: $mr vs $mp / $hp"
+"$EKV" eval --limit 1 -c 512 --kv-policy h2o,local --compare-to snapkv -o "$T/bad" --no-plot > /dev/null 2> "$T/bad.err"
+[ $? -eq 1 ] && grep -q "snapkv" "$T/bad.err" && ok || bad "--compare-to a policy outside the list must exit 1"
+
 # storage types as a grid axis: kv_type column, real bytes (f16 half of f32), the Pareto plot script
 "$EKV" eval --limit 2 -c 512 --metric ppl --kv-policy full,h2o --kv-budget 0.5 --kv-type f32,f16 -o "$T/t" \
   > "$T/t.md" 2> "$T/t.err"

@@ -274,6 +274,46 @@ static void test_perplexity(void) {
     CHECK(ekv_ppl_add_nll(&b, -0.5) == EKV_ERR_INVALID_ARG);
 }
 
+/* Paired bootstrap of a PPL ratio on known cases: equal policies give 1
+ * and [1, 1]; a constant per-token NLL shift d gives exp(d) on every
+ * resample; with 3 units the interval's ends are the smallest and largest
+ * ratios of any resample (each single-unit resample, probability 1/27 >
+ * 2.5 %, is drawn among 4000); the interval is the same on a rerun and
+ * moves with the seed only inside those bounds; bad input is refused. */
+static void test_bootstrap(void) {
+    const double a[3] = {30.0, 80.0, 20.0}, same[3] = {30.0, 80.0, 20.0};
+    const size_t tok[3] = {10, 40, 10};
+    double r, lo, hi, r2, lo2, hi2;
+    CHECK_OK(ekv_bootstrap_ppl_ratio(a, same, tok, 3, 500, 1, &r, &lo, &hi));
+    CHECK(r == 1.0 && lo == 1.0 && hi == 1.0);
+    double shifted[3];
+    for (int i = 0; i < 3; i++) shifted[i] = a[i] + 0.25 * (double)tok[i];
+    CHECK_OK(ekv_bootstrap_ppl_ratio(shifted, a, tok, 3, 500, 1, &r, &lo, &hi));
+    CHECK_NEAR(r, exp(0.25), 1e-12);
+    CHECK_NEAR(lo, exp(0.25), 1e-12);
+    CHECK_NEAR(hi, exp(0.25), 1e-12);
+    /* unit ratios differ: per-token NLL differences 0.5, -0.25, 0 */
+    const double b[3] = {25.0, 90.0, 20.0};
+    CHECK_OK(ekv_bootstrap_ppl_ratio(a, b, tok, 3, 4000, 7, &r, &lo, &hi));
+    CHECK_NEAR(r, exp((130.0 - 135.0) / 60.0), 1e-12);
+    CHECK_NEAR(lo, exp(-0.25), 1e-12); /* all three draws unit 1 */
+    CHECK_NEAR(hi, exp(0.5), 1e-12);   /* all three draws unit 0 */
+    CHECK_OK(ekv_bootstrap_ppl_ratio(a, b, tok, 3, 4000, 7, &r2, &lo2, &hi2));
+    CHECK(r2 == r && lo2 == lo && hi2 == hi);
+    /* more units: the interval holds the ratio and is narrower than the range */
+    enum { N = 40 };
+    double x[N], y[N];
+    size_t t[N];
+    for (int i = 0; i < N; i++) t[i] = 50, y[i] = 100.0 + i, x[i] = y[i] + 2.0 + (i % 5);
+    CHECK_OK(ekv_bootstrap_ppl_ratio(x, y, t, N, 2000, 3, &r, &lo, &hi));
+    CHECK_MSG(lo < r && r < hi && lo > exp(2.0 / 50) && hi < exp(6.0 / 50), "ratio %g in [%g, %g]", r, lo, hi);
+    CHECK(ekv_bootstrap_ppl_ratio(x, y, t, 0, 10, 1, &r, &lo, &hi) == EKV_ERR_INVALID_ARG);
+    const size_t zero[3] = {0, 0, 0};
+    CHECK(ekv_bootstrap_ppl_ratio(a, b, zero, 3, 10, 1, &r, &lo, &hi) == EKV_ERR_INVALID_ARG);
+    const double neg[3] = {-1.0, 1.0, 1.0};
+    CHECK(ekv_bootstrap_ppl_ratio(neg, b, tok, 3, 10, 1, &r, &lo, &hi) == EKV_ERR_INVALID_ARG);
+}
+
 static void test_kl_top1(void) {
     /* identical distributions -> 0 exactly */
     const float a[4] = {0.5f, -1.0f, 2.0f, 0.0f};
@@ -771,6 +811,7 @@ int main(void) {
     test_rouge_limits();
     test_perplexity();
     test_kl_top1();
+    test_bootstrap();
     test_sets();
     test_dataset_jsonl();
     test_dataset_huge_line();

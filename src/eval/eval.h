@@ -147,6 +147,21 @@ struct ekv_kl_acc {
     size_t n_positions;
     size_t top1_agree;  /* positions where argmax(full) == argmax(policy) */
 };
+/* ------------------------------------------------------------------------ */
+/* Paired bootstrap of a perplexity ratio                                     */
+/* ------------------------------------------------------------------------ */
+
+/* The PPL of A over the PPL of B on the same n units (unit i: NLL sums
+ * nll_a[i], nll_b[i] over tok[i] scored tokens, the same tokens for both),
+ * pooled as the PPL is (exp(sum nll / sum tokens)): *ratio on all units,
+ * and the 95 % percentile interval [*lo, *hi] of the ratio over `resamples`
+ * resamplings of the units with replacement (the same units for A and B:
+ * paired), drawn by a fixed generator from seed (the same interval on every
+ * run). A resample without a scored token is drawn again. n >= 1,
+ * resamples >= 1; every tok[i] counted, at least one > 0. */
+enum ekv_status ekv_bootstrap_ppl_ratio(const double *nll_a, const double *nll_b, const size_t *tok, size_t n,
+                                        size_t resamples, uint64_t seed, double *ratio, double *lo, double *hi);
+
 void ekv_kl_init(struct ekv_kl_acc *acc);
 enum ekv_status ekv_kl_add(struct ekv_kl_acc *acc, const float *logits_full,
                            const float *logits_policy, size_t n_vocab);
@@ -388,6 +403,8 @@ struct ekv_eval_cell {
     struct ekv_mean_acc kv_bytes_frac; /* those bytes / a full f32 cache's bytes, mean */
 };
 void ekv_eval_cell_init(struct ekv_eval_cell *c);
+/* Adds src's measurements to dst (every accumulator). */
+void ekv_eval_cell_merge(struct ekv_eval_cell *dst, const struct ekv_eval_cell *src);
 
 /* An evaluation unit is what one fresh sequence processes: a JSONL item
  * (prompt + answer) or one window of at most n_ctx tokens of a text

@@ -448,6 +448,53 @@ enum ekv_status ekv_kl_add(struct ekv_kl_acc *acc, const float *logits_full,
     return EKV_OK;
 }
 
+/* ---- paired bootstrap ---- */
+
+static uint64_t boot_next(uint64_t *x) { /* splitmix64 */
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+enum ekv_status ekv_bootstrap_ppl_ratio(const double *nll_a, const double *nll_b, const size_t *tok, size_t n,
+                                        size_t resamples, uint64_t seed, double *ratio, double *lo, double *hi) {
+    if (!nll_a || !nll_b || !tok || !ratio || !lo || !hi || n == 0 || resamples == 0)
+        return ekv_err(EKV_ERR_INVALID_ARG, "bootstrap: %zu units, %zu resamples", n, resamples);
+    double da = 0, db = 0, t = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(nll_a[i]) || !isfinite(nll_b[i]) || nll_a[i] < 0 || nll_b[i] < 0)
+            return ekv_err(EKV_ERR_INVALID_ARG, "bootstrap: unit %zu has NLL %g / %g", i, nll_a[i], nll_b[i]);
+        da += nll_a[i], db += nll_b[i], t += (double)tok[i];
+    }
+    if (t <= 0) return ekv_err(EKV_ERR_INVALID_ARG, "bootstrap: no scored token in %zu units", n);
+    *ratio = exp((da - db) / t);
+    double *r = malloc(resamples * sizeof *r);
+    if (!r) return ekv_err(EKV_ERR_NOMEM, "bootstrap: %zu resamples", resamples);
+    uint64_t x = seed;
+    for (size_t k = 0; k < resamples; k++) {
+        double sa, sb, st;
+        do {
+            sa = sb = st = 0;
+            for (size_t j = 0; j < n; j++) {
+                const size_t i = (size_t)(boot_next(&x) % n);
+                sa += nll_a[i], sb += nll_b[i], st += (double)tok[i];
+            }
+        } while (st <= 0);
+        r[k] = exp((sa - sb) / st);
+    }
+    qsort(r, resamples, sizeof *r, cmp_double);
+    *lo = r[(size_t)floor(0.025 * (double)(resamples - 1))];
+    *hi = r[(size_t)ceil(0.975 * (double)(resamples - 1))];
+    free(r);
+    return EKV_OK;
+}
+
 void ekv_kl_merge(struct ekv_kl_acc *dst, const struct ekv_kl_acc *src) {
     dst->kl_sum += src->kl_sum;
     dst->n_positions += src->n_positions;

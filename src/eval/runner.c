@@ -37,6 +37,25 @@ void ekv_eval_cell_init(struct ekv_eval_cell *c) {
     ekv_kl_init(&c->kl);
 }
 
+static void mean_merge(struct ekv_mean_acc *d, const struct ekv_mean_acc *s) {
+    d->sum += s->sum;
+    d->n += s->n;
+}
+
+void ekv_eval_cell_merge(struct ekv_eval_cell *dst, const struct ekv_eval_cell *src) {
+    ekv_ppl_merge(&dst->ppl, &src->ppl);
+    ekv_kl_merge(&dst->kl, &src->kl);
+    mean_merge(&dst->rouge_f, &src->rouge_f);
+    mean_merge(&dst->rouge_p, &src->rouge_p);
+    mean_merge(&dst->rouge_r, &src->rouge_r);
+    mean_merge(&dst->hit_rate, &src->hit_rate);
+    mean_merge(&dst->jaccard, &src->jaccard);
+    mean_merge(&dst->acc, &src->acc);
+    mean_merge(&dst->kv_frac, &src->kv_frac);
+    mean_merge(&dst->kv_bytes, &src->kv_bytes);
+    mean_merge(&dst->kv_bytes_frac, &src->kv_bytes_frac);
+}
+
 /* ---- set-up ---- */
 
 /* Tokenises text into a malloc'd array (*toks, *n). */

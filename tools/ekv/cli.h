@@ -107,6 +107,8 @@ struct cli_params {
     const char *out_dir;
     bool plot;
     const char *image_dir;
+    const char *per_item;   /* --per-item FILE (JSONL) or NULL */
+    const char *compare_to; /* --compare-to POLICY or NULL */
     /* bench */
     struct cli_list n_prompt, n_gen, depth, batch, threads_list;
     long reps;

@@ -7,7 +7,9 @@
  * cells with a progress line, and writes the reports.
  */
 #include <errno.h>
+#include <math.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -133,6 +135,7 @@ struct eval {
     struct ekv_vision *vision;
     char *data_dir;
     struct ekv_eval_cell *acc; /* [n_types][n_cells] */
+    struct ekv_eval_cell *unit_acc; /* [n_units][n_types][n_cells]: each unit's own, for --per-item / --compare-to */
     double *cell_s;            /* [n_types][n_cells] seconds per cell */
     double total_s, ref_s;
     struct ekv_report rep;
@@ -176,6 +179,12 @@ static int eval_parse(struct eval *e, int argc, char **argv) {
             return cli_usage_error(CMD, "--kv-type: %s", err);
         if (a->k == a->v) snprintf(a->label, sizeof a->label, "%s", ekv_kv_type_name(a->k));
         else snprintf(a->label, sizeof a->label, "%s/%s", ekv_kv_type_name(a->k), ekv_kv_type_name(a->v));
+    }
+    if (p->compare_to) {
+        bool found = !strcmp(p->compare_to, "base");
+        for (size_t c = 0; c < e->n_cells; c++) found |= !strcmp(e->cells[c].policy, p->compare_to);
+        if (!found) return cli_usage_error(CMD, "--compare-to: '%s' is not one of the --kv-policy list", p->compare_to);
+        if (!(e->cfg.metrics & EKV_METRIC_PPL)) return cli_usage_error(CMD, "--compare-to needs --metric ppl");
     }
     e->model_path = p->model ? p->model : cli_default_model();
     e->data_path = p->data ? p->data : default_data();
@@ -228,10 +237,15 @@ static bool eval_setup(struct eval *e) {
             basename_of(e->model_path), basename_of(e->data_path), e->ds.n_items, e->run.n_units, e->run.n_skipped,
             e->n_cells * e->n_types, e->run.n_ctx, e->n_threads);
     if ((s = ekv_eval_grid_check(&e->run, &e->p.kv, e->cells, e->n_cells)) != EKV_OK) return cli_fail(CMD, s), false;
-    e->acc = calloc(e->n_cells * e->n_types, sizeof *e->acc);
-    e->cell_s = calloc(e->n_cells * e->n_types, sizeof *e->cell_s);
-    if (!e->acc || !e->cell_s) return cli_fail(CMD, EKV_ERR_NOMEM), false;
-    for (size_t c = 0; c < e->n_cells * e->n_types; c++) ekv_eval_cell_init(&e->acc[c]);
+    const size_t nct = e->n_cells * e->n_types;
+    if (e->run.n_units > SIZE_MAX / nct) return cli_fail(CMD, EKV_ERR_OVERFLOW), false;
+    const size_t nu = nct * e->run.n_units;
+    e->acc = calloc(nct, sizeof *e->acc);
+    e->cell_s = calloc(nct, sizeof *e->cell_s);
+    e->unit_acc = calloc(nu, sizeof *e->unit_acc);
+    if (!e->acc || !e->cell_s || !e->unit_acc) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    for (size_t c = 0; c < nct; c++) ekv_eval_cell_init(&e->acc[c]);
+    for (size_t c = 0; c < nu; c++) ekv_eval_cell_init(&e->unit_acc[c]);
     return true;
 }
 
@@ -251,12 +265,14 @@ static bool eval_run(struct eval *e) {
             kv.type_k = e->types[ty].k;
             kv.type_v = e->types[ty].v;
             t = cli_now();
-            if ((s = ekv_eval_unit_run(&e->run, &kv, &e->acc[ct])) != EKV_OK) {
+            struct ekv_eval_cell *one = &e->unit_acc[u * e->n_cells * e->n_types + ct];
+            if ((s = ekv_eval_unit_run(&e->run, &kv, one)) != EKV_OK) {
                 fprintf(stderr, "ekv eval: error in %s (%s) at budget %g, unit %zu:\n", e->cells[c].policy,
                         e->types[ty].label, e->cells[c].budget, u);
                 return cli_fail(CMD, s), false;
             }
             e->cell_s[ct] += cli_now() - t;
+            ekv_eval_cell_merge(&e->acc[ct], one);
         }
         show_progress(&pg, u + 1, e->run.n_units, u);
     }
@@ -304,6 +320,108 @@ static cJSON *eval_meta(const struct eval *e) {
     return meta;
 }
 
+/* The baseline of cell c for --compare-to: the compared policy's cell at
+ * c's budget, else its only cell; with "base", the cell of the policy
+ * before "+merge" in c's spec at c's budget ("snapkv+merge" -> "snapkv");
+ * n_cells when there is none. */
+static size_t baseline_of(const struct eval *e, size_t c) {
+    const bool base = !strcmp(e->p.compare_to, "base");
+    const char *plus = strchr(e->cells[c].policy, '+');
+    if (base && !plus) return e->n_cells;
+    size_t only = e->n_cells, count = 0;
+    for (size_t b = 0; b < e->n_cells; b++) {
+        const char *pb = e->cells[b].policy;
+        if (base ? strlen(pb) != (size_t)(plus - e->cells[c].policy) || strncmp(pb, e->cells[c].policy, strlen(pb))
+                 : strcmp(pb, e->p.compare_to) != 0)
+            continue;
+        if (base && e->cells[b].budget != e->cells[c].budget) continue;
+        if (e->cells[b].budget == e->cells[c].budget) return b;
+        only = b, count++;
+    }
+    return count == 1 ? only : e->n_cells;
+}
+
+/* --compare-to: ppl_ratio, ppl_ratio_lo and ppl_ratio_hi rows (n = units)
+ * for every cell whose baseline exists, per storage type. */
+static enum ekv_status compare_rows(struct eval *e) {
+    const size_t nu = e->run.n_units, nct = e->n_cells * e->n_types;
+    double *a = malloc(nu * sizeof *a), *b = malloc(nu * sizeof *b);
+    size_t *tok = malloc(nu * sizeof *tok);
+    enum ekv_status s = a && b && tok ? EKV_OK : EKV_ERR_NOMEM;
+    for (size_t ty = 0; ty < e->n_types && s == EKV_OK; ty++)
+        for (size_t c = 0; c < e->n_cells && s == EKV_OK; c++) {
+            const size_t base = baseline_of(e, c);
+            if (base == e->n_cells) continue;
+            for (size_t u = 0; u < nu; u++) {
+                const struct ekv_eval_cell *x = &e->unit_acc[u * nct + ty * e->n_cells + c];
+                const struct ekv_eval_cell *y = &e->unit_acc[u * nct + ty * e->n_cells + base];
+                a[u] = x->ppl.nll_sum, b[u] = y->ppl.nll_sum, tok[u] = x->ppl.n_tokens;
+                if (x->ppl.n_tokens != y->ppl.n_tokens) tok[u] = 0, a[u] = b[u] = 0; /* not paired: left out */
+            }
+            double r, lo, hi;
+            if (ekv_bootstrap_ppl_ratio(a, b, tok, nu, 2000, 0x5EEDB007u, &r, &lo, &hi) != EKV_OK) continue;
+            const char *pol = e->cells[c].policy, *ty_l = e->types[ty].label;
+            const double bud = e->cells[c].budget;
+            s = ekv_report_add_kv(&e->rep, pol, ty_l, bud, "ppl_ratio", r, nu);
+            if (s == EKV_OK) s = ekv_report_add_kv(&e->rep, pol, ty_l, bud, "ppl_ratio_lo", lo, nu);
+            if (s == EKV_OK) s = ekv_report_add_kv(&e->rep, pol, ty_l, bud, "ppl_ratio_hi", hi, nu);
+        }
+    free(a), free(b), free(tok);
+    return s;
+}
+
+/* --per-item FILE: one JSON object per unit and cell (the measurements
+ * that unit has), written to FILE.tmp and renamed (no partial file). */
+static bool write_per_item(const struct eval *e) {
+    const size_t nct = e->n_cells * e->n_types;
+    char *tmp = malloc(strlen(e->p.per_item) + 5);
+    if (!tmp) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    sprintf(tmp, "%s.tmp", e->p.per_item);
+    FILE *f = fopen(tmp, "w");
+    bool ok = f != NULL;
+    for (size_t u = 0; ok && u < e->run.n_units; u++)
+        for (size_t ct = 0; ok && ct < nct; ct++) {
+            const struct ekv_eval_cell *x = &e->unit_acc[u * nct + ct];
+            const struct ekv_eval_item *it = &e->ds.items[e->run.units[u].item];
+            cJSON *o = cJSON_CreateObject();
+            if (!o) {
+                ok = false;
+                break;
+            }
+            cJSON_AddNumberToObject(o, "unit", (double)u);
+            if (it->id) cJSON_AddStringToObject(o, "id", it->id);
+            else cJSON_AddNumberToObject(o, "item", (double)e->run.units[u].item);
+            cJSON_AddStringToObject(o, "policy", e->cells[ct % e->n_cells].policy);
+            cJSON_AddStringToObject(o, "kv_type", e->types[ct / e->n_cells].label);
+            cJSON_AddNumberToObject(o, "budget", e->cells[ct % e->n_cells].budget);
+            if (x->ppl.n_tokens > 0) {
+                cJSON_AddNumberToObject(o, "tokens", (double)x->ppl.n_tokens);
+                cJSON_AddNumberToObject(o, "nll", x->ppl.nll_sum);
+                cJSON_AddNumberToObject(o, "ppl", exp(x->ppl.nll_sum / (double)x->ppl.n_tokens));
+            }
+            if (x->kl.n_positions > 0) {
+                cJSON_AddNumberToObject(o, "kl", x->kl.kl_sum / (double)x->kl.n_positions);
+                cJSON_AddNumberToObject(o, "top1", (double)x->kl.top1_agree / (double)x->kl.n_positions);
+            }
+            if (x->rouge_f.n > 0) cJSON_AddNumberToObject(o, "rouge_l_f", ekv_mean_value(&x->rouge_f));
+            if (x->acc.n > 0) cJSON_AddNumberToObject(o, "acc", ekv_mean_value(&x->acc));
+            if (x->hit_rate.n > 0) cJSON_AddNumberToObject(o, "hit_rate", ekv_mean_value(&x->hit_rate));
+            if (x->kv_frac.n > 0) cJSON_AddNumberToObject(o, "kv_frac", ekv_mean_value(&x->kv_frac));
+            char *line = cJSON_PrintUnformatted(o);
+            ok = line && fprintf(f, "%s\n", line) > 0;
+            cJSON_free(line);
+            cJSON_Delete(o);
+        }
+    if (f && fclose(f) != 0) ok = false;
+    if (ok && rename(tmp, e->p.per_item) != 0) ok = false;
+    if (!ok) {
+        fprintf(stderr, "ekv eval: error: cannot write '%s': %s\n", e->p.per_item, strerror(errno));
+        if (f) remove(tmp);
+    }
+    free(tmp);
+    return ok;
+}
+
 /* CSV, JSON and Markdown files, the table (or JSON) on stdout, plots.
  * Returns the exit status: 0, 1 on failure, 2 when only plotting failed. */
 static int eval_report(struct eval *e) {
@@ -318,6 +436,8 @@ static int eval_report(struct eval *e) {
                                                  e->types[ty].label, e->cells[c].budget, &e->rep)) != EKV_OK)
                     return cli_fail(CMD, s);
     }
+    if (p->compare_to && (s = compare_rows(e)) != EKV_OK) return cli_fail(CMD, s);
+    if (p->per_item && !write_per_item(e)) return 1;
     char title[512];
     snprintf(title, sizeof title, "%s on %s (%zu items, %zu units)", basename_of(e->model_path),
              basename_of(e->data_path), e->ds.n_items, e->run.n_units);
@@ -362,6 +482,7 @@ static void eval_free(struct eval *e) {
     free(e->p_md);
     ekv_report_free(&e->rep);
     free(e->acc);
+    free(e->unit_acc);
     free(e->cell_s);
     ekv_eval_runner_free(&e->run); /* also after a failed init, which leaves partial state */
     ekv_dataset_free(&e->ds);

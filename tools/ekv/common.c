@@ -186,6 +186,12 @@ static const struct cli_opt k_opts[] = {
     {E, G_EVAL, "--image-dir", NULL, "DIR",
      "relative image paths resolve against DIR (default: the data file's folder)", K_STR, OFF(image_dir), 0, 0,
      NULL, NULL, "", false},
+    {E, G_EVAL, "--per-item", NULL, "FILE", "also write every item x cell's measurements to FILE (JSONL)", K_STR,
+     OFF(per_item), 0, 0, NULL, NULL, "", false},
+    {E, G_EVAL, "--compare-to", NULL, "POLICY",
+     "ppl_ratio rows: each cell's PPL over POLICY's (same budget, else its only\ncell) with a paired bootstrap 95%"
+     " interval over items (ppl_ratio_lo/hi);\n'base': each X+merge cell over X's", K_STR, OFF(compare_to), 0, 0, NULL,
+     NULL, "", false},
 
     /* benchmark grid */
     {B, G_BENCH, "-p, --n-prompt", NULL, "LIST", "prompt tokens timed per sequence", K_LIST_LONG, OFF(n_prompt), 0,
