@@ -47,6 +47,12 @@ post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperat
 [ "$(jget usage.kv.policy < "$T/r")" = h2o ] && ok || bad "usage.kv.policy"
 kb=$(jget usage.kv.bytes < "$T/r"); kf=$(jget usage.kv.bytes_full < "$T/r"); ke=$(jget usage.kv.evicted < "$T/r")
 [ "$kb" -gt 0 ] && [ $((kb * 10)) -le $((kf * 4)) ] && [ "$ke" -gt 0 ] && ok || bad "usage.kv: bytes $kb of $kf, evicted $ke"
+# +merge through the request: the same text as ekv run with it, merged entries counted
+want_m=$("$EKV" run -c 512 -p "Once upon a time" -n 40 --temp 0 --no-display-prompt --kv-policy h2o+merge:merge_to=pos \
+  --kv-budget 0.3 2>/dev/null)
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "kv": {"policy": "h2o+merge:merge_to=pos", "budget": 0.3}}' > /dev/null
+[ "$(jget choices.0.text < "$T/r")" = "$want_m" ] && [ "$want_m" != "$want_h" ] && [ "$(jget usage.kv.merged < "$T/r")" -gt 0 ] \
+  && ok || bad "h2o+merge completion differs from ekv run, or equals h2o's, or merged nothing"
 post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "kv_policy": "h2o", "kv_budget": 0.3}' > /dev/null
 [ "$(jget choices.0.text < "$T/r")" = "$want_h" ] && [ "$(jget usage.kv.budget < "$T/r")" = 0.3 ] && ok || bad "kv_* fields"
 
@@ -95,6 +101,8 @@ check_error() { # check_error WANT_STATUS PATH BODY [curl args]
 check_error 400 /v1/completions '{"prompt": "x", "max_tokens": 0}'
 check_error 400 /v1/completions '{"prompt": "x", "kv": {"budget": 1.5}}'
 check_error 400 /v1/completions '{"prompt": "x", "kv": {"policy": "nosuch"}}'
+check_error 400 /v1/completions '{"prompt": "x", "kv": {"policy": "h2o+bogus"}}'
+check_error 400 /v1/completions '{"prompt": "x", "kv": {"policy": "h2o+merge:merge_sim=7"}}'
 check_error 400 /v1/chat/completions '{"messages": []}'
 check_error 400 /v1/chat/completions '{"messages": [{"role": "user", "content": "hi"}'
 check_error 400 /v1/chat/completions '{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}'
