@@ -360,18 +360,15 @@ static void test_bias_attention(void) {
 }
 
 int main(void) {
-    CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &g_m));
-    if (!g_m) return test_finish("test_elastic_v2");
-    ekv_model_get_info(g_m, &g_mi);
-    struct ekv_context_params cp = ekv_context_default_params();
-    cp.n_ctx = 512;
-    cp.n_threads = 2;
-    CHECK_OK(ekv_context_new(g_m, &cp, &g_ctx));
-    size_t len = 0, nt = 0;
-    char *text = tu_read_file(tu_src("data/tinystories_eval.jsonl"), &len);
-    g_toks = text ? malloc((len + 16) * sizeof *g_toks) : NULL;
-    if (!g_ctx || !g_toks) return test_finish("test_elastic_v2");
-    CHECK_OK(ekv_tokenize(g_m, text, len, true, false, g_toks, len + 16, &nt));
+    size_t nt = 0;
+    const bool loaded = tu_load_stories(&g_m, &g_ctx, &g_toks, &nt);
+    if (g_m) ekv_model_get_info(g_m, &g_mi);
+    if (!loaded) {
+        ekv_context_free(g_ctx);
+        ekv_model_free(g_m);
+        free(g_toks);
+        return test_finish("test_elastic_v2");
+    }
     CHECK(nt >= N_PROMPT + N_GEN);
     test_invariants();
     test_budget_one_and_paper();
@@ -381,6 +378,5 @@ int main(void) {
     ekv_context_free(g_ctx);
     ekv_model_free(g_m);
     free(g_toks);
-    free(text);
     return test_finish("test_elastic_v2");
 }

@@ -387,19 +387,16 @@ int main(void) {
     test_rotate();
     test_specs();
     test_stats_and_at();
-    CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &g_m));
-    if (!g_m) return test_finish("test_merge");
-    ekv_model_get_info(g_m, &g_mi);
+    size_t nt = 0;
+    const bool loaded = tu_load_stories(&g_m, &g_ctx, &g_toks, &nt);
+    if (g_m) ekv_model_get_info(g_m, &g_mi);
     CHECK(g_mi.n_layer <= 16 && g_mi.n_head_kv <= 16);
-    struct ekv_context_params cp = ekv_context_default_params();
-    cp.n_ctx = 512;
-    cp.n_threads = 2;
-    CHECK_OK(ekv_context_new(g_m, &cp, &g_ctx));
-    size_t len = 0, nt = 0;
-    char *text = tu_read_file(tu_src("data/tinystories_eval.jsonl"), &len);
-    g_toks = text ? malloc((len + 16) * sizeof *g_toks) : NULL;
-    if (!g_ctx || !g_toks) return test_finish("test_merge");
-    CHECK_OK(ekv_tokenize(g_m, text, len, true, false, g_toks, len + 16, &nt));
+    if (!loaded) {
+        ekv_context_free(g_ctx);
+        ekv_model_free(g_m);
+        free(g_toks);
+        return test_finish("test_merge");
+    }
     CHECK(nt >= N_PROMPT + N_GEN);
     test_invariants();
     test_merge_at_prompt();
@@ -407,6 +404,5 @@ int main(void) {
     ekv_context_free(g_ctx);
     ekv_model_free(g_m);
     free(g_toks);
-    free(text);
     return test_finish("test_merge");
 }

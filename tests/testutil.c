@@ -83,3 +83,20 @@ enum ekv_status tu_kv_prompt(struct ekv_kv *kv, int T, const float *q, const flo
     if (st == EKV_OK) st = ekv_kv_end(kv, &step);
     return st;
 }
+
+bool tu_load_stories(struct ekv_model **m, struct ekv_context **ctx, int32_t **toks, size_t *n_toks) {
+    *m = NULL, *ctx = NULL, *toks = NULL, *n_toks = 0;
+    CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, m));
+    if (!*m) return false;
+    struct ekv_context_params cp = ekv_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_threads = 2;
+    CHECK_OK(ekv_context_new(*m, &cp, ctx));
+    size_t len = 0;
+    char *text = tu_read_file(tu_src("data/tinystories_eval.jsonl"), &len);
+    *toks = text ? malloc((len + 64) * sizeof **toks) : NULL;
+    bool ok = *ctx && *toks;
+    if (ok) CHECK_OK(ekv_tokenize(*m, text, len, true, false, *toks, len + 64, n_toks));
+    free(text);
+    return ok;
+}

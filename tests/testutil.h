@@ -49,6 +49,11 @@ bool tu_same_kv_shape(const struct ekv_model *m, const struct ekv_seq *a, const 
  * keys k and values v [T][d] of its one KV head, output into out. */
 struct ekv_kv;
 enum ekv_status tu_kv_prompt(struct ekv_kv *kv, int T, const float *q, const float *k, const float *v, float *out);
+/* The bundled stories260K (*m), a context of 512 positions on 2 threads
+ * (*ctx) and data/tinystories_eval.jsonl tokenized (*toks, *n_toks: at
+ * least 64 tokens of room past the text); each checked. Returns false when
+ * a step failed; the caller frees what was made (NULL otherwise). */
+bool tu_load_stories(struct ekv_model **m, struct ekv_context **ctx, int32_t **toks, size_t *n_toks);
 typedef void (*tu_step_fn)(struct ekv_seq *seq, int t, void *ud);
 enum ekv_status tu_run_forced(struct ekv_context *ctx, int32_t n_vocab, const struct ekv_kv_params *kv,
                               const int32_t *toks, int n_prompt, int n_gen, float *lg, tu_step_fn step, void *ud);

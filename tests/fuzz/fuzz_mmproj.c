@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fuzz_memfd.h"
 #include "ekv.h"
 
 void ekv_fuzz_cleanup(void) {}
@@ -36,16 +37,9 @@ static void encode(const struct ekv_vision *v, const char *image) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    const int fd = memfd_create("ekv-fuzz-mmproj", 0);
-    if (fd < 0) return 0;
-    size_t off = 0;
-    while (off < size) {
-        const ssize_t w = write(fd, data + off, size - off);
-        if (w <= 0) break;
-        off += (size_t)w;
-    }
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    const int fd = fuzz_memfd("ekv-fuzz-mmproj", data, size, path);
+    if (fd < 0) return 0;
     struct ekv_vision *v = NULL;
     if (ekv_vision_load(path, &v) == EKV_OK) {
         encode(v, EKV_SOURCE_DIR "/tests/fuzz/corpus/image/grey_3x2.png");

@@ -23,6 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fuzz_memfd.h"
 #include "ekv.h"
 
 static char g_tok[64]; /* the llama2.c tokenizer file, "" until written */
@@ -85,16 +86,9 @@ static void run_model(const struct ekv_model *m) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_tok[0]) write_tokenizer();
-    const int fd = memfd_create("ekv-fuzz-model", 0);
-    if (fd < 0) return 0;
-    size_t off = 0;
-    while (off < size) {
-        const ssize_t w = write(fd, data + off, size - off);
-        if (w <= 0) break;
-        off += (size_t)w;
-    }
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    const int fd = fuzz_memfd("ekv-fuzz-model", data, size, path);
+    if (fd < 0) return 0;
     struct ekv_model_params mp = ekv_model_default_params();
     mp.tokenizer_path = g_tok;
     mp.no_repack = size > 0 && (data[size - 1] & 1);
