@@ -358,6 +358,12 @@ static void test_policies(const struct ekv_model *m) {
     run_case_n(m, cg, cc, twice, 2 * N_PROMPT, "snapkv", 0.3, EKV_KV_F32);
     run_case_n(m, cg, cc, twice, 2 * N_PROMPT, "elastic-v2:bias=1", 0.25, EKV_KV_F16);
     free(twice);
+    /* compactions in chunks of about one (layer, side) each (by default a
+     * forward's compactions are one pair of dispatches): the same against the CPU */
+    ekv_vk_mg_set_chunk(64);
+    run_case(m, cg, cc, g_toks, "h2o", 0.2, EKV_KV_F16);
+    run_case(m, cg, cc, g_toks, "elastic-v2:bias=1", 0.5, EKV_KV_F32);
+    ekv_vk_mg_set_chunk(0);
     gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
     /* q8_0 and q4_0 rows (head_dim 64), every policy at 0.2 and 0.5 */
@@ -503,6 +509,88 @@ static void test_same_stats(const struct ekv_model *m) {
     gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);
     printf("the same statistics fed to the CPU: every policy x f16, f32, q8_0, q4_0 checked\n");
+}
+
+/* Deferred statistics (backend_vk_mg.h): a policy that sums its decode
+ * statistics on the device between re-selection points keeps the rows'
+ * queries in a ring and runs one statistics pass when it reads them. The
+ * same run with every step's own pass (the ring off) gives the same logits
+ * at every step, the same kept entries and the same statistics, bit for bit:
+ * re-selection every 8 steps (passes over 8 rows), every 100 with a 100-query
+ * window (36 decode rows: the ring of 32 full, a pass inside the window), copies
+ * taken with rows waiting, and rows waiting when the statistics are asked for. */
+/* The host's window sums of two caches: heads that differ. */
+static int winsum_differ(const struct ekv_kv *a, const struct ekv_kv *b) {
+    int bad = 0;
+    for (int il = 0; il < a->n_layer; il++)
+        for (int hk = 0; hk < a->n_head_kv; hk++) {
+            const struct ekv_kv_head *ha = &a->layers[il].heads[hk], *hb = &b->layers[il].heads[hk];
+            if (ha->len != hb->len || (ha->winsum == NULL) != (hb->winsum == NULL)) bad++;
+            else if (ha->winsum) bad += memcmp(ha->winsum, hb->winsum, sizeof(double) * (size_t)ha->len) != 0;
+        }
+    return bad;
+}
+
+static void defer_case(const struct ekv_model *m, struct ekv_context *cx, const char *pol, int recompress, int window,
+                       int copy_at, int sync_at) {
+    struct ekv_kv_params kp = kv_params(pol, 0.3, EKV_KV_F16);
+    kp.recompress = recompress;
+    kp.obs_window = window;
+    const size_t V = (size_t)m->info.n_vocab;
+    struct ekv_seq *a = NULL, *b = NULL, *ca = NULL, *cb = NULL;
+    float *la = malloc(V * sizeof *la), *lb = malloc(V * sizeof *lb);
+    CHECK_OK(ekv_seq_new(cx, &kp, &a));
+    CHECK_OK(ekv_seq_new(cx, &kp, &b));
+    if (!a || !b || !la || !lb) goto out;
+    ekv_vk_mg_set_defer(b->gpu->mg, false);
+    CHECK_OK(ekv_seq_prefill(a, g_toks, N_PROMPT, la));
+    CHECK_OK(ekv_seq_prefill(b, g_toks, N_PROMPT, lb));
+    int bad = 0, bad_stats = 0;
+    for (int step = 0; step < N_STEPS; step++) {
+        CHECK_OK(ekv_seq_decode(a, g_toks[N_PROMPT + step], la));
+        CHECK_OK(ekv_seq_decode(b, g_toks[N_PROMPT + step], lb));
+        bad += memcmp(la, lb, V * sizeof *la) != 0;
+        if (step == copy_at) { /* copies with rows waiting (in a) go on as their originals */
+            CHECK_OK(ekv_seq_copy(a, &ca));
+            CHECK_OK(ekv_seq_copy(b, &cb));
+        }
+        if (step == sync_at) { /* the sums asked for with rows waiting */
+            CHECK_OK(ekv_vk_mg_stats_sync(a->gpu->mg));
+            CHECK_OK(ekv_vk_mg_stats_sync(b->gpu->mg));
+            bad_stats += winsum_differ(a->kv, b->kv);
+        }
+    }
+    CHECK_MSG(ekv_vk_mg_deferred(a->gpu->mg) > 0 && ekv_vk_mg_deferred(b->gpu->mg) == 0,
+              "%s recompress %d: %llu rows deferred (and %llu with the ring off)", pol, recompress,
+              (unsigned long long)ekv_vk_mg_deferred(a->gpu->mg), (unsigned long long)ekv_vk_mg_deferred(b->gpu->mg));
+    for (int step = 0; ca && cb && step < 6; step++) {
+        CHECK_OK(ekv_seq_decode(ca, g_toks[step], la));
+        CHECK_OK(ekv_seq_decode(cb, g_toks[step], lb));
+        bad += memcmp(la, lb, V * sizeof *la) != 0;
+    }
+    CHECK_OK(ekv_vk_mg_stats_sync(a->gpu->mg));
+    CHECK_OK(ekv_vk_mg_stats_sync(b->gpu->mg));
+    bad_stats += winsum_differ(a->kv, b->kv);
+    CHECK_MSG(bad == 0 && bad_stats == 0 && heads_differ(a->kv, b->kv) == 0 && (!ca || heads_differ(ca->kv, cb->kv) == 0),
+              "%s recompress %d window %d: deferred statistics differ from per-step ones (%d steps, %d heads' sums)",
+              pol, recompress, window, bad, bad_stats);
+out:
+    ekv_seq_free(a), ekv_seq_free(b), ekv_seq_free(ca), ekv_seq_free(cb);
+    free(la), free(lb);
+}
+
+static void test_deferred(const struct ekv_model *m) {
+    struct ekv_context *cx = gt_ctx_on(m, g_dev, 256);
+    if (!cx) return;
+    defer_case(m, cx, "snapkv", 8, -1, 12, -1);
+    /* a window of 36 decode rows (64..99): the ring of 32 fills at 95, rows
+     * 96..98 wait when the sums are asked for */
+    defer_case(m, cx, "snapkv", 100, 100, -1, 34);
+    defer_case(m, cx, "pyramidkv", 8, -1, 12, 20);
+    defer_case(m, cx, "snapkv+merge:merge_to=pos", 8, -1, 12, -1);
+    gt_check_validation(cx);
+    ekv_context_free(cx);
+    printf("deferred statistics equal per-step ones: snapkv, pyramidkv, snapkv+merge\n");
 }
 
 /* Sequences with different policies and storage types decoded in one
@@ -785,6 +873,7 @@ int main(void) {
     if (only("policies")) test_policies(m);
     if (only("same")) test_same_stats(m);
     if (only("batched")) test_batched(m);
+    if (only("deferred")) test_deferred(m);
     if (only("oom")) test_oom(m);
     if (only("record")) test_record(m);
     if (only("swa")) test_swa();

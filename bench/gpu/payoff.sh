@@ -37,7 +37,12 @@
 #   run on the GPU first, each BINARY[:PARTS], PARTS as EKV_GPU_TEST_ONLY,
 #   default copy: "build/tests/test_gpu:attn_read build/tests/test_gpu_policy:copy,stats"),
 #   EKV_GPU_BENCH_TMP, EKV_GPU_BENCH_DRY=1 (plumbing check on lavapipe:
-#   1-layer model, tiny grid).
+#   1-layer model, tiny grid), EKV_PAYOFF_BASE (another build's ekv: in the
+#   deep phase each of its rows runs just before the same row of EKV, labelled
+#   "(base)" in the tables, for a before/after in one call),
+#   EKV_PAYOFF_BASE_POLICIES (the policies the base build runs besides full;
+#   default all of EKV_PAYOFF_POLICIES), EKV_PAYOFF_BASE_BATCH (its batches;
+#   default EKV_PAYOFF_BATCH).
 # KIVI storage with a compressing policy stays on the CPU in this version
 # (ekv_vk_mg_supported): the 4-bit rows here are q4_0.
 set -u
@@ -61,6 +66,9 @@ WORK=$(mktemp -d "${EKV_GPU_BENCH_TMP:-${TMPDIR:-/tmp}}/ekv-payoff.XXXXXX") || e
 trap 'rm -rf "$WORK"' EXIT
 . "$here/vkenv.sh"
 command -v ldd > /dev/null && fill_missing "$EKV"
+BASE=${EKV_PAYOFF_BASE:-}
+[ -n "$BASE" ] && command -v ldd > /dev/null && fill_missing "$BASE"
+BASE_POLICIES=${EKV_PAYOFF_BASE_POLICIES:-$POLICIES}
 VK=vulkan
 NL=()
 if [ "$DRY" = 1 ]; then VK=vulkan:0 NL=(--n-layer 1) DEPTHS=40,24 BATCH=1,2 N=2 REPS=1 POLICIES=h2o,snapkv; fi
@@ -90,8 +98,9 @@ bench_one() {
     [ "$l" -gt 20 ] || { echo "($name skipped: budget)"; return; }
     [ "$secs" -gt "$l" ] && secs=$l
     echo "## $name (limit ${secs}s): ekv bench $*"
-    local t=$(date +%s)
-    env "LD_LIBRARY_PATH=$EKV_LD" timeout -k 5 "$secs" "$EKV" bench --device "$VK" -r "$REPS" --json "$WORK/$name.json" "$@" \
+    local t=$(date +%s) bin=$EKV
+    case $name in *-base) bin=$BASE ;; esac
+    env "LD_LIBRARY_PATH=$EKV_LD" timeout -k 5 "$secs" "$bin" bench --device "$VK" -r "$REPS" --json "$WORK/$name.json" "$@" \
         2>&1 | grep -v '^ekv bench: t=.*\.\.\.$' | sed 's/^/  /'
     echo "  ($name: $(( $(date +%s) - t )) s)"
     [ -s "$WORK/$name.json" ] && JSONS+=("$WORK/$name.json")
@@ -134,8 +143,15 @@ for preset in "${models[@]}"; do
     C=$((DEEP + N + 8))
     # deep: the full cache, then each policy at 0.2 (one call each: a slow one does not take the others' time)
     if has deep; then
+        BB=${EKV_PAYOFF_BASE_BATCH:-$BATCH}
+        [ -n "$BASE" ] && bench_one "$preset-d$DEEP-full-base" 150 -m "$f" -c "$C" -p 0 -n "$N" -d "$DEEP" -b "$BB" \
+            --kv-policy full --kv-type f16
         bench_one "$preset-d$DEEP-full" 150 -m "$f" -c "$C" -p 0 -n "$N" -d "$DEEP" -b "$BATCH" --kv-policy full --kv-type f16
         for pol in ${POLICIES//,/ }; do
+            case ",$BASE_POLICIES," in
+            *",$pol,"*) [ -n "$BASE" ] && bench_one "$preset-d$DEEP-$pol-base" 150 -m "$f" -c "$C" -p 0 -n "$N" -d "$DEEP" \
+                -b "$BB" --kv-policy "$pol" --kv-budget 0.2 --kv-type f16 ;;
+            esac
             bench_one "$preset-d$DEEP-$pol" 150 -m "$f" -c "$C" -p 0 -n "$N" -d "$DEEP" -b "$BATCH" --kv-policy "$pol" \
                 --kv-budget 0.2 --kv-type f16
         done
@@ -174,29 +190,31 @@ for p in sys.argv[2:]:
     for r in json.load(open(p))["results"]:
         if "recompress" in p:
             r["policy"] += " (recompress 32)"
+        r["build"] = "base" if p.endswith("-base.json") else ""
         rows.append(r)
 ok = [r for r in rows if not r["failed"]]
-def key(r): return (r["depth"], r["batch"], r["kv_type"])
+def key(r): return (r["build"], r["depth"], r["batch"], r["kv_type"])
 full = {key(r): r for r in ok if r["policy"] == "full"}
+def name(r): return r["policy"] + (" (base)" if r["build"] else "")
 def held(r): return r["kv_bytes"] / max(r["batch"], 1)
 def alloc(r): return r.get("kv_alloc_bytes", r["kv_bytes"]) / max(r["batch"], 1)
 print(f"\n# payoff: sessions in {gib:g} GiB of KV memory (by the bytes one sequence holds; by what its buffers")
 print("# have allocated after the prompt in brackets), aggregate decode tok/s of the batch")
 print("| policy | kv | depth | batch | MiB/seq held (allocated) | sessions (by allocated) | x full f16 | decode tok/s | x full |")
 print("|---|---|--:|--:|--:|--:|--:|--:|--:|")
-for r in sorted(rows, key=lambda r: (-r["depth"], r["kv_type"], r["policy"] != "full", r["policy"], r["batch"])):
+for r in sorted(rows, key=lambda r: (-r["depth"], r["kv_type"], r["policy"] != "full", r["policy"], r["build"] == "", r["batch"])):
     if r["failed"]:
-        print(f"| {r['policy']} | {r['kv_type']} | {r['depth']} | {r['batch']} | failed | | | | |")
+        print(f"| {name(r)} | {r['kv_type']} | {r['depth']} | {r['batch']} | failed | | | | |")
         continue
     f = full.get(key(r))
-    f16 = full.get((r["depth"], r["batch"], "f16"))
+    f16 = full.get((r["build"], r["depth"], r["batch"], "f16"))
     sess = int(gib * 2**30 / held(r)) if held(r) > 0 else 0
     sa = int(gib * 2**30 / alloc(r)) if alloc(r) > 0 else 0
     fs = int(gib * 2**30 / held(f16)) if f16 and held(f16) > 0 else 0
     fa = int(gib * 2**30 / alloc(f16)) if f16 and alloc(f16) > 0 else 0
     tps = r["decode_tps_median"]
     ft = f["decode_tps_median"] if f else 0
-    print(f"| {r['policy']} | {r['kv_type']} | {r['depth']} | {r['batch']} | {held(r) / 2**20:.1f} ({alloc(r) / 2**20:.1f}) | "
+    print(f"| {name(r)} | {r['kv_type']} | {r['depth']} | {r['batch']} | {held(r) / 2**20:.1f} ({alloc(r) / 2**20:.1f}) | "
           f"{sess} ({sa}) | {sess / fs if fs else 0:.2f} ({sa / fa if fa else 0:.2f}) | {tps:.1f} | {tps / ft if ft else 0:.2f} |")
 # the policy's cost: a policy at depth d against the full cache at d/5 (as many entries)
 print("\n# policy cost in decode: policy at 0.2 of depth d vs the full cache at depth d/5 (same entries)")
@@ -205,10 +223,22 @@ print("|---|--:|--:|--:|--:|--:|--:|")
 for r in ok:
     if r["policy"] == "full" or r["kv_type"] != "f16" or r["failed"]:
         continue
-    f = full.get(((r["depth"] + 4) // 5, r["batch"], "f16"))
+    f = full.get(("", (r["depth"] + 4) // 5, r["batch"], "f16"))
     if not f:
         continue
-    print(f"| {r['policy']} | {r['depth']} | {r['batch']} | {(r['depth'] + 4) // 5} | {r['decode_tps_median']:.1f} | "
+    print(f"| {name(r)} | {r['depth']} | {r['batch']} | {(r['depth'] + 4) // 5} | {r['decode_tps_median']:.1f} | "
           f"{f['decode_tps_median']:.1f} | {1 - r['decode_tps_median'] / f['decode_tps_median']:+.1%} |")
+# before/after: the same row of the base build (EKV_PAYOFF_BASE), run just before
+base = {(r["policy"], r["kv_type"], r["depth"], r["batch"]): r for r in ok if r["build"]}
+if base:
+    print("\n# this build against the base build (EKV_PAYOFF_BASE), decode tok/s of the same row")
+    print("| policy | kv | depth | batch | base | this build | x base |")
+    print("|---|---|--:|--:|--:|--:|--:|")
+    for r in ok:
+        b = base.get((r["policy"], r["kv_type"], r["depth"], r["batch"]))
+        if r["build"] or not b:
+            continue
+        print(f"| {r['policy']} | {r['kv_type']} | {r['depth']} | {r['batch']} | {b['decode_tps_median']:.1f} | "
+              f"{r['decode_tps_median']:.1f} | {r['decode_tps_median'] / b['decode_tps_median']:.2f} |")
 EOF
 echo "payoff.sh: done in $(( $(date +%s) - T0 )) s"

@@ -149,6 +149,24 @@ uint64_t ekv_vk_mg_posb(const struct ekv_vk_mg *m, int il);
 int32_t ekv_vk_mg_max_len(const struct ekv_vk_mg *m, int il);
 /* Whether this forward computes statistics (then attn_combine writes ml). */
 bool ekv_vk_mg_wants_stats(const struct ekv_vk_mg *m);
+/* Whether ekv_vk_mg_record_stats dispatches in this forward (not while a decode
+ * row's statistics wait in the ring). */
+bool ekv_vk_mg_stats_now(const struct ekv_vk_mg *m);
+/* Where this forward's rope_store also writes the rotated query row of layer
+ * il (0: nowhere), and where attn_combine writes its row sums (dflt: the
+ * forward's own array). */
+uint64_t ekv_vk_mg_qdst(const struct ekv_vk_mg *m, int il);
+uint64_t ekv_vk_mg_ml(const struct ekv_vk_mg *m, int il, uint64_t dflt);
+/* Runs the statistics of decode rows still waiting (one submission; none if
+ * none wait). No forward may be open. */
+enum ekv_status ekv_vk_mg_pend_sync(struct ekv_vk_mg *m);
+/* Tests: deferred statistics on (the default) or off (every decode step runs
+ * its own statistics pass, as before the ring), and the rows that waited. */
+void ekv_vk_mg_set_defer(struct ekv_vk_mg *m, bool on);
+uint64_t ekv_vk_mg_deferred(const struct ekv_vk_mg *m);
+/* Tests: the words of planned rows one compaction dispatch pair takes at most
+ * (its scratch; 0: the default, 16M), so that small caches run in several. */
+void ekv_vk_mg_set_chunk(size_t words);
 /* Records attn_stats for layer il of the part (after its attention); without
  * barrier the next dispatch does not wait for it (a group of parts). */
 void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part,

@@ -179,6 +179,7 @@ enum ekv_status ekv_vk_seq_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *s
     if (st == EKV_OK && (!s->mg) != (!src->mg))
         st = ekv_err(EKV_ERR_INTERNAL, "the copy's cache is %scompressed, the original's is not", s->mg ? "" : "not ");
     if (st == EKV_OK && src->mg) st = ekv_vk_mg_flush(src->mg); /* plans not run yet would be lost */
+    if (st == EKV_OK && src->mg) st = ekv_vk_mg_pend_sync(src->mg); /* so would statistics waiting in its ring */
     if (st == EKV_OK) st = ekv_vk_begin(g->vk);
     if (st != EKV_OK) {
         ekv_vk_seq_free(g, s);
@@ -360,7 +361,7 @@ static void rope_store(struct ekv_context *ctx, const struct ekv_vk_seq *s, int 
         .rope_dim = RD > s->D ? s->D : RD, .neox = in->rope_neox, .rows = (uint32_t)part->n,
         .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q), .kv_stride = (uint32_t)ekv_act_width(in, EKV_ACT_K),
         .meta = s->mg ? ekv_vk_mg_meta(s->mg, il) : 0, .posb = ekv_vk_mg_posb(s->mg, il),
-        .pos0 = (uint32_t)part->step.pos0};
+        .qdst = ekv_vk_mg_qdst(s->mg, il), .pos0 = (uint32_t)part->step.pos0};
     store_dst(g, s, &s->k, il, part, &pc.kdst, &pc.k_hstride, &pc.k_e0);
     store_dst(g, s, &s->v, il, part, &pc.vdst, &pc.v_hstride, &pc.v_e0);
     (barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_rope_store_pipe(s->k.type, s->v.type), &pc, sizeof pc,
@@ -436,7 +437,7 @@ static void attend_rows(struct ekv_context *ctx, const struct ekv_vk_seq *s, int
     struct ekv_vk_pc_combine cb = {.part = g->part.addr + off * sizeof(float),
                                    .out = ekv_vk_act_addr(ctx, EKV_ACT_ATT, r0 + b0), .n_head = (uint32_t)in->n_head,
                                    .head_dim = HD, .rows = (uint32_t)nb, .n_split = n_split, .out_stride = QD,
-                                   .ml = stats ? g->ml.addr + (uint64_t)(r0 + b0) * in->n_head * 2 * sizeof(float) : 0};
+                                   .ml = stats ? ekv_vk_mg_ml(s->mg, il, g->ml.addr + (uint64_t)(r0 + b0) * in->n_head * 2 * sizeof(float)) : 0};
     disp(g->vk, EKV_VK_ATTN_COMBINE, &cb, sizeof cb, (uint32_t)in->n_head, (uint32_t)nb, 1);
 }
 
@@ -512,7 +513,7 @@ enum ekv_status ekv_vk_kv_attention(struct ekv_context *ctx, int il, struct ekv_
         }
         int32_t last_st = -1; /* statistics of a group: side by side too */
         for (int32_t p = p0; p < p1; p++)
-            if (parts[p].n > 0 && ekv_vk_mg_wants_stats(((const struct ekv_vk_seq *)parts[p].seq->gpu)->mg)) last_st = p;
+            if (parts[p].n > 0 && ekv_vk_mg_stats_now(((const struct ekv_vk_seq *)parts[p].seq->gpu)->mg)) last_st = p;
         for (int32_t p = p0; p < p1; p++)
             if (parts[p].n > 0) part_after(ctx, parts[p].seq->gpu, il, &parts[p], p == last_st);
     }

@@ -17,6 +17,7 @@
 
 #define MG_HI 0x80000000u   /* a plan's source is a staged row */
 #define MG_NONE 0xffffffffu /* attn_stats: statistic not collected */
+#define MG_PEND 32          /* decode rows whose statistics may wait (deferred statistics) */
 enum { SL_COLSUM, SL_SUMSQ, SL_LAST, SL_WIN, SL_BIN, SL_COUNT };
 /* attn_stats.comp's output: increments to st, summed into acc, or acc + increments to st */
 enum { MG_ACC_NONE, MG_ACC_ADD, MG_ACC_FINAL };
@@ -68,6 +69,23 @@ struct ekv_vk_mg {
     bool acc_fold_old;         /* this forward copies acc to acc_host: fold it first */
     bool acc_new;              /* acc was made in this forward (its zeroing is in the recording) */
     uint64_t n_summed;         /* forwards whose statistics stayed on the device (MG_ACC_ADD) */
+    /* deferred statistics: a decode step summed on the device (MG_ACC_*) does not
+     * run attn_stats; rope_store and attn_combine keep its roped query row and
+     * row sums in slot n_pend of pend ([n_layer][MG_PEND][q width] f32, then
+     * [n_layer][MG_PEND][n_head][2] f32), and one attn_stats pass over the
+     * slots runs when the policy reads them, the ring is full, or the cache is
+     * about to change (pend_record): the keys are read once per window, not
+     * once per step. pmeta ([n_layer][meta_words], host-visible): meta as it
+     * was at the first pending row (its heads' lengths before it). Pending rows
+     * imply acc_pending; the cache only grows while rows are pending. */
+    struct ekv_vk_buf pend, pmeta;
+    int32_t n_pend, n_pend_prev; /* rows pending; before this forward (an aborted forward restores it) */
+    int64_t pend_pos0;         /* position of the first pending row */
+    bool pend_on;              /* this forward keeps its row in slot n_pend */
+    bool pend_pass;            /* ... and runs the pass over slots [0, n_pend] */
+    bool pend_flushed;         /* this forward's recording already holds a pass (no new run may start) */
+    bool no_defer;             /* tests: every step runs its own pass (ekv_vk_mg_set_defer) */
+    uint64_t n_deferred;       /* decode rows whose statistics waited in the ring */
     struct ekv_kv_step step;   /* the part's step (its pointers live as long as the forward) */
     int32_t n_rows, wrow;
     bool in_fwd;

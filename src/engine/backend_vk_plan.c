@@ -73,44 +73,30 @@ enum ekv_status ekv_vk_mg_buf_fit(struct ekv_vk *vk, struct ekv_vk_buf *b, size_
 }
 
 /* Words one sequence's plans take in the plan buffer (merges' table and
- * members, then per (layer, side) the runs with absolute rows and their
- * prefix sums) and in the stage. */
+ * members; its segments and runs: flush_compact) and in the stage. */
 static void flush_words(const struct ekv_vk_mg *m, size_t *plan_w, size_t *stage_w) {
-    *plan_w = 4 * m->n_means + 2 * m->n_members + 4 * m->n_pairs + 2 * (size_t)m->s->n_layer * 3;
+    *plan_w = 4 * m->n_means + 2 * m->n_members;
     *stage_w = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
 }
 
-/* Words of the largest (layer, side)'s planned rows: the compaction scratch. */
-static size_t flush_scratch_words(const struct ekv_vk_mg *m) {
-    size_t max_words = 1;
-    for (int32_t il = 0; il < m->s->n_layer; il++)
-        for (int side = 0; side < 4; side++) {
-            if (!mg_side_on(m, side)) continue;
-            size_t r = 0;
-            for (int32_t i = 0; i < m->n_plans; i++) {
-                const struct mg_plan *p = &m->plans[i];
-                if (p->il != il || p->side != side) continue;
-                for (uint32_t k = 0; k < p->n; k++) r += m->pairs[3 * (p->first + k) + 2];
-            }
-            max_words = EKV_MAX(max_words, r * (m->rw[side] + m->sph[side]));
-        }
-    return max_words;
-}
+/* Segments (layer, side) of a sequence's compaction: at most 4 per layer. */
+static size_t flush_segs(const struct ekv_vk_mg *m) { return m->n_plans ? 4 * (size_t)m->s->n_layer : 0; }
 
-/* Records one sequence's plans into the open recording, its words at
- * plan0 of the plan buffer and stage0 of the stage. */
-static void flush_record(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
+/* Records one sequence's merged entries' means into the open recording
+ * (their table and members at plan0 of the plan buffer, the staged rows at
+ * stage0 of the stage): one dispatch per (layer, side) with means, a
+ * workgroup per merged entry; they read the rows where they were, before
+ * any compaction. */
+static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
     struct ekv_vk_ctx *g = m->g;
     const struct ekv_vk_seq *s = m->s;
-    const size_t mtab0 = plan0, mem0 = mtab0 + 4 * m->n_means, runs0 = mem0 + 2 * m->n_members;
+    const size_t mtab0 = plan0, mem0 = mtab0 + 4 * m->n_means;
     const size_t st_off[3] = {stage0, stage0 + m->n_stage[0], stage0 + m->n_stage[0] + m->n_stage[1]};
     uint32_t *w = g->plan.host;
     uint32_t *sw = g->stage.host;
     for (int side = 0; side < 3; side++)
         if (m->n_stage[side]) memcpy(sw + st_off[side], m->stage[side], m->n_stage[side] * 4);
     if (m->n_members) memcpy(w + mem0, m->members, 2 * m->n_members * 4);
-    /* the merged entries' means first (they read the rows where they were),
-     * one dispatch per (layer, side) with means: a workgroup per merged entry */
     size_t t = 0;
     for (int32_t il = 0; il < s->n_layer && m->n_means; il++)
         for (int side = 0; side < 2; side++) {
@@ -130,46 +116,101 @@ static void flush_record(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
                 .C = (uint32_t)s->cap, .D = s->D, .rw = m->rw[side], .srw = m->srw[side]};
             ekv_vk_dispatch(g->vk, ekv_vk_kv_merge_pipe(sd->type), &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
         }
-    /* then per (layer, side) the compaction: all planned rows into the
-     * scratch, then to their places (two dispatches over the whole device) */
-    size_t at = runs0;
-    for (int32_t il = 0; il < s->n_layer; il++)
+}
+
+/* The compaction of every sequence's plans (kv_compact.comp): per
+ * (sequence, layer, side) a segment {base, stage, row shape} and its runs
+ * {destination, source, rows, segment} with absolute rows, the runs'
+ * prefix sums of words, two dispatches per chunk of segments whose words
+ * fit the scratch (scr_w words; a segment is never split: its rows are all
+ * read before any is written). The plan buffer from word at on holds them;
+ * stage0[i]: where sequence i's staged rows are. */
+struct flush_chunk { size_t runs0, pre0, n_runs, words; };
+
+static void flush_compact(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int32_t n, const size_t *stage0, size_t at,
+                          size_t scr_w) {
+    uint32_t *w = g->plan.host;
+    size_t n_seg = 0;
+    for (int32_t i = 0; i < n; i++) n_seg += flush_segs(ms[i]);
+    size_t n_runs = 0;
+    for (int32_t i = 0; i < n; i++) n_runs += ms[i]->n_pairs;
+    const size_t seg0 = at, runs0 = seg0 + 8 * n_seg, pre0 = runs0 + 4 * n_runs;
+    size_t sg = 0, r = 0, pre = pre0;
+    struct flush_chunk c = {runs0, pre0, 0, 0};
+    for (int32_t i = 0; i < n; i++) {
+        struct ekv_vk_mg *m = ms[i];
+        const struct ekv_vk_seq *s = m->s;
+        if (!m->n_plans) continue;
+        const size_t st_off[3] = {stage0[i], stage0[i] + m->n_stage[0], stage0[i] + m->n_stage[0] + m->n_stage[1]};
+        for (int32_t il = 0; il < s->n_layer; il++)
+            for (int side = 0; side < 4; side++) {
+                if (!mg_side_on(m, side)) continue;
+                const uint32_t ew = m->rw[side] + m->sph[side];
+                size_t words = 0, nr = 0;
+                for (int32_t k = 0; k < m->n_plans; k++) {
+                    const struct mg_plan *p = &m->plans[k];
+                    if (p->il != il || p->side != side) continue;
+                    for (uint32_t q = 0; q < p->n; q++) words += (size_t)m->pairs[3 * (p->first + q) + 2] * ew, nr++;
+                }
+                if (nr == 0) continue;
+                if (c.n_runs > 0 && c.words + words > scr_w) { /* the chunk so far: its dispatches */
+                    w[pre++] = (uint32_t)c.words;
+                    struct ekv_vk_pc_kv_compact pc = {.runs = g->plan.addr + c.runs0 * 4, .pre = g->plan.addr + c.pre0 * 4,
+                                                      .segs = g->plan.addr + seg0 * 4, .scr = g->cscr.addr,
+                                                      .n_runs = (uint32_t)c.n_runs};
+                    const uint32_t gx = (uint32_t)EKV_MIN((uint64_t)65535, (c.words + 255) / 256);
+                    for (pc.phase = 0; pc.phase < 2; pc.phase++) ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, gx, 1, 1);
+                    c = (struct flush_chunk){runs0 + 4 * r, pre, 0, 0};
+                }
+                const struct ekv_vk_side *sd = side < 2 ? mg_side_of(m, side) : NULL;
+                const uint64_t base = mg_side_buf(m, side, il)->addr;
+                const uint64_t stage = g->stage.addr + (side < 3 ? st_off[side] : stage0[i]) * 4;
+                uint32_t *e = w + seg0 + 8 * sg;
+                e[0] = (uint32_t)base, e[1] = (uint32_t)(base >> 32), e[2] = (uint32_t)stage, e[3] = (uint32_t)(stage >> 32);
+                e[4] = m->rw[side], e[5] = m->sph[side], e[6] = sd ? (uint32_t)(2 * sd->p0) : 0, e[7] = m->srw[side];
+                const uint32_t hstride = (uint32_t)s->cap;
+                for (int32_t k = 0; k < m->n_plans; k++) {
+                    const struct mg_plan *p = &m->plans[k];
+                    if (p->il != il || p->side != side) continue;
+                    const uint32_t hrow0 = (uint32_t)p->hk * hstride;
+                    for (uint32_t q = 0; q < p->n; q++) {
+                        const uint32_t *x = m->pairs + 3 * (p->first + q);
+                        uint32_t *o = w + runs0 + 4 * r++;
+                        o[0] = hrow0 + x[0];
+                        o[1] = x[1] == MG_ZERO || (x[1] & MG_HI) ? x[1] : hrow0 + x[1];
+                        o[2] = x[2];
+                        o[3] = (uint32_t)sg;
+                        w[pre++] = (uint32_t)c.words;
+                        c.words += (size_t)x[2] * ew;
+                        c.n_runs++;
+                    }
+                }
+                sg++;
+            }
+    }
+    if (c.n_runs == 0) return;
+    w[pre++] = (uint32_t)c.words;
+    struct ekv_vk_pc_kv_compact pc = {.runs = g->plan.addr + c.runs0 * 4, .pre = g->plan.addr + c.pre0 * 4,
+                                      .segs = g->plan.addr + seg0 * 4, .scr = g->cscr.addr, .n_runs = (uint32_t)c.n_runs};
+    const uint32_t gx = (uint32_t)EKV_MIN((uint64_t)65535, (c.words + 255) / 256);
+    for (pc.phase = 0; pc.phase < 2; pc.phase++) ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, gx, 1, 1);
+}
+
+/* Words of the largest (layer, side) of a sequence's planned rows. */
+static size_t flush_seg_max_words(const struct ekv_vk_mg *m) {
+    size_t max_words = 1;
+    for (int32_t il = 0; il < m->s->n_layer; il++)
         for (int side = 0; side < 4; side++) {
             if (!mg_side_on(m, side)) continue;
-            const size_t r0 = at;
-            uint32_t n_runs = 0;
+            size_t r = 0;
             for (int32_t i = 0; i < m->n_plans; i++) {
                 const struct mg_plan *p = &m->plans[i];
                 if (p->il != il || p->side != side) continue;
-                const uint32_t hrow0 = (uint32_t)p->hk * (uint32_t)s->cap;
-                for (uint32_t k = 0; k < p->n; k++) {
-                    const uint32_t *q = m->pairs + 3 * (p->first + k);
-                    w[at++] = hrow0 + q[0];
-                    w[at++] = q[1] == MG_ZERO || (q[1] & MG_HI) ? q[1] : hrow0 + q[1];
-                    w[at++] = q[2];
-                    n_runs++;
-                }
+                for (uint32_t k = 0; k < p->n; k++) r += m->pairs[3 * (p->first + k) + 2];
             }
-            if (n_runs == 0) continue;
-            uint32_t total = 0;
-            for (uint32_t r = 0; r < n_runs; r++) {
-                w[at++] = total;
-                total += w[r0 + 3 * r + 2];
-            }
-            w[at++] = total;
-            const struct ekv_vk_side *sd = side < 2 ? mg_side_of(m, side) : NULL;
-            const uint64_t ew = (uint64_t)m->rw[side] + m->sph[side];
-            struct ekv_vk_pc_kv_compact pc = {
-                .base = mg_side_buf(m, side, il)->addr, .runs = g->plan.addr + r0 * 4,
-                .stage = g->stage.addr + (side < 3 ? st_off[side] : stage0) * 4, .scr = g->cscr.addr, .n_runs = n_runs,
-                .total = total, .rw = m->rw[side], .sph = m->sph[side], .p0h = sd ? (uint32_t)(2 * sd->p0) : 0,
-                .srw = m->srw[side]};
-            const uint32_t gx = (uint32_t)EKV_MIN((uint64_t)65535, (total * ew + 255) / 256);
-            for (uint32_t phase = 0; phase < 2; phase++) {
-                pc.phase = phase;
-                ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, gx, 1, 1);
-            }
+            max_words = EKV_MAX(max_words, r * (m->rw[side] + m->sph[side]));
         }
+    return max_words;
 }
 
 static void flush_reset(struct ekv_vk_mg *m) {
@@ -181,34 +222,62 @@ static void flush_reset(struct ekv_vk_mg *m) {
     memset(m->pending, 0, (size_t)m->s->n_layer * m->s->H);
 }
 
+/* The compaction scratch of one submission: every planned word of the
+ * forward when that is at most EKV_VK_CSCR_WORDS (64 MiB), else chunks of that
+ * size (at least the largest segment). */
+#define EKV_VK_CSCR_WORDS ((size_t)16 << 20)
+static size_t ekv_vk_cscr_cap = EKV_VK_CSCR_WORDS;
+
+void ekv_vk_mg_set_chunk(size_t words) { ekv_vk_cscr_cap = words ? words : EKV_VK_CSCR_WORDS; }
+
 /* Runs the plans of n sequences' caches (of one context) in one submission;
  * the plans are dropped whatever happens. */
 enum ekv_status ekv_vk_mg_flush_all(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int32_t n) {
-    size_t plan_w = 0, stage_w = 0, scr_w = 1;
+    size_t plan_w = 0, stage_w = 0, seg_max = 1, all_w = 0, n_seg = 0, n_runs = 0;
+    size_t stage0[64], *st0 = n <= 64 ? stage0 : malloc((size_t)n * sizeof *st0);
+    if (!st0) {
+        for (int32_t i = 0; i < n; i++) flush_reset(ms[i]);
+        return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    }
     for (int32_t i = 0; i < n; i++) {
+        st0[i] = stage_w;
         if (ms[i]->n_plans == 0) continue;
         size_t p, st;
         flush_words(ms[i], &p, &st);
-        plan_w += p, stage_w += st, scr_w = EKV_MAX(scr_w, flush_scratch_words(ms[i]));
+        plan_w += p, stage_w += st;
+        const size_t mw = flush_seg_max_words(ms[i]);
+        seg_max = EKV_MAX(seg_max, mw);
+        for (int32_t k = 0; k < ms[i]->n_plans; k++) { /* every planned word */
+            const struct mg_plan *pl = &ms[i]->plans[k];
+            for (uint32_t q = 0; q < pl->n; q++)
+                all_w += (size_t)ms[i]->pairs[3 * (pl->first + q) + 2] * (ms[i]->rw[pl->side] + ms[i]->sph[pl->side]);
+        }
+        n_seg += flush_segs(ms[i]), n_runs += ms[i]->n_pairs;
     }
-    if (plan_w == 0) return EKV_OK;
-    enum ekv_status st = ekv_vk_mg_buf_fit(g->vk, &g->plan, plan_w * 4, true, "GPU cache plans");
+    enum ekv_status st = EKV_OK;
+    if (n_seg == 0) goto out;
+    const size_t comp_w = 8 * n_seg + 4 * n_runs + n_runs + n_seg + 1; /* segments, runs, prefix sums */
+    const size_t scr_w = EKV_MAX(seg_max, EKV_MIN(all_w, ekv_vk_cscr_cap));
+    st = ekv_vk_mg_buf_fit(g->vk, &g->plan, (plan_w + comp_w) * 4, true, "GPU cache plans");
     if (st == EKV_OK) st = ekv_vk_mg_buf_fit(g->vk, &g->stage, (stage_w ? stage_w : 1) * 4, true, "GPU cache staged rows");
     if (st == EKV_OK) st = ekv_vk_mg_buf_fit(g->vk, &g->cscr, scr_w * 4, false, "GPU cache compaction scratch");
     if (st == EKV_OK) st = ekv_vk_begin(g->vk);
     if (st == EKV_OK) {
-        size_t p0 = 0, s0 = 0;
+        size_t p0 = 0;
         for (int32_t i = 0; i < n; i++) {
             if (ms[i]->n_plans == 0) continue;
             size_t p, sw;
             flush_words(ms[i], &p, &sw);
-            flush_record(ms[i], p0, s0);
-            p0 += p, s0 += sw;
+            flush_merges(ms[i], p0, st0[i]);
+            p0 += p;
         }
+        flush_compact(g, ms, n, st0, plan_w, scr_w);
         st = ekv_vk_submit(g->vk);
     }
+out:
     for (int32_t i = 0; i < n; i++)
         if (ms[i]->n_plans) flush_reset(ms[i]);
+    if (st0 != stage0) free(st0);
     return st;
 }
 

@@ -77,6 +77,8 @@ static uint64_t acc_words(const struct ekv_vk_mg *m) {
     return (uint64_t)m->s->n_layer * m->acc_nslot * m->s->H * m->acc_cap;
 }
 
+static void pend_record(struct ekv_vk_mg *m);
+
 /* ---- capacity ---- */
 
 void ekv_vk_mg_release(struct ekv_vk_ctx *g) {
@@ -139,6 +141,7 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
         free(nsd[0].buf), free(nsd[1].buf), free(nb), free(np);
         return st;
     }
+    pend_record(m); /* rows waiting for their statistics read the cache where it is */
     for (int32_t il = 0; np && il < s->n_layer; il++)
         for (uint32_t h = 0; h < s->H; h++) {
             const uint64_t len = (uint64_t)lens[(size_t)il * s->H + h];
@@ -218,6 +221,9 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     s->mg = m;
     if (!m->L0 || !m->maxlen || !m->pending) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     enum ekv_status st = ekv_vk_buf_new(g->vk, (size_t)s->n_layer * m->meta_words * 4, true, "GPU cache lengths", &m->meta);
+    if (st == EKV_OK)
+        st = ekv_vk_buf_new(g->vk, (size_t)s->n_layer * m->meta_words * 4, true, "GPU cache lengths (deferred statistics)",
+                            &m->pmeta);
     if (st != EKV_OK) return st;
     st = ekv_vk_prepare(g->vk, EKV_VK_KV_COMPACT);
     if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_kv_merge_pipe(s->k.type));
@@ -277,6 +283,8 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     ekv_vk_buf_free(g->vk, &m->st);
     ekv_vk_buf_free(g->vk, &m->acc);
     ekv_vk_buf_free(g->vk, &m->acc_host);
+    ekv_vk_buf_free(g->vk, &m->pend);
+    ekv_vk_buf_free(g->vk, &m->pmeta);
     for (int32_t il = 0; m->bias && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &m->bias[il]);
     free(m->bias);
     for (int32_t il = 0; m->posb && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &m->posb[il]);
@@ -315,6 +323,120 @@ int32_t ekv_vk_mg_max_len(const struct ekv_vk_mg *m, int il) { return m->maxlen[
 
 bool ekv_vk_mg_wants_stats(const struct ekv_vk_mg *m) { return m && m->any_stats; }
 
+bool ekv_vk_mg_stats_now(const struct ekv_vk_mg *m) { return m && m->any_stats && (!m->pend_on || m->pend_pass); }
+
+/* ---- deferred statistics (the ring of decode rows, backend_vk_mg.h) ---- */
+
+static uint32_t q_width(const struct ekv_vk_mg *m) {
+    return (uint32_t)ekv_act_width(&m->seq->ctx->model->info, EKV_ACT_Q);
+}
+
+static uint64_t pend_q(const struct ekv_vk_mg *m, int il, int32_t slot) {
+    return m->pend.addr + ((uint64_t)il * MG_PEND + (uint64_t)slot) * q_width(m) * 4;
+}
+
+static uint64_t pend_ml(const struct ekv_vk_mg *m, int il, int32_t slot) {
+    const uint64_t nh = (uint64_t)m->seq->ctx->model->info.n_head;
+    return m->pend.addr + ((uint64_t)m->s->n_layer * MG_PEND * q_width(m) + ((uint64_t)il * MG_PEND + (uint64_t)slot) * nh * 2) * 4;
+}
+
+uint64_t ekv_vk_mg_qdst(const struct ekv_vk_mg *m, int il) { return m && m->pend_on ? pend_q(m, il, m->n_pend) : 0; }
+
+uint64_t ekv_vk_mg_ml(const struct ekv_vk_mg *m, int il, uint64_t dflt) {
+    return m && m->pend_on ? pend_ml(m, il, m->n_pend) : dflt;
+}
+
+/* One attn_stats dispatch of layer il: rows query rows at q (stride
+ * q_stride floats) with their row sums at ml, over the heads' entries from
+ * the lengths in meta on (rows [0, wrow) outside the window), into the
+ * statistics slots sl[] of a [n_slot][H][cap] layout, in mode (MG_ACC_*). */
+struct stats_call {
+    uint64_t q, ml, meta;
+    uint32_t q_stride, rows, wrow, pos0, mode, n_slot, cap;
+    const uint32_t *sl;
+    bool sparsity; /* VL-Cache's counts too (never summed into acc) */
+};
+
+static void stats_dispatch(struct ekv_vk_mg *m, int il, const struct stats_call *c, bool barrier) {
+    struct ekv_vk_ctx *g = m->g;
+    const struct ekv_vk_seq *s = m->s;
+    const struct ekv_kv *kv = m->seq->kv;
+    const uint64_t layer = (uint64_t)il * c->n_slot * s->H * c->cap * 4;
+    struct ekv_vk_pc_attn_stats pc = {
+        .q = c->q, .kc = s->k.buf[il].addr, .ml = c->ml, .meta = c->meta, .st = m->st.addr + layer,
+        .zeros = m->st.addr + (m->zeros_off + (uint64_t)il * s->H * m->nblk) * 4,
+        .n_head = (uint32_t)m->seq->ctx->model->info.n_head, .n_head_kv = s->H, .head_dim = s->D,
+        .n_ctx = (uint32_t)s->cap, .rows = c->rows, .q_stride = c->q_stride, .cap = c->cap, .wrow = c->wrow,
+        .s_colsum = c->sl[SL_COLSUM], .s_sumsq = c->sl[SL_SUMSQ], .s_last = c->sl[SL_LAST], .s_win = c->sl[SL_WIN],
+        .s_bin = c->sl[SL_BIN], .flags = (c->sparsity ? 1u : 0u) | c->mode << 1,
+        .acc = c->mode != MG_ACC_NONE ? m->acc.addr + layer : 0, .scale = 1.0f / sqrtf((float)s->D),
+        .sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p,
+        .window = m->posb ? (uint32_t)kv->swa_window : 0, .pos0 = c->pos0};
+    const uint32_t gx = (uint32_t)((m->maxlen[il] + 63) / 64);
+    /* workgroups past a head's length do nothing but write their (zero) sparsity block */
+    (barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_attn_stats_pipe(s->k.type), &pc, sizeof pc,
+                                                     c->sparsity ? m->nblk : gx, s->H, 1);
+}
+
+/* Records, into the open recording, the pass over the n_pend waiting rows
+ * (summed into acc), and forgets them: the caller keeps n_pend_prev for an
+ * aborted recording. */
+static void pend_record(struct ekv_vk_mg *m) {
+    if (m->n_pend <= 0) return;
+    for (int32_t il = 0; il < m->s->n_layer; il++) {
+        const struct stats_call c = {.q = pend_q(m, il, 0), .ml = pend_ml(m, il, 0),
+                                     .meta = m->pmeta.addr + (uint64_t)il * m->meta_words * 4, .q_stride = q_width(m),
+                                     .rows = (uint32_t)m->n_pend, .wrow = 0, .pos0 = (uint32_t)m->pend_pos0,
+                                     .mode = MG_ACC_ADD, .n_slot = m->acc_nslot, .cap = m->acc_cap, .sl = m->acc_slot};
+        stats_dispatch(m, il, &c, true);
+    }
+    m->n_pend = 0;
+    m->pend_flushed = true;
+}
+
+enum ekv_status ekv_vk_mg_pend_sync(struct ekv_vk_mg *m) {
+    if (!m || m->n_pend <= 0) return EKV_OK;
+    if (m->in_fwd) return ekv_err(EKV_ERR_INVALID_ARG, "GPU cache statistics: a forward is open");
+    enum ekv_status st = ekv_vk_begin(m->g->vk);
+    if (st != EKV_OK) return st;
+    const int32_t n = m->n_pend;
+    pend_record(m);
+    m->pend_flushed = false;
+    if ((st = ekv_vk_submit(m->g->vk)) != EKV_OK) m->n_pend = n; /* the rows still wait */
+    return st;
+}
+
+/* Whether this forward's decode row waits in the ring (or runs the pass over
+ * the ring with it); rows waiting that cannot go on waiting are summed into
+ * acc first. Called once acc_begin chose acc_mode; meta is this forward's. */
+static void pend_begin(struct ekv_vk_mg *m) {
+    m->pend_on = m->pend_pass = false;
+    const bool summed = m->acc_mode == MG_ACC_ADD || (m->acc_mode == MG_ACC_FINAL && m->n_pend > 0);
+    bool defer = summed && !m->no_defer && m->n_rows == 1 && m->wrow == 0 && !m->sparsity && !m->pend_flushed &&
+                 m->acc_cap == (uint32_t)m->s->cap;
+    if (defer && !m->pend.buffer) {
+        const struct ekv_model_info *in = &m->seq->ctx->model->info;
+        const size_t words = (size_t)m->s->n_layer * MG_PEND * (q_width(m) + 2 * (size_t)in->n_head);
+        defer = ekv_vk_mg_buf_fit(m->g->vk, &m->pend, words * 4, false, "GPU cache deferred statistics") == EKV_OK;
+    }
+    if (!defer) {
+        pend_record(m); /* none, or the waiting rows summed before this forward's own statistics */
+        return;
+    }
+    if (m->n_pend == 0) { /* a new run: the heads' lengths before its first row */
+        memcpy(m->pmeta.host, m->meta.host, (size_t)m->s->n_layer * m->meta_words * 4);
+        m->pend_pos0 = m->step.pos0;
+    }
+    m->pend_on = true;
+    m->pend_pass = m->acc_mode == MG_ACC_FINAL || m->n_pend + 1 == MG_PEND;
+}
+
+void ekv_vk_mg_set_defer(struct ekv_vk_mg *m, bool on) {
+    if (m) m->no_defer = !on;
+}
+
+uint64_t ekv_vk_mg_deferred(const struct ekv_vk_mg *m) { return m ? m->n_deferred : 0; }
+
 /* ---- a forward ---- */
 
 static bool acc_same_slots(const struct ekv_vk_mg *m) {
@@ -325,6 +447,7 @@ static bool acc_same_slots(const struct ekv_vk_mg *m) {
  * and acc's zeroing; the sums are added to the host cache after the
  * forward (acc_fold_host). */
 static enum ekv_status acc_sync_record(struct ekv_vk_mg *m) {
+    pend_record(m); /* rows still waiting are part of the sums */
     const size_t bytes = (size_t)acc_words(m) * 4;
     enum ekv_status st = ekv_vk_mg_buf_fit(m->g->vk, &m->acc_host, bytes, true, "GPU cache statistics (sums)");
     if (st != EKV_OK) return st;
@@ -363,11 +486,18 @@ enum ekv_status ekv_vk_mg_stats_sync(struct ekv_vk_mg *m) {
     if (m->in_fwd) return ekv_err(EKV_ERR_INVALID_ARG, "GPU cache statistics: a forward is open");
     enum ekv_status st = ekv_vk_begin(m->g->vk);
     if (st != EKV_OK) return st;
-    if ((st = acc_sync_record(m)) != EKV_OK) {
+    const int32_t n_pend = m->n_pend;
+    st = acc_sync_record(m);
+    m->pend_flushed = false;
+    if (st != EKV_OK) {
         ekv_vk_abort(m->g->vk);
+        m->n_pend = n_pend;
         return st;
     }
-    if ((st = ekv_vk_submit(m->g->vk)) != EKV_OK) return st;
+    if ((st = ekv_vk_submit(m->g->vk)) != EKV_OK) {
+        m->n_pend = n_pend;
+        return st;
+    }
     for (int32_t il = 0; il < m->s->n_layer; il++) acc_fold_host(m, m->seq->kv, il);
     m->acc_pending = false;
     return EKV_OK;
@@ -464,6 +594,8 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
     const struct ekv_kv_step *step = &part->step;
     const int32_t n = part->n, H = (int32_t)m->s->H;
     if (m->in_fwd) return ekv_err(EKV_ERR_INVALID_ARG, "a sequence appears twice in one forward");
+    m->n_pend_prev = m->n_pend; /* restored if this forward does not run */
+    m->pend_on = m->pend_pass = m->pend_flushed = false;
     if (kv->logit_bias && !m->bias)
         return ekv_err(EKV_ERR_UNSUPPORTED, "the policy turned logit biases on after the GPU cache was made");
     for (int32_t il = 0; il < kv->n_layer; il++)
@@ -487,6 +619,7 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
     if (st == EKV_OK) st = ekv_kv_begin(kv, step);
     if (st != EKV_OK) {
         if (m->moved) part->seq->broken = true; /* the forward will not run its copies */
+        m->n_pend = m->n_pend_prev;
         return st;
     }
     m->step = *step;
@@ -508,6 +641,7 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
     if (st == EKV_OK) st = stats_begin(m, kv);
     if (st != EKV_OK) { /* take the appended entries back */
         if (m->moved) part->seq->broken = true;
+        m->n_pend = m->n_pend_prev;
         for (int32_t il = 0; il < kv->n_layer; il++)
             for (int32_t hk = 0; hk < H; hk++) {
                 struct ekv_kv_head *h = &kv->layers[il].heads[hk];
@@ -516,6 +650,7 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
         return st;
     }
     meta_write(m, kv);
+    pend_begin(m);
     m->in_fwd = true;
     m->rc_il = -1;
     g->fwd_mg[g->n_fwd_mg++] = m;
@@ -525,27 +660,23 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
 void ekv_vk_mg_record_stats(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part,
                             bool barrier) {
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
-    const struct ekv_vk_mg *m = s->mg;
-    if (!m || !m->any_stats || part->n <= 0) return;
+    struct ekv_vk_mg *m = s->mg;
+    if (!ekv_vk_mg_stats_now(m) || part->n <= 0) return;
     const struct ekv_model_info *in = &ctx->model->info;
-    const struct ekv_kv *kv = part->seq->kv;
-    struct ekv_vk_pc_attn_stats pc = {
-        .q = ekv_vk_act_addr(ctx, EKV_ACT_Q, part->row0), .kc = s->k.buf[il].addr,
+    struct stats_call c = {
+        .q = ekv_vk_act_addr(ctx, EKV_ACT_Q, part->row0),
         .ml = g->ml.addr + (uint64_t)part->row0 * (uint64_t)in->n_head * 2 * sizeof(float), .meta = ekv_vk_mg_meta(m, il),
-        .st = m->st.addr + (uint64_t)il * m->n_slot * s->H * m->st_cap * 4,
-        .zeros = m->st.addr + (m->zeros_off + (uint64_t)il * s->H * m->nblk) * 4, .n_head = (uint32_t)in->n_head,
-        .n_head_kv = s->H, .head_dim = s->D, .n_ctx = (uint32_t)s->cap, .rows = (uint32_t)part->n,
-        .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q), .cap = m->st_cap, .wrow = (uint32_t)m->wrow,
-        .s_colsum = m->slot[SL_COLSUM], .s_sumsq = m->slot[SL_SUMSQ], .s_last = m->slot[SL_LAST],
-        .s_win = m->slot[SL_WIN], .s_bin = m->slot[SL_BIN], .flags = (m->sparsity ? 1u : 0u) | m->acc_mode << 1,
-        .acc = m->acc_mode != MG_ACC_NONE ? m->acc.addr + (uint64_t)il * m->n_slot * s->H * m->st_cap * 4 : 0,
-        .scale = 1.0f / sqrtf((float)s->D),
-        .sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p,
-        .window = m->posb ? (uint32_t)kv->swa_window : 0, .pos0 = (uint32_t)m->step.pos0};
-    const uint32_t gx = (uint32_t)((m->maxlen[il] + 63) / 64);
-    /* workgroups past a head's length do nothing but write their (zero) sparsity block */
-    (barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_attn_stats_pipe(s->k.type), &pc, sizeof pc,
-                                                     m->sparsity ? m->nblk : gx, s->H, 1);
+        .q_stride = (uint32_t)ekv_act_width(in, EKV_ACT_Q), .rows = (uint32_t)part->n, .wrow = (uint32_t)m->wrow,
+        .pos0 = (uint32_t)m->step.pos0, .mode = m->acc_mode, .n_slot = m->n_slot, .cap = m->st_cap, .sl = m->slot,
+        .sparsity = m->sparsity};
+    if (m->pend_on) { /* the pass over the ring: its waiting rows, then this forward's */
+        c.q = pend_q(m, il, 0);
+        c.ml = pend_ml(m, il, 0);
+        c.meta = m->pmeta.addr + (uint64_t)il * m->meta_words * 4;
+        c.rows = (uint32_t)m->n_pend + 1;
+        c.pos0 = (uint32_t)m->pend_pos0;
+    }
+    stats_dispatch(m, il, &c, barrier);
 }
 
 /* Adds layer il's increments to the host cache's statistics (as
@@ -594,6 +725,11 @@ static enum ekv_status mg_hooks(struct ekv_vk_mg *m) {
     struct ekv_kv *kv = m->seq->kv;
     m->in_fwd = false;
     m->moved = false;
+    if (m->pend_on) {
+        m->n_pend = m->pend_pass ? 0 : m->n_pend + 1;
+        m->n_deferred += !m->pend_pass;
+    }
+    m->pend_on = m->pend_pass = m->pend_flushed = false;
     enum ekv_status st = EKV_OK;
     struct ekv_kv_step step = m->step;
     step.defer = false;
@@ -625,7 +761,13 @@ static enum ekv_status mg_shrink(struct ekv_vk_mg *m) {
  * submission (not one per sequence), then shrinking. */
 enum ekv_status ekv_vk_mg_after(struct ekv_context *ctx) {
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
-    for (int32_t i = 0; i < g->n_fwd_mg; i++) g->fwd_mg[i]->after_st = mg_hooks(g->fwd_mg[i]);
+    for (int32_t i = 0; i < g->n_fwd_mg; i++) {
+        struct ekv_vk_mg *m = g->fwd_mg[i];
+        m->after_st = mg_hooks(m);
+        /* a policy that moves entries while decode rows wait for their
+         * statistics (none does today): the rows' pass runs first */
+        if (m->after_st == EKV_OK && m->n_plans > 0) m->after_st = ekv_vk_mg_pend_sync(m);
+    }
     const enum ekv_status sf = ekv_vk_mg_flush_all(g, g->fwd_mg, g->n_fwd_mg);
     enum ekv_status st = EKV_OK;
     for (int32_t i = 0; i < g->n_fwd_mg; i++) {
@@ -654,6 +796,8 @@ void ekv_vk_mg_abort(struct ekv_context *ctx) {
         kv->n_seen = m->step.pos0;
         m->in_fwd = false;
         m->acc_pending = m->acc_pending_prev; /* its copy, sums or zeroing did not run */
+        m->n_pend = m->n_pend_prev; /* nor did a pass over the ring, nor this row's slot */
+        m->pend_on = m->pend_pass = m->pend_flushed = false;
         m->acc_fold_old = false;
         if (m->acc_new) ekv_vk_buf_free(g->vk, &m->acc); /* its zeroing did not run either */
         m->acc_new = false;

@@ -20,7 +20,7 @@ enum {
     EKV_VK_MV_BIAS = 2      /* + b */
 };
 struct ekv_vk_pc_rope_store {
-    uint64_t q, k, v, cs, kdst, vdst, meta, posb;
+    uint64_t q, k, v, cs, kdst, vdst, meta, posb, qdst;
     uint32_t n_head, H, D, rope_dim, neox, rows, q_stride, kv_stride, k_hstride, k_e0, v_hstride, v_e0, pos0;
 };
 struct ekv_vk_pc_attn {
@@ -43,7 +43,7 @@ struct ekv_vk_pc_attn_stats {
     uint32_t window, pos0;
 };
 struct ekv_vk_pc_kv_merge { uint64_t base, stage, table, members; uint32_t H, C, D, rw, srw; };
-struct ekv_vk_pc_kv_compact { uint64_t base, runs, stage, scr; uint32_t n_runs, total, rw, sph, p0h, srw, phase; };
+struct ekv_vk_pc_kv_compact { uint64_t runs, pre, segs, scr; uint32_t n_runs, phase; };
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
 
 

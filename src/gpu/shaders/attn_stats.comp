@@ -21,8 +21,9 @@
 // the host adds them to the cache's statistics (backend_vk_policy.c).
 // Between the steps a policy reads them (flags bits 1-2, ACC_*), the
 // increments are summed into acc (device memory, the layout of st) instead:
-// ACC_ADD adds them there, ACC_FINAL writes acc + increment to st and
-// zeroes acc. Bit 0 of flags: the sparsity counts.
+// each sum starts from acc's value and adds the rows in order; ACC_ADD
+// writes it back to acc, ACC_FINAL writes it to st and zeroes acc. Bit 0
+// of flags: the sparsity counts.
 // -DKT= the key storage type (row types).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -44,14 +45,19 @@ shared float sm[64], sl[64];
 shared uint slo[64]; // per row of the tile: its first visible entry
 shared uint zsum;
 
-// one statistic of one entry: the increment, or summed with acc (ACC_*)
+// one statistic of one entry: where its sum starts (acc's value when
+// summing, so that rows are added to it one by one: the same sums whether
+// the rows come one per dispatch or many), and where it goes (ACC_*)
+float in_stat(const uint slot, const uint sd, const uint o) {
+    return (slot == NONE || ((pc.flags >> 1) & 3u) == 0u) ? 0.0 : pc.acc.d[slot * sd + o];
+}
 void out_stat(const uint slot, const uint sd, const uint o, const float v) {
     if (slot == NONE) return;
     const uint i = slot * sd + o, mode = (pc.flags >> 1) & 3u;
     if (mode == ACC_ADD) {
-        pc.acc.d[i] += v;
+        pc.acc.d[i] = v;
     } else if (mode == ACC_FINAL) {
-        pc.st.d[i] = pc.acc.d[i] + v;
+        pc.st.d[i] = v;
         pc.acc.d[i] = 0.0;
     } else {
         pc.st.d[i] = v;
@@ -71,6 +77,13 @@ void main() {
     const uint first = j > L0 ? j - L0 : 0u;             // the first row that sees j
     KvSide ks = KvSide(pc.kc, F16(pc.kc), H, pc.n_ctx, D, 1u, 0u, 0u, 0u, 0u);
     float a_col = 0.0, a_sq = 0.0, a_last = 0.0, a_win = 0.0, a_bin = 0.0;
+    if (live) {
+        const uint o = h * pc.cap + j, sd = H * pc.cap;
+        a_col = in_stat(pc.s_colsum, sd, o);
+        a_sq = in_stat(pc.s_sumsq, sd, o);
+        a_win = in_stat(pc.s_win, sd, o);
+        a_bin = in_stat(pc.s_bin, sd, o);
+    }
     uint a_zero = 0u;
     if (tid == 0u) zsum = 0u;
     for (uint i0 = 0u; i0 < pc.rows; i0 += TR) {

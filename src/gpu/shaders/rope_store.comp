@@ -15,7 +15,10 @@
 // Workgroup (row, head): heads below n_head are query heads (rotated in
 // place), the others key heads (rotated in shared memory, stored with
 // their values). The keys of the activation rows stay unrotated: nothing
-// reads them after this.
+// reads them after this. With qdst != 0 the rotated query rows are also
+// written there (same layout as q): a compressed cache keeps the decode
+// rows' queries of a re-selection window for its statistics
+// (backend_vk_policy.c, deferred statistics).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
@@ -26,7 +29,7 @@
 #include "kvq_quant.glsl"
 layout(local_size_x = 64) in;
 layout(push_constant) uniform P {
-    F32 q; F32 k; F32 v; F32 cs; U32 kdst; U32 vdst; U32 meta; U32 posb;
+    F32 q; F32 k; F32 v; F32 cs; U32 kdst; U32 vdst; U32 meta; U32 posb; F32 qdst;
     uint n_head; uint H; uint D; uint rope_dim; uint neox; uint rows; uint q_stride; uint kv_stride;
     uint k_hstride; uint k_e0; uint v_hstride; uint v_e0; uint pos0;
 } pc;
@@ -39,9 +42,16 @@ void rope(F32 x, uint base, uint row) {
         const uint i0 = pc.neox != 0u ? i : 2u * i, i1 = pc.neox != 0u ? i + half_ : 2u * i + 1u;
         const float c = pc.cs.d[row * pc.rope_dim + 2u * i], s = pc.cs.d[row * pc.rope_dim + 2u * i + 1u];
         const float a = x.d[base + i0], b = x.d[base + i1];
-        x.d[base + i0] = a * c - b * s;
-        x.d[base + i1] = a * s + b * c;
+        const float r0 = a * c - b * s, r1 = a * s + b * c;
+        x.d[base + i0] = r0;
+        x.d[base + i1] = r1;
+        if (uint64_t(pc.qdst) != 0ul) {
+            pc.qdst.d[base + i0] = r0;
+            pc.qdst.d[base + i1] = r1;
+        }
     }
+    if (uint64_t(pc.qdst) != 0ul) // the channels past rope_dim, unrotated
+        for (uint c = pc.rope_dim + gl_LocalInvocationID.x; c < pc.D; c += gl_WorkGroupSize.x) pc.qdst.d[base + c] = x.d[base + c];
 }
 
 void rope_shared(uint row) {
