@@ -429,6 +429,9 @@ static void test_presets(void) {
         ekv_context_free(cg), ekv_context_free(cc);
         ekv_model_free(m);
         remove(path);
+        char mmproj[112]; /* a vision preset writes its tower beside the model */
+        snprintf(mmproj, sizeof mmproj, "/tmp/ekv-test-gpu-%ld-preset%d.mmproj.gguf", (long)getpid(), (int)ci);
+        remove(mmproj);
     }
 }
 

@@ -260,6 +260,49 @@ static void test_helpers(void) {
     bool asc = true;
     for (int t2 = 1; t2 < k; t2++) asc = asc && got[t2] > got[t2 - 1];
     CHECK(asc);
+
+    /* both ways ekv_topk selects (a heap of the k kept; when all but at most
+     * 64 candidates are kept, a heap of the dropped): every k around the
+     * switch and far from it, with ties, NaN and masks, against the rank rule */
+    uint8_t mk[N];
+    int bad = 0, cases = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        const int n = 1 + trial * 8; /* 1 .. 473 */
+        for (int j = 0; j < n; j++) {
+            x = x * 1664525u + 1013904223u;
+            sc[j] = (x >> 16) % 97 == 0 ? NAN : (double)((x >> 16) % 23);
+            mk[j] = (x >> 8) % 5 != 0;
+        }
+        const uint8_t *msk = trial % 2 ? mk : NULL;
+        int c = 0;
+        for (int j = 0; j < n; j++) c += !msk || msk[j];
+        const int ks[] = {1, n / 3, c - 70, c - 65, c - 64, c - 63, c - 1, c, c + 3};
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            const int kk = ks[ki];
+            if (kk <= 0) continue;
+            const int32_t m = ekv_topk(sc, n, kk, msk, got);
+            int want = kk < c ? kk : c;
+            bad += m != want;
+            for (int t2 = 1; t2 < m; t2++) bad += got[t2] <= got[t2 - 1];
+            for (int t2 = 0; t2 < m; t2++) { /* each listed candidate ranks among the first kk */
+                const int j = got[t2];
+                if (msk && !msk[j]) {
+                    bad++;
+                    continue;
+                }
+                const double sj = isnan(sc[j]) ? -INFINITY : sc[j];
+                int better = 0;
+                for (int i = 0; i < n; i++) {
+                    if (msk && !msk[i]) continue;
+                    const double si = isnan(sc[i]) ? -INFINITY : sc[i];
+                    better += si > sj || (si == sj && i < j);
+                }
+                bad += better >= kk;
+            }
+            cases++;
+        }
+    }
+    CHECK_MSG(bad == 0, "ekv_topk against the rank rule: %d mismatches in %d cases", bad, cases);
 }
 
 /* Walks the registry: every entry is complete, findable by its unique

@@ -159,8 +159,65 @@ static void sort_idx(int32_t *a, int32_t n) {
     }
 }
 
+/* Max-heap by rank (root = the best of the dropped) over heap[0..n). */
+static void drop_sift_down(const double *score, int32_t *heap, int32_t n, int32_t i) {
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && topk_better(score, heap[l], heap[w])) w = l;
+        if (r < n && topk_better(score, heap[r], heap[w])) w = r;
+        if (w == i) return;
+        int32_t t = heap[i];
+        heap[i] = heap[w];
+        heap[w] = t;
+        i = w;
+    }
+}
+
+#define EKV_TOPK_DROP_MAX 64
+
+/* ekv_topk when all but d <= EKV_TOPK_DROP_MAX of the c candidates are
+ * kept (an eviction step drops one or a few of thousands): the d ranked
+ * last are found with a heap of d, then every other candidate is listed in
+ * index order, O(n log d) instead of O(n log k). Same set: the complement
+ * of the last d in the same total order. */
+static int32_t topk_all_but(const double *score, int32_t n, int32_t d, const uint8_t *mask, int32_t *out) {
+    int32_t drop[EKV_TOPK_DROP_MAX], m = 0;
+    for (int32_t j = 0; j < n; j++) {
+        if (mask && !mask[j]) continue;
+        if (m < d) {
+            drop[m] = j;
+            for (int32_t i = m++; i > 0;) { /* sift up */
+                const int32_t p = (i - 1) / 2;
+                if (!topk_better(score, drop[i], drop[p])) break;
+                const int32_t t = drop[i];
+                drop[i] = drop[p], drop[p] = t, i = p;
+            }
+        } else if (d > 0 && topk_better(score, drop[0], j)) {
+            drop[0] = j;
+            drop_sift_down(score, drop, m, 0);
+        }
+    }
+    sort_idx(drop, m);
+    int32_t got = 0, q = 0;
+    for (int32_t j = 0; j < n; j++) {
+        if (mask && !mask[j]) continue;
+        if (q < m && drop[q] == j) {
+            q++;
+            continue;
+        }
+        out[got++] = j;
+    }
+    return got;
+}
+
 int32_t ekv_topk(const double *score, int32_t n, int32_t k, const uint8_t *mask, int32_t *out) {
     if (!score || !out || n <= 0 || k <= 0) return 0;
+    int32_t c = n; /* candidates */
+    if (mask) {
+        c = 0;
+        for (int32_t j = 0; j < n; j++) c += mask[j] != 0;
+    }
+    if (k >= c - EKV_TOPK_DROP_MAX) return topk_all_but(score, n, k >= c ? 0 : c - k, mask, out);
     int32_t m = 0; /* heap size */
     for (int32_t j = 0; j < n; j++) {
         if (mask && !mask[j]) continue;
