@@ -127,6 +127,14 @@ static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
  * stage0[i]: where sequence i's staged rows are. */
 struct flush_chunk { size_t runs0, pre0, n_runs, words; };
 
+/* The two dispatches of one chunk: its runs and prefix sums in the plan buffer. */
+static void compact_chunk(struct ekv_vk_ctx *g, const struct flush_chunk *c, size_t seg0) {
+    struct ekv_vk_pc_kv_compact pc = {.runs = g->plan.addr + c->runs0 * 4, .pre = g->plan.addr + c->pre0 * 4,
+                                      .segs = g->plan.addr + seg0 * 4, .scr = g->cscr.addr, .n_runs = (uint32_t)c->n_runs};
+    const uint32_t gx = (uint32_t)EKV_MIN((uint64_t)65535, (c->words + 255) / 256);
+    for (pc.phase = 0; pc.phase < 2; pc.phase++) ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, gx, 1, 1);
+}
+
 static void flush_compact(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int32_t n, const size_t *stage0, size_t at,
                           size_t scr_w) {
     uint32_t *w = g->plan.host;
@@ -155,11 +163,7 @@ static void flush_compact(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int
                 if (nr == 0) continue;
                 if (c.n_runs > 0 && c.words + words > scr_w) { /* the chunk so far: its dispatches */
                     w[pre++] = (uint32_t)c.words;
-                    struct ekv_vk_pc_kv_compact pc = {.runs = g->plan.addr + c.runs0 * 4, .pre = g->plan.addr + c.pre0 * 4,
-                                                      .segs = g->plan.addr + seg0 * 4, .scr = g->cscr.addr,
-                                                      .n_runs = (uint32_t)c.n_runs};
-                    const uint32_t gx = (uint32_t)EKV_MIN((uint64_t)65535, (c.words + 255) / 256);
-                    for (pc.phase = 0; pc.phase < 2; pc.phase++) ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, gx, 1, 1);
+                    compact_chunk(g, &c, seg0);
                     c = (struct flush_chunk){runs0 + 4 * r, pre, 0, 0};
                 }
                 const struct ekv_vk_side *sd = side < 2 ? mg_side_of(m, side) : NULL;
@@ -190,10 +194,7 @@ static void flush_compact(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int
     }
     if (c.n_runs == 0) return;
     w[pre++] = (uint32_t)c.words;
-    struct ekv_vk_pc_kv_compact pc = {.runs = g->plan.addr + c.runs0 * 4, .pre = g->plan.addr + c.pre0 * 4,
-                                      .segs = g->plan.addr + seg0 * 4, .scr = g->cscr.addr, .n_runs = (uint32_t)c.n_runs};
-    const uint32_t gx = (uint32_t)EKV_MIN((uint64_t)65535, (c.words + 255) / 256);
-    for (pc.phase = 0; pc.phase < 2; pc.phase++) ekv_vk_dispatch(g->vk, EKV_VK_KV_COMPACT, &pc, sizeof pc, gx, 1, 1);
+    compact_chunk(g, &c, seg0);
 }
 
 /* Words of the largest (layer, side) of a sequence's planned rows. */
