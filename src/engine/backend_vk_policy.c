@@ -41,10 +41,12 @@
  * The buffers hold `cap` entries per (layer, KV head), the host cache's
  * lengths say how many are in use. cap follows what is kept, as the CPU's
  * capacity does: a forward that needs more moves the cache to buffers of
- * max(need, 1.5 cap) entries (copies recorded before its own work, the old
- * buffers freed once it ran), and after the policy acted a cache that uses
- * less than half of cap moves to 1.25 x its longest head + 64 (so memory,
- * and --kv-mem's device bytes, follow the budget).
+ * max(need, 1.5 cap) entries for a prompt, need + slack for a decode step
+ * (copies recorded before its own work, the old
+ * buffers freed once it ran), and after the policy acted a cache with more
+ * than twice its slack of room (64 entries, plus --kv-recompress N for a
+ * re-selecting policy) moves to its longest head + slack (so memory, and
+ * --kv-mem's device bytes, follow the budget).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -75,6 +77,13 @@ bool ekv_vk_mg_supported(const struct ekv_seq *seq, const char **why) {
 /* Words of the statistics summed on the device (acc's layout). */
 static uint64_t acc_words(const struct ekv_vk_mg *m) {
     return (uint64_t)m->s->n_layer * m->acc_nslot * m->s->H * m->acc_cap;
+}
+
+/* Entries of room a cache keeps past its longest head: 64, plus the
+ * entries a re-selecting policy adds between its re-selections. */
+static int64_t mg_slack(const struct ekv_vk_mg *m) {
+    const int32_t n = m->seq->kv->params.recompress;
+    return 64 + (n > 0 ? n : 0);
 }
 
 static void pend_record(struct ekv_vk_mg *m);
@@ -612,7 +621,9 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
     const int64_t need = (int64_t)longest(kv) + n;
     if (st == EKV_OK && need > m->s->cap) { /* room for the part's rows: a larger cache (copies recorded first) */
         lengths(kv, m->L0);
-        const int64_t nc = EKV_MIN((int64_t)m->s->n_ctx, EKV_MAX(need, (int64_t)m->s->cap + m->s->cap / 2));
+        /* a prompt grows by half (its chunks are long), a decode step by the slack */
+        const int64_t grow = step->is_prompt ? (int64_t)m->s->cap + m->s->cap / 2 : need + mg_slack(m);
+        const int64_t nc = EKV_MIN((int64_t)m->s->n_ctx, EKV_MAX(need, grow));
         st = mg_resize(m, (int32_t)nc, m->L0, true); /* on failure the cache is as it was */
         if (st == EKV_OK) m->moved = true; /* a recording that does not run now loses the rows */
     }
@@ -743,12 +754,14 @@ static enum ekv_status mg_hooks(struct ekv_vk_mg *m) {
     return st;
 }
 
-/* After the plans ran: a cache with much more room than it keeps moves to
- * a smaller one. */
+/* After the plans ran: a cache with more than twice its slack of room moves
+ * to buffers of its longest head + slack (a cache that keeps growing moves
+ * every slack steps: a copy of what it holds, small against the steps). */
 static enum ekv_status mg_shrink(struct ekv_vk_mg *m) {
     const int32_t mx = longest(m->seq->kv);
-    if ((int64_t)mx * 2 < m->s->cap && m->s->cap > 64) {
-        const int32_t nc = (int32_t)EKV_MIN((int64_t)m->s->cap, (int64_t)mx + mx / 4 + 64);
+    const int64_t slack = mg_slack(m);
+    if ((int64_t)mx + 2 * slack < m->s->cap) {
+        const int32_t nc = (int32_t)EKV_MIN((int64_t)m->s->cap, (int64_t)mx + slack);
         if (nc < m->s->cap) {
             lengths(m->seq->kv, m->L0);
             return mg_resize(m, nc, m->L0, false);
