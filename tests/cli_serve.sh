@@ -151,6 +151,56 @@ print(out.count(b'HTTP/1.1'), out.split(b' ')[1].decode(), int(b'duplicate_conte
 PYEOF
 )
 [ "$code" = "1 400 1" ] && ok || bad "two Content-Length headers: $code"
+# 6 and 7: request heads libmicrohttpd would answer itself (HTML; a Content-Length that is not a
+# number: its status line twice) get one JSON error from the door (serve_door.c); a head sent
+# byte by byte still passes; a head that never ends is closed after --timeout
+python3 - "$URL" > "$T/door" << 'PYEOF'
+import json, re, socket, sys, time
+host, port = sys.argv[1].split('//')[1].split(':')
+def ask(raw, pause=0.0):
+    s = socket.create_connection((host, int(port)), timeout=20)
+    if pause:
+        for i in range(len(raw)):
+            s.sendall(raw[i:i + 1]); time.sleep(pause)
+    else:
+        s.sendall(raw)
+    out = b''
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        out += d
+        if b'\r\n\r\n' in out:
+            head, _, body = out.partition(b'\r\n\r\n')
+            n = [int(l.split(b':')[1]) for l in head.split(b'\r\n') if l.lower().startswith(b'content-length:')]
+            if n and len(body) >= n[0]:
+                break
+    s.close()
+    head, _, body = out.partition(b'\r\n\r\n')
+    try:
+        code = json.loads(body)['error']['code']
+    except Exception:
+        code = 'not-json:' + body[:60].decode('latin1')
+    status_lines = len(re.findall(rb'(?:^|\r\n)HTTP/1\.[01] \d{3} ', out))
+    return '%d %s %s' % (status_lines, out.split(b' ')[1].decode() if out else '-', code)
+P = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'
+for name, raw in [('cl_negative', P + b'Content-Length: -5\r\n\r\n'), ('cl_text', P + b'Content-Length: abc\r\n\r\n'),
+                  ('cl_huge', P + b'Content-Length: 99999999999999999999999\r\n\r\n'),
+                  ('te_gzip', P + b'Transfer-Encoding: gzip\r\n\r\nzz'),
+                  ('te_and_cl', P + b'Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n'),
+                  ('no_colon', P + b'Bad header line\r\n\r\n'), ('garbage', b'GARBAGE\r\n\r\n'),
+                  ('http2', b'GET /health HTTP/2.0\r\nHost: x\r\n\r\n'),
+                  ('head_16k', b'GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ' + b'a' * 17000 + b'\r\n\r\n')]:
+    print(name, ask(raw))
+body = b'{"prompt": "Once", "max_tokens": 1}'
+print('slow_head', ask(P + b'Connection: close\r\nContent-Length: %d\r\n\r\n' % len(body) + body, pause=0.002))
+PYEOF
+for want in "cl_negative 1 400 invalid_content_length" "cl_text 1 400 invalid_content_length" \
+  "cl_huge 1 413 request_too_large" "te_gzip 1 501 unsupported_transfer_encoding" "te_and_cl 1 400 malformed_request" \
+  "no_colon 1 400 malformed_request" "garbage 1 400 malformed_request" "http2 1 505 http_version_not_supported" \
+  "head_16k 1 431 request_header_fields_too_large" "slow_head 1 200 not-json:"; do
+  grep -q "^$want" "$T/door" && ok || bad "door: want '$want', got '$(grep "^${want%% *} " "$T/door")'"
+done
 # 11 (the other half is with --cors below): without --cors, OPTIONS is 405 and no CORS header is sent
 code=$(curl -s -D "$T/h" -o /dev/null -w '%{http_code}' -X OPTIONS "$URL/v1/completions")
 [ "$code" = 405 ] && ! grep -qi '^access-control' "$T/h" && ok || bad "OPTIONS without --cors: $code"
@@ -189,6 +239,13 @@ start_server key -c 512 --api-key 's3cr3t' --timeout 1 || exit 1
 exec 3<>"/dev/tcp/127.0.0.1/$PORT_key"
 sleep 2.5
 timeout 60 cat <&3 > /dev/null; [ $? -eq 0 ] && ok || bad "idle connection still open after --timeout 1"
+exec 3<&-
+# ...and so is one whose request head never ends (the door's deadline), without an answer
+exec 3<>"/dev/tcp/127.0.0.1/$PORT_key"
+printf 'GET /health HTTP/1.1\r\nHost: x\r\n' >&3
+sleep 2.5
+got=$(timeout 60 cat <&3); rc=$?
+[ $rc -eq 0 ] && [ -z "$got" ] && ok || bad "an unended request head still open after --timeout 1 ($rc): $got"
 exec 3<&-
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/models")" = 401 ] && ok || bad "no key must be 401"
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cr3T' "$URL/v1/models")" = 401 ] && ok || bad "wrong key"

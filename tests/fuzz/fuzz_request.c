@@ -3,8 +3,10 @@
  * validated options, without HTTP (issue 23): srv_request_parse for
  * /v1/completions and /v1/chat/completions (JSON syntax, fields, sampling,
  * the per-request KV options through the CLI's option rows, the chat
- * template, tokenization with stories260K) and srv_tokenize_json. The
- * first byte picks the endpoint, the rest is the body.
+ * template, tokenization with stories260K) and srv_tokenize_json; and the
+ * front door's screen of a request head (srv_door_screen, serve_door.c).
+ * The first byte picks the endpoint (modulo 4: completions, chat,
+ * tokenize, door), the rest is the body or the head.
  *
  * Built two ways: a libFuzzer target (clang, -DEKV_FUZZ=ON: fuzz_request)
  * and, always, with fuzz_replay.c's driver (fuzz_request_replay FILE|DIR...)
@@ -48,11 +50,19 @@ static int setup(void) {
 static int run_one(const uint8_t *data, size_t size) {
     if (setup() != 0) abort(); /* the harness itself is broken: say so loudly */
     if (size < 1) return 0;
-    const int which = data[0] % 3;
+    const int which = data[0] % 4;
     const char *body = (const char *)data + 1;
     const size_t len = size - 1;
     struct srv_error e;
     memset(&e, 0, sizeof e);
+    if (which == 3) { /* taken = a whole head passed on; refused = refused or not complete */
+        const int v = srv_door_screen(body, len, &e);
+        if (v < -1 || v > 1) abort();
+        if (v < 0 && (!e.message[0] || !e.code || (e.status != 400 && e.status != 413 && e.status != 431 &&
+                                                   e.status != 501 && e.status != 505)))
+            abort(); /* a refusal without its status, code or message */
+        return v == 1;
+    }
     if (which == 2) {
         char *out = srv_tokenize_json(&g_srv, body, len, &e);
         free(out);

@@ -2,6 +2,9 @@
  * serve.h — the pieces of `ekv serve` (DESIGN.md "Serving") and how they
  * meet:
  *
+ *   serve_door.c      accepts connections and refuses request heads that
+ *                     libmicrohttpd would answer itself (in HTML) with the
+ *                     API's JSON error, then hands the socket on
  *   serve_http.c      libmicrohttpd: routing, body limits, the API key,
  *                     waiting for a job and streaming it (SSE), noticing
  *                     clients that went away
@@ -26,6 +29,7 @@
 #ifndef EKV_SERVE_H
 #define EKV_SERVE_H
 
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -332,5 +336,29 @@ enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, stru
  * queued last have gone out (they close their connections). */
 void srv_http_wait_idle(struct srv_http *h, double seconds);
 void srv_http_stop(struct srv_http *h);
+
+/* ---- serve_door.c ---- */
+
+/* Takes a connection whose first request head passed (the callee owns fd). */
+typedef void (*srv_door_pass_fn)(void *cls, int fd, const struct sockaddr *addr, socklen_t alen);
+/* Told the status of each answer the door gave itself (for /metrics). */
+typedef void (*srv_door_answered_fn)(void *cls, int status);
+struct srv_door_params {
+    double timeout;  /* seconds a connection may take to send its head */
+    srv_door_pass_fn pass;
+    srv_door_answered_fn answered; /* or NULL */
+    void *cls;
+    const char *cors; /* --cors origin for the door's answers, or NULL (borrowed) */
+};
+struct srv_door;
+/* Screens the first n bytes of a connection: 1 = a whole request head that
+ * libmicrohttpd may have, 0 = not complete yet, -1 = refused (e set). */
+int srv_door_screen(const char *buf, size_t n, struct srv_error *e);
+/* Listens on addr (port 0: any; *port_out gets it) and starts the door's
+ * thread; errno tells why on EKV_ERR_IO. Free with srv_door_stop. */
+enum ekv_status srv_door_start(const struct sockaddr_in *addr, const struct srv_door_params *p, struct srv_door **out,
+                               int *port_out);
+/* Stops accepting and closes the heads still waiting; NULL is harmless. */
+void srv_door_stop(struct srv_door *d);
 
 #endif

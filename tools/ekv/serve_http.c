@@ -32,6 +32,7 @@
 struct srv_http {
     struct MHD_Daemon *d;
     struct srv *srv;
+    struct srv_door *door; /* accepts, screens first heads, hands sockets to d */
 };
 
 enum route { R_NONE, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_SLOTS, R_SLOT };
@@ -565,6 +566,16 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)ap;
 }
 
+static void door_pass(void *cls, int fd, const struct sockaddr *addr, socklen_t alen) {
+    struct srv_http *h = cls;
+    (void)MHD_add_connection(h->d, fd, addr, alen); /* on failure it closes fd */
+}
+
+static void door_answered(void *cls, int status) {
+    struct srv_http *h = cls;
+    count_status(h->srv, status);
+}
+
 enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, struct srv_http **out, int *port_out) {
     *out = NULL;
     struct sockaddr_in addr;
@@ -578,19 +589,28 @@ enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, stru
     struct srv_http *h = calloc(1, sizeof *h);
     if (!h) return EKV_ERR_NOMEM;
     h->srv = srv;
-    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-                            (uint16_t)port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, &addr,
-                            MHD_OPTION_CONNECTION_TIMEOUT, srv->cfg.timeout, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, srv, MHD_OPTION_CONNECTION_LIMIT, 1000u, MHD_OPTION_EXTERNAL_LOGGER,
-                            mhd_log, srv, MHD_OPTION_END);
+    /* the door (serve_door.c) listens and accepts; libmicrohttpd gets the sockets it passes */
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+                                MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC,
+                            0, NULL, NULL, on_request, srv, MHD_OPTION_CONNECTION_TIMEOUT, srv->cfg.timeout,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_CONNECTION_LIMIT, 1000u,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, MHD_OPTION_END);
     if (!h->d) {
-        fprintf(stderr, "ekv serve: error: cannot listen on %s:%d: %s\n", host, port,
-                errno ? strerror(errno) : "libmicrohttpd failed to start");
+        fprintf(stderr, "ekv serve: error: libmicrohttpd failed to start: %s\n", errno ? strerror(errno) : "?");
         free(h);
         return EKV_ERR_IO;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    *port_out = di ? di->port : port;
+    const struct srv_door_params dp = {.timeout = srv->cfg.timeout, .pass = door_pass, .answered = door_answered,
+                                       .cls = h, .cors = srv->cfg.cors};
+    errno = 0;
+    const enum ekv_status st = srv_door_start(&addr, &dp, &h->door, port_out);
+    if (st != EKV_OK) {
+        fprintf(stderr, "ekv serve: error: cannot listen on %s:%d: %s\n", host, port,
+                errno ? strerror(errno) : "out of memory");
+        MHD_stop_daemon(h->d);
+        free(h);
+        return st;
+    }
     *out = h;
     return EKV_OK;
 }
@@ -608,6 +628,7 @@ void srv_http_wait_idle(struct srv_http *h, double seconds) {
 
 void srv_http_stop(struct srv_http *h) {
     if (!h) return;
+    srv_door_stop(h->door); /* no new connections, then the open ones */
     MHD_stop_daemon(h->d);
     free(h);
 }
