@@ -12,7 +12,7 @@
 # model is ../shared's ekv-ref-28m when present, else the bundled
 # stories260K; prompts come from data/longctx/cont_1k.jsonl.
 # Passes (exit 0) when every request was answered once as expected, no 5xx
-# but 503 server_busy, RSS grew < 5% after the first sample interval and the
+# but 503 server_busy, RSS grew < 5% and the
 # open file descriptors ended where they began (RSS growth: from the first
 # sample after a twelfth of the run to the last).
 set -eu

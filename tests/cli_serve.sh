@@ -234,7 +234,7 @@ grep -q '^ekv_requests_total{code="4xx"} [1-9]' "$T/m" && grep -q '^ekv_requests
 stop_server main && ok || bad "main server did not exit cleanly"
 
 # ---- API key: Bearer, /health open ----
-start_server key -c 512 --api-key 's3cr3t' --timeout 1 || exit 1
+start_server key -c 4096 --api-key 's3cr3t' --timeout 1 || exit 1
 # an idle connection is closed after --timeout seconds
 exec 3<>"/dev/tcp/127.0.0.1/$PORT_key"
 sleep 2.5
@@ -247,6 +247,40 @@ sleep 2.5
 got=$(timeout 60 cat <&3); rc=$?
 [ $rc -eq 0 ] && [ -z "$got" ] && ok || bad "an unended request head still open after --timeout 1 ($rc): $got"
 exec 3<&-
+# a stream whose client stops reading is dropped after --timeout seconds without progress (the
+# server holds at most its socket's capped send buffer and the request's text for it, not forever)
+got=$(python3 - "$PORT_key" << 'PYEOF'
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.connect(('127.0.0.1', int(sys.argv[1])))
+body = b'{"prompt": "Once", "max_tokens": 4000, "ignore_eos": true, "stream": true}'
+s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cr3t\r\n'
+          b'Content-Type: application/json\r\nContent-Length: %d\r\n\r\n' % len(body) + body)
+import http.client
+for _ in range(240): # until the server says it dropped the stream (a slow build takes longer to fill the buffers)
+    time.sleep(0.5)
+    c = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=10)
+    c.request('GET', '/metrics', headers={'Authorization': 'Bearer s3cr3t'})
+    if b'ekv_streams_stalled_total 1\n' in c.getresponse().read():
+        break
+s.settimeout(10)
+out = b''
+try:
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        out += d
+    print('cut' if b'data: [DONE]' not in out else 'sent in full')
+except socket.timeout:
+    print('open after %d bytes' % len(out))
+except ConnectionResetError:
+    print('cut')
+PYEOF
+)
+[ "$got" = cut ] && curl -s -H 'Authorization: Bearer s3cr3t' "$URL/metrics" | grep -q '^ekv_streams_stalled_total 1$' && ok \
+  || bad "a stream that is not read must be dropped after --timeout: $got, $(curl -s -H 'Authorization: Bearer s3cr3t' "$URL/metrics" | grep '^ekv_streams_stalled')"
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/models")" = 401 ] && ok || bad "no key must be 401"
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cr3T' "$URL/v1/models")" = 401 ] && ok || bad "wrong key"
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer s3cr3' "$URL/v1/models")" = 401 ] && ok || bad "prefix of the key"

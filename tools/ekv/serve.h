@@ -202,6 +202,7 @@ struct srv_stats {
     int running_max;              /* most sequences admitted at once */
     uint64_t prefix_hits, prefix_misses, prefix_hit_tokens, prefix_evicted;
     uint64_t cancelled;
+    uint64_t streams_stalled;     /* streams dropped: the client took no bytes for --timeout seconds */
     uint64_t device_bytes, device_peak_bytes; /* the context's GPU memory (0 on the CPU), set by the engine */
 };
 

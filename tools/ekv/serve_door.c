@@ -11,7 +11,8 @@
  * Content-Length that is not digits (400) or too large to be a number (413),
  * two of them (400), a Transfer-Encoding other than chunked (501) or one
  * beside a Content-Length (400: request smuggling), a head over 16 KiB (431).
- * Everything else goes to libmicrohttpd unchanged. After an answer the
+ * Everything else goes to libmicrohttpd unchanged, with its kernel send
+ * buffer capped (DOOR_SNDBUF). After an answer the
  * connection is closed gracefully (the rest of the request is read and
  * dropped for a moment), so that the client sees the answer, not a reset.
  * One thread, epoll, edge-triggered: a peek does not consume bytes, so only
@@ -38,6 +39,9 @@
 #define DOOR_PENDING_MAX 512
 #define DOOR_LINGER_S 2.0          /* a refused connection's rest is read for at most this long... */
 #define DOOR_LINGER_BYTES (1u << 20) /* ...or this many bytes */
+/* Each connection's kernel send buffer (Linux doubles it): what a client that stops reading can
+ * make the kernel hold for it. Autotuning would let it grow to tcp_wmem's maximum (4 MiB). */
+#define DOOR_SNDBUF (256 * 1024)
 
 struct door_conn {
     int fd; /* -1: a free slot */
@@ -240,6 +244,8 @@ static void on_listen(struct srv_door *d) {
             close(fd);
             continue;
         }
+        const int sndbuf = DOOR_SNDBUF;
+        (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
         *c = (struct door_conn){.fd = fd, .deadline = cli_now() + d->timeout, .addr = a, .alen = al};
         struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u32 = (uint32_t)(c - d->conns)};
         if (epoll_ctl(d->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {

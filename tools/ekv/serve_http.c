@@ -9,7 +9,13 @@
  * done; a streamed one sends Server-Sent Events from a content reader that
  * blocks until the job has new text. Both watch the socket while they wait:
  * a client that hangs up gets its job cancelled at once (the engine then
- * frees its cache), not when the next token would have been written.
+ * frees its cache), not when the next token would have been written. A
+ * stream's client that takes no bytes for --timeout seconds while the
+ * stream has bytes to give it (its socket's send queue neither empties nor
+ * moves, and the stream is not waiting for tokens) is dropped by a watch
+ * thread: what waits for a client is never more than its own request's text
+ * (events are made from the job's text only when the socket has room), and
+ * it is not held forever by a client that stopped reading.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -29,10 +36,17 @@
 /* Bytes beyond --max-body that are read and dropped before answering 413. */
 #define SRV_DRAIN_MAX (16u << 20)
 
+struct stream;
+
 struct srv_http {
     struct MHD_Daemon *d;
     struct srv *srv;
     struct srv_door *door; /* accepts, screens first heads, hands sockets to d */
+    pthread_mutex_t mu;    /* streams, stop */
+    pthread_cond_t cv;
+    struct stream *streams; /* open streams (the stall watch's list) */
+    pthread_t watch;
+    bool watching, stop;
 };
 
 enum route { R_NONE, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_SLOTS, R_SLOT };
@@ -274,6 +288,13 @@ static enum peer_wait wait_job_locked(struct srv *srv, struct srv_job *j, size_t
 
 struct stream {
     struct srv *srv;
+    struct srv_http *h;
+    struct stream *prev, *next; /* in h->streams */
+    /* for the stall watch, under h->mu: */
+    double progress_at;         /* when MHD last took bytes or the send queue moved */
+    int outq;                   /* the socket's send queue then (bytes) */
+    bool waiting;               /* blocked for the job's next tokens: not the client's fault */
+    bool dropped;
     struct srv_job *job;
     struct peer_watch watch;
     size_t sent;      /* text bytes sent */
@@ -299,12 +320,22 @@ static bool pend_append(struct stream *s, char *ev) {
     return true;
 }
 
+/* The stall watch's view of s: waiting for tokens or not; either way progress now. */
+static void stream_mark(struct stream *s, bool waiting) {
+    pthread_mutex_lock(&s->h->mu);
+    s->waiting = waiting;
+    s->progress_at = cli_now();
+    pthread_mutex_unlock(&s->h->mu);
+}
+
 /* Produces the next events into s->pending; false on error or hang-up. */
 static bool stream_next(struct stream *s) {
     struct srv *srv = s->srv;
     struct srv_job *j = s->job;
+    stream_mark(s, true);
     pthread_mutex_lock(&srv->mu);
     const enum peer_wait wr = wait_job_locked(srv, j, s->sent, &s->watch);
+    stream_mark(s, false);
     if (wr != WAIT_READY) {
         pthread_mutex_unlock(&srv->mu);
         /* a half-closed client: a comment line, which a closed socket answers with a reset */
@@ -357,6 +388,7 @@ static bool stream_next(struct stream *s) {
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     struct stream *s = cls;
+    stream_mark(s, false); /* MHD has room: the client takes bytes */
     while (s->pend_off == s->pend_len) {
         free(s->pending);
         s->pending = NULL;
@@ -373,20 +405,34 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) {
     struct stream *s = cls;
+    pthread_mutex_lock(&s->h->mu); /* before libmicrohttpd closes the socket: the watch never sees its fd reused */
+    if (s->prev) s->prev->next = s->next;
+    else s->h->streams = s->next;
+    if (s->next) s->next->prev = s->prev;
+    pthread_mutex_unlock(&s->h->mu);
     srv_release(s->srv, s->job); /* cancels the job when the stream ended early */
     free(s->pending);
     free(s);
 }
 
-static enum MHD_Result start_stream(struct srv *srv, struct MHD_Connection *c, struct srv_job *job) {
+static enum MHD_Result start_stream(struct srv_http *h, struct MHD_Connection *c, struct srv_job *job) {
+    struct srv *srv = h->srv;
     struct stream *s = calloc(1, sizeof *s);
     if (!s) {
         srv_release(srv, job);
         return fail(srv, c, 500, "server_error", NULL, "out of memory");
     }
     s->srv = srv;
+    s->h = h;
     s->job = job;
     s->watch.fd = conn_fd(c); /* response bytes, not an interim response: an SSE comment probes */
+    s->progress_at = cli_now();
+    s->outq = -1;
+    pthread_mutex_lock(&h->mu);
+    s->next = h->streams;
+    if (h->streams) h->streams->prev = s;
+    h->streams = s;
+    pthread_mutex_unlock(&h->mu);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
     if (!r) {
         stream_free(s);
@@ -403,7 +449,8 @@ static enum MHD_Result start_stream(struct srv *srv, struct MHD_Connection *c, s
 
 /* ---- completions ---- */
 
-static enum MHD_Result completions(struct srv *srv, struct MHD_Connection *c, struct conn *cs) {
+static enum MHD_Result completions(struct srv_http *h, struct MHD_Connection *c, struct conn *cs) {
+    struct srv *srv = h->srv;
     /* --timeout is for idle clients, not for one waiting in the queue or for its text:
      * none until the request is done (on_completed sets it again, which restarts it) */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
@@ -420,7 +467,7 @@ static enum MHD_Result completions(struct srv *srv, struct MHD_Connection *c, st
         srv_request_free(&req);
         return send_error(srv, c, &e);
     }
-    if (job->req.stream) return start_stream(srv, c, job);
+    if (job->req.stream) return start_stream(h, c, job);
     struct peer_watch w = {.fd = conn_fd(c), .interim = cs->http11};
     pthread_mutex_lock(&srv->mu);
     /* gone, or (WAIT_PROBE) an HTTP/1.0 client's half-close, which cannot be probed: a hang-up, as before */
@@ -442,7 +489,8 @@ static enum MHD_Result completions(struct srv *srv, struct MHD_Connection *c, st
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
-    struct srv *srv = cls;
+    struct srv_http *h = cls;
+    struct srv *srv = h->srv;
     struct conn *cs = *con_cls;
     if (!cs) { /* headers only: route, method, key, declared size */
         cs = calloc(1, sizeof *cs);
@@ -514,7 +562,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                     "the body is larger than the server's --max-body of %zu bytes", srv->cfg.max_body);
     switch (cs->route) {
     case R_CHAT:
-    case R_COMPLETIONS: return completions(srv, c, cs);
+    case R_COMPLETIONS: return completions(h, c, cs);
     case R_MODELS: return send_body(srv, c, 200, srv_models_json(srv), "application/json", 0);
     case R_MODEL: {
         const char *id = model_in_url(url);
@@ -547,7 +595,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    const struct srv *srv = cls;
+    const struct srv *srv = ((const struct srv_http *)cls)->srv;
     struct conn *cs = *con_cls;
     if (cs && cs->timeout_off && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
         MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, srv->cfg.timeout);
@@ -564,6 +612,43 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     (void)fmt;
     (void)ap;
+}
+
+/* The stall watch: twice a second, each stream whose client has taken no bytes for --timeout
+ * seconds while it has some to take (not waiting for tokens, its send queue not empty and not
+ * moving) has its socket shut down; libmicrohttpd then ends the connection and the stream. */
+static void *watch_main(void *arg) {
+    struct srv_http *h = arg;
+    const double limit = h->srv->cfg.timeout > 0 ? (double)h->srv->cfg.timeout : 60.0;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 500 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+        const double now = cli_now();
+        for (struct stream *s = h->streams; s && !h->stop; s = s->next) {
+            int q = 0;
+            if (s->dropped || s->watch.fd < 0 || ioctl(s->watch.fd, TIOCOUTQ, &q) != 0) continue;
+            if (q != s->outq || q == 0 || s->waiting) { /* moving, empty, or the job's turn */
+                s->outq = q;
+                s->progress_at = now;
+                continue;
+            }
+            if (now - s->progress_at < limit) continue;
+            s->dropped = true;
+            shutdown(s->watch.fd, SHUT_RDWR);
+            pthread_mutex_lock(&h->srv->mu);
+            h->srv->st.streams_stalled++;
+            pthread_mutex_unlock(&h->srv->mu);
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
 }
 
 static void door_pass(void *cls, int fd, const struct sockaddr *addr, socklen_t alen) {
@@ -589,15 +674,23 @@ enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, stru
     struct srv_http *h = calloc(1, sizeof *h);
     if (!h) return EKV_ERR_NOMEM;
     h->srv = srv;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    if (pthread_create(&h->watch, NULL, watch_main, h) != 0) {
+        fprintf(stderr, "ekv serve: error: cannot start a thread\n");
+        srv_http_stop(h);
+        return EKV_ERR_NOMEM;
+    }
+    h->watching = true;
     /* the door (serve_door.c) listens and accepts; libmicrohttpd gets the sockets it passes */
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
                                 MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC,
-                            0, NULL, NULL, on_request, srv, MHD_OPTION_CONNECTION_TIMEOUT, srv->cfg.timeout,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_CONNECTION_LIMIT, 1000u,
+                            0, NULL, NULL, on_request, h, MHD_OPTION_CONNECTION_TIMEOUT, srv->cfg.timeout,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_CONNECTION_LIMIT, 1000u,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, MHD_OPTION_END);
     if (!h->d) {
         fprintf(stderr, "ekv serve: error: libmicrohttpd failed to start: %s\n", errno ? strerror(errno) : "?");
-        free(h);
+        srv_http_stop(h);
         return EKV_ERR_IO;
     }
     const struct srv_door_params dp = {.timeout = srv->cfg.timeout, .pass = door_pass, .answered = door_answered,
@@ -607,8 +700,7 @@ enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, stru
     if (st != EKV_OK) {
         fprintf(stderr, "ekv serve: error: cannot listen on %s:%d: %s\n", host, port,
                 errno ? strerror(errno) : "out of memory");
-        MHD_stop_daemon(h->d);
-        free(h);
+        srv_http_stop(h);
         return st;
     }
     *out = h;
@@ -629,6 +721,15 @@ void srv_http_wait_idle(struct srv_http *h, double seconds) {
 void srv_http_stop(struct srv_http *h) {
     if (!h) return;
     srv_door_stop(h->door); /* no new connections, then the open ones */
-    MHD_stop_daemon(h->d);
+    if (h->d) MHD_stop_daemon(h->d);
+    if (h->watching) {
+        pthread_mutex_lock(&h->mu);
+        h->stop = true;
+        pthread_cond_signal(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        pthread_join(h->watch, NULL);
+    }
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
     free(h);
 }

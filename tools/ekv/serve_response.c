@@ -325,6 +325,8 @@ char *srv_metrics_text(struct srv *srv) {
            (double)st.rejected_busy);
     metric(&t, "requests_cancelled_total", "counter", "requests whose client went away before the end",
            (double)st.cancelled);
+    metric(&t, "streams_stalled_total", "counter",
+           "streams closed because their client took no bytes for --timeout seconds", (double)st.streams_stalled);
     metric(&t, "prompt_tokens_total", "counter", "prompt tokens (positions) admitted", (double)st.prompt_tokens);
     metric(&t, "completion_tokens_total", "counter", "tokens generated", (double)st.completion_tokens);
     metric(&t, "prompt_seconds_total", "counter", "seconds from admission to the first token, summed over requests",
