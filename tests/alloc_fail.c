@@ -142,6 +142,32 @@ static enum ekv_status sc_load(void *argp, double *sum) {
     return s;
 }
 
+struct vision_arg {
+    const char *mmproj, *image;
+};
+
+/* a vision tower loaded, an image decoded, preprocessed and encoded */
+static enum ekv_status sc_vision(void *argp, double *sum) {
+    const struct vision_arg *a = argp;
+    struct ekv_vision *v = NULL;
+    float *out = NULL;
+    int32_t nt = 0;
+    enum ekv_status s = ekv_vision_load(a->mmproj, &v);
+    const struct ekv_image_input img = {.path = a->image};
+    if (s == EKV_OK) s = ekv_vision_image_tokens(v, &img, &nt);
+    const size_t n = (size_t)nt * (size_t)(v ? ekv_vision_n_embd(v) : 0);
+    if (s == EKV_OK && !(out = __real_malloc(n * sizeof *out))) s = EKV_ERR_NOMEM; /* the harness's own: never fails */
+    if (s == EKV_OK) s = ekv_vision_encode_file(v, NULL, a->image, out);
+    if (s == EKV_OK) {
+        double t = 0;
+        for (size_t i = 0; i < n; i++) t += (double)out[i] * (double)(i % 7 + 1);
+        *sum = t;
+    }
+    free(out);
+    ekv_vision_free(v);
+    return s;
+}
+
 struct seq_arg {
     struct ekv_context *ctx;
     int32_t n_vocab;
@@ -309,6 +335,12 @@ int main(void) {
     if (access(lb.path, R_OK) == 0 && access(lb.tok, R_OK) == 0) walk("model load + context (llama2.c)", sc_load, &lb);
     else printf("llama2.c checkpoint: skipped: ../shared absent\n");
     walk_policies(tu_src("models/stories260K.gguf"), false);
+    /* a vision tower (the fuzz corpus's tiny LLaVA-1.5 mmproj) on a JPEG and on a PNG */
+    struct vision_arg va = {.mmproj = tu_src("tests/fuzz/corpus/mmproj/seed_tiny_vlm.gguf"),
+                            .image = tu_src("data/images/astronaut_crop.jpg")};
+    walk("vision load + encode (JPEG)", sc_vision, &va);
+    va.image = tu_src("data/images/astronaut_crop.png");
+    walk("vision load + encode (PNG)", sc_vision, &va);
     char path[96], cmd[512];
     snprintf(path, sizeof path, "/tmp/ekv-alloc-fail-%ld.gguf", (long)getpid());
     snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-llama3 --n-layer 2 --type q8_0 -o '%s' > /dev/null 2>&1",
