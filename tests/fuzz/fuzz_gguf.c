@@ -72,3 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(copy);
     return 0;
 }
+
+#ifdef EKV_FUZZ_REPLAY
+void ekv_fuzz_cleanup(void) {} /* nothing kept between inputs */
+#endif
