@@ -45,7 +45,7 @@ if [ "$MODE" = coverage ]; then
     WORK=$(mktemp -d)
     trap 'rm -rf "$WORK"' EXIT
     mkdir -p "$WORK/gguf"
-    EKV_HOSTILE_DIR="$WORK/gguf" build-cov/tests/test_gguf_hostile > /dev/null
+    LLVM_PROFILE_FILE="$WORK/hostile.profraw" EKV_HOSTILE_DIR="$WORK/gguf" build-cov/tests/test_gguf_hostile > /dev/null
     cp models/stories260K.gguf "$WORK/gguf/"
     printf '%-10s %8s %7s  %s\n' target inputs "lines" "files (line coverage of all of them together)"
     for t in $ALL; do
