@@ -20,7 +20,8 @@
  * position (1e-5); merge_stats=0 leaves the survivors' statistics the base
  * policy's, 1 adds the members'; merge_at=prompt merges at the prompt and
  * evicts at decode steps. Specs: modifiers and merge_* options are validated, and
- * merge_bias sets the attention's log(weight) flag.
+ * merge_bias sets the attention's log(weight) flag. And "+adakv" (head-wise
+ * budgets) over snapkv and pyramidkv on the same run: test_adakv.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -354,7 +355,9 @@ static void test_specs(void) {
                                       "h2o+merge:merge_to=near", "h2o+merge:merge_sim=2", "h2o+merge:merge_sim=x",
                                       "h2o+merge:merge_key=spin", "h2o+merge:merge_bias=2", "h2o+merge:merge_size=3",
                                       "h2o+merge:window=3", "nosuch+merge", "h2o+merge:merge_at=decode",
-                                      "h2o+merge:merge_stats=yes"};
+                                      "h2o+merge:merge_stats=yes", "h2o+adakv", "local+adakv", "snapkv+adakv+adakv",
+                                      "snapkv:ada_floor=0.2", "snapkv+adakv:ada_floor=2", "snapkv+adakv:ada_floor=-0.1",
+                                      "snapkv+adakv:ada_floor=x", "snapkv+adakv:ada_ceiling=1"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         struct ekv_kv_params p = params(bad[i], 0.5);
         struct ekv_kv *kv = NULL;
@@ -381,6 +384,60 @@ static void test_specs(void) {
     }
 }
 
+/* +adakv (src/kv/adakv.c) on real weights, at 0.2 for snapkv and pyramidkv, alone and with
+ * +merge, in three storage types: every layer holds as many entries as the base policy's after
+ * the prompt and after every step (the budget is shared, not grown), the heads' split differs
+ * from the base's somewhere, +merge:merge_to=pos loses no token; at budget 1.0 the full cache's
+ * logits bit for bit. */
+static void test_adakv(void) {
+    static const char *const bases[] = {"snapkv", "pyramidkv"};
+    static const enum ekv_kv_type types[3][2] = {{EKV_KV_F16, EKV_KV_F16}, {EKV_KV_F32, EKV_KV_F16},
+                                                 {EKV_KV_KIVI4, EKV_KV_KIVI2}};
+    struct trace *base = calloc(1, sizeof *base), *ad = calloc(1, sizeof *ad);
+    float *lf = malloc((size_t)(N_GEN + 1) * (size_t)g_mi.n_vocab * sizeof *lf);
+    float *la = malloc((size_t)(N_GEN + 1) * (size_t)g_mi.n_vocab * sizeof *la);
+    if (!base || !ad || !lf || !la) {
+        CHECK(0);
+        free(base), free(ad), free(lf), free(la);
+        return;
+    }
+    for (int b = 0; b < 2; b++)
+        for (int mg = 0; mg < 2; mg++)
+            for (int t = 0; t < 3; t++) {
+                char spec[64];
+                snprintf(spec, sizeof spec, "%s+adakv%s", bases[b], mg ? "+merge:merge_to=pos" : "");
+                struct ekv_kv_params pb = params(bases[b], 0.2), pa = params(spec, 0.2);
+                pb.type_k = pa.type_k = types[t][0];
+                pb.type_v = pa.type_v = types[t][1];
+                if (t == 2) pb.kv_group = pa.kv_group = 8; /* stories260K's head_dim */
+                memset(base, 0, sizeof *base), memset(ad, 0, sizeof *ad);
+                CHECK_OK(run(&pb, NULL, base));
+                CHECK_OK(run(&pa, NULL, ad));
+                int bad_sum = 0, differ = 0, bad_w = 0;
+                for (int st = 0; st <= N_GEN; st++)
+                    for (int32_t l = 0; l < g_mi.n_layer; l++) {
+                        int32_t sb = 0, sa = 0;
+                        for (int32_t h = 0; h < g_mi.n_head_kv; h++) {
+                            sb += base->len[st][l][h];
+                            sa += ad->len[st][l][h];
+                            differ += ad->len[st][l][h] != base->len[st][l][h];
+                            if (mg) bad_w += fabs(ad->wsum[st][l][h] - (double)ad->seen[st]) > 1e-3;
+                        }
+                        bad_sum += sa != sb;
+                    }
+                CHECK_MSG(!ad->overflow && !bad_sum && differ > 0 && !bad_w,
+                          "%s %s/%s at 0.2: %d (step, layer) totals differ from %s's, %d head lengths moved, "
+                          "%d weight sums off", spec, ekv_kv_type_name(types[t][0]), ekv_kv_type_name(types[t][1]),
+                          bad_sum, bases[b], differ, bad_w);
+            }
+    struct ekv_kv_params pf = params("full", 1.0), pa = params("snapkv+adakv", 1.0);
+    CHECK_OK(run(&pf, lf, NULL));
+    CHECK_OK(run(&pa, la, NULL));
+    CHECK_MSG(!memcmp(lf, la, (size_t)(N_GEN + 1) * (size_t)g_mi.n_vocab * sizeof *lf),
+              "snapkv+adakv at budget 1.0: logits differ from the full cache's");
+    free(base), free(ad), free(lf), free(la);
+}
+
 int main(void) {
     test_pos_rule();
     test_key_rule();
@@ -401,6 +458,7 @@ int main(void) {
     test_invariants();
     test_merge_at_prompt();
     test_bit_identity();
+    test_adakv();
     ekv_context_free(g_ctx);
     ekv_model_free(g_m);
     free(g_toks);

@@ -812,7 +812,121 @@ static void test_random_all(void) {
     }
 }
 
+/* ---- +adakv (src/kv/adakv.c) ---- */
+
+/* One layer of H KV heads (one query head each), 10 prompt entries, window 2, no pooling,
+ * budget 0.5 (C = 5: 2 window + 3 candidates per head), candidate scores s[h][0..8). */
+static struct ekv_kv *ada_run(const char *spec, int H, const double s[][8]) {
+    struct ekv_kv_params p = params_for(spec, 0.5);
+    p.obs_window = 2;
+    p.pool = 1;
+    struct ekv_kv *kv = NULL;
+    CHECK_OK(ekv_kv_new(1, H, H, 1, &p, &kv));
+    if (!kv) return NULL;
+    struct ekv_kv_step step = prompt_step(0, 10, 10, NULL, true);
+    CHECK_OK(ekv_kv_begin(kv, &step));
+    append_entries(kv, 0, 0, 10, NULL);
+    for (int h = 0; h < H; h++)
+        for (int j = 0; j < 10; j++) kv->layers[0].heads[h].winsum[j] = j < 8 ? s[h][j] : 1.0;
+    CHECK_OK(kv->ops->layer(kv, 0, &step));
+    CHECK_OK(ekv_kv_end(kv, &step));
+    return kv;
+}
+
+static void test_adakv_vectors(void) {
+    static const double s[2][8] = {{.9, .8, .7, .6, .5, .4, .3, .2}, {.05, .04, .03, .02, .01, 0, 0, 0}};
+    /* ada_floor 0.2: floor(0.6) = 0 own candidates; the 6 best of the layer are head 0's */
+    struct ekv_kv *kv = ada_run("snapkv+adakv", 2, s);
+    if (kv) {
+        const int32_t w0[8] = {0, 1, 2, 3, 4, 5, 8, 9}, w1[2] = {8, 9};
+        CHECK(positions_are(&kv->layers[0].heads[0], w0, 8));
+        CHECK(positions_are(&kv->layers[0].heads[1], w1, 2));
+    }
+    ekv_kv_free(kv);
+    /* ada_floor 0.5: floor(1.5) = 1 each; the other 4 go to head 0 */
+    kv = ada_run("snapkv+adakv:ada_floor=0.5", 2, s);
+    if (kv) {
+        const int32_t w0[7] = {0, 1, 2, 3, 4, 8, 9}, w1[3] = {0, 8, 9};
+        CHECK(positions_are(&kv->layers[0].heads[0], w0, 7));
+        CHECK(positions_are(&kv->layers[0].heads[1], w1, 3));
+    }
+    ekv_kv_free(kv);
+    /* ada_floor 1 and plain snapkv: 3 candidates per head */
+    for (int v = 0; v < 2; v++) {
+        kv = ada_run(v ? "snapkv" : "snapkv+adakv:ada_floor=1", 2, s);
+        if (!kv) continue;
+        const int32_t w[5] = {0, 1, 2, 8, 9};
+        CHECK(positions_are(&kv->layers[0].heads[0], w, 5));
+        CHECK(positions_are(&kv->layers[0].heads[1], w, 5));
+        ekv_kv_free(kv);
+    }
+}
+
+/* Random layers: the caps keep the layer's total, each head's floor, and the kept sets are the
+ * joint ranking's (brute force: candidates sorted by score, then head, then index). */
+static void test_adakv_random(void) {
+    enum { H = 4, N = 40, W = 3 };
+    int bad = 0;
+    for (int it = 0; it < 200; it++) {
+        const double fl = it % 5 == 0 ? 0.0 : it % 5 == 1 ? 1.0 : rnd();
+        char spec[64];
+        snprintf(spec, sizeof spec, "snapkv+adakv:ada_floor=%.17g", fl);
+        const double budget = 0.1 + 0.8 * rnd();
+        struct ekv_kv_params p = params_for(spec, budget);
+        p.obs_window = W;
+        p.pool = 1;
+        struct ekv_kv *kv = NULL;
+        CHECK_OK(ekv_kv_new(1, H, H, 1, &p, &kv));
+        if (!kv) return;
+        struct ekv_kv_step step = prompt_step(0, N, N, NULL, true);
+        CHECK_OK(ekv_kv_begin(kv, &step));
+        append_entries(kv, 0, 0, N, NULL);
+        double sc[H][N];
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < N; j++) kv->layers[0].heads[h].winsum[j] = sc[h][j] = floor(rnd() * 20) / 20; /* ties */
+        const int32_t C = ekv_kv_target(kv, 0);
+        CHECK_OK(kv->ops->layer(kv, 0, &step));
+        /* brute force */
+        int keep[H][N] = {{0}}, fcount[H] = {0}, total = 0, room = C > W ? C - W : 0;
+        for (int h = 0; h < H; h++) {
+            for (int j = N - W; j < N; j++) keep[h][j] = 1;
+            const int f = (int)floor(fl * room + 1e-9);
+            for (int k = 0; k < f; k++) { /* head h's best unkept candidate */
+                int b = -1;
+                for (int j = 0; j < N - W; j++)
+                    if (!keep[h][j] && (b < 0 || sc[h][j] > sc[h][b])) b = j;
+                keep[h][b] = 1;
+            }
+            fcount[h] = f;
+            total += room - f;
+        }
+        for (int k = 0; k < total; k++) {
+            int bh = -1, bj = -1;
+            for (int h = 0; h < H; h++)
+                for (int j = 0; j < N - W; j++)
+                    if (!keep[h][j] && (bh < 0 || sc[h][j] > sc[bh][bj])) bh = h, bj = j;
+            keep[bh][bj] = 1;
+        }
+        int sum = 0;
+        for (int h = 0; h < H; h++) {
+            const struct ekv_kv_head *hd = &kv->layers[0].heads[h];
+            sum += hd->len;
+            int n = 0;
+            for (int j = 0; j < N; j++) n += keep[h][j];
+            bool same = n == hd->len && hd->len >= W + fcount[h];
+            for (int i = 0, j = 0; same && j < N; j++)
+                if (keep[h][j]) same = hd->pos[i++] == j;
+            bad += !same;
+        }
+        bad += sum != H * C;
+        ekv_kv_free(kv);
+    }
+    CHECK_MSG(bad == 0, "+adakv: %d heads or layers differ from the joint ranking of 200 random layers", bad);
+}
+
 int main(void) {
+    test_adakv_vectors();
+    test_adakv_random();
     test_roco();
     test_snapkv();
     test_pyramid_schedule();

@@ -198,9 +198,11 @@ static enum ekv_status apply_options(struct ekv_kv *kv, const char *opts) {
             return ekv_err(EKV_ERR_INVALID_ARG, "option '%.64s' is not key=value", kvp);
         *eq = 0;
         enum ekv_status s;
-        if (!strncmp(kvp, "merge_", 6))
-            s = kv->merge.on ? ekv_kv_merge_option(&kv->merge, kvp, eq + 1)
-                             : ekv_err(EKV_ERR_INVALID_ARG, "option '%.64s' needs +merge in the spec", kvp);
+        if (!strncmp(kvp, "merge_", 6) || !strncmp(kvp, "ada_", 4)) {
+            const bool m = kvp[0] == 'm', on = m ? kv->merge.on : kv->adakv.on;
+            s = !on ? ekv_err(EKV_ERR_INVALID_ARG, "option '%.64s' needs +%s in the spec", kvp, m ? "merge" : "adakv")
+                : m ? ekv_kv_merge_option(&kv->merge, kvp, eq + 1) : ekv_kv_adakv_option(&kv->adakv, kvp, eq + 1);
+        }
         else if (!kv->ops->option)
             s = ekv_err(EKV_ERR_INVALID_ARG, "takes no options (got '%.64s')", kvp);
         else
@@ -218,9 +220,14 @@ static enum ekv_status apply_modifiers(struct ekv_kv *kv, const char *spec) {
         const size_t n = strcspn(p + 1, ":+");
         if (n == 5 && !strncmp(p + 1, "merge", 5) && !kv->merge.on)
             kv->merge = ekv_kv_merge_defaults();
+        else if (n == 5 && !strncmp(p + 1, "adakv", 5) && !kv->adakv.on && kv->ops->headwise)
+            kv->adakv = (struct ekv_kv_adakv){.on = true, .floor = 0.2};
+        else if (n == 5 && !strncmp(p + 1, "adakv", 5) && !kv->adakv.on)
+            return ekv_err(EKV_ERR_INVALID_ARG, "+adakv needs a policy that ranks entries by attention per head "
+                                                "(snapkv, pyramidkv)");
         else
-            return ekv_err(EKV_ERR_INVALID_ARG, "unknown or repeated modifier '+%.*s' (known: +merge)", (int)(n < 32 ? n : 32),
-                           p + 1);
+            return ekv_err(EKV_ERR_INVALID_ARG, "unknown or repeated modifier '+%.*s' (known: +merge, +adakv)",
+                           (int)(n < 32 ? n : 32), p + 1);
         p += 1 + n;
     }
     return EKV_OK;

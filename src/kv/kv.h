@@ -149,6 +149,16 @@ struct ekv_policy_ops {
      * when init() allocates a state. */
     void (*state_save)(const struct ekv_kv *kv, struct ekv_wbuf *w);
     enum ekv_status (*state_load)(struct ekv_kv *kv, struct ekv_rbuf *r);
+    /* Takes "+adakv" (src/kv/adakv.c): the policy ranks a head's entries by
+     * a score comparable across the heads of a layer and shares the layer's
+     * budget by it (ekv_adakv_caps). */
+    bool headwise;
+};
+
+/* "+adakv" in a policy spec (src/kv/adakv.c): head-wise budgets. */
+struct ekv_kv_adakv {
+    bool on;
+    double floor; /* ada_floor: share of its own budget every head keeps whatever its scores (0.2) */
 };
 
 /* "+merge" in a policy spec (src/kv/merge.c): the policy's evictions
@@ -190,6 +200,7 @@ struct ekv_kv {
                                     positions (elastic-v2:key=rotate, ekv_rope_shift_ext) */
     struct ekv_kv_params params;  /* defaults resolved by configure() */
     struct ekv_kv_merge merge;    /* "+merge" (on = false without it) */
+    struct ekv_kv_adakv adakv;    /* "+adakv" (on = false without it) */
     char policy_name[32];
     char spec[256];       /* the policy spec as given ("name" or "name:key=value:..."), for saved caches */
     const struct ekv_policy_ops *ops;
@@ -269,6 +280,17 @@ bool ekv_kv_option_bool(const char *v, bool *out);
 
 /* +merge's defaults: merge_to=key, merge_sim=0.7, merge_key=mean, merge_bias=1,
  * merge_stats=1, merge_at=all. */
+/* +adakv (src/kv/adakv.c): its option (ada_floor=F), and the per-head
+ * caps of one layer: head h keeps its prot[h] protected entries and
+ * caps[h] - prot[h] of its m[h] candidates, ranked by score[h][0..m[h])
+ * (higher first, ties: lower index). cap is the base policy's per-head
+ * target. The caps sum to min(n_head_kv * cap, the layer's entries); each
+ * head keeps at least floor(ada_floor * (cap - prot[h])) candidates (at
+ * most m[h]); the rest go to the best scores of the whole layer. */
+enum ekv_status ekv_kv_adakv_option(struct ekv_kv_adakv *a, const char *key, const char *value);
+enum ekv_status ekv_adakv_caps(const struct ekv_kv *kv, int32_t cap, const int32_t *prot, const int32_t *m,
+                               const double *const *score, int32_t *caps);
+
 struct ekv_kv_merge ekv_kv_merge_defaults(void);
 /* One "merge_*" option of a spec into m; EKV_ERR_INVALID_ARG names a bad key or value. */
 enum ekv_status ekv_kv_merge_option(struct ekv_kv_merge *m, const char *key, const char *value);

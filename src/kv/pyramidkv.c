@@ -120,4 +120,5 @@ const struct ekv_policy_ops ekv_policy_pyramidkv = {
     .layer = pyramid_layer,
     .end = NULL,
     .prompt_only = true,
+    .headwise = true,
 };

@@ -105,9 +105,33 @@ enum ekv_status ekv_snapkv_begin_common(struct ekv_kv *kv, const struct ekv_kv_s
     return EKV_OK;
 }
 
-/* Keeps at most cap entries of one head. */
+/* The candidates of head h (the entries before the observation window: *np
+ * of them, *nw after) and their pooled window scores, *out [np] (caller frees). */
+static enum ekv_status snap_scores(struct ekv_kv *kv, const struct ekv_kv_head *h, int32_t pool,
+                                   enum ekv_pool_kind kind, int32_t *nw_out, int32_t *np_out, double **out) {
+    const int32_t n = h->len;
+    int32_t nw = 0; /* trailing entries inside the observation window */
+    while (nw < n && h->pos[n - 1 - nw] >= kv->win_start) nw++;
+    const int32_t np = n - nw;
+    *nw_out = nw;
+    *np_out = np;
+    *out = NULL;
+    if (!h->winsum) return ekv_err(EKV_ERR_INTERNAL, "%s: winsum statistics are missing", kv->policy_name);
+    double *s = malloc((size_t)(np > 0 ? np : 1) * sizeof *s);
+    if (!s) return ekv_err(EKV_ERR_NOMEM, "%s: scratch for %d entries", kv->policy_name, (int)np);
+    if (pool > 1) {
+        ekv_pool1d(h->winsum, np, pool, kind, s);
+    } else {
+        for (int32_t j = 0; j < np; j++) s[j] = h->winsum[j];
+    }
+    *out = s;
+    return EKV_OK;
+}
+
+/* Keeps at most cap entries of one head; scores: its candidates' pooled
+ * scores when the caller has them (+adakv), else NULL. */
 static enum ekv_status snapkv_head(struct ekv_kv *kv, struct ekv_kv_head *h, int32_t cap, int32_t pool,
-                                   enum ekv_pool_kind kind) {
+                                   enum ekv_pool_kind kind, const double *scores) {
     const int32_t n = h->len;
     if (cap < 1) cap = 1;
     if (n <= cap) return EKV_OK;
@@ -120,23 +144,14 @@ static enum ekv_status snapkv_head(struct ekv_kv *kv, struct ekv_kv_head *h, int
     if (cap <= nw) {
         for (int32_t i = 0; i < cap; i++) idx[i] = n - cap + i;
     } else {
-        const int32_t np = n - nw; /* keys before the window: candidates */
-        if (!h->winsum) {
+        int32_t np = n - nw, nw2 = nw; /* keys before the window: candidates */
+        double *own = NULL;
+        if (!scores && (st = snap_scores(kv, h, pool, kind, &nw2, &np, &own)) != EKV_OK) {
             free(idx);
-            return ekv_err(EKV_ERR_INTERNAL, "%s: winsum statistics are missing", kv->policy_name);
+            return st;
         }
-        double *s = malloc((size_t)np * sizeof *s);
-        if (!s) {
-            free(idx);
-            return ekv_err(EKV_ERR_NOMEM, "%s: scratch for %d entries", kv->policy_name, (int)np);
-        }
-        if (pool > 1) {
-            ekv_pool1d(h->winsum, np, pool, kind, s);
-        } else {
-            for (int32_t j = 0; j < np; j++) s[j] = h->winsum[j];
-        }
-        int32_t got = ekv_topk(s, np, cap - nw, NULL, idx);
-        free(s);
+        const int32_t got = ekv_topk(scores ? scores : own, np, cap - nw, NULL, idx);
+        free(own);
         if (got != cap - nw) {
             free(idx);
             return ekv_err(EKV_ERR_INTERNAL, "%s: top-k returned %d of %d", kv->policy_name, (int)got,
@@ -149,11 +164,37 @@ static enum ekv_status snapkv_head(struct ekv_kv *kv, struct ekv_kv_head *h, int
     return st;
 }
 
+/* +adakv: the layer's heads share their budget by their pooled scores (adakv.c). */
+static enum ekv_status snapkv_layer_ada(struct ekv_kv *kv, int il, int32_t cap, int32_t pool,
+                                        enum ekv_pool_kind kind) {
+    struct ekv_kv_layer *ly = &kv->layers[il];
+    const int32_t H = kv->n_head_kv;
+    int32_t *prot = calloc((size_t)H * 3, sizeof *prot), *m = prot ? prot + H : NULL, *caps = m ? m + H : NULL;
+    double **sc = calloc((size_t)H, sizeof *sc);
+    enum ekv_status st = prot && sc ? EKV_OK : ekv_err(EKV_ERR_NOMEM, "%s+adakv: scratch", kv->policy_name);
+    for (int32_t h = 0; h < H && st == EKV_OK; h++) {
+        int32_t nw = 0, np = 0;
+        st = snap_scores(kv, &ly->heads[h], pool, kind, &nw, &np, &sc[h]);
+        prot[h] = cap <= nw ? EKV_MAX(cap, 1) : nw; /* a window that fills the target: the base rule, alone */
+        m[h] = cap <= nw ? 0 : np;
+    }
+    if (st == EKV_OK) st = ekv_adakv_caps(kv, cap, prot, m, (const double *const *)sc, caps);
+    for (int32_t h = 0; h < H && st == EKV_OK; h++)
+        st = snapkv_head(kv, &ly->heads[h], caps[h], pool, kind, m[h] > 0 ? sc[h] : NULL);
+    for (int32_t h = 0; sc && h < H; h++) free(sc[h]);
+    free(sc);
+    free(prot);
+    return st;
+}
+
 enum ekv_status ekv_snapkv_compress_layer(struct ekv_kv *kv, int il, int32_t cap, int32_t pool,
                                           enum ekv_pool_kind kind) {
     struct ekv_kv_layer *ly = &kv->layers[il];
+    bool over = false;
+    for (int32_t hh = 0; hh < kv->n_head_kv; hh++) over |= ly->heads[hh].len > EKV_MAX(cap, 1);
+    if (kv->adakv.on && kv->n_head_kv > 1 && over) return snapkv_layer_ada(kv, il, cap, pool, kind);
     for (int32_t hh = 0; hh < kv->n_head_kv; hh++) {
-        enum ekv_status st = snapkv_head(kv, &ly->heads[hh], cap, pool, kind);
+        enum ekv_status st = snapkv_head(kv, &ly->heads[hh], cap, pool, kind, NULL);
         if (st != EKV_OK) return st;
     }
     return EKV_OK;
@@ -177,4 +218,5 @@ const struct ekv_policy_ops ekv_policy_snapkv = {
     .layer = snapkv_layer,
     .end = NULL,
     .prompt_only = true,
+    .headwise = true,
 };

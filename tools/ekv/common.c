@@ -924,7 +924,9 @@ void cli_print_help(FILE *out, const struct cli_params *p, const struct cli_help
         fprintf(out, "  NAME+merge    any policy, its evicted entries merged into kept ones instead of dropped\n"
                      "                (options merge_to=key|pos, merge_sim=F (0.7), merge_key=mean|anchor|rotate,\n"
                      "                merge_bias=1|0, merge_stats=1|0, merge_at=all|prompt; e.g.\n"
-                     "                snapkv+merge:merge_sim=0.8; docs/policies.md)\n");
+                     "                snapkv+merge:merge_sim=0.8; docs/policies.md)\n"
+                     "  NAME+adakv    snapkv, pyramidkv: head-wise budgets (Ada-KV), a layer's budget shared by\n"
+                     "                its heads' scores (option ada_floor=F (0.2); composes with +merge)\n");
         fputc('\n', out);
     }
     if (p->tool & (CLI_RUN | CLI_EVAL | CLI_SERVE)) {
