@@ -21,7 +21,7 @@
  * policy's, 1 adds the members'; merge_at=prompt merges at the prompt and
  * evicts at decode steps. Specs: modifiers and merge_* options are validated, and
  * merge_bias sets the attention's log(weight) flag. And "+adakv" (head-wise
- * budgets) over snapkv and pyramidkv on the same run: test_adakv.
+ * budgets) over snapkv, pyramidkv, h2o and scissorhands on the same run: test_adakv.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -355,7 +355,7 @@ static void test_specs(void) {
                                       "h2o+merge:merge_to=near", "h2o+merge:merge_sim=2", "h2o+merge:merge_sim=x",
                                       "h2o+merge:merge_key=spin", "h2o+merge:merge_bias=2", "h2o+merge:merge_size=3",
                                       "h2o+merge:window=3", "nosuch+merge", "h2o+merge:merge_at=decode",
-                                      "h2o+merge:merge_stats=yes", "h2o+adakv", "local+adakv", "snapkv+adakv+adakv",
+                                      "h2o+merge:merge_stats=yes", "tova+adakv", "local+adakv", "snapkv+adakv+adakv",
                                       "snapkv:ada_floor=0.2", "snapkv+adakv:ada_floor=2", "snapkv+adakv:ada_floor=-0.1",
                                       "snapkv+adakv:ada_floor=x", "snapkv+adakv:ada_ceiling=1"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -384,13 +384,13 @@ static void test_specs(void) {
     }
 }
 
-/* +adakv (src/kv/adakv.c) on real weights, at 0.2 for snapkv and pyramidkv, alone and with
+/* +adakv (src/kv/adakv.c) on real weights, at 0.2 for snapkv, pyramidkv, h2o and scissorhands, alone and with
  * +merge, in three storage types: every layer holds as many entries as the base policy's after
  * the prompt and after every step (the budget is shared, not grown), the heads' split differs
  * from the base's somewhere, +merge:merge_to=pos loses no token; at budget 1.0 the full cache's
  * logits bit for bit. */
 static void test_adakv(void) {
-    static const char *const bases[] = {"snapkv", "pyramidkv"};
+    static const char *const bases[] = {"snapkv", "pyramidkv", "h2o", "scissorhands"};
     static const enum ekv_kv_type types[3][2] = {{EKV_KV_F16, EKV_KV_F16}, {EKV_KV_F32, EKV_KV_F16},
                                                  {EKV_KV_KIVI4, EKV_KV_KIVI2}};
     struct trace *base = calloc(1, sizeof *base), *ad = calloc(1, sizeof *ad);
@@ -401,7 +401,7 @@ static void test_adakv(void) {
         free(base), free(ad), free(lf), free(la);
         return;
     }
-    for (int b = 0; b < 2; b++)
+    for (int b = 0; b < 4; b++)
         for (int mg = 0; mg < 2; mg++)
             for (int t = 0; t < 3; t++) {
                 char spec[64];

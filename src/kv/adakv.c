@@ -6,8 +6,9 @@
  * head that looks at a few keeps fewer. ekv's cache stores a length per
  * (layer, KV head) already, so this saves memory for real (kvpress only
  * masks). A policy that ranks a head's entries by a score comparable
- * between heads (attention sums: every query row sums to 1) takes it
- * (ops->headwise: snapkv, pyramidkv).
+ * between heads (attention sums: every query row sums to 1; counts over the
+ * same queries) takes it (ops->headwise: snapkv, pyramidkv, h2o,
+ * scissorhands).
  *
  * Rule, for one layer when its policy acts, with C the base per-head target
  * and, for head h, prot[h] entries the policy keeps whatever their score
@@ -94,4 +95,23 @@ enum ekv_status ekv_adakv_caps(const struct ekv_kv *kv, int32_t cap, const int32
     free(mask);
     free(idx);
     return got == R ? EKV_OK : ekv_err(EKV_ERR_INTERNAL, "+adakv: %d of %lld chosen", (int)got, (long long)R);
+}
+
+enum ekv_status ekv_adakv_recent_top(struct ekv_kv *kv, int il, int32_t target, int32_t window,
+                                     const double *const *score) {
+    struct ekv_kv_layer *ly = &kv->layers[il];
+    const int32_t H = kv->n_head_kv;
+    const int32_t w = EKV_MAX(0, EKV_MIN(window, target));
+    int32_t *prot = calloc((size_t)H * 3, sizeof *prot);
+    if (!prot) return ekv_err(EKV_ERR_NOMEM, "%s+adakv: scratch", kv->policy_name);
+    int32_t *m = prot + H, *caps = m + H;
+    for (int32_t h = 0; h < H; h++) {
+        prot[h] = EKV_MIN(w, ly->heads[h].len);
+        m[h] = ly->heads[h].len - prot[h]; /* the older entries, score[h][0..m[h]) */
+    }
+    enum ekv_status st = ekv_adakv_caps(kv, target, prot, m, score, caps);
+    for (int32_t h = 0; h < H && st == EKV_OK; h++)
+        st = ekv_kv_head_keep_recent_top(kv, &ly->heads[h], caps[h], w, score[h]);
+    free(prot);
+    return st;
 }

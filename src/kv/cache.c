@@ -224,7 +224,7 @@ static enum ekv_status apply_modifiers(struct ekv_kv *kv, const char *spec) {
             kv->adakv = (struct ekv_kv_adakv){.on = true, .floor = 0.2};
         else if (n == 5 && !strncmp(p + 1, "adakv", 5) && !kv->adakv.on)
             return ekv_err(EKV_ERR_INVALID_ARG, "+adakv needs a policy that ranks entries by attention per head "
-                                                "(snapkv, pyramidkv)");
+                                                "(snapkv, pyramidkv, h2o, scissorhands)");
         else
             return ekv_err(EKV_ERR_INVALID_ARG, "unknown or repeated modifier '+%.*s' (known: +merge, +adakv)",
                            (int)(n < 32 ? n : 32), p + 1);

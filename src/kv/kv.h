@@ -290,6 +290,12 @@ bool ekv_kv_option_bool(const char *v, bool *out);
 enum ekv_status ekv_kv_adakv_option(struct ekv_kv_adakv *a, const char *key, const char *value);
 enum ekv_status ekv_adakv_caps(const struct ekv_kv *kv, int32_t cap, const int32_t *prot, const int32_t *m,
                                const double *const *score, int32_t *caps);
+/* +adakv for the policies that keep each head's last `window` entries and
+ * the best older ones by score[h] [len] (H2O, ScissorHands): layer il with
+ * per-head target `target`, through ekv_adakv_caps and
+ * ekv_kv_head_keep_recent_top. */
+enum ekv_status ekv_adakv_recent_top(struct ekv_kv *kv, int il, int32_t target, int32_t window,
+                                     const double *const *score);
 
 struct ekv_kv_merge ekv_kv_merge_defaults(void);
 /* One "merge_*" option of a spec into m; EKV_ERR_INVALID_ARG names a bad key or value. */

@@ -925,8 +925,8 @@ void cli_print_help(FILE *out, const struct cli_params *p, const struct cli_help
                      "                (options merge_to=key|pos, merge_sim=F (0.7), merge_key=mean|anchor|rotate,\n"
                      "                merge_bias=1|0, merge_stats=1|0, merge_at=all|prompt; e.g.\n"
                      "                snapkv+merge:merge_sim=0.8; docs/policies.md)\n"
-                     "  NAME+adakv    snapkv, pyramidkv: head-wise budgets (Ada-KV), a layer's budget shared by\n"
-                     "                its heads' scores (option ada_floor=F (0.2); composes with +merge)\n");
+                     "  NAME+adakv    head-wise budgets (Ada-KV) for snapkv, pyramidkv, h2o, scissorhands: a layer's\n"
+                     "                budget shared by its heads' scores (option ada_floor=F (0.2); composes with +merge)\n");
         fputc('\n', out);
     }
     if (p->tool & (CLI_RUN | CLI_EVAL | CLI_SERVE)) {
