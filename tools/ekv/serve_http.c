@@ -260,18 +260,22 @@ static int conn_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
+/* The CLOCK_REALTIME time ms milliseconds from now (pthread_cond_timedwait's). */
+static struct timespec deadline_in_ms(long ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    return ts;
+}
+
 /* Waits (locked) until the job is done or has more than `seen` bytes ready
  * (WAIT_READY), the client went away (WAIT_GONE), or a stream's client
  * half-closed and the stream must write something to tell (WAIT_PROBE). */
 static enum peer_wait wait_job_locked(struct srv *srv, struct srv_job *j, size_t seen, struct peer_watch *w) {
     while (j->state != JOB_DONE && j->ready <= seen) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        const struct timespec ts = deadline_in_ms(100);
         pthread_cond_timedwait(&j->cv, &srv->mu, &ts);
         const enum peer p = peer_state(w->fd);
         if (p == PEER_GONE) return WAIT_GONE;
@@ -622,13 +626,7 @@ static void *watch_main(void *arg) {
     const double limit = h->srv->cfg.timeout > 0 ? (double)h->srv->cfg.timeout : 60.0;
     pthread_mutex_lock(&h->mu);
     while (!h->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 500 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        const struct timespec ts = deadline_in_ms(500);
         pthread_cond_timedwait(&h->cv, &h->mu, &ts);
         const double now = cli_now();
         for (struct stream *s = h->streams; s && !h->stop; s = s->next) {
