@@ -72,7 +72,7 @@ set ylabel "ms"
 unset y2label
 unset y2tics
 plot "$OUT/soak.csv" using 1:8 with lines title "completion p50", "" using 1:9 with lines title "completion p95", \
-     "" using 1:11 with lines title "stream TTFT p50", "" using 1:12 with lines title "stream TTFT p95"
+     "" using 1:10 with lines title "stream TTFT p50", "" using 1:11 with lines title "stream TTFT p95"
 unset multiplot
 GP
 fi
