@@ -163,6 +163,84 @@ struct ekv_quantize_result {
 enum ekv_status ekv_model_quantize(const char *in_path, const char *out_path, const struct ekv_quantize_params *params,
                                    struct ekv_quantize_result *result);
 
+/* A GGUF file as it is (`ekv info`): the header, metadata and tensor list of
+ * any GGUF, also vocabulary-only and mmproj files that are not models.
+ * Reading validates every size as ekv_model_load does. */
+struct ekv_gguf_file;
+/* Opens (memory-maps) and validates path; *out is the caller's, freed with
+ * ekv_gguf_close (NULL harmless). Errors: EKV_ERR_IO, EKV_ERR_FORMAT naming
+ * the key or tensor at fault. */
+enum ekv_status ekv_gguf_open(const char *path, struct ekv_gguf_file **out);
+void ekv_gguf_close(struct ekv_gguf_file *f);
+
+struct ekv_gguf_header {
+    uint32_t version;   /* 2 or 3 */
+    uint32_t alignment; /* of the data section */
+    size_t n_kv;        /* metadata keys */
+    size_t n_tensors;
+    size_t data_offset; /* first byte of the tensor data */
+    size_t file_size;
+};
+void ekv_gguf_get_header(const struct ekv_gguf_file *f, struct ekv_gguf_header *h);
+
+/* The i-th metadata key (cut at 200 bytes) and its value as one line of
+ * text into buf (n bytes with the NUL; cut to fit): integers, floats
+ * (%g), true/false, strings in double quotes with newlines as \n and
+ * control bytes as \xHH (cut at 80 bytes, then "..."), arrays as
+ * "[TYPE x N]" followed by up to 4 of their strings. Returns false when i
+ * is out of range (buf then holds ""). */
+bool ekv_gguf_kv_text(const struct ekv_gguf_file *f, size_t i, char *key, size_t key_n, char *buf, size_t n);
+
+struct ekv_gguf_tensor_desc {
+    const char *name;  /* owned by the file handle */
+    const char *type;  /* "f32", "q8_0", ... */
+    uint32_t n_dims;
+    int64_t ne[4];     /* ne[0] is the row length; unused dimensions are 1 */
+    size_t nbytes;
+};
+/* The i-th tensor's description; false when i is out of range. */
+bool ekv_gguf_tensor_describe(const struct ekv_gguf_file *f, size_t i, struct ekv_gguf_tensor_desc *out);
+
+/* Synthetic models (`ekv mkmodel`): GGUF files with random weights of a
+ * real model's shapes, in llama.cpp's layout, for speed and memory
+ * measurements and for tests; never for quality. */
+struct ekv_mkmodel_params {
+    const char *preset;       /* a name that ekv_mkmodel_preset() lists (required) */
+    const char *type;         /* matrices: "f16" (default), "f32", "q8_0", "q4_0" */
+    uint64_t seed;            /* weights are a function of (seed, tensor, row); default 1 */
+    const char *vocab_path;   /* copy the vocabulary of this GGUF; NULL: a generated one */
+    int32_t n_layer;          /* 0: the preset's */
+    int32_t n_ctx;            /* 0: the preset's */
+    const char *rope_scaling; /* rope.scaling.type to write ("none", "linear", "yarn"), or NULL */
+    float rope_factor;        /* rope.scaling.factor to write (needs rope_scaling), 0: none */
+    int32_t rope_orig_ctx;    /* rope.scaling.original_context_length, 0: none / the preset's */
+    int32_t sliding_window;   /* attention.sliding_window, -1: the preset's */
+};
+struct ekv_mkmodel_params ekv_mkmodel_default_params(void);
+
+/* The i-th preset (0-based): its name, and its one-line description and
+ * whether it has a vision tower in *desc / *vision (each may be NULL).
+ * NULL past the last. The strings are static. */
+const char *ekv_mkmodel_preset(int32_t i, const char **desc, bool *vision);
+
+struct ekv_mkmodel_result {
+    int32_t n_tensors;        /* tensors in the language model's file */
+    int32_t n_tensors_mmproj; /* in the vision tower's file; 0 without one */
+};
+
+/* Writes the language model of params->preset to path and, for a
+ * vision-language preset, its vision tower (mmproj) to mmproj_path, or,
+ * when that is NULL, beside path as "<path minus .gguf>.mmproj.gguf".
+ * Errors name the option: an unknown preset, a type that is not one of the
+ * four, an mmproj_path for a preset without a vision tower, rope_factor or
+ * rope_orig_ctx without rope_scaling (EKV_ERR_INVALID_ARG); an unreadable
+ * vocab_path or an unwritable path (EKV_ERR_IO, EKV_ERR_FORMAT). Each file
+ * is written to "<name>.tmp" and renamed; when the vision tower fails, the
+ * language model written before it is removed, so no partial output is
+ * left. result (may be NULL) receives the counts on success. */
+enum ekv_status ekv_mkmodel_write(const struct ekv_mkmodel_params *params, const char *path, const char *mmproj_path,
+                                  struct ekv_mkmodel_result *result);
+
 /* ------------------------------------------------------------------------ */
 /* Tokenizer                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -213,7 +291,7 @@ enum ekv_pool_kind { EKV_POOL_AVG = 0, EKV_POOL_MAX = 1 };
  * (ekv_kv_stats, ekv_kv_project) are the real bytes of the types.
  *   f32, f16: one float / half per element;
  *   q8_0, q4_0: GGML's blocks of 32 (8.5 and 4.5 bits per element; head_dim % 32 == 0);
- *   kivi2, kivi4: KIVI (POLICIES.md §11): keys per channel over groups of
+ *   kivi2, kivi4: KIVI (docs/policies.md "KIVI storage"): keys per channel over groups of
  *     kv_group entries, values per entry over groups of kv_group channels
  *     (head_dim % kv_group == 0), asymmetric (fp16 scale and minimum), the
  *     most recent kv_residual entries in fp16 until a group fills. */
@@ -237,7 +315,7 @@ enum ekv_status ekv_kv_type_parse(const char *name, enum ekv_kv_type *out);
 enum ekv_kv_type ekv_kv_type_default(void);
 
 /* Policy selection and parameters. A value of -1 (or NaN for floats) means
- * "the policy's default from POLICIES.md". */
+ * "the policy's default" (docs/policies.md "Each policy's exact rule"). */
 struct ekv_kv_params {
     const char *policy;     /* "full", "random", "local", "h2o", "scissorhands", "tova",
                                "roco", "snapkv", "pyramidkv", "vlcache", "elastic", "elastic-v2";

@@ -28,7 +28,7 @@
 
 #include "core/util.h"
 #include "ekv.h"
-#include "eval/eval.h"
+#include "ekv_eval.h"
 #include "serve.h"
 #include "testutil.h"
 

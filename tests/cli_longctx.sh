@@ -1,6 +1,6 @@
 #!/bin/bash
-# cli_longctx.sh — data/longctx/: the script that makes the long-context
-# sets reproduces them (a prefix of every set, regenerated from
+# cli_longctx.sh — data/longctx/: the scripts that make the long-context
+# sets (make_longctx.py, make_ruler.py) reproduce them (a prefix of every set, regenerated from
 # ../shared/data/longctx/heldout_dev.jsonl with ekv's tokenizer, equals the
 # shipped files line for line), and `ekv eval --metric acc` (the retrieval
 # set's metric) reports an exact-match rate per item and is refused where it
@@ -69,6 +69,16 @@ else
       [ "$(wc -l < "$T/sets/$name.jsonl" 2>/dev/null)" -eq "$n" ] && \
         head -n "$n" "data/longctx/$name.jsonl" | cmp -s - "$T/sets/$name.jsonl" && ok \
         || bad "$name: the script does not reproduce the shipped set's first $n items"
+    done
+    # the question-after-context sets (make_ruler.py): a prefix of each
+    python3 data/longctx/make_ruler.py --ekv "$EKV" --model models/ekv-ref-28m-q8_0.gguf \
+      --src "$SHARED/data/longctx/heldout_dev.jsonl" --out "$T/rsets" --n-retrieval-q 5 --n-ruler 2 \
+      2> "$T/make_ruler.err" && ok || { bad "make_ruler.py"; cat "$T/make_ruler.err" >&2; }
+    for f in retrieval_q:5 ruler_niah_single:2 ruler_niah_multikey:2; do
+      name=${f%%:*}; n=${f##*:}
+      [ "$(wc -l < "$T/rsets/$name.jsonl" 2>/dev/null)" -eq "$n" ] && \
+        head -n "$n" "data/longctx/$name.jsonl" | cmp -s - "$T/rsets/$name.jsonl" && ok \
+        || bad "$name: make_ruler.py does not reproduce the shipped set's first $n items"
     done
   fi
 fi

@@ -15,7 +15,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "eval/eval.h"
+#include "ekv_eval.h"
 #include "testutil.h"
 
 static char g_tmp[256];
@@ -379,14 +379,14 @@ static void test_sets(void) {
     CHECK_OK(ekv_jaccard(a, 4, NULL, 0, &j));
     CHECK(j == 0.0);
 
-    /* top-k with ties ranked by index (POLICIES.md §0.7) */
+    /* top-k with ties ranked by index (docs/policies.md "Ties") */
     const float s[6] = {0.2f, 0.4f, 0.2f, 0.4f, 0.1f, 0.2f};
     uint32_t top[3];
     CHECK_OK(ekv_topk_indices(s, 6, 3, top)); /* .4(1) .4(3) .2(0) */
     CHECK(top[0] == 0 && top[1] == 1 && top[2] == 3);
     CHECK(ekv_topk_indices(s, 6, 7, top) == EKV_ERR_INVALID_ARG);
 
-    /* Cache hit rate on POLICIES.md §15 row q7 (full attention of the next
+    /* Cache hit rate on row q7 of the 8-token test matrix (full attention of the next
      * query): [.20 .04 .15 .06 .25 .11 .09 .10]. Top-4 = .25(4) .20(0)
      * .15(2) .11(5) -> S* = {0,2,4,5}. H2O (w=2) keeps {0,2,6,7}:
      *   hit rate = |{0,2}| / 4 = 0.5

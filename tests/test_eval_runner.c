@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "eval/eval.h"
+#include "ekv_eval.h"
 #include "testutil.h"
 
 static struct ekv_model *g_model;
@@ -364,6 +364,59 @@ static void test_bad_items(void) {
     remove(path);
 }
 
+/* One prompt per cell (the greedy answer continues a copy of the
+ * teacher-forced run's sequence) gives the same cell as reading the prompt
+ * twice (cfg.no_fork), bit for bit: every policy at 0.2, a +merge spec and
+ * KIVI storage, with ppl, kl, acc, rouge and hit rate. */
+static void test_fork_same(void) {
+    struct ekv_data_opts o = ekv_data_default_opts();
+    o.limit = 2;
+    struct ekv_dataset ds;
+    CHECK_OK(ekv_dataset_load(tu_src("data/tinystories_eval.jsonl"), &o, &ds));
+    struct ekv_eval_cfg cfg[2] = {ekv_eval_default_cfg(), ekv_eval_default_cfg()};
+    struct ekv_eval_runner r[2];
+    for (int f = 0; f < 2; f++) {
+        cfg[f].metrics = EKV_METRIC_PPL | EKV_METRIC_ROUGE | EKV_METRIC_KL | EKV_METRIC_ACC | EKV_METRIC_HITRATE;
+        cfg[f].n_predict = 24;
+        cfg[f].no_fork = f == 1;
+        CHECK_OK(ekv_eval_runner_init(&r[f], g_ctx, &ds, &cfg[f]));
+    }
+    const int np = ekv_kv_policy_count();
+    int differ = 0, cells = 0, rouge_lt1 = 0;
+    for (size_t u = 0; u < r[0].n_units; u++) {
+        for (int f = 0; f < 2; f++) CHECK_OK(ekv_eval_unit_prepare(&r[f], u));
+        for (int p = 0; p < np + 2; p++) {
+            struct ekv_kv_params kv = ekv_kv_default_params();
+            kv.policy = p < np ? ekv_kv_policy_name(p) : p == np ? "h2o+merge" : "snapkv";
+            kv.budget = 0.2;
+            if (p == np + 1) {
+                kv.type_k = EKV_KV_KIVI4, kv.type_v = EKV_KV_KIVI2, kv.kv_group = 8;
+            }
+            struct ekv_eval_cell c[2];
+            for (int f = 0; f < 2; f++) {
+                ekv_eval_cell_init(&c[f]);
+                CHECK_OK(ekv_eval_unit_run(&r[f], &kv, &c[f]));
+            }
+            const bool same = same_double(c[0].ppl.nll_sum, c[1].ppl.nll_sum) &&
+                              same_double(c[0].kl.kl_sum, c[1].kl.kl_sum) && c[0].rouge_f.n == 1 &&
+                              c[1].rouge_f.n == 1 && same_double(c[0].rouge_f.sum, c[1].rouge_f.sum) &&
+                              same_double(c[0].rouge_r.sum, c[1].rouge_r.sum) &&
+                              same_double(c[0].acc.sum, c[1].acc.sum) &&
+                              same_double(c[0].hit_rate.sum, c[1].hit_rate.sum) &&
+                              same_double(c[0].kv_frac.sum, c[1].kv_frac.sum);
+            CHECK_MSG(same, "%s at 0.2, unit %zu: one prompt gives NLL %.17g ROUGE-L %.17g, two give %.17g %.17g",
+                      kv.policy, u, c[0].ppl.nll_sum, c[0].rouge_f.sum, c[1].ppl.nll_sum, c[1].rouge_f.sum);
+            differ += !same;
+            cells++;
+            rouge_lt1 += c[0].rouge_f.sum < PLTRDY_SAME;
+        }
+    }
+    CHECK_MSG(cells == 2 * (np + 2) && differ == 0 && rouge_lt1 > 0, "%d of %d cells differ; %d answers changed",
+              differ, cells, rouge_lt1);
+    for (int f = 0; f < 2; f++) ekv_eval_runner_free(&r[f]);
+    ekv_dataset_free(&ds);
+}
+
 int main(void) {
     CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &g_model));
     if (!g_model) return test_finish("test_eval_runner");
@@ -379,6 +432,7 @@ int main(void) {
         test_grid();
         test_text_stream();
         test_bad_items();
+        test_fork_same();
     }
     ekv_context_free(g_ctx);
     ekv_model_free(g_model);

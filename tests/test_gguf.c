@@ -597,6 +597,99 @@ static void test_copy_vocab(void) {
     remove(p);
 }
 
+/* The public text view of `ekv info` (gguf_info.c): each value as one line,
+ * strings escaped and cut at 80 bytes, arrays as "[TYPE x N]" with up to 4
+ * strings, keys cut at 200 bytes; every output cut to its buffer. */
+static void test_text_view(void) {
+    struct ekv_gguf_writer *w = NULL;
+    CHECK_OK(ekv_gguf_writer_new(&w));
+    if (!w) return;
+    char longkey[300], longstr[120];
+    memset(longkey, 'k', sizeof longkey - 1), longkey[sizeof longkey - 1] = '\0';
+    memset(longstr, 's', sizeof longstr - 1), longstr[sizeof longstr - 1] = '\0';
+    const char *strs[] = {"a", "", "c\nd", "e", "f", "g"};
+    static const float fl[] = {1.5f, 2.0f};
+    CHECK_OK(ekv_gguf_writer_set_u32(w, "t.u32", 4000000000u));
+    CHECK_OK(ekv_gguf_writer_set_i32(w, "t.i32", -7));
+    CHECK_OK(ekv_gguf_writer_set_f32(w, "t.f32", 0.25f));
+    CHECK_OK(ekv_gguf_writer_set_bool(w, "t.bool", false));
+    CHECK_OK(ekv_gguf_writer_set_str(w, "t.str", "x\ny\x01z"));
+    CHECK_OK(ekv_gguf_writer_set_str(w, "t.long", longstr));
+    CHECK_OK(ekv_gguf_writer_set_arr_str(w, "t.strs", strs, 6));
+    CHECK_OK(ekv_gguf_writer_set_arr(w, "t.floats", GGUF_TYPE_FLOAT32, fl, 2));
+    CHECK_OK(ekv_gguf_writer_set_u32(w, longkey, 1));
+    char path[512];
+    snprintf(path, sizeof path, "%s/text_view.gguf", g_dir);
+    CHECK_OK(ekv_gguf_writer_write(w, path));
+    ekv_gguf_writer_free(w);
+    struct ekv_gguf_file *f = NULL;
+    CHECK_OK(ekv_gguf_open(path, &f));
+    if (!f) return;
+    struct ekv_gguf_header h;
+    ekv_gguf_get_header(f, &h);
+    CHECK(h.n_kv == 9 && h.n_tensors == 0 && h.version == 3 && h.file_size > h.data_offset - 1);
+    static const char *const want[][2] = {
+        {"t.u32", "4000000000"}, {"t.i32", "-7"}, {"t.f32", "0.25"}, {"t.bool", "false"},
+        {"t.str", "\"x\\ny\\x01z\""}, {"t.long", NULL}, {"t.strs", "[string x 6] \"a\" \"\" \"c\\nd\" \"e\" ..."},
+        {"t.floats", "[float32 x 2]"}, {NULL, "1"}};
+    char key[256], val[1024];
+    for (size_t i = 0; i < 9; i++) {
+        CHECK(ekv_gguf_kv_text(f, i, key, sizeof key, val, sizeof val));
+        if (want[i][0]) CHECK_MSG(!strcmp(key, want[i][0]), "key %zu: '%s'", i, key);
+        else CHECK_MSG(strlen(key) == 200 && key[199] == 'k', "long key cut to %zu bytes, not 200", strlen(key));
+        if (want[i][1]) CHECK_MSG(!strcmp(val, want[i][1]), "%s: '%s', not '%s'", key, val, want[i][1]);
+        else CHECK_MSG(strlen(val) == 85 && !strcmp(val + 81, "\"...") && val[0] == '"', "long string: '%s'", val);
+    }
+    char small[6];
+    CHECK(ekv_gguf_kv_text(f, 4, key, 3, small, sizeof small) && !strcmp(key, "t.") && !strcmp(small, "\"x\\ny"));
+    CHECK(!ekv_gguf_kv_text(f, 9, key, sizeof key, val, sizeof val) && !key[0] && !val[0]);
+    CHECK(ekv_gguf_kv_text(f, 0, key, 0, val, 0)); /* zero-size buffers: nothing written */
+    struct ekv_gguf_tensor_desc td;
+    CHECK(!ekv_gguf_tensor_describe(f, 0, &td));
+    ekv_gguf_close(f);
+    ekv_gguf_close(NULL);
+    remove(path);
+}
+
+/* ekv_mkmodel_write (src/model/mkmodel.c): options refused by name with no
+ * file left; a vision preset whose tower cannot be written leaves no half
+ * of the pair; the presets list ends with NULL. */
+static void test_mkmodel_api(void) {
+    char lm[512], mm[512], bad[600];
+    snprintf(lm, sizeof lm, "%s/mk.gguf", g_dir);
+    snprintf(mm, sizeof mm, "%s/mk.mmproj.gguf", g_dir);
+    snprintf(bad, sizeof bad, "%s/no/such/dir/mm.gguf", g_dir);
+    struct ekv_mkmodel_params p = ekv_mkmodel_default_params();
+    CHECK(ekv_mkmodel_write(&p, lm, NULL, NULL) == EKV_ERR_INVALID_ARG && strstr(ekv_last_error(), "preset"));
+    static const struct { const char *preset, *type, *mmproj, *scaling; float factor; const char *word; } refused[] = {
+        {"nosuch", "f16", NULL, NULL, 0.0f, "nosuch"}, {"tiny-llama3", "q5_k", NULL, NULL, 0.0f, "q5_k"},
+        {"tiny-llama3", "f16", "x.gguf", NULL, 0.0f, "vision"}, {"tiny-llama3", "f16", NULL, NULL, 2.0f, "scaling"}};
+    for (size_t i = 0; i < EKV_ARRAY_LEN(refused); i++) {
+        p = ekv_mkmodel_default_params();
+        p.preset = refused[i].preset, p.type = refused[i].type, p.rope_factor = refused[i].factor;
+        p.rope_scaling = refused[i].scaling;
+        const enum ekv_status st = ekv_mkmodel_write(&p, lm, refused[i].mmproj, NULL);
+        CHECK_MSG(st == EKV_ERR_INVALID_ARG && strstr(ekv_last_error(), refused[i].word) && access(lm, F_OK) != 0,
+                  "case %zu: %s: %s", i, ekv_status_str(st), ekv_last_error());
+    }
+    p = ekv_mkmodel_default_params();
+    p.preset = "tiny-vlm";
+    CHECK(ekv_mkmodel_write(&p, lm, bad, NULL) != EKV_OK);
+    CHECK_MSG(access(lm, F_OK) != 0, "the language model stayed after its vision tower failed");
+    struct ekv_mkmodel_result r = {0};
+    CHECK_OK(ekv_mkmodel_write(&p, lm, NULL, &r)); /* the tower goes beside it */
+    CHECK(r.n_tensors > 0 && r.n_tensors_mmproj > 0 && access(mm, F_OK) == 0);
+    struct ekv_model *m = NULL;
+    CHECK_OK(ekv_model_load(lm, NULL, &m));
+    ekv_model_free(m);
+    remove(lm), remove(mm);
+    int32_t n = 0, vision = 0;
+    bool v = false;
+    const char *desc = NULL;
+    for (; ekv_mkmodel_preset(n, &desc, &v); n++) vision += v && desc && desc[0];
+    CHECK(n >= 10 && vision >= 2 && !ekv_mkmodel_preset(-1, NULL, NULL) && !ekv_mkmodel_preset(n, NULL, NULL));
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ekv_test_gguf_XXXXXX");
     if (!mkdtemp(g_dir)) {
@@ -610,6 +703,8 @@ int main(void) {
     test_round_trip();
     test_writer_alignment_and_failure();
     test_copy_vocab();
+    test_text_view();
+    test_mkmodel_api();
     rmdir(g_dir);
     return test_finish("test_gguf");
 }

@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "eval/eval.h"
+#include "ekv_eval.h"
 #include "engine/backend_vk.h"
 #include "engine/engine.h"
 #include "gpu/vk.h"
@@ -452,7 +452,7 @@ static float kv_value(int i) {
  * (q8_0, q4_0 rows) and kivi.comp (KIVI keys per channel over groups,
  * values per entry over channel groups; sources in the ring and in the
  * forward's scratch), on values with exact ties and constant groups, and
- * POLICIES.md §11's key vector. */
+ * test_kvquant.c's hand-worked KIVI key vector. */
 static void test_kv_quantisers(void) {
     struct ekv_vk *vk = NULL;
     CHECK_OK(ekv_vk_open(g_dev, &vk));
@@ -517,7 +517,7 @@ static void test_kv_quantisers(void) {
         for (int j = 0; j < N; j++)
             for (int c = 0; c < D; c++) {
                 float v = kv_value(j * 13 + c * 5 + h) * ((c + j) % 4 == 0 ? -1.0f : 1.0f);
-                if (c == 0) v = (float[]){0.0f, 0.25f, 0.9f, 1.5f}[j % 4]; /* §11: s .5, q [0,0,2,3] at G 4 */
+                if (c == 0) v = (float[]){0.0f, 0.25f, 0.9f, 1.5f}[j % 4]; /* KIVI: s .5, q [0,0,2,3] at G 4 */
                 if (c == 1) v = 3.0f;                                      /* a constant channel */
                 h16[((size_t)h * N + j) * D + c] = ekv_f32_to_fp16(v);
                 xf[((size_t)h * N + j) * D + c] = ekv_fp16_to_f32(h16[((size_t)h * N + j) * D + c]);

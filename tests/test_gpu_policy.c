@@ -495,7 +495,7 @@ static void same_stats_case(const struct ekv_model *m, struct ekv_context *cg, s
 static void test_same_stats(const struct ekv_model *m) {
     static const char *pols[] = {"local",     "h2o",    "scissorhands", "tova",    "roco",       "snapkv",
                                  "pyramidkv", "vlcache", "random",      "elastic", "elastic-v2", "elastic-v2:key=rotate",
-                                 "snapkv+merge:merge_to=pos", "snapkv+adakv", "h2o+adakv"};
+                                 "snapkv+merge:merge_to=pos", "snapkv+adakv", "h2o+adakv", "roco+adakv", "vlcache+adakv"};
     struct ekv_context *cg = gt_ctx_on(m, g_dev, 256), *cc = gt_ctx_on(m, "cpu", 256);
     for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
         same_stats_case(m, cg, cc, g_toks, pols[pi], EKV_KV_F16);

@@ -7,7 +7,7 @@
  *     real bytes of the type (ekv_kv_bytes == the layout's formula, equal
  *     to ekv_kv_bytes_full before any eviction), allocation covers them;
  *   - eviction moves quantised rows: kept entries read back bit for bit;
- *   - KIVI's residual rule on POLICIES.md §11's vector (R = 4, m = 10:
+ *   - KIVI's residual rule on a hand-worked case (R = 4, m = 10:
  *     keys 0..7 quantised and 8..9 fp16, values 0..5 quantised and 6..9
  *     fp16; step 1 quantises value 6; step 2 the key block 8..11), through
  *     ekv_kv_layer_forward;
@@ -165,7 +165,7 @@ static void test_types_roundtrip_bytes(void) {
     }
 }
 
-/* §11 test vector: R = 4, G = 4, prefill of 10 then two decode steps. */
+/* KIVI residual test vector: R = 4, G = 4, prefill of 10 then two decode steps. */
 static void test_kivi_residual(void) {
     enum { D = 8, H = 2 };
     struct ekv_kv_params p = ekv_kv_default_params();

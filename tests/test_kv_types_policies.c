@@ -21,7 +21,7 @@
  *     through the type — bit for bit for row types, KIVI values (fp16
  *     residual or the row quantised from it) and KIVI keys in the
  *     residual; KIVI keys in groups (which eviction may coalesce and
- *     merges re-quantise, POLICIES.md §11) within two quantisation steps
+ *     merges re-quantise, docs/policies.md "KIVI storage") within two quantisation steps
  *     of the channel's range (seen: one). An entry that reads back another token's row
  *     fails this for every type;
  *   - sliding-window attention (Mistral, kv->swa_window) on every type: a

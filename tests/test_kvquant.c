@@ -3,7 +3,7 @@
  * attention over them:
  *   - the table: names, parsing, row sizes (f16 2 B, q8_0 34 B and q4_0
  *     18 B per 32, KIVI value rows and key groups), the head_dim checks;
- *   - KIVI's quantiser on POLICIES.md §11's vector ([0,.25,.9,1.5], b=2:
+ *   - KIVI's quantiser on a hand-worked vector ([0,.25,.9,1.5], b=2:
  *     q = [0,0,2,3], x^ = [0,0,1,1.5]), half-to-even ties at 4 bits, the
  *     constant-group rule (q = 0, x^ = mn);
  *   - round-trip error bounds on random rows: f16 |e| <= 2^-11 |x|;
@@ -68,7 +68,7 @@ static void test_table(void) {
 }
 
 static void test_kivi_vectors(void) {
-    /* §11: key channel [0, .25, .9, 1.5], G = 4, b = 2 */
+    /* KIVI: key channel [0, .25, .9, 1.5], G = 4, b = 2 */
     const float x[4] = {0.0f, 0.25f, 0.9f, 1.5f};
     uint16_t s16, m16;
     uint8_t q[4];

@@ -9,8 +9,9 @@
  * tokenize(prompt) + tokenize(answer) == tokenize(prompt + answer), so
  * `ekv eval` scores exactly the tokens the set names. Recall answers occur
  * earlier in their prompt (there is something to copy); retrieval answers
- * are a call the prompt holds three times, opening with a cue that is fed, not scored. Needs only the
- * repository (no ../shared).
+ * are a call the prompt holds three times, opening with a cue that is fed, not scored (retrieval_q: the
+ * same, with the question at the prompt's end); needle answers (ruler_niah_*) are a "// key NAME = VALUE"
+ * line the prompt holds once and asks for at its end. Needs only the repository (no ../shared).
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -18,7 +19,7 @@
 #include <string.h>
 
 #include "ekv.h"
-#include "eval/eval.h"
+#include "ekv_eval.h"
 #include "testutil.h"
 
 static int32_t *tok(const struct ekv_model *m, const char *s, size_t len, size_t *n) {
@@ -44,7 +45,7 @@ struct set_spec {
     size_t n_items;
     size_t p_lo, p_hi; /* prompt tokens */
     size_t a_lo, a_hi; /* answer tokens */
-    int kind;          /* 0 continuation, 1 recall, 2 retrieval */
+    int kind;          /* 0 continuation, 1 recall, 2 retrieval (and retrieval_q), 3 needle (ruler_niah_*) */
 };
 
 static void check_set(const struct ekv_model *m, const struct set_spec *sp) {
@@ -84,6 +85,23 @@ static void check_set(const struct ekv_model *m, const struct set_spec *sp) {
             }
             if (ok) ok = count_occ(it->instruction, it->answer) == 3;
         }
+        if (ok && sp->kind == 3) {
+            /* the answer is the needle line "// key NAME = VALUE\n" with its cue
+             * "// key NAME =" fed, not scored; the prompt holds the line once and
+             * ends with the question that names the key */
+            const char *eq = strstr(it->answer, " = ");
+            ok = !strncmp(it->answer, "// key ", 7) && eq && it->answer[la - 1] == '\n' &&
+                 count_occ(it->instruction, it->answer) == 1;
+            if (ok) {
+                size_t nc;
+                int32_t *tc = tok(m, it->answer, (size_t)(eq + 2 - it->answer), &nc);
+                ok = tc && it->score_from == (int32_t)nc && nc + 2 <= na && memcmp(tc, ta, nc * sizeof *tc) == 0;
+                free(tc);
+                char q[96];
+                snprintf(q, sizeof q, "// what is key %.*s?\n", (int)(eq - it->answer - 7), it->answer + 7);
+                ok = ok && lp > strlen(q) && !strcmp(it->instruction + lp - strlen(q), q);
+            }
+        }
         if (!ok) {
             bad++;
             fprintf(stderr, "%s item %zu (%s): prompt %zu, answer %zu, joint %zu tokens\n", sp->file, i,
@@ -111,6 +129,9 @@ int main(void) {
         {"cont_3.5k.jsonl", 16, 3568, 3584, 256, 256, 0},
         {"recall.jsonl", 24, 2900, 3100, 64, 64, 1},
         {"retrieval.jsonl", 48, 2900, 3100, 6, 12, 2},
+        {"retrieval_q.jsonl", 45, 2900, 3100, 6, 12, 2},
+        {"ruler_niah_single.jsonl", 32, 2850, 3050, 8, 14, 3},
+        {"ruler_niah_multikey.jsonl", 32, 2850, 3050, 8, 14, 3},
     };
     for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) check_set(m, &sets[i]);
     ekv_model_free(m);

@@ -21,7 +21,7 @@
  * policy's, 1 adds the members'; merge_at=prompt merges at the prompt and
  * evicts at decode steps. Specs: modifiers and merge_* options are validated, and
  * merge_bias sets the attention's log(weight) flag. And "+adakv" (head-wise
- * budgets) over snapkv, pyramidkv, h2o and scissorhands on the same run: test_adakv.
+ * budgets) over snapkv, pyramidkv, h2o, scissorhands, vlcache and roco on the same run: test_adakv.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -365,6 +365,22 @@ static void test_specs(void) {
         CHECK_MSG(s == EKV_ERR_INVALID_ARG && !kv, "%s: %s", bad[i], ekv_status_str(s));
         ekv_kv_free(kv);
     }
+    { /* +adakv on a policy without head-wise ranking names the registry's head-wise policies */
+        struct ekv_kv_params p = params("tova+adakv", 0.5);
+        struct ekv_kv *kv = NULL;
+        (void)ekv_kv_new(1, SR, 1, SD, &p, &kv);
+        const char *msg = ekv_last_error();
+        int named = 0;
+        for (int i = 0; i < ekv_policy_count(); i++) {
+            const char *w = ekv_policy_at(i)->name;
+            const char *at = strstr(msg, w);
+            const bool in = at && (at[strlen(w)] == ',' || at[strlen(w)] == ')') && (at[-1] == '(' || at[-1] == ' ');
+            CHECK_MSG(in == ekv_policy_at(i)->headwise, "+adakv refusal '%s' and policy %s (headwise %d)", msg,
+                      w, ekv_policy_at(i)->headwise);
+            named += in;
+        }
+        CHECK_MSG(named == 6, "+adakv refusal names %d policies: %s", named, msg);
+    }
     static const struct { const char *spec; bool on, bias; } good[] = {
         {"h2o", false, false}, {"h2o+merge", true, true}, {"h2o+merge:merge_bias=0", true, false},
         {"elastic-v2:bias=0+merge", false, false}, {"elastic-v2+merge:bias=0", true, true},
@@ -384,13 +400,14 @@ static void test_specs(void) {
     }
 }
 
-/* +adakv (src/kv/adakv.c) on real weights, at 0.2 for snapkv, pyramidkv, h2o and scissorhands, alone and with
+/* +adakv (src/kv/adakv.c) on real weights, at 0.2 for snapkv, pyramidkv, h2o, scissorhands, vlcache (no
+ * image: its window is the whole prompt) and roco, alone and with
  * +merge, in three storage types: every layer holds as many entries as the base policy's after
  * the prompt and after every step (the budget is shared, not grown), the heads' split differs
  * from the base's somewhere, +merge:merge_to=pos loses no token; at budget 1.0 the full cache's
  * logits bit for bit. */
 static void test_adakv(void) {
-    static const char *const bases[] = {"snapkv", "pyramidkv", "h2o", "scissorhands"};
+    static const char *const bases[] = {"snapkv", "pyramidkv", "h2o", "scissorhands", "vlcache", "roco"};
     static const enum ekv_kv_type types[3][2] = {{EKV_KV_F16, EKV_KV_F16}, {EKV_KV_F32, EKV_KV_F16},
                                                  {EKV_KV_KIVI4, EKV_KV_KIVI2}};
     struct trace *base = calloc(1, sizeof *base), *ad = calloc(1, sizeof *ad);
@@ -401,7 +418,7 @@ static void test_adakv(void) {
         free(base), free(ad), free(lf), free(la);
         return;
     }
-    for (int b = 0; b < 4; b++)
+    for (int b = 0; b < 6; b++)
         for (int mg = 0; mg < 2; mg++)
             for (int t = 0; t < 3; t++) {
                 char spec[64];
@@ -430,6 +447,16 @@ static void test_adakv(void) {
                           "%d weight sums off", spec, ekv_kv_type_name(types[t][0]), ekv_kv_type_name(types[t][1]),
                           bad_sum, bases[b], differ, bad_w);
             }
+    /* ada_floor=1: every head keeps its own share, so the heads stay equal: the base policy bit for bit */
+    for (int b = 0; b < 6; b++) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "%s+adakv:ada_floor=1", bases[b]);
+        struct ekv_kv_params pb = params(bases[b], 0.2), pa = params(spec, 0.2);
+        CHECK_OK(run(&pb, lf, NULL));
+        CHECK_OK(run(&pa, la, NULL));
+        CHECK_MSG(!memcmp(lf, la, (size_t)(N_GEN + 1) * (size_t)g_mi.n_vocab * sizeof *lf),
+                  "%s at 0.2: logits differ from %s's", spec, bases[b]);
+    }
     struct ekv_kv_params pf = params("full", 1.0), pa = params("snapkv+adakv", 1.0);
     CHECK_OK(run(&pf, lf, NULL));
     CHECK_OK(run(&pa, la, NULL));

@@ -1,6 +1,7 @@
 /*
  * test_policies_adv.c — RoCo, SnapKV, PyramidKV, VL-Cache and Elastic Cache
- * against the test vectors of POLICIES.md §6-§10 and §15: statistics are
+ * against hand-worked vectors (the rules of docs/policies.md "Each policy's
+ * exact rule") and the 8-token attention matrix A below: statistics are
  * fed from hand-written attention rows through ekv_attn_accumulate exactly
  * as attend.c does (window rows only for WINSUM/SPARSITY), the policy's
  * layer()/end() run, and the kept positions, merged values, weights and
@@ -18,7 +19,7 @@
 #include "kv/policies_adv.h"
 #include "testutil.h"
 
-/* §15: row i = query i, attention over keys 0..i */
+/* The test matrix A: row i = query i, attention over keys 0..i */
 static const float A[8][8] = {
     {1.00f},
     {.70f, .30f},
@@ -91,7 +92,7 @@ static void feed_row(struct ekv_kv *kv, int il, int64_t pos, const float *probs,
     free(pr);
 }
 
-/* One 8-token prompt with the §15 matrix in one layer/one head; runs the
+/* One 8-token prompt with the matrix A in one layer/one head; runs the
  * policy's layer() and end(). */
 static struct ekv_kv *run_matrix(struct ekv_kv_params p, int head_dim) {
     struct ekv_kv *kv = NULL;
@@ -128,10 +129,10 @@ static double weight_sum(const struct ekv_kv_head *h) {
 }
 
 /* ------------------------------------------------------------------ */
-/* RoCo §6                                                              */
+/* RoCo                                                               */
 /* ------------------------------------------------------------------ */
 
-/* Brute-force RoCo round: selection sort with the §0.7 tie rules. */
+/* Brute-force RoCo round: selection sort with ekv's tie rules. */
 static void roco_brute(const double *mean, const double *sd, int n, int sinks, int window, int K, int E,
                        uint8_t *keep) {
     uint8_t cand[64] = {0}, used[64] = {0};
@@ -177,7 +178,7 @@ static void test_roco_select_random(void) {
 
 static void test_roco(void) {
     test_roco_select_random();
-    /* mean / std of §15 */
+    /* mean / std of A */
     static const double mean[8] = {.4625, .0843, .2333, .1220, .2250, .1367, .1450, .1000};
     static const double sd[8] = {.2509, .0912, .0986, .0900, .1031, .0838, .0550, 0};
     uint8_t keep[8];
@@ -188,7 +189,7 @@ static void test_roco(void) {
     CHECK(ekv_roco_select(mean, sd, 8, 1, 2, 3, 2, keep) == 2);
     CHECK(!keep[1] && !keep[3] && keep[5] && keep[0] && keep[6] && keep[7]);
 
-    /* statistics from A: std/mean match the table of §15 */
+    /* statistics from A: std/mean match the hand-computed table */
     struct ekv_kv_params p = params_for("roco", 1.0);
     struct ekv_kv *kv = run_matrix(p, 1);
     if (kv) {
@@ -239,7 +240,7 @@ static void test_roco(void) {
 }
 
 /* ------------------------------------------------------------------ */
-/* SnapKV §7                                                            */
+/* SnapKV                                                             */
 /* ------------------------------------------------------------------ */
 
 static void snap_case(int32_t pool, enum ekv_pool_kind kind, const int32_t *want) {
@@ -326,7 +327,7 @@ static void test_snapkv(void) {
 }
 
 /* ------------------------------------------------------------------ */
-/* PyramidKV §8                                                         */
+/* PyramidKV                                                          */
 /* ------------------------------------------------------------------ */
 
 static void test_pyramid_schedule(void) {
@@ -399,7 +400,7 @@ static void test_pyramid_policy(void) {
 }
 
 /* ------------------------------------------------------------------ */
-/* VL-Cache §9                                                          */
+/* VL-Cache                                                           */
 /* ------------------------------------------------------------------ */
 
 static void test_vlcache_alloc(void) {
@@ -532,7 +533,7 @@ static void test_vlcache_policy(void) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Elastic Cache §10                                                    */
+/* Elastic Cache                                                      */
 /* ------------------------------------------------------------------ */
 
 /* Entry j of a head_dim-2 head as {k0, k1, v0, v1}, read through the access API. */
@@ -554,7 +555,7 @@ static bool kv_is(const struct ekv_kv *kv, const struct ekv_kv_head *h, const do
 }
 
 static void test_elastic_vectors(void) {
-    /* paper-faithful §10.7: [kv0, mean(1,2,3) = 2, mean(4,5,6) = 5, kv7] */
+    /* paper-faithful: [kv0, mean(1,2,3) = 2, mean(4,5,6) = 5, kv7] */
     struct ekv_kv_params p = params_for("elastic", 0.5);
     struct ekv_kv *kv = run_matrix(p, 2);
     if (kv) {
@@ -570,7 +571,7 @@ static void test_elastic_vectors(void) {
         CHECK(ekv_elastic_fixed_point(kv, 0) == 1); /* 4 - 25 clamped to [1, 2] */
         ekv_kv_free(kv);
     }
-    /* reference §10.7: [kv0, (1+1+2+3+4+5)/6 = 2.667, kv7] */
+    /* reference: [kv0, (1+1+2+3+4+5)/6 = 2.667, kv7] */
     p.compat_ref = true;
     kv = run_matrix(p, 2);
     if (kv) {
@@ -605,7 +606,7 @@ static void test_elastic_vectors(void) {
         CHECK(positions_are(&kv->layers[0].heads[0], pos, 7));
         ekv_kv_free(kv);
     }
-    /* max_tokens 4 with budget 1 forces f = 4: the §10.7 paper result */
+    /* max_tokens 4 with budget 1 forces f = 4: the paper-faithful result above */
     p = params_for("elastic", 1.0);
     p.max_tokens = 4;
     kv = run_matrix(p, 2);
@@ -655,7 +656,7 @@ static void test_elastic_shared_anchors(void) {
     ekv_kv_free(kv);
 }
 
-/* §10.5: T = 600, r = 0.2 (budget .8): merge to 480 entries with P = 455
+/* Fixed point: T = 600, r = 0.2 (budget .8): merge to 480 entries with P = 455
  * (25 entries from P on); then one eviction at index P every 5 decode steps
  * (paper) or 479 entries and every 5 steps from step 10 (reference). */
 static void elastic_long(bool compat) {
@@ -707,14 +708,14 @@ static void elastic_long(bool compat) {
     /* the cache tracks 0.8 n (paper) */
     if (!compat) CHECK(h->len == 480 + 100 - 20);
     /* RoPE position of the next token: the true one (paper), the compressed
-     * length (reference, §0.6) */
+     * length (reference mode) */
     struct ekv_kv_step next = {.is_prompt = false, .pos0 = T + 100, .n_new = 1};
     CHECK(ekv_kv_rope_pos(kv, &next) == (compat ? h->len : T + 100));
     ekv_kv_free(kv);
 }
 
-/* §10.5 edge cases of the reference's unclamped P with Python slicing:
- * after the §10.7 reference merge ([0, 1, 7], P = 4 + distance) four decode
+/* Edge cases of the reference's unclamped P with Python slicing:
+ * after the reference merge above ([0, 1, 7], P = 4 + distance) four decode
  * steps give f = trunc(k/2 - 1) = 1 at k = 4 with 7 entries
  * [0,1,7,8,9,10,11]: P = -2 deletes index 5 (position 10); P = -21
  * (len < -P) and P = -1 (the reference would duplicate) delete nothing. */

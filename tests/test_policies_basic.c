@@ -1,6 +1,6 @@
 /*
- * test_policies_basic.c — the simple policies against POLICIES.md's test
- * vectors (the §15 matrix A fed row by row through ekv_attn_accumulate into
+ * test_policies_basic.c — the simple policies against hand-worked test
+ * vectors (the 8-token attention matrix A fed row by row through ekv_attn_accumulate into
  * a one-layer, one-head cache whose entry t has k = v = t), the shared
  * selection helpers (top-k tie rule, pooling), and invariants that every
  * registered policy must keep on random data driven through
@@ -14,7 +14,7 @@
 #include "kv/kv.h"
 #include "testutil.h"
 
-/* §15: row i = query i, attention over keys 0..i */
+/* The test matrix A: row i = query i, attention over keys 0..i */
 static const float A[8][8] = {
     {1.00f},
     {.70f, .30f},
@@ -26,7 +26,7 @@ static const float A[8][8] = {
     {.20f, .04f, .15f, .06f, .25f, .11f, .09f, .10f},
 };
 
-/* A one-layer, one-head cache with the 8 entries of §15, statistics fed
+/* A one-layer, one-head cache with the 8 entries of A, statistics fed
  * from A, and the policy's layer() run once. Returns NULL on failure. */
 static struct ekv_kv *run_matrix(struct ekv_kv_params p) {
     struct ekv_kv *kv = NULL;
@@ -91,7 +91,7 @@ static void test_local(void) {
     p.sinks = 2;
     struct ekv_kv *kv = run_matrix(p);
     if (!kv) return;
-    const int32_t want[4] = {0, 1, 6, 7}; /* §2 */
+    const int32_t want[4] = {0, 1, 6, 7}; /* local, sinks 2 */
     CHECK(keeps(kv, want, 4));
     print_keep("local(sinks 2)", kv);
     CHECK(kv->layers[0].heads[0].n_evicted == 4);
@@ -109,7 +109,7 @@ static void test_local(void) {
 static void test_h2o(void) {
     struct ekv_kv *kv = run_matrix(params("h2o", 1000));
     if (!kv) return;
-    /* no eviction with a cap above the length: check colsum of §15 */
+    /* no eviction with a cap above the length: check colsum of A */
     const double colsum[8] = {3.70, .59, 1.40, .61, .90, .41, .29, .10};
     const struct ekv_kv_head *h = &kv->layers[0].heads[0];
     CHECK(h->len == 8);
@@ -121,7 +121,7 @@ static void test_h2o(void) {
 
     kv = run_matrix(params("h2o", 4)); /* C = 4, w = C/2 = 2 */
     if (!kv) return;
-    const int32_t want[4] = {0, 2, 6, 7}; /* §3 */
+    const int32_t want[4] = {0, 2, 6, 7}; /* h2o */
     CHECK(keeps(kv, want, 4));
     print_keep("h2o(C 4)", kv);
     h = &kv->layers[0].heads[0];
@@ -142,7 +142,7 @@ static void test_h2o(void) {
 static void test_scissorhands(void) {
     struct ekv_kv *kv = run_matrix(params("scissorhands", 1000));
     if (!kv) return;
-    const float counts[8] = {8, 0, 5, 1, 3, 1, 1, 0}; /* §4 */
+    const float counts[8] = {8, 0, 5, 1, 3, 1, 1, 0}; /* scissorhands */
     const struct ekv_kv_head *h = &kv->layers[0].heads[0];
     for (int j = 0; j < 8 && h->bincount; j++) CHECK_MSG(h->bincount[j] == counts[j], "key %d: %g", j, h->bincount[j]);
     CHECK(h->bincount != NULL && h->colsum == NULL);
@@ -159,7 +159,7 @@ static void test_scissorhands(void) {
 static void test_tova(void) {
     struct ekv_kv *kv = run_matrix(params("tova", 4));
     if (!kv) return;
-    const int32_t want[4] = {0, 2, 4, 5}; /* §5, pure TOVA */
+    const int32_t want[4] = {0, 2, 4, 5}; /* pure TOVA */
     CHECK(keeps(kv, want, 4));
     print_keep("tova(C 4)", kv);
     const struct ekv_kv_head *h = &kv->layers[0].heads[0];
@@ -201,7 +201,7 @@ static void test_random(void) {
 }
 
 static void test_helpers(void) {
-    /* SnapKV §7: window sums over keys 0..5 */
+    /* SnapKV: window sums over keys 0..5 */
     const double s[6] = {.45, .07, .25, .13, .55, .16};
     double pooled[6];
     int32_t idx[6];
@@ -307,7 +307,7 @@ static void test_helpers(void) {
 
 /* Walks the registry: every entry is complete, findable by its unique
  * name, listed by the public calls, and builds a cache with its defaults;
- * the policies POLICIES.md specifies are all there. */
+ * the policies docs/policies.md specifies are all there. */
 static void test_registry(void) {
     const int n = ekv_policy_count();
     CHECK(n >= 1 && ekv_kv_policy_count() == n);

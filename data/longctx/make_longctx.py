@@ -203,15 +203,22 @@ def retrieval(docs, tok, P, n, rng, reps=3, n_names=3, lo_f=0.60, hi_f=0.75):
     return out
 
 
-def main():
+def common_args(doc, seed):
+    """The options every set maker takes: the ekv binary, the model whose
+    tokenizer cuts the sets, the held-out documents, the output folder, the seed."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--ekv", default=os.path.join(root, "build", "ekv"))
     ap.add_argument("--model", default=os.path.join(root, "..", "shared", "models", "ekv-ref-28m-f16.gguf"))
     ap.add_argument("--src", default=os.path.join(root, "..", "shared", "data", "longctx", "heldout_dev.jsonl"))
     ap.add_argument("--out", default=here)
-    ap.add_argument("--seed", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=seed)
+    return ap
+
+
+def main():
+    ap = common_args(__doc__, 10)
     ap.add_argument("--n-cont", type=int, default=16)
     ap.add_argument("--n-recall", type=int, default=24)
     ap.add_argument("--n-retrieval", type=int, default=48)

@@ -3,7 +3,7 @@
  * readable sequence of operations) and where the operations run: the CPU
  * kernels (backend_cpu.c, the reference) or a Vulkan GPU (backend_vk.c,
  * which records the operations into one command buffer and submits it at
- * end()). DESIGN.md "Backends".
+ * end()). docs/architecture.md "Backends".
  *
  * Operations name activations by slot (enum ekv_act) rather than by
  * pointer: on the CPU a slot is the context's scratch array, on the GPU a

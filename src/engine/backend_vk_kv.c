@@ -4,7 +4,7 @@
  *
  * Every storage type of the CPU's cache is kept on the device, keys and
  * values independently: f32, f16, q8_0, q4_0 rows, and KIVI 2/4-bit codes
- * with their full-precision residual (POLICIES.md §11). The layout of one
+ * with their full-precision residual (docs/policies.md "KIVI storage"). The layout of one
  * side of one layer is kvq.glsl's; the quantisers there give the CPU's codes
  * bit for bit, so a GPU cache holds exactly what the CPU's would, and the
  * attention differs from the CPU's only by the order of its sums.

@@ -379,7 +379,7 @@ static void stats_dispatch(struct ekv_vk_mg *m, int il, const struct stats_call 
         .s_colsum = c->sl[SL_COLSUM], .s_sumsq = c->sl[SL_SUMSQ], .s_last = c->sl[SL_LAST], .s_win = c->sl[SL_WIN],
         .s_bin = c->sl[SL_BIN], .flags = (c->sparsity ? 1u : 0u) | c->mode << 1,
         .acc = c->mode != MG_ACC_NONE ? m->acc.addr + layer : 0, .scale = 1.0f / sqrtf((float)s->D),
-        .sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p,
+        .sparsity_p = (float)kv->params.sparsity_p /* resolved by vlcache.c */,
         .window = m->posb ? (uint32_t)kv->swa_window : 0, .pos0 = c->pos0};
     const uint32_t gx = (uint32_t)((m->maxlen[il] + 63) / 64);
     /* workgroups past a head's length do nothing but write their (zero) sparsity block */

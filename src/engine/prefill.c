@@ -9,9 +9,10 @@
  * policy compresses layer 0, then layer 1, ... So the cache, the statistics
  * and the logits are those of one ekv_seq_eval of the whole prompt (as long
  * as the matmul kernels give each row the same result whatever the number of
- * rows), and the peak holds one layer at full length, as DESIGN.md asks of
- * prefill. With the policy's block-wise `chunk`, each block is read this way
- * in turn, the policy acting at the end of every block as ekv_seq_eval does.
+ * rows), and the peak holds one layer at full length, as prefill must
+ * (docs/policies.md "When a policy acts"). With the policy's block-wise
+ * `chunk`, each block is read this way in turn, the policy acting at the end
+ * of every block as ekv_seq_eval does.
  *
  * Between pieces the residual stream of the block's rows lives here
  * ([n][n_embd] floats), since the context's scratch belongs to whoever runs

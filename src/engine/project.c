@@ -35,15 +35,6 @@ static uint64_t layer_bytes(const struct ekv_kv *kv, int64_t t) {
     return ekv_store_full_bytes(&kv->fk, t) + ekv_store_full_bytes(&kv->fv, t);
 }
 
-/* T(n) of kv.h's budget rule. */
-static int64_t target(const struct ekv_kv_params *p, int64_t n) {
-    if (n <= 0) return 0;
-    double c = ceil(p->budget * (double)n - 1e-9);
-    int64_t t = c < (double)n ? (int64_t)c : n;
-    if (p->max_tokens > 0 && p->max_tokens < t) t = p->max_tokens;
-    return t < 1 ? 1 : t;
-}
-
 enum ekv_status ekv_kv_project(const struct ekv_model *model, const struct ekv_kv_params *params, int64_t n_prompt,
                                int64_t n_gen, struct ekv_kv_projection *out) {
     ekv_err_clear();
@@ -64,10 +55,10 @@ enum ekv_status ekv_kv_project(const struct ekv_model *model, const struct ekv_k
         final = (uint64_t)L * layer_bytes(kv, n);
         peak = final;
     } else {
-        int64_t t_final = target(&p, n);
+        int64_t t_final = ekv_kv_budget_rule(&p, n);
         if (ops->prompt_only) { /* grows after the prompt, re-selected every p.recompress tokens when > 0 */
-            t_final = target(&p, n_prompt) + n_gen;
-            if (p.recompress > 0) t_final = EKV_MIN(t_final, EKV_MIN(target(&p, n) + p.recompress, n));
+            t_final = ekv_kv_budget_rule(&p, n_prompt) + n_gen;
+            if (p.recompress > 0) t_final = EKV_MIN(t_final, EKV_MIN(ekv_kv_budget_rule(&p, n) + p.recompress, n));
         }
         final = (uint64_t)L * layer_bytes(kv, t_final);
         /* block-wise prompts (chunk) hold the earlier blocks whole in the layers
@@ -76,7 +67,7 @@ enum ekv_status ekv_kv_project(const struct ekv_model *model, const struct ekv_k
          * on top (a margin for per-layer rounding, as PyramidKV's) */
         const bool blocks = p.chunk > 0 && p.chunk < n_prompt;
         const uint64_t whole = (uint64_t)L * layer_bytes(kv, n_prompt);
-        const uint64_t layered = (uint64_t)L * layer_bytes(kv, target(&p, n_prompt)) + layer_bytes(kv, n_prompt);
+        const uint64_t layered = (uint64_t)L * layer_bytes(kv, ekv_kv_budget_rule(&p, n_prompt)) + layer_bytes(kv, n_prompt);
         peak = ops->layer && !blocks ? EKV_MIN(whole, layered) : whole;
     }
     const uint64_t H = (uint64_t)mi->n_head_kv;

@@ -14,7 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/util.h"
-#include "eval/eval.h"
+#include "ekv_eval.h"
 
 static const char *const k_instruction_keys[] = {"instruction", "prompt", "question",
                                                  "article", "input", "document"};

@@ -3,7 +3,7 @@
  * index sets so that they can be tested without a model: ROUGE-L (pltrdy
  * `rouge` 1.0.1 semantics and plain sentence-level LCS), perplexity, KL
  * divergence, top-1 agreement, top-k selection, Jaccard and VL-Cache's
- * CacheHitRate. Definitions are in eval.h; POLICIES.md §13 gives the
+ * CacheHitRate. Definitions are in include/ekv_eval.h; docs/policies.md "Evaluation protocols" gives the
  * protocols they serve.
  */
 #include <math.h>
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "eval/eval.h"
+#include "ekv_eval.h"
 
 /* Longest text ekv_rouge_l accepts (a generated answer is a few KB); bounds
  * the word tables, which take about 30 bytes per input byte. */

@@ -22,7 +22,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/util.h"
-#include "eval/eval.h"
+#include "ekv_eval.h"
 
 extern char **environ;
 

@@ -1,6 +1,6 @@
 /*
  * runner.c — the evaluation protocols of `ekv eval` on a real model
- * (POLICIES.md §13, DESIGN.md "Evaluation protocol"): teacher-forced
+ * (docs/policies.md "Evaluation protocols", docs/architecture.md "Evaluation"): teacher-forced
  * perplexity and KL against the full cache, greedy ROUGE-L against the full
  * cache's greedy answer, cache hit rate against the full cache's attention,
  * and the policies x budgets grid. It lives beside the metrics so that tests
@@ -16,7 +16,7 @@
 
 #include "core/util.h"
 #include "ekv.h"
-#include "eval/eval.h"
+#include "ekv_eval.h"
 
 /* Metrics that need the teacher-forced run. */
 #define TF_METRICS (EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_ACC)
@@ -385,7 +385,7 @@ static enum ekv_status prefill_unit(struct ekv_eval_runner *r, struct ekv_seq *s
     return ekv_seq_eval_prompt(seq, r->prompt, logits);
 }
 
-/* Teacher-forced scoring (JSONL, §13.1) or chunked streaming (text, §13.3). */
+/* Teacher-forced scoring (JSONL) or chunked streaming (text); docs/policies.md "Evaluation protocols". */
 static enum ekv_status run_scored(struct ekv_eval_runner *r, struct ekv_seq *seq, const struct ekv_eval_unit *u,
                                   score_fn fn, prompt_fn pfn, void *ud) {
     const size_t V = (size_t)r->n_vocab;
@@ -425,13 +425,18 @@ static enum ekv_status run_scored(struct ekv_eval_runner *r, struct ekv_seq *seq
     return EKV_OK;
 }
 
-/* Greedy answer (§13.2) into r->gen; *n_gen tokens, EOG not included. */
+/* Greedy answer (docs/policies.md "Evaluation protocols") into r->gen; *n_gen tokens, EOG not included. */
+/* lg: the logits of the prompt's last position when seq has read the
+ * prompt already (a copy made after the teacher-forced run's prefill),
+ * NULL to read it here into r->logits. */
 static enum ekv_status run_greedy(struct ekv_eval_runner *r, struct ekv_seq *seq, const struct ekv_eval_unit *u,
-                                  int32_t *n_gen) {
-    float *lg = r->logits;
+                                  float *lg, int32_t *n_gen) {
     enum ekv_status s;
     *n_gen = 0;
-    if ((s = prefill_unit(r, seq, u, lg)) != EKV_OK) return s;
+    if (!lg) {
+        lg = r->logits;
+        if ((s = prefill_unit(r, seq, u, lg)) != EKV_OK) return s;
+    }
     /* the last generated token is not fed, so prompt + max - 1 <= n_ctx */
     int32_t max = EKV_MIN(r->cfg.n_predict, r->n_ctx - unit_positions(u) + 1);
     int32_t n = 0;
@@ -492,12 +497,33 @@ static enum ekv_status store_logits(void *ud, int32_t idx, const float *logits, 
     return EKV_OK;
 }
 
+/* The reference's teacher-forced run, with a copy of its sequence taken
+ * after the prompt for the reference's greedy answer (as after_prompt). */
+struct ref_ctx {
+    struct ekv_eval_runner *r;
+    struct ekv_seq *forked;
+    float *fork_logits; /* [n_vocab], NULL: no copy wanted */
+};
+
+static enum ekv_status ref_store(void *ud, int32_t idx, const float *logits, int32_t target) {
+    return store_logits(((struct ref_ctx *)ud)->r, idx, logits, target);
+}
+
+static enum ekv_status ref_fork(void *ud, struct ekv_seq *seq) {
+    struct ref_ctx *c = ud;
+    enum ekv_status s = ekv_seq_copy(seq, &c->forked);
+    if (s == EKV_ERR_UNSUPPORTED) return EKV_OK;
+    if (s == EKV_OK) memcpy(c->fork_logits, c->r->logits, (size_t)c->r->n_vocab * sizeof(float));
+    return s;
+}
+
 enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
     if (!r || ui >= r->n_units) return ekv_err(EKV_ERR_INVALID_ARG, "eval: unit %zu out of range", ui);
     ref_clear(r);
     const struct ekv_eval_unit *u = &r->units[ui];
     const unsigned m = r->cfg.metrics;
     struct ekv_seq *seq = NULL;
+    struct ref_ctx rc = {.r = r};
     enum ekv_status s = EKV_OK;
     ekv_prompt_free(r->prompt);
     r->prompt = NULL;
@@ -517,14 +543,23 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
             !ekv_mul_ok(cells, sizeof(float), &cells))
             return ekv_err(EKV_ERR_INTERNAL, "eval: unit %zu scores %d tokens", ui, r->n_scored);
         if (!(r->ref_logits = malloc(cells))) return ekv_err(EKV_ERR_NOMEM, "eval: no memory for reference logits");
-        if ((s = ekv_seq_new(r->ctx, NULL, &seq)) == EKV_OK) s = run_scored(r, seq, u, store_logits, NULL, r);
+        if ((m & EKV_METRIC_ROUGE) && !u->stream && !r->cfg.no_fork &&
+            !(rc.fork_logits = malloc((size_t)r->n_vocab * sizeof(float)))) {
+            s = ekv_err(EKV_ERR_NOMEM, "eval: no memory for the prompt's logits");
+            goto fail;
+        }
+        if ((s = ekv_seq_new(r->ctx, NULL, &seq)) == EKV_OK)
+            s = run_scored(r, seq, u, ref_store, rc.fork_logits ? ref_fork : NULL, &rc);
         ekv_seq_free(seq);
         seq = NULL;
         if (s != EKV_OK) goto fail;
     }
     if (m & EKV_METRIC_ROUGE) {
         int32_t n = 0;
-        if ((s = ekv_seq_new(r->ctx, NULL, &seq)) == EKV_OK) s = run_greedy(r, seq, u, &n);
+        const bool from_fork = rc.forked != NULL;
+        if (from_fork) seq = rc.forked, rc.forked = NULL;
+        else if ((s = ekv_seq_new(r->ctx, NULL, &seq)) != EKV_OK) goto fail;
+        s = run_greedy(r, seq, u, from_fork ? rc.fork_logits : NULL, &n);
         ekv_seq_free(seq);
         seq = NULL;
         if (s == EKV_OK) s = gen_text(r, n);
@@ -561,8 +596,11 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
         if (s != EKV_OK) goto fail;
     }
     r->cur = ui;
+    free(rc.fork_logits);
     return EKV_OK;
 fail:
+    ekv_seq_free(rc.forked);
+    free(rc.fork_logits);
     ref_clear(r);
     return s;
 }
@@ -575,6 +613,9 @@ struct cell_ctx {
     const struct ekv_eval_unit *u;
     int32_t n_scored;   /* acc: tokens scored in this unit */
     bool all_top1;      /* acc: every one of them was the argmax */
+    bool fork;          /* rouge too: copy the sequence after its prompt */
+    struct ekv_seq *forked; /* that copy (NULL: the copy was not possible) */
+    float *fork_logits; /* [n_vocab] the prompt's last logits, for the copy */
 };
 
 static enum ekv_status score_cell(void *ud, int32_t idx, const float *logits, int32_t target) {
@@ -623,6 +664,22 @@ static enum ekv_status hitrate_cell(void *ud, struct ekv_seq *seq) {
     return s;
 }
 
+/* After the prompt of the teacher-forced run: the cache hit rate, and with
+ * ROUGE a copy of the sequence, so that the greedy answer starts from the
+ * same prompt without reading it again (a copy equals its source bit for
+ * bit: ekv_seq_copy). A sequence that cannot be copied (EKV_ERR_UNSUPPORTED)
+ * makes the greedy run read the prompt itself. */
+static enum ekv_status after_prompt(void *ud, struct ekv_seq *seq) {
+    struct cell_ctx *c = ud;
+    enum ekv_status s = EKV_OK;
+    if (c->r->cfg.metrics & EKV_METRIC_HITRATE) s = hitrate_cell(ud, seq);
+    if (s != EKV_OK || !c->fork) return s;
+    s = ekv_seq_copy(seq, &c->forked);
+    if (s == EKV_ERR_UNSUPPORTED) return EKV_OK;
+    if (s == EKV_OK) memcpy(c->fork_logits, c->r->logits, (size_t)c->r->n_vocab * sizeof(float));
+    return s;
+}
+
 static void add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq) {
     struct ekv_kv_stats st;
     ekv_seq_kv_stats(seq, &st);
@@ -637,27 +694,45 @@ enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv
         return ekv_err(EKV_ERR_INVALID_ARG, "eval: no unit prepared (call ekv_eval_unit_prepare first)");
     const struct ekv_eval_unit *u = &r->units[r->cur];
     const unsigned m = r->cfg.metrics;
+    const bool rouge = (m & EKV_METRIC_ROUGE) && r->ref_text;
     struct cell_ctx cc = {.r = r, .cell = cell, .u = u, .all_top1 = true};
     struct ekv_seq *seq = NULL;
     enum ekv_status s = EKV_OK;
     bool frac_done = false;
     if (m & (TF_METRICS | EKV_METRIC_HITRATE)) {
         const bool tf = m & TF_METRICS;
-        if ((s = ekv_seq_new(r->ctx, kv, &seq)) != EKV_OK) return s;
-        s = run_scored(r, seq, u, tf ? score_cell : NULL, (m & EKV_METRIC_HITRATE) ? hitrate_cell : NULL, &cc);
-        if (s == EKV_OK) add_kv_frac(cell, seq);
-        if (s == EKV_OK && (m & EKV_METRIC_ACC) && cc.n_scored > 0) ekv_mean_add(&cell->acc, cc.all_top1 ? 1.0 : 0.0);
+        /* one prompt for both runs: the greedy one continues a copy (JSONL units) */
+        cc.fork = rouge && !u->stream && !r->cfg.no_fork;
+        if (cc.fork && !(cc.fork_logits = malloc((size_t)r->n_vocab * sizeof(float))))
+            return ekv_err(EKV_ERR_NOMEM, "eval: no memory for the prompt's logits");
+        if ((s = ekv_seq_new(r->ctx, kv, &seq)) == EKV_OK) {
+            s = run_scored(r, seq, u, tf ? score_cell : NULL,
+                           (m & EKV_METRIC_HITRATE) || cc.fork ? after_prompt : NULL, &cc);
+            if (s == EKV_OK) add_kv_frac(cell, seq);
+            if (s == EKV_OK && (m & EKV_METRIC_ACC) && cc.n_scored > 0)
+                ekv_mean_add(&cell->acc, cc.all_top1 ? 1.0 : 0.0);
+        }
         frac_done = true;
         ekv_seq_free(seq);
         seq = NULL;
-        if (s != EKV_OK) return s;
+        if (s != EKV_OK) {
+            ekv_seq_free(cc.forked);
+            free(cc.fork_logits);
+            return s;
+        }
     }
-    if ((m & EKV_METRIC_ROUGE) && r->ref_text) {
+    if (rouge) {
         int32_t n = 0;
-        if ((s = ekv_seq_new(r->ctx, kv, &seq)) != EKV_OK) return s;
-        s = run_greedy(r, seq, u, &n);
+        if (cc.forked) {
+            seq = cc.forked;
+        } else if ((s = ekv_seq_new(r->ctx, kv, &seq)) != EKV_OK) {
+            free(cc.fork_logits);
+            return s;
+        }
+        s = run_greedy(r, seq, u, cc.forked ? cc.fork_logits : NULL, &n);
         if (s == EKV_OK && !frac_done) add_kv_frac(cell, seq);
         ekv_seq_free(seq);
+        free(cc.fork_logits);
         if (s == EKV_OK) s = gen_text(r, n);
         if (s != EKV_OK) return s;
         struct ekv_rouge rg = {0};

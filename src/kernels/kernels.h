@@ -6,7 +6,7 @@
  * when the CPU has it, and tests compare the two.
  *
  * Kernels know nothing about models or caches (they sit at the bottom of
- * the layering in DESIGN.md) and never allocate on the hot path except
+ * the layering of docs/architecture.md "Layers") and never allocate on the hot path except
  * through the pool's scratch memory.
  */
 #ifndef EKV_KERNELS_H

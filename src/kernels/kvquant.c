@@ -2,7 +2,7 @@
  * kvquant.c — the table of KV-cache storage types and their reference
  * codecs (kvquant.h): f32, f16, q8_0 and q4_0 rows through quant.c's GGML
  * block codecs, the KIVI group quantiser (half-even rounding, fp16 scale
- * and minimum, the constant-group rule of POLICIES.md §11) with its key
+ * and minimum, the constant-group rule of docs/policies.md "KIVI storage") with its key
  * and value layouts, and ekv_kv_view_rows, which turns any range of a
  * head's entries into floats for the attention kernels and the cache's
  * entry access.
@@ -93,7 +93,7 @@ void ekv_kivi_quant_group(const float *x, int n, size_t stride, int bits, uint16
     const uint16_t sc16 = ekv_f32_to_fp16((mx - mn) / (float)qmax);
     const float mnh = ekv_fp16_to_f32(m16), sh = ekv_fp16_to_f32(sc16);
     *mn16 = m16;
-    if (!(mx > mn) || !(sh > 0.0f) || !isfinite(sh)) { /* constant group: q = 0, x^ = mn (§11 CHOICE) */
+    if (!(mx > mn) || !(sh > 0.0f) || !isfinite(sh)) { /* constant group: q = 0, x^ = mn [CHOICE] */
         *s16 = 0;
         memset(q, 0, (size_t)n);
         return;

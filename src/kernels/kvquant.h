@@ -1,22 +1,22 @@
 /*
  * kvquant.h — storage types of the KV cache as rows of one table (ggml's
- * type_traits shape, STYLE.md "One row per type"): the geometry, the
- * reference codecs and their SIMD twins of f32, f16, q8_0, q4_0 and the
- * KIVI 2/4-bit layouts, and the view through which the attention kernels
- * read one side (keys or values) of one KV head without knowing how the
- * cache manages it. Kernels only: no policy, no allocation.
+ * type_traits shape: each type is one row of sizes and function pointers):
+ * the geometry, the reference codecs and their SIMD twins of f32, f16, q8_0,
+ * q4_0 and the KIVI 2/4-bit layouts, and the view through which the
+ * attention kernels read one side (keys or values) of one KV head without
+ * knowing how the cache manages it. Kernels only: no policy, no allocation.
  *
  * Row types (f32, f16, q8_0, q4_0): every entry is one row of head_dim
  * elements in the type's blocks (q8_0/q4_0 are GGML's blocks of 32, so
  * head_dim % 32 == 0). llama.cpp stores K/V rows the same way.
  *
- * KIVI (arXiv 2402.02750, POLICIES.md §11), b = 2 or 4 bits, group G:
+ * KIVI (arXiv 2402.02750, docs/policies.md "KIVI storage"), b = 2 or 4 bits, group G:
  *  - quantiser of a group x[0..n): mn = min, mx = max, s = (mx - mn) /
  *    (2^b - 1); s and mn are stored as fp16 and the codes are computed
  *    with the stored values, q = clamp(rint((x - mn16) / s16), 0, 2^b - 1)
  *    (rint: half to even, like torch.round); x^ = q * s16 + mn16. A
  *    constant group (mx == mn, or s below fp16's range) stores s = 0 and
- *    q = 0, so x^ = mn16 (§11 [CHOICE]);
+ *    q = 0, so x^ = mn16 ([CHOICE], docs/policies.md "KIVI storage");
  *  - keys: per channel over a group of up to G consecutive entries. A key
  *    group is [s: d fp16][mn: d fp16][codes: n rows of d*b/8 bytes], the
  *    codes token-major (entry r's d codes together, channel c in bits

@@ -7,8 +7,8 @@
  * (layer, KV head) already, so this saves memory for real (kvpress only
  * masks). A policy that ranks a head's entries by a score comparable
  * between heads (attention sums: every query row sums to 1; counts over the
- * same queries) takes it (ops->headwise: snapkv, pyramidkv, h2o,
- * scissorhands).
+ * same queries) takes it (ops->headwise: snapkv, pyramidkv, h2o, scissorhands,
+ * vlcache, roco).
  *
  * Rule, for one layer when its policy acts, with C the base per-head target
  * and, for head h, prot[h] entries the policy keeps whatever their score
@@ -34,11 +34,26 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
 #include "kv/kv.h"
+
+struct ekv_kv_adakv ekv_kv_adakv_defaults(void) { return (struct ekv_kv_adakv){.on = true, .floor = 0.2}; }
+
+enum ekv_status ekv_kv_adakv_refused(void) {
+    char names[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < ekv_policy_count() && used < sizeof names; i++) {
+        if (!ekv_policy_at(i)->headwise) continue;
+        const int w = snprintf(names + used, sizeof names - used, "%s%s", used ? ", " : "", ekv_policy_at(i)->name);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    return ekv_err(EKV_ERR_INVALID_ARG, "+adakv needs a policy that ranks entries by attention per head (%s)", names);
+}
 
 enum ekv_status ekv_kv_adakv_option(struct ekv_kv_adakv *a, const char *key, const char *value) {
     if (strcmp(key, "ada_floor") != 0)
@@ -78,9 +93,11 @@ enum ekv_status ekv_adakv_caps(const struct ekv_kv *kv, int32_t cap, const int32
         const int32_t fl = EKV_MIN(m[h], (int32_t)floor(kv->adakv.floor * (double)room + 1e-9));
         rooms += room;
         floors += fl;
-        memcpy(all + off, score[h], (size_t)m[h] * sizeof *all);
-        memset(mask + off, 1, (size_t)m[h]);
-        const int32_t got = ekv_topk(score[h], m[h], fl, NULL, idx);
+        if (m[h] > 0) { /* a head with no candidates may pass no scores */
+            memcpy(all + off, score[h], (size_t)m[h] * sizeof *all);
+            memset(mask + off, 1, (size_t)m[h]);
+        }
+        const int32_t got = m[h] > 0 ? ekv_topk(score[h], m[h], fl, NULL, idx) : 0;
         for (int32_t i = 0; i < got; i++) mask[off + idx[i]] = 0;
         caps[h] = prot[h] + got;
         off += m[h];

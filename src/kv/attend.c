@@ -3,7 +3,7 @@
  * and values of a layer, runs causal attention of the new queries over each
  * KV head's kept entries while collecting the statistics the policy asked
  * for, then hands the layer to the policy (which may compact it at once:
- * DESIGN.md's layer-by-layer prefill compression).
+ * the layer-by-layer prefill compression of docs/policies.md "When a policy acts").
  *
  * With kv->logit_bias (elastic-v2:bias=1) each head's key view carries
  * log(weight) of its entries as a logit bias (attention.h), so prefill,
@@ -222,7 +222,7 @@ static enum ekv_status layer_prepare(struct ekv_kv *kv, struct ekv_pool *pool, i
         }
     }
     t->scale = 1.0f / sqrtf((float)kv->head_dim);
-    t->sparsity_p = isnan(kv->params.sparsity_p) ? 0.01f : (float)kv->params.sparsity_p;
+    t->sparsity_p = (float)kv->params.sparsity_p /* resolved by vlcache.c */;
     t->row_flags = kv->stats & (EKV_STAT_COLSUM | EKV_STAT_SUMSQ | EKV_STAT_LASTROW | EKV_STAT_BINCOUNT);
     t->win_flags = kv->stats & (EKV_STAT_WINSUM | EKV_STAT_SPARSITY);
     /* arrays are present exactly when kv->stats asks (ekv_kv_begin) */

@@ -3,7 +3,7 @@
  * creation with policy lookup and parameter validation, per-(layer, KV
  * head) arrays that grow geometrically on reserve and shrink after a
  * policy compacts or merges (so allocated memory follows what is kept, as
- * DESIGN.md asks), byte accounting with a peak, and the eviction/merge
+ * docs/architecture.md "The KV cache contract" says), byte accounting with a peak, and the eviction/merge
  * primitives every policy uses.
  *
  * Every array of a head has at least `cap` entries. Statistics arrays exist
@@ -221,10 +221,9 @@ static enum ekv_status apply_modifiers(struct ekv_kv *kv, const char *spec) {
         if (n == 5 && !strncmp(p + 1, "merge", 5) && !kv->merge.on)
             kv->merge = ekv_kv_merge_defaults();
         else if (n == 5 && !strncmp(p + 1, "adakv", 5) && !kv->adakv.on && kv->ops->headwise)
-            kv->adakv = (struct ekv_kv_adakv){.on = true, .floor = 0.2};
+            kv->adakv = ekv_kv_adakv_defaults();
         else if (n == 5 && !strncmp(p + 1, "adakv", 5) && !kv->adakv.on)
-            return ekv_err(EKV_ERR_INVALID_ARG, "+adakv needs a policy that ranks entries by attention per head "
-                                                "(snapkv, pyramidkv, h2o, scissorhands)");
+            return ekv_kv_adakv_refused();
         else
             return ekv_err(EKV_ERR_INVALID_ARG, "unknown or repeated modifier '+%.*s' (known: +merge, +adakv)",
                            (int)(n < 32 ? n : 32), p + 1);
@@ -921,42 +920,6 @@ void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which) {
             if ((which & EKV_STAT_BINCOUNT) && h->bincount) memset(h->bincount, 0, n * sizeof *h->bincount);
         }
     }
-}
-
-int64_t ekv_kv_budget_tokens(const struct ekv_kv *kv) {
-    if (!kv) return 1;
-    /* the -1e-9 keeps budget * n_seen that is an integer up to rounding
-     * (budget 1.0 in particular) from rounding up */
-    const double c = ceil(kv->params.budget * (double)kv->n_seen - 1e-9);
-    int64_t t = c > (double)INT64_MAX / 2 ? INT64_MAX / 2 : (int64_t)c;
-    if (kv->params.max_tokens > 0 && kv->params.max_tokens < t) t = kv->params.max_tokens;
-    return t < 1 ? 1 : t;
-}
-
-double ekv_kv_budget_frac(const struct ekv_kv *kv) {
-    if (!kv) return 1.0;
-    double a = kv->params.budget;
-    if (kv->params.max_tokens > 0 && kv->n_seen > 0 && (double)kv->params.max_tokens < a * (double)kv->n_seen)
-        a = (double)kv->params.max_tokens / (double)kv->n_seen;
-    return a;
-}
-
-int32_t ekv_kv_target(const struct ekv_kv *kv, int il) {
-    if (!kv || il < 0 || il >= kv->n_layer) return 1;
-    const struct ekv_kv_layer *L = &kv->layers[il];
-    int64_t t = 0;
-    for (int hk = 0; hk < kv->n_head_kv; hk++)
-        if (L->heads[hk].len > t) t = L->heads[hk].len;
-    /* a per-layer budget set by the policy (PyramidKV, VL-Cache) replaces
-     * the uniform cap: lower layers may keep more */
-    int64_t c = ekv_kv_budget_tokens(kv);
-    if (L->budget >= 0) {
-        c = L->budget;
-        if (kv->params.max_tokens > 0 && kv->params.max_tokens < c) c = kv->params.max_tokens;
-    }
-    if (c < t) t = c;
-    if (t < 1) t = 1;
-    return (int32_t)t;
 }
 
 enum ekv_status ekv_kv_flush(struct ekv_kv *kv, int il) {

@@ -1,5 +1,5 @@
 /*
- * elastic.c — Elastic Cache (paper 000, POLICIES.md §10), the heart of ekv:
+ * elastic.c — Elastic Cache (paper 000, docs/policies.md "elastic"), the heart of ekv:
  * at the end of the prompt, importance-driven cache *merging* (the most
  * attended prompt tokens become anchors and every other token is averaged
  * into its nearest anchor); during generation, fixed-point elimination
@@ -9,12 +9,12 @@
  *
  * Statistics: EKV_STAT_COLSUM over ALL prompt queries (image tokens
  * included), reset at the start of each prompt and frozen afterwards
- * (stats are off at decode: decode attention is not used, §10.1). The
- * score of a layer is the all-head mean (§0.4): the mean over the KV heads
+ * (stats are off at decode: decode attention is not used). The
+ * score of a layer is the all-head mean: the mean over the KV heads
  * of their group-mean column sums = the mean over all query heads, so
  * anchors are shared by every head of a layer; values stay per head.
  *
- * Budget (§10.2), per layer after its attention, with T the layer's entries,
+ * Budget (docs/policies.md "The budget"), per layer after its attention, with T the layer's entries,
  * n = kv->n_seen and b = params.budget (fraction kept, = 1 - r):
  *   f = T - ekv_kv_target = T - min(T, ceil(n*b - 1e-9), max_tokens when
  *   > 0), i.e. trunc(T - n*b) up to floating-point rounding (ekv's one
@@ -22,12 +22,12 @@
  *   arithmetic, f = trunc(T - n*b). [CHOICE]
  *
  * Paper-faithful mode (default):
- *   Prompt's last chunk, f > 1 — merge (§10.3): N = T - f entries remain.
+ *   Prompt's last chunk, f > 1 — merge: N = T - f entries remain.
  *     start = params.sinks (default 1) protected first entries, and the last
  *     entry; M = [start, T-1); anchors = the top (N - start - 1) of M by
- *     score (ekv_topk, §0.7 ties: lower index first). Every other entry of
- *     M joins the nearest anchor by |a - t|, ties to the LEFT anchor (Eq. 2
- *     floor midpoints, torch argmin's first occurrence). Each anchor becomes
+ *     score (ekv_topk; ties: lower index first, docs/policies.md "Ties"). Every
+ *     other entry of M joins the nearest anchor by |a - t|, ties to the LEFT
+ *     anchor (Eq. 2 floor midpoints, torch argmin's first occurrence). Each anchor becomes
  *     the mean of itself and its members, K and V independently, per head
  *     (Eq. 3; ekv_kv_head_merge, weight-weighted so that an entry that
  *     already stands for several tokens counts as many). When N < start + 1
@@ -35,7 +35,7 @@
  *     [CHOICE]
  *     Fixed point P = N + distance (distance default -25 = "the 25 most
  *     recent"; a positive distance is an absolute index), clamped to
- *     [start, N - 2]. [CHOICE, §10.5]
+ *     [start, N - 2]. [CHOICE]
  *   Prompt's last chunk, f == 1: no merge (the paper merges only for
  *     f > 1); P is set as above with N = T, then one entry is eliminated at
  *     P as at decode (Algorithm 1's f == 1 branch; keeps the budget exact).
@@ -46,7 +46,7 @@
  *     P lowered if needed so the newest entry stays. A decode step before
  *     any prompt sets P from N = T - f. [CHOICE]
  *
- * Compatibility mode params.compat_ref (`--kv-compat ref`, §10.4-10.5),
+ * Compatibility mode params.compat_ref (`--kv-compat ref`),
  * reproducing the authors' kv_cache.py:
  *   - s = score[start : T-1], pi = argsort(s) ascending (stable here: the
  *     CUDA sort leaves ties unspecified); kept = {start + r : pi[r] > f}
@@ -68,7 +68,8 @@
  *   - merge weights and counters stay honest (tokens represented), even
  *     though the averaged values are the reference's.
  *   - new tokens are rotated at the compressed cache length, not their
- *     true position (§0.6): ops->rope_pos, which the forward asks for.
+ *     true position (docs/policies.md "Positions and the reference mode"):
+ *     ops->rope_pos, which the forward asks for.
  */
 #include <limits.h>
 #include <math.h>
@@ -204,7 +205,7 @@ static enum ekv_status paper_eliminate(struct ekv_kv *kv, int il, int32_t T, int
     return delete_run(kv, il, p, cnt);
 }
 
-/* Paper-faithful merge of layer il from T down to N entries (§10.3). */
+/* Paper-faithful merge of layer il from T down to N entries (docs/policies.md "elastic"). */
 static enum ekv_status paper_merge(struct ekv_kv *kv, int il, int32_t T, int32_t N) {
     struct ekv_kv_layer *ly = &kv->layers[il];
     const int32_t start = EKV_MIN(kv->params.sinks, N - 1);
@@ -269,7 +270,7 @@ static int cmp_vi(const void *a, const void *b) {
     return (x->i > y->i) - (x->i < y->i);
 }
 
-/* Reference (kv_cache.py) merge of layer il with forget count f (§10.4). */
+/* Reference (kv_cache.py) merge of layer il with forget count f (docs/policies.md "elastic"). */
 static enum ekv_status compat_merge(struct ekv_kv *kv, int il, int32_t T, int32_t f) {
     struct ekv_kv_layer *ly = &kv->layers[il];
     const int32_t start = kv->params.sinks < T - 1 ? kv->params.sinks : T - 1;
@@ -459,7 +460,8 @@ static enum ekv_status elastic_layer(struct ekv_kv *kv, int il, const struct ekv
     return f >= 1 ? paper_eliminate(kv, il, T, f) : EKV_OK;
 }
 
-/* Reference mode (§0.6): new tokens are rotated at the compressed length. */
+/* Reference mode (docs/policies.md "Positions and the reference mode"): new tokens are rotated at the
+ * compressed length. */
 static int64_t elastic_rope_pos(const struct ekv_kv *kv, const struct ekv_kv_step *step) {
     if (!kv->params.compat_ref) return step->pos0;
     return kv->layers[0].heads[0].len;

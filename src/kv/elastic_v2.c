@@ -74,7 +74,7 @@
  *   decode=fixed and f == 1 one entry is eliminated at P as Elastic does;
  *   otherwise (f >= 1): the middle M = [s, T - W) keeps its top
  *   (N - s - W) entries by score as anchors (ties: lower index first,
- *   POLICIES.md 0.7); every other entry of M joins its nearest anchor by
+ *   docs/policies.md "Ties"); every other entry of M joins its nearest anchor by
  *   position, ties to the left (Elastic's rule); with no anchor the
  *   members are dropped. Each anchor with members becomes the weighted
  *   mean described by key= and value=; weights add; statistics add

@@ -1,12 +1,12 @@
 /*
- * h2o.c — H2O, heavy hitters plus recent tokens (POLICIES.md §3, H2O repo
+ * h2o.c — H2O, heavy hitters plus recent tokens (docs/policies.md "h2o", H2O repo
  * "real drop" rule, per KV head with group-mean scores as in EasyKV).
  *
  * Score: the column sum of attention over every query seen (prefill and
  * decode), EKV_STAT_COLSUM, compacted together with the entries. Whenever
  * a head holds more than ekv_kv_target entries it keeps the last `window`
  * entries plus the top (target - window) of the older ones by column sum
- * (ties: lower index first, §0.7).
+ * (ties: lower index first, docs/policies.md "Ties").
  *
  * [CHOICE] Default window = target / 2, H2O's equal heavy/recent split
  * (heavy_ratio = recent_ratio); params.window >= 0 sets it absolutely

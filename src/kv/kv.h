@@ -1,5 +1,5 @@
 /*
- * kv.h — the KV cache and the policy interface (DESIGN.md "The KV cache").
+ * kv.h — the KV cache and the policy interface (docs/architecture.md "The KV cache contract").
  *
  * Storage is per layer and per KV head (GQA-native). Each (layer, head)
  * holds `len` entries in ascending original position: the key after RoPE,
@@ -135,8 +135,9 @@ struct ekv_policy_ops {
      * projections (ekv_kv_project) need it. */
     bool prompt_only;
     /* RoPE position of the first new token of a forward, when the policy
-     * changes it (Elastic Cache's reference mode, POLICIES.md 0.6); called
-     * before begin(). Optional: NULL = the true position step->pos0. */
+     * changes it (Elastic Cache's reference mode, docs/policies.md
+     * "Positions and the reference mode"); called before begin(). Optional:
+     * NULL = the true position step->pos0. */
     int64_t (*rope_pos)(const struct ekv_kv *kv, const struct ekv_kv_step *step);
     /* One option of a policy spec "name:key=value:key=value" (e.g.
      * "elastic-v2:recent=0.5"), called after init() for each pair in
@@ -287,11 +288,14 @@ bool ekv_kv_option_bool(const char *v, bool *out);
  * target. The caps sum to min(n_head_kv * cap, the layer's entries); each
  * head keeps at least floor(ada_floor * (cap - prot[h])) candidates (at
  * most m[h]); the rest go to the best scores of the whole layer. */
+struct ekv_kv_adakv ekv_kv_adakv_defaults(void); /* on, ada_floor 0.2 */
+/* The error for +adakv on a policy without ops->headwise, naming those with it. */
+enum ekv_status ekv_kv_adakv_refused(void);
 enum ekv_status ekv_kv_adakv_option(struct ekv_kv_adakv *a, const char *key, const char *value);
 enum ekv_status ekv_adakv_caps(const struct ekv_kv *kv, int32_t cap, const int32_t *prot, const int32_t *m,
                                const double *const *score, int32_t *caps);
 /* +adakv for the policies that keep each head's last `window` entries and
- * the best older ones by score[h] [len] (H2O, ScissorHands): layer il with
+ * the best older ones by score[h] [len] (H2O, ScissorHands, VL-Cache): layer il with
  * per-head target `target`, through ekv_adakv_caps and
  * ekv_kv_head_keep_recent_top. */
 enum ekv_status ekv_adakv_recent_top(struct ekv_kv *kv, int il, int32_t target, int32_t window,
@@ -341,7 +345,7 @@ enum ekv_status ekv_kv_head_set(struct ekv_kv *kv, struct ekv_kv_head *h, int32_
 enum ekv_status ekv_kv_head_scatter(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *idx, int32_t n,
                                     const float *k, const float *v);
 /* Applies the storage's end-of-forward rule to every head of layer il
- * (KIVI: quantise the residual beyond R, POLICIES.md §11); a no-op for the
+ * (KIVI: quantise the residual beyond R, docs/policies.md "KIVI storage"); a no-op for the
  * other types. ekv_kv_layer_forward calls it after the policy's layer(). */
 enum ekv_status ekv_kv_flush(struct ekv_kv *kv, int il);
 /* Bytes of K/V data held now (all layers and heads), in the real sizes of
@@ -357,7 +361,7 @@ int32_t ekv_keep_next(const uint8_t *keep, int32_t from, int32_t len, bool kept)
 /* Zeroes the statistics arrays of every head. */
 void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
 
-/* The budget rule every policy uses (POLICIES.md "Budget in ekv").
+/* The budget rule every policy uses (docs/policies.md "The budget").
  *
  * ekv_kv_budget_tokens: the uniform cap of entries per layer and KV head
  * now, min(ceil(budget * n_seen - 1e-9), max_tokens when > 0), at least 1.
@@ -372,6 +376,9 @@ void ekv_kv_reset_stats(struct ekv_kv *kv, unsigned which);
  * policy set one (kv->layers[il].budget >= 0, PyramidKV and VL-Cache; then
  * capped by max_tokens when > 0) and ekv_kv_budget_tokens otherwise. */
 int64_t ekv_kv_budget_tokens(const struct ekv_kv *kv);
+/* The same rule for parameters alone (ekv_kv_project): T(n) for n tokens
+ * seen, at least 1 for n > 0, 0 for n <= 0. */
+int64_t ekv_kv_budget_rule(const struct ekv_kv_params *p, int64_t n);
 double ekv_kv_budget_frac(const struct ekv_kv *kv);
 int32_t ekv_kv_target(const struct ekv_kv *kv, int il);
 
@@ -460,7 +467,7 @@ int ekv_policy_count(void);
 const struct ekv_policy_ops *ekv_policy_at(int i);
 
 /* Indices of the k largest scores among n (ties: lower index first, per
- * POLICIES.md 0.7), written to out in ascending index order. Entries with
+ * docs/policies.md "Ties"), written to out in ascending index order. Entries with
  * mask[j] == 0 are not candidates when mask is not NULL. Returns how many
  * were written (min(k, candidates)). */
 int32_t ekv_topk(const double *score, int32_t n, int32_t k, const uint8_t *mask, int32_t *out);

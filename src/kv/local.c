@@ -1,5 +1,5 @@
 /*
- * local.c — StreamingLLM / Local (POLICIES.md §2): attention sinks plus a
+ * local.c — StreamingLLM / Local (docs/policies.md "local"): attention sinks plus a
  * recent window. Whenever a head holds more than ekv_kv_target entries it
  * keeps the first `sinks` entries (default 4, the StreamingLLM/kvpress
  * value) and the most recent target - sinks. Position-only: no statistics.

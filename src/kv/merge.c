@@ -15,7 +15,7 @@
  *                 policy would drop it;
  *   merge_to=pos  the kept entry nearest in position (the kept neighbours
  *                 before and after it in the head's order; ties to the
- *                 earlier one: Elastic's rule, POLICIES.md §10.3);
+ *                 earlier one: Elastic's rule, docs/policies.md "elastic");
  *   merge_key=mean|anchor|rotate  the merged key (elastic-v2's key= rule,
  *                 shared code below: weighted mean of the cached keys; the
  *                 survivor's own key; or the mean of the keys turned to the

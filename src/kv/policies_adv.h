@@ -3,7 +3,7 @@
  * statistic or act across layers (RoCo, SnapKV, PyramidKV, VL-Cache,
  * Elastic Cache): their ops tables, and the pure selection / schedule
  * functions they are built from, exposed so tests can check them against
- * the vectors of POLICIES.md §6-§10 without running a model.
+ * hand-computed vectors (docs/policies.md "Each policy's exact rule") without running a model.
  */
 #ifndef EKV_POLICIES_ADV_H
 #define EKV_POLICIES_ADV_H
@@ -21,7 +21,7 @@ extern const struct ekv_policy_ops ekv_policy_elastic;
 
 /* ---- RoCo (roco.c) ---- */
 
-/* One RoCo eviction round over n entries (POLICIES.md §6): the first
+/* One RoCo eviction round over n entries (docs/policies.md "roco"): the first
  * `sinks` and the last `window` entries are protected; the candidates are
  * the K lowest-std unprotected entries (ties: lower index first); of those
  * the E with the lowest mean are evicted (ties: lower index first).
@@ -68,7 +68,7 @@ bool ekv_recompress_due(const struct ekv_kv *kv, const struct ekv_kv_step *step)
 
 /* ---- PyramidKV (pyramidkv.c) ---- */
 
-/* KVCache-Factory schedule (POLICIES.md §8): per-layer capacities for a
+/* KVCache-Factory schedule (docs/policies.md "pyramidkv"): per-layer capacities for a
  * prompt of T tokens, uniform capacity C (window included), window w, L
  * layers, steepness beta. caps: [L] out, window included, layer 0 largest.
  * T < C: caps = T (no compression); T < 2(C-w) or L == 1: caps = C. */
@@ -81,7 +81,7 @@ void ekv_pyramid_caps_kvpress(int32_t T, double cr, int32_t w, int32_t L, double
 
 /* ---- VL-Cache (vlcache.c) ---- */
 
-/* Sparsity-guided layer budgets (VL-Cache Algorithm 1, POLICIES.md §9):
+/* Sparsity-guided layer budgets (VL-Cache Algorithm 1, docs/policies.md "vlcache"):
  * gamma [L] per-layer sparsities, alpha the mean kept fraction, m the token
  * count. beta [L] out: clip((1-gamma_l)/Z * alpha * L, 0.01, 1) with
  * Z = sum(1-gamma); k [L] out (may be NULL): max(1, floor(beta_l * m)). */

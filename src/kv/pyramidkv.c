@@ -1,5 +1,5 @@
 /*
- * pyramidkv.c — PyramidKV (POLICIES.md §8): SnapKV's selection (snapkv.c)
+ * pyramidkv.c — PyramidKV (docs/policies.md "pyramidkv"): SnapKV's selection (snapkv.c)
  * with a per-layer capacity that shrinks linearly from the bottom layer to
  * the top one ("pyramidal information funnelling"), the total staying about
  * L times the uniform capacity.
@@ -22,7 +22,7 @@
  * Layer 0 gets the largest capacity. The capacity of layer il is written to
  * kv->layers[il].budget (for traces and ekv_kv_target). With --kv-tokens the
  * cap is the *mean* capacity, so lower layers may hold more. [CHOICE]
- * Factory's floor divisions can overshoot L*C slightly (§8: 65296 against
+ * Factory's floor divisions can overshoot L*C slightly (65296 against
  * 65280 for C = 2048, L = 32); that is kept as the reference has it.
  * kvpress's float variant (ekv_pyramid_caps_kvpress) is available for
  * comparisons; the policy uses Factory's.

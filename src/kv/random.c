@@ -1,5 +1,5 @@
 /*
- * random.c — the Random baseline (POLICIES.md §1, [CHOICE]: a per-KV-head
+ * random.c — the Random baseline (docs/policies.md "random", [CHOICE]: a per-KV-head
  * uniform subset). Whenever a head holds more than ekv_kv_target entries it
  * keeps a uniformly drawn subset of exactly `target` of them. The draw is
  * deterministic: splitmix64 seeded from params.seed mixed with the layer,

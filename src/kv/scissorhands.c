@@ -1,5 +1,5 @@
 /*
- * scissorhands.c — ScissorHands, persistence of importance (POLICIES.md §4,
+ * scissorhands.c — ScissorHands, persistence of importance (docs/policies.md "scissorhands",
  * the [CHOICE] spec there), per KV head.
  *
  * Score: for every query i seen (history window = all queries), count the
@@ -8,7 +8,7 @@
  * a head holds more than ekv_kv_target entries it protects the last
  * `window` entries (default target / 2, RoCo's protocol; params.window
  * sets it absolutely) and keeps the top of the rest by count (ties: lower
- * index first, §0.7).
+ * index first, docs/policies.md "Ties").
  */
 #include <stdlib.h>
 

@@ -1,12 +1,13 @@
 /*
- * snapkv.c — SnapKV (POLICIES.md §7): at the end of the prompt, the last w
+ * snapkv.c — SnapKV (docs/policies.md "snapkv"): at the end of the prompt, the last w
  * prompt queries (the observation window) vote for the earlier keys; the
  * votes are smoothed by 1-D pooling along the key axis and the top-ranked
  * keys are kept together with the whole window.
  *
  * Statistics: EKV_STAT_WINSUM with kv->win_start = prompt_pos0 +
  * prompt_len - w, i.e. the column sums of the window queries' attention
- * (§0.3 winsum_w), group means over the R query heads of a KV head.
+ * (winsum, docs/policies.md "Heads, positions and statistics"), group means
+ * over the R query heads of a KV head.
  * Granularity: per KV head on the group-mean score, pooled after the mean
  * (KVCache-Factory's kv_head mode with mean reduction; the original repeats
  * K/V per query head, which does not shrink a GQA cache). [CHOICE]
@@ -17,12 +18,13 @@
  *   - C <= w: keep the last C entries; [CHOICE] (the reference needs C > w)
  *   - else s = winsum over the keys before the window, pooled with kernel k
  *     (avg divides by k counting the zero padding, max pads with -inf),
- *     keep the top (C - w) of s (§0.7 ties: lower index first) plus the w
- *     window entries. Kept entries stay in ascending position order (§0.5).
+ *     keep the top (C - w) of s (ties: lower index first, docs/policies.md
+ *     "Ties") plus the w window entries. Kept entries stay in ascending
+ *     position order.
  *
  * Defaults (SnapKV's LongBench configurations): w = obs_window = 32 (clamped
  * to the prompt length), pool = 7, max pooling. pool <= 1 disables pooling;
- * an even kernel is rejected (it would select out of range, §7).
+ * an even kernel is rejected (it would select out of range; docs/policies.md "Pooling").
  * params.pool_kind has no "unset" value: ekv_kv_default_params() gives
  * EKV_POOL_MAX, the default here; EKV_POOL_AVG must be asked for.
  *

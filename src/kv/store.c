@@ -13,7 +13,7 @@
  * (every pair of neighbours holds more than G entries, i.e. groups are
  * more than half full on average) while an entry is re-quantised only when
  * the groups around it have thinned out. Writes (merges) re-quantise the
- * groups they touch. [CHOICE, issue 11; POLICIES.md has no rule for it]
+ * groups they touch. [CHOICE, issue 11; KIVI has no rule for it: docs/policies.md "KIVI storage"]
  */
 #include <stdlib.h>
 #include <string.h>

@@ -71,7 +71,7 @@ enum ekv_status ekv_store_write(const struct ekv_store_fmt *f, struct ekv_kv_sto
  * re-quantised, once each, as one group with the new rows in place. */
 enum ekv_status ekv_store_compact(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len,
                                   const uint8_t *keep, const float *const *src_of);
-/* KIVI residual rule after a forward (POLICIES.md §11): keys quantise
+/* KIVI residual rule after a forward (docs/policies.md "KIVI storage"): keys quantise
  * whole blocks of max(R, G) tail entries, values all but the newest R. */
 enum ekv_status ekv_store_flush(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len);
 /* Returns memory when much more is allocated than used (cannot fail). */

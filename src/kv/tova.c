@@ -1,12 +1,12 @@
 /*
- * tova.c — TOVA, token omission via attention (POLICIES.md §5, pure TOVA).
+ * tova.c — TOVA, token omission via attention (docs/policies.md "tova", pure TOVA).
  *
  * Score: the attention of the latest query (EKV_STAT_LASTROW, a group mean
  * per KV head) averaged over the KV heads, i.e. over all query heads; one
  * selection is shared by every head of the layer. Whenever the layer holds
  * more than ekv_kv_target entries it keeps the top `target` of the whole
- * row (ties: lower index first, §0.7). No sinks and no window: unlike
- * kvpress, the newest token is not forced in.
+ * row (ties: lower index first, docs/policies.md "Ties"). No sinks and no
+ * window: unlike kvpress, the newest token is not forced in.
  *
  * Heads of a layer stay equally long under TOVA; if they ever differ (a
  * cache shaped by something else), each head is ranked by its own row.

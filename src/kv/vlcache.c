@@ -1,5 +1,5 @@
 /*
- * vlcache.c — VL-Cache (paper 001, POLICIES.md §9): sparsity- and
+ * vlcache.c — VL-Cache (paper 001, docs/policies.md "vlcache"): sparsity- and
  * modality-aware KV-cache compression for vision-language models. The
  * attention of the prompt's post-vision queries (the text after the last
  * image token) tells, per layer, how sparse attention is — dense layers get
@@ -14,15 +14,15 @@
  * Post-vision window: kv->win_start = the position right after the LAST
  * image-tagged token of the prompt (tau = tokens after it).
  *   No image token: tau = m (win_start = prompt start), so sparsity is the
- *   full lower triangle and psi the H2O column sum. [CHOICE, §9]
- *   Image at the very end (tau = 0): tau = 1. [CHOICE, §9]
+ *   full lower triangle and psi the H2O column sum. [CHOICE]
+ *   Image at the very end (tau = 0): tau = 1. [CHOICE]
  *
  * At the end of the prompt (end() of its last chunk, once every layer has
  * its sparsity):
  *   gamma_l = sparse_zero / sparse_total, Z = sum_l (1 - gamma_l),
  *   beta_l  = clip((1 - gamma_l) / Z * alpha * L, 0.01, 1), alpha = budget,
  *   k_l     = max(1, floor(beta_l * m)) with m = n_seen (the prompt length
- *             in a single-turn session). [CHOICE: floor, §9; a 1e-9 guard
+ *             in a single-turn session). [CHOICE: floor; a 1e-9 guard
  *             absorbs rounding so that e.g. 0.04 * 1000 gives 40]
  *   No renormalisation after clipping (the paper has none): the total can
  *   differ from alpha * L * m. With max_tokens, alpha becomes
@@ -31,7 +31,10 @@
  * Then per layer and KV head: keep the most recent r_l = floor(recent_ratio
  * * k_l) entries (recent_ratio default 0.1, the paper's "10% of budget",
  * per layer [CHOICE]) plus the top (k_l - r_l) older entries by psi
- * (§0.7 ties). kv->layers[l].budget = k_l.
+ * (ties: docs/policies.md "Ties"). kv->layers[l].budget = k_l.
+ *
+ * With +adakv (adakv.c) the heads of a layer share H * k_l by psi instead,
+ * each keeping its own r_l most recent entries (ekv_adakv_recent_top).
  *
  * Decode: the paper lets the cache grow after prefill (params.recompress =
  * 0). With recompress N > 0 (default 32), whenever n_seen reaches a multiple
@@ -176,6 +179,33 @@ static enum ekv_status vlcache_head(struct ekv_kv *kv, struct ekv_kv_head *h, in
     return st;
 }
 
+/* Layer l at its budget k: every head by itself, or with +adakv (adakv.c)
+ * the heads share H * k by their post-vision scores (the same query rows
+ * for every head, so the sums compare across heads), each keeping its own
+ * floor(recent_ratio * k) most recent entries. */
+static enum ekv_status vlcache_layer(struct ekv_kv *kv, int32_t l, int32_t k) {
+    struct ekv_kv_layer *ly = &kv->layers[l];
+    if (!kv->adakv.on || kv->n_head_kv < 2) {
+        enum ekv_status st = EKV_OK;
+        for (int32_t hh = 0; hh < kv->n_head_kv && st == EKV_OK; hh++) st = vlcache_head(kv, &ly->heads[hh], k);
+        return st;
+    }
+    bool over = false;
+    for (int32_t hh = 0; hh < kv->n_head_kv; hh++) {
+        over |= ly->heads[hh].len > k;
+        if (ly->heads[hh].len > k && !ly->heads[hh].winsum)
+            return ekv_err(EKV_ERR_INTERNAL, "vlcache: winsum statistics are missing");
+    }
+    if (!over) return EKV_OK;
+    const double **sc = malloc((size_t)kv->n_head_kv * sizeof *sc);
+    if (!sc) return ekv_err(EKV_ERR_NOMEM, "vlcache+adakv: scratch");
+    for (int32_t hh = 0; hh < kv->n_head_kv; hh++) sc[hh] = ly->heads[hh].winsum;
+    int32_t r = (int32_t)floor(kv->params.recent_ratio * (double)k);
+    const enum ekv_status st = ekv_adakv_recent_top(kv, l, k, r > k ? k : r, sc);
+    free(sc);
+    return st;
+}
+
 /* Decode re-selection with the prompt's allocation. */
 static enum ekv_status vlcache_recompress(struct ekv_kv *kv) {
     const struct vlcache_state *vs = kv->pstate;
@@ -186,8 +216,7 @@ static enum ekv_status vlcache_recompress(struct ekv_kv *kv) {
         if (kk < 1.0) kk = 1.0;
         if (kk > (double)INT32_MAX) kk = (double)INT32_MAX;
         kv->layers[l].budget = (int32_t)kk;
-        for (int32_t hh = 0; hh < kv->n_head_kv && st == EKV_OK; hh++)
-            st = vlcache_head(kv, &kv->layers[l].heads[hh], (int32_t)kk);
+        st = vlcache_layer(kv, l, (int32_t)kk);
     }
     return st;
 }
@@ -220,8 +249,7 @@ static enum ekv_status vlcache_end(struct ekv_kv *kv, const struct ekv_kv_step *
     }
     for (int32_t l = 0; l < L && st == EKV_OK; l++) {
         kv->layers[l].budget = k[l];
-        for (int32_t hh = 0; hh < kv->n_head_kv && st == EKV_OK; hh++)
-            st = vlcache_head(kv, &kv->layers[l].heads[hh], k[l]);
+        st = vlcache_layer(kv, l, k[l]);
     }
 out:
     free(gamma); free(beta); free(k);
@@ -241,4 +269,5 @@ const struct ekv_policy_ops ekv_policy_vlcache = {
     .layer = NULL,
     .end = vlcache_end,
     .prompt_only = true,
+    .headwise = true,
 };

@@ -58,6 +58,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             (void)ekv_gguf_get_bool(f, key, &b);
             (void)ekv_gguf_get_str(f, key, &s);
             (void)ekv_gguf_get_arr(f, key, GGUF_TYPE_COUNT, &arr);
+            /* the public text view (`ekv info`), into a buffer too small for most values */
+            char kt[16], vt[24];
+            if (!ekv_gguf_kv_text(f, i, kt, sizeof kt, vt, sizeof vt) || strlen(kt) >= sizeof kt ||
+                strlen(vt) >= sizeof vt)
+                abort();
+        }
+        {
+            char kt[4], vt[4];
+            if (ekv_gguf_kv_text(f, ekv_gguf_n_kv(f), kt, sizeof kt, vt, sizeof vt) || kt[0] || vt[0]) abort();
+            struct ekv_gguf_tensor_desc td;
+            for (size_t i = 0; ekv_gguf_tensor_describe(f, i, &td); i++) sink += (unsigned)td.nbytes + td.n_dims;
         }
         for (size_t i = 0; i < ekv_gguf_n_tensors(f); i++) {
             const struct ekv_gguf_tensor *t = ekv_gguf_tensor_at(f, i);

@@ -18,7 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "eval/eval.h"
+#include "ekv_eval.h"
 
 #define CHECK(c)                                                                                                   \
     do {                                                                                                           \

@@ -1,6 +1,6 @@
 /*
  * cmd_eval.c — `ekv eval`: quality of KV-cache policies against their
- * budget, with the papers' protocols (POLICIES.md §13): perplexity, ROUGE-L
+ * budget, with the papers' protocols (docs/policies.md "Evaluation protocols"): perplexity, ROUGE-L
  * and KL against the full cache, cache hit rate; a policies x budgets grid;
  * results as CSV, JSON, Markdown and gnuplot PNGs. The protocols themselves
  * live in src/eval/runner.c; this file parses flags, loops over units and
@@ -18,18 +18,20 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "eval/eval.h"
+#include "ekv_eval.h"
 
 static const char *const CMD = "eval";
 
 static const struct cli_help k_help = {
     "usage: ekv eval [options]",
     "Measures the quality of KV-cache policies against their budget on an evaluation set,\n"
-    "over a grid of policies x budgets, with the protocols of POLICIES.md section 13.",
+    "over a grid of policies x budgets, with the protocols of docs/policies.md\n"
+    "(\"Evaluation protocols\").",
     "metrics (--metric):\n"
-    "  ppl     jsonl: prompt (system + instruction, BOS, no template) prefilled and compressed;\n"
-    "          answer (no BOS, no EOS) teacher-forced token by token with the decode-time policy\n"
-    "          active; a-1 tokens scored per item (the first from the prefill logits, before\n"
+    "  ppl     jsonl: prompt (BOS, then system + \"\\n\" + instruction, or the --chat-template template;\n"
+    "          an item with an image: llava-1.5, the image at its <image> marker) prefilled and\n"
+    "          compressed; answer (no BOS, no EOS) teacher-forced token by token with the decode-time\n"
+    "          policy active; a-1 tokens scored per item (the first from the prefill logits, before\n"
     "          compression); PPL = exp(mean NLL) pooled over all tokens of all items. An item's\n"
     "          \"score_from\": k feeds its first k answer tokens (a cue) without scoring them.\n"
     "          text: each window streamed in prompt chunks of --stride tokens, the policy\n"

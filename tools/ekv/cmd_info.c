@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "model/gguf.h"
 
 static const char *const CMD = "info";
 
@@ -20,69 +19,27 @@ static const struct cli_help k_help = {
     NULL,
 };
 
-static void print_scalar(const struct ekv_gguf_value *v) {
-    switch (v->type) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_UINT32: case GGUF_TYPE_UINT64:
-        printf("%" PRIu64, v->v.u64);
-        break;
-    case GGUF_TYPE_INT8: case GGUF_TYPE_INT16: case GGUF_TYPE_INT32: case GGUF_TYPE_INT64:
-        printf("%" PRId64, v->v.i64);
-        break;
-    case GGUF_TYPE_FLOAT32: case GGUF_TYPE_FLOAT64: printf("%g", v->v.f64); break;
-    case GGUF_TYPE_BOOL: printf("%s", v->v.u64 ? "true" : "false"); break;
-    case GGUF_TYPE_STRING: {
-        uint64_t n = v->v.str.len > 80 ? 80 : v->v.str.len;
-        putchar('"');
-        for (uint64_t i = 0; i < n; i++) {
-            unsigned char ch = (unsigned char)v->v.str.ptr[i];
-            if (ch == '\n') fputs("\\n", stdout);
-            else if (ch < 32) printf("\\x%02x", ch);
-            else putchar(ch);
-        }
-        printf("\"%s", v->v.str.len > 80 ? "..." : "");
-        break;
-    }
-    default: printf("?"); break;
-    }
-}
-
 static int info_gguf(const char *path, bool tensors, bool metadata) {
     struct ekv_gguf_file *f = NULL;
     enum ekv_status s = ekv_gguf_open(path, &f);
     if (s != EKV_OK) return cli_fail(CMD, s);
-    printf("gguf: version %u, %zu metadata keys, %zu tensors, alignment %u, data at byte %zu of %zu\n",
-           ekv_gguf_version(f), ekv_gguf_n_kv(f), ekv_gguf_n_tensors(f), ekv_gguf_alignment(f), ekv_gguf_data_offset(f),
-           ekv_gguf_file_size(f));
+    struct ekv_gguf_header h;
+    ekv_gguf_get_header(f, &h);
+    printf("gguf: version %u, %zu metadata keys, %zu tensors, alignment %u, data at byte %zu of %zu\n", h.version,
+           h.n_kv, h.n_tensors, h.alignment, h.data_offset, h.file_size);
     if (metadata) {
         printf("metadata:\n");
-        for (size_t i = 0; i < ekv_gguf_n_kv(f); i++) {
-            const struct ekv_gguf_kv *kv = ekv_gguf_kv_at(f, i);
-            printf("  %-45.*s ", (int)(kv->key.len > 200 ? 200 : kv->key.len), kv->key.ptr);
-            if (kv->value.type == GGUF_TYPE_ARRAY) {
-                printf("[%s x %" PRIu64 "]", ekv_gguf_type_name(kv->value.v.arr.type), kv->value.v.arr.n);
-                if (kv->value.v.arr.type == GGUF_TYPE_STRING && kv->value.v.arr.strs) {
-                    uint64_t n = kv->value.v.arr.n < 4 ? kv->value.v.arr.n : 4;
-                    for (uint64_t j = 0; j < n; j++) {
-                        struct ekv_gguf_value sv = {.type = GGUF_TYPE_STRING};
-                        sv.v.str = kv->value.v.arr.strs[j];
-                        putchar(' ');
-                        print_scalar(&sv);
-                    }
-                    if (kv->value.v.arr.n > 4) printf(" ...");
-                }
-            } else {
-                print_scalar(&kv->value);
-            }
-            putchar('\n');
-        }
+        char key[256], val[1024];
+        for (size_t i = 0; ekv_gguf_kv_text(f, i, key, sizeof key, val, sizeof val); i++)
+            printf("  %-45s %s\n", key, val);
     }
     if (tensors) {
         printf("tensors:\n");
-        for (size_t i = 0; i < ekv_gguf_n_tensors(f); i++) {
-            const struct ekv_gguf_tensor *t = ekv_gguf_tensor_at(f, i);
-            printf("  %-32s %-7s [", t->name, ekv_dtype_name(t->type));
-            for (uint32_t d = 0; d < t->n_dims; d++) printf("%s%" PRId64, d ? ", " : "", t->ne[d]);
-            printf("] %zu bytes\n", t->nbytes);
+        struct ekv_gguf_tensor_desc t;
+        for (size_t i = 0; ekv_gguf_tensor_describe(f, i, &t); i++) {
+            printf("  %-32s %-7s [", t.name, t.type);
+            for (uint32_t d = 0; d < t.n_dims; d++) printf("%s%" PRId64, d ? ", " : "", t.ne[d]);
+            printf("] %zu bytes\n", t.nbytes);
         }
     }
     ekv_gguf_close(f);

@@ -1,6 +1,6 @@
 /*
  * cmd_serve.c — `ekv serve`: an OpenAI-compatible HTTP server whose
- * compressed KV caches become more concurrent users (DESIGN.md "Serving";
+ * compressed KV caches become more concurrent users (docs/architecture.md "Serving";
  * the pieces are described in serve.h). This file is the command: flags
  * through the shared option table, set-up (model, context, vision tower,
  * engine thread, HTTP daemon), waiting for SIGINT/SIGTERM, and an orderly

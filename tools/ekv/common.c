@@ -49,7 +49,7 @@ enum cli_group { G_MODEL, G_GEN, G_EVAL, G_BENCH, G_SERVE, G_MKMODEL, G_INFO, G_
 static const char *const k_group_title[G_COUNT] = {
     "model and threads", "prompt, generation and sampling", "evaluation", "benchmark grid", "server",
     "model to write", "listing", "output",
-    "KV-cache policy (POLICIES.md gives exact semantics; omitted = the policy's default)",
+    "KV-cache policy (docs/policies.md gives exact semantics; omitted = the policy's default)",
     "KV-cache storage (independent of the policy; bytes reported are the types' real bytes)",
 };
 
@@ -925,8 +925,9 @@ void cli_print_help(FILE *out, const struct cli_params *p, const struct cli_help
                      "                (options merge_to=key|pos, merge_sim=F (0.7), merge_key=mean|anchor|rotate,\n"
                      "                merge_bias=1|0, merge_stats=1|0, merge_at=all|prompt; e.g.\n"
                      "                snapkv+merge:merge_sim=0.8; docs/policies.md)\n"
-                     "  NAME+adakv    head-wise budgets (Ada-KV) for snapkv, pyramidkv, h2o, scissorhands: a layer's\n"
-                     "                budget shared by its heads' scores (option ada_floor=F (0.2); composes with +merge)\n");
+                     "  NAME+adakv    head-wise budgets (Ada-KV) for snapkv, pyramidkv, h2o, scissorhands, vlcache,\n"
+                     "                roco: a layer's budget shared by its heads' scores (option ada_floor=F (0.2);\n"
+                     "                composes with +merge)\n");
         fputc('\n', out);
     }
     if (p->tool & (CLI_RUN | CLI_EVAL | CLI_SERVE)) {

@@ -1,5 +1,5 @@
 /*
- * serve.h — the pieces of `ekv serve` (DESIGN.md "Serving") and how they
+ * serve.h — the pieces of `ekv serve` (docs/architecture.md "Serving") and how they
  * meet:
  *
  *   serve_door.c      accepts connections and refuses request heads that

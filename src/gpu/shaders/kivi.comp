@@ -1,5 +1,5 @@
 #version 450
-// kivi.comp — KIVI's residual rule on the device (POLICIES.md §11, the
+// kivi.comp — KIVI's residual rule on the device (docs/policies.md "KIVI storage", the
 // CPU's ekv_store_flush), run after a forward's attention of a layer:
 //  KEYS:   quantise groups of G entries from j0 on, per channel (workgroup:
 //          group gi of n, head h);

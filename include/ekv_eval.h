@@ -1,5 +1,6 @@
 /*
- * eval.h — internal API of libekv_eval, the library behind `ekv eval`:
+ * ekv_eval.h — the public API of libekv_eval, the evaluation library behind
+ * `ekv eval` (a front end built on include/ekv.h only):
  * quality metrics (ROUGE-L, perplexity, KL, top-1 agreement, cache hit
  * rate, Jaccard), evaluation-set readers (JSONL and plain text with
  * --offset/--limit), result writers (CSV, JSON, Markdown, gnuplot PNGs),
@@ -8,11 +9,11 @@
  * calls these functions; nothing here prints, every failure returns a
  * status and sets ekv_last_error().
  *
- * Protocols follow POLICIES.md §13; what each metric computes exactly is
+ * Protocols follow docs/policies.md "Evaluation protocols"; what each metric computes exactly is
  * written next to its function.
  */
-#ifndef EKV_EVAL_H
-#define EKV_EVAL_H
+#ifndef EKV_EVAL_PUBLIC_H
+#define EKV_EVAL_PUBLIC_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -175,7 +176,7 @@ enum ekv_status ekv_kl_result(const struct ekv_kl_acc *acc, double *mean_kl,
 /* ------------------------------------------------------------------------ */
 
 /* The k largest scores, ranked by score descending then index ascending
- * (POLICIES.md §0.7); out receives the k indices in ascending order.
+ * (docs/policies.md "Ties"); out receives the k indices in ascending order.
  * scores: [n]; out: [k]; k <= n. NaN scores are EKV_ERR_INVALID_ARG. */
 enum ekv_status ekv_topk_indices(const float *scores, size_t n, size_t k,
                                  uint32_t *out);
@@ -192,11 +193,11 @@ enum ekv_status ekv_jaccard(const uint32_t *a, size_t na, const uint32_t *b,
  *              decoding token in VL-Cache) over the n uncompressed cache
  *              positions, computed with the full cache;
  *   kept:      [n_kept] positions (0..n-1) the policy kept (distinct);
- *   k:         size of the "ideal" set S* = top-k of attn_full (§0.7 ties);
+ *   k:         size of the "ideal" set S* = top-k of attn_full (ties: docs/policies.md "Ties");
  *              0 means k = n_kept, the comparison both papers make.
  * Outputs (any may be NULL):
  *   hit_rate:  VL-Cache Definition 3.1, |S ∩ S*| / |S*|  (S = kept);
- *   jaccard:   RoCo/EasyKV §4.3, |S ∩ S*| / |S ∪ S*|;
+ *   jaccard:   RoCo (the EasyKV paper's §4.3), |S ∩ S*| / |S ∪ S*|;
  *   mass:      sum of attn_full over S / sum of attn_full over all n (the
  *              attention mass the kept tokens would receive; not from either
  *              paper, reported as a diagnostic).
@@ -382,6 +383,10 @@ struct ekv_eval_cfg {
     const char *image_dir;       /* relative "image" paths resolve against it (NULL: as written) */
     const char *chat_template;   /* NULL: plain prompts (system + "\n" + instruction), and
                                     "llava-1.5" for items with an image; else ekv_chat_format's name */
+    bool no_fork;                /* read each JSONL prompt twice when both teacher-forced metrics and
+                                    rouge are asked, in a cell and in the full-cache reference (default
+                                    false: the greedy answer continues a copy of the teacher-forced
+                                    run's sequence, ekv_seq_copy; the same results bit for bit) */
 };
 struct ekv_eval_cfg ekv_eval_default_cfg(void);
 
@@ -471,15 +476,15 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t u);
 
 /* Runs the prepared unit with a fresh sequence under `kv` (NULL = full
  * cache) and adds its measurements to `cell`:
- *   ppl/kl, JSONL (POLICIES.md §13.1): prefill the prompt (compressed by the
+ *   ppl/kl, JSONL (docs/policies.md "Evaluation protocols"): prefill the prompt (compressed by the
  *     policy; its last logits come before compression), score answer token 0
  *     from them, then for k = 1 .. a-2 feed answer token k-1 with
  *     ekv_seq_decode (decode-time policy) and score token k; a-1 tokens per
  *     item, the last one is never fed.
  *   ppl/kl, text: the window streamed in prompt chunks of `stride` tokens
- *     (the policy compresses after each, §13.3), every token after the first
+ *     (the policy compresses after each), every token after the first
  *     chunk scored from the logits of the position before it.
- *   rouge (§13.2): greedy answer (argmax, lowest index on ties) of at most
+ *   rouge: greedy answer (argmax, lowest index on ties) of at most
  *     n_predict tokens (fewer when the context is full), stopping before an
  *     end-of-generation token; the policy acts after every forward, so the
  *     first token comes from the prefill logits. Detokenised, stripped, and
