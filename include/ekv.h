@@ -55,6 +55,20 @@ const char *ekv_status_str(enum ekv_status s);
  * on this thread. */
 const char *ekv_last_error(void);
 
+/* For libraries built on ekv (libekv_eval, a caller's own): record a
+ * printf-style message for ekv_last_error() and return s, so that errors
+ * read `return ekv_error_set(EKV_ERR_FORMAT, "%s: ...", path);`;
+ * ekv_error_prefix puts "context: " before the current message;
+ * ekv_error_clear empties it. Messages are per thread, cut at 1,023 bytes. */
+#if defined(__GNUC__)
+#define EKV_PRINTF_LIKE(f, a) __attribute__((format(printf, f, a)))
+#else
+#define EKV_PRINTF_LIKE(f, a)
+#endif
+enum ekv_status ekv_error_set(enum ekv_status s, const char *fmt, ...) EKV_PRINTF_LIKE(2, 3);
+enum ekv_status ekv_error_prefix(enum ekv_status s, const char *fmt, ...) EKV_PRINTF_LIKE(2, 3);
+void ekv_error_clear(void);
+
 /* Library version string, e.g. "0.1.0". */
 const char *ekv_version(void);
 

@@ -799,12 +799,28 @@ static void test_report(void) {
     ekv_report_free(&rep);
 }
 
+/* The public error setters libekv_eval reports through (include/ekv.h):
+ * the message, the status returned, a prefix, a cut at 1,023 bytes, per
+ * thread clearing. */
+static void test_error_api(void) {
+    CHECK(ekv_error_set(EKV_ERR_FORMAT, "item %d: bad %s", 3, "answer") == EKV_ERR_FORMAT);
+    CHECK(!strcmp(ekv_last_error(), "item 3: bad answer"));
+    CHECK(ekv_error_prefix(EKV_ERR_IO, "set %s", "x.jsonl") == EKV_ERR_IO);
+    CHECK(!strcmp(ekv_last_error(), "set x.jsonl: item 3: bad answer"));
+    char big[3000];
+    memset(big, 'a', sizeof big - 1), big[sizeof big - 1] = '\0';
+    CHECK(ekv_error_set(EKV_ERR_INTERNAL, "%s", big) == EKV_ERR_INTERNAL && strlen(ekv_last_error()) == 1023);
+    ekv_error_clear();
+    CHECK(ekv_last_error()[0] == '\0');
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "%s/ekv_test_eval_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(g_tmp)) {
         perror("mkdtemp");
         return 1;
     }
+    test_error_api();
     test_rouge_sentence();
     test_rouge_pltrdy();
     test_rouge_pltrdy_reference();

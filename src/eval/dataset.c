@@ -13,8 +13,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "core/util.h"
 #include "ekv_eval.h"
+#include "eval_util.h"
 
 static const char *const k_instruction_keys[] = {"instruction", "prompt", "question",
                                                  "article", "input", "document"};
@@ -36,7 +36,7 @@ enum ekv_status ekv_data_format_parse(const char *s, enum ekv_data_format *out) 
     if (s && strcmp(s, "auto") == 0) *out = EKV_DATA_AUTO;
     else if (s && strcmp(s, "jsonl") == 0) *out = EKV_DATA_JSONL;
     else if (s && strcmp(s, "text") == 0) *out = EKV_DATA_TEXT;
-    else return ekv_err(EKV_ERR_INVALID_ARG, "data format '%s': expected jsonl, text or auto",
+    else return ekv_error_set(EKV_ERR_INVALID_ARG, "data format '%s': expected jsonl, text or auto",
                         s ? s : "(null)");
     return EKV_OK;
 }
@@ -75,14 +75,14 @@ static char *dup_n(const char *s, size_t n) {
 static enum ekv_status push_item(struct ekv_dataset *ds, size_t *cap, size_t max_items,
                                  const char *path, struct ekv_eval_item **it) {
     if (ds->n_items >= max_items)
-        return ekv_err(EKV_ERR_INVALID_ARG, "%s: more than %zu items selected (use --limit)",
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "%s: more than %zu items selected (use --limit)",
                        path, max_items);
     if (ds->n_items == *cap) {
         size_t nc = *cap ? *cap * 2 : 64, bytes;
-        if (!ekv_mul_ok(nc, sizeof *ds->items, &bytes))
-            return ekv_err(EKV_ERR_OVERFLOW, "%s: item array of %zu entries", path, nc);
+        if (!ev_mul_ok(nc, sizeof *ds->items, &bytes))
+            return ekv_error_set(EKV_ERR_OVERFLOW, "%s: item array of %zu entries", path, nc);
         struct ekv_eval_item *p = realloc(ds->items, bytes);
-        if (!p) return ekv_err(EKV_ERR_NOMEM, "%s: no memory for %zu items", path, nc);
+        if (!p) return ekv_error_set(EKV_ERR_NOMEM, "%s: no memory for %zu items", path, nc);
         ds->items = p;
         *cap = nc;
     }
@@ -167,9 +167,9 @@ static enum ekv_status get_field(const cJSON *obj, const char *const *keys, size
         if (!v) continue;
         if (key) *key = keys[i];
         if (!cJSON_IsString(v) || !v->valuestring)
-            return ekv_err(EKV_ERR_FORMAT, "%s: field \"%s\" must be a string", where, keys[i]);
+            return ekv_error_set(EKV_ERR_FORMAT, "%s: field \"%s\" must be a string", where, keys[i]);
         *dst = dup_n(v->valuestring, strlen(v->valuestring));
-        if (!*dst) return ekv_err(EKV_ERR_NOMEM, "%s: no memory for field \"%s\"", where, keys[i]);
+        if (!*dst) return ekv_error_set(EKV_ERR_NOMEM, "%s: no memory for field \"%s\"", where, keys[i]);
         return EKV_OK;
     }
     return EKV_OK;
@@ -184,14 +184,14 @@ static enum ekv_status get_score_from(const cJSON *obj, const char *where, int32
     if (!v) return EKV_OK;
     double d = cJSON_IsNumber(v) ? v->valuedouble : -1.0;
     if (!(d >= 0.0 && d <= 1e6) || d != (double)(int32_t)d)
-        return ekv_err(EKV_ERR_FORMAT, "%s: field \"score_from\" must be a whole number from 0 to 1000000", where);
+        return ekv_error_set(EKV_ERR_FORMAT, "%s: field \"score_from\" must be a whole number from 0 to 1000000", where);
     *dst = (int32_t)d;
     return EKV_OK;
 }
 
 static enum ekv_status get_id(const cJSON *obj, const char *where, char **dst) {
     *dst = NULL;
-    for (size_t i = 0; i < EKV_ARRAY_LEN(k_id_keys); i++) {
+    for (size_t i = 0; i < EV_ARRAY_LEN(k_id_keys); i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, k_id_keys[i]);
         if (!v) continue;
         char buf[64];
@@ -207,11 +207,11 @@ static enum ekv_status get_id(const cJSON *obj, const char *where, char **dst) {
                 snprintf(buf, sizeof buf, "%.17g", d);
             s = buf;
         } else {
-            return ekv_err(EKV_ERR_FORMAT, "%s: field \"%s\" must be a string or a number",
+            return ekv_error_set(EKV_ERR_FORMAT, "%s: field \"%s\" must be a string or a number",
                            where, k_id_keys[i]);
         }
         *dst = dup_n(s, strlen(s));
-        if (!*dst) return ekv_err(EKV_ERR_NOMEM, "%s: no memory for the id", where);
+        if (!*dst) return ekv_error_set(EKV_ERR_NOMEM, "%s: no memory for the id", where);
         return EKV_OK;
     }
     return EKV_OK;
@@ -223,47 +223,47 @@ static enum ekv_status parse_item(char *line, size_t n, const char *path, size_t
     char where[512];
     snprintf(where, sizeof where, "%s:%zu", path, lineno);
     if (memchr(line, '\0', n))
-        return ekv_err(EKV_ERR_FORMAT, "%s: NUL byte at column %zu", where,
+        return ekv_error_set(EKV_ERR_FORMAT, "%s: NUL byte at column %zu", where,
                        (size_t)((char *)memchr(line, '\0', n) - line) + 1);
     const char *end = NULL;
     cJSON *obj = cJSON_ParseWithLengthOpts(line, n, &end, false);
     if (!obj) {
         size_t col = end && end >= line && end <= line + n ? (size_t)(end - line) + 1 : 1;
-        return ekv_err(EKV_ERR_FORMAT, "%s: invalid JSON at column %zu", where, col);
+        return ekv_error_set(EKV_ERR_FORMAT, "%s: invalid JSON at column %zu", where, col);
     }
     enum ekv_status st = EKV_OK;
     if (end) {
         const char *p = end;
         while (p < line + n && isspace((unsigned char)*p)) p++;
         if (p < line + n) {
-            st = ekv_err(EKV_ERR_FORMAT, "%s: unexpected text after the JSON value at column %zu",
+            st = ekv_error_set(EKV_ERR_FORMAT, "%s: unexpected text after the JSON value at column %zu",
                          where, (size_t)(p - line) + 1);
             goto done;
         }
     }
     if (!cJSON_IsObject(obj)) {
-        st = ekv_err(EKV_ERR_FORMAT, "%s: expected a JSON object", where);
+        st = ekv_error_set(EKV_ERR_FORMAT, "%s: expected a JSON object", where);
         goto done;
     }
     const char *ikey = NULL, *akey = NULL;
     it->line = lineno;
-    st = get_field(obj, k_instruction_keys, EKV_ARRAY_LEN(k_instruction_keys), where,
+    st = get_field(obj, k_instruction_keys, EV_ARRAY_LEN(k_instruction_keys), where,
                    &it->instruction, &ikey);
     if (st != EKV_OK) goto done;
     if (!it->instruction) {
-        st = ekv_err(EKV_ERR_FORMAT,
+        st = ekv_error_set(EKV_ERR_FORMAT,
                      "%s: no instruction field (instruction|prompt|question|article|input|document)",
                      where);
         goto done;
     }
     if (it->instruction[0] == '\0') {
-        st = ekv_err(EKV_ERR_FORMAT, "%s: field \"%s\" is empty", where, ikey);
+        st = ekv_error_set(EKV_ERR_FORMAT, "%s: field \"%s\" is empty", where, ikey);
         goto done;
     }
-    st = get_field(obj, k_answer_keys, EKV_ARRAY_LEN(k_answer_keys), where, &it->answer, &akey);
+    st = get_field(obj, k_answer_keys, EV_ARRAY_LEN(k_answer_keys), where, &it->answer, &akey);
     if (st != EKV_OK) goto done;
     if (!it->answer && o->require_answer) {
-        st = ekv_err(EKV_ERR_FORMAT,
+        st = ekv_error_set(EKV_ERR_FORMAT,
                      "%s: no answer field (answer|reference|output|summary_gt|target|summary)",
                      where);
         goto done;
@@ -281,11 +281,11 @@ done:
 static enum ekv_status load_jsonl(const char *path, const struct ekv_data_opts *o,
                                   struct ekv_dataset *ds) {
     struct line_reader *r = calloc(1, sizeof *r);
-    if (!r) return ekv_err(EKV_ERR_NOMEM, "%s: no memory for the reader", path);
+    if (!r) return ekv_error_set(EKV_ERR_NOMEM, "%s: no memory for the reader", path);
     r->f = fopen(path, "rb");
     if (!r->f) {
         free(r);
-        return ekv_err(EKV_ERR_IO, "%s: cannot open", path);
+        return ekv_error_set(EKV_ERR_IO, "%s: cannot open", path);
     }
     enum ekv_status st = EKV_OK;
     size_t cap = 0, lineno = 0, seen = 0;
@@ -296,12 +296,12 @@ static enum ekv_status load_jsonl(const char *path, const struct ekv_data_opts *
         if (rc == 0) break;
         lineno++;
         if (rc == -1) {
-            st = ekv_err(EKV_ERR_FORMAT, "%s:%zu: line longer than %zu bytes", path, lineno,
+            st = ekv_error_set(EKV_ERR_FORMAT, "%s:%zu: line longer than %zu bytes", path, lineno,
                          o->max_line_bytes);
             break;
         }
         if (rc == -2) {
-            st = ekv_err(r->err ? EKV_ERR_IO : EKV_ERR_NOMEM, "%s:%zu: %s", path, lineno,
+            st = ekv_error_set(r->err ? EKV_ERR_IO : EKV_ERR_NOMEM, "%s:%zu: %s", path, lineno,
                          r->err ? "read error" : "no memory for the line");
             break;
         }
@@ -337,21 +337,21 @@ static bool is_ascii_space(char c) {
 
 static enum ekv_status read_all(const char *path, size_t max, char **out, size_t *len) {
     FILE *f = fopen(path, "rb");
-    if (!f) return ekv_err(EKV_ERR_IO, "%s: cannot open", path);
+    if (!f) return ekv_error_set(EKV_ERR_IO, "%s: cannot open", path);
     size_t cap = 0, n = 0;
     char *buf = NULL;
     enum ekv_status st = EKV_OK;
     for (;;) {
         if (n == cap) {
             if (cap > max) {
-                st = ekv_err(EKV_ERR_FORMAT, "%s: larger than %zu bytes", path, max);
+                st = ekv_error_set(EKV_ERR_FORMAT, "%s: larger than %zu bytes", path, max);
                 break;
             }
             size_t nc = cap ? cap * 2 : 1 << 16;
             if (nc > max + 1) nc = max + 1; /* one byte past max detects too-large files */
             char *p = realloc(buf, nc + 1);
             if (!p) {
-                st = ekv_err(EKV_ERR_NOMEM, "%s: no memory for %zu bytes", path, nc);
+                st = ekv_error_set(EKV_ERR_NOMEM, "%s: no memory for %zu bytes", path, nc);
                 break;
             }
             buf = p;
@@ -360,19 +360,19 @@ static enum ekv_status read_all(const char *path, size_t max, char **out, size_t
         size_t got = fread(buf + n, 1, cap - n, f);
         n += got;
         if (got == 0) {
-            if (ferror(f)) st = ekv_err(EKV_ERR_IO, "%s: read error", path);
+            if (ferror(f)) st = ekv_error_set(EKV_ERR_IO, "%s: read error", path);
             break;
         }
     }
     fclose(f);
-    if (st == EKV_OK && n > max) st = ekv_err(EKV_ERR_FORMAT, "%s: larger than %zu bytes", path, max);
+    if (st == EKV_OK && n > max) st = ekv_error_set(EKV_ERR_FORMAT, "%s: larger than %zu bytes", path, max);
     if (st != EKV_OK) {
         free(buf);
         return st;
     }
     if (!buf) {
         buf = malloc(1);
-        if (!buf) return ekv_err(EKV_ERR_NOMEM, "%s: no memory", path);
+        if (!buf) return ekv_error_set(EKV_ERR_NOMEM, "%s: no memory", path);
     }
     buf[n] = '\0';
     *out = buf;
@@ -394,7 +394,7 @@ static enum ekv_status load_text(const char *path, const struct ekv_data_opts *o
     if (st != EKV_OK) return st;
     const char *nul = memchr(buf, '\0', len);
     if (nul) {
-        st = ekv_err(EKV_ERR_FORMAT, "%s: NUL byte at offset %zu (not a text file)", path,
+        st = ekv_error_set(EKV_ERR_FORMAT, "%s: NUL byte at offset %zu (not a text file)", path,
                      (size_t)(nul - buf));
         free(buf);
         return st;
@@ -420,7 +420,7 @@ static enum ekv_status load_text(const char *path, const struct ekv_data_opts *o
                 it->line = line;
                 it->text = dup_n(a, (size_t)(b - a));
                 if (!it->text) {
-                    st = ekv_err(EKV_ERR_NOMEM, "%s:%zu: no memory for a %zu-byte document", path,
+                    st = ekv_error_set(EKV_ERR_NOMEM, "%s:%zu: no memory for a %zu-byte document", path,
                                  line, (size_t)(b - a));
                     break;
                 }
@@ -436,7 +436,7 @@ static enum ekv_status load_text(const char *path, const struct ekv_data_opts *o
 
 enum ekv_status ekv_dataset_load(const char *path, const struct ekv_data_opts *opts,
                                  struct ekv_dataset *out) {
-    if (!path || !out) return ekv_err(EKV_ERR_INVALID_ARG, "dataset: NULL argument");
+    if (!path || !out) return ekv_error_set(EKV_ERR_INVALID_ARG, "dataset: NULL argument");
     memset(out, 0, sizeof *out);
     struct ekv_data_opts o = opts ? *opts : ekv_data_default_opts();
     if (o.max_line_bytes == 0) o.max_line_bytes = EKV_DATA_DEFAULT_MAX_LINE;
@@ -447,7 +447,7 @@ enum ekv_status ekv_dataset_load(const char *path, const struct ekv_data_opts *o
         fmt = has_suffix(path, ".jsonl") || has_suffix(path, ".json") ? EKV_DATA_JSONL
                                                                       : EKV_DATA_TEXT;
     if (fmt != EKV_DATA_JSONL && fmt != EKV_DATA_TEXT)
-        return ekv_err(EKV_ERR_INVALID_ARG, "%s: unknown data format %d", path, (int)fmt);
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "%s: unknown data format %d", path, (int)fmt);
     out->format = fmt;
     enum ekv_status st = fmt == EKV_DATA_JSONL ? load_jsonl(path, &o, out) : load_text(path, &o, out);
     if (st != EKV_OK) ekv_dataset_free(out);

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/util.h"
 #include "ekv_eval.h"
+#include "eval_util.h"
 
 /* Longest text ekv_rouge_l accepts (a generated answer is a few KB); bounds
  * the word tables, which take about 30 bytes per input byte. */
@@ -69,7 +69,7 @@ static enum ekv_status interner_init(struct interner *in, size_t max_words) {
     in->len = malloc(in->cap * sizeof *in->len);
     in->slots = calloc(ns, sizeof *in->slots);
     if (!in->ptr || !in->len || !in->slots)
-        return ekv_err(EKV_ERR_NOMEM, "rouge: no memory for %zu words", max_words);
+        return ekv_error_set(EKV_ERR_NOMEM, "rouge: no memory for %zu words", max_words);
     return EKV_OK;
 }
 
@@ -143,7 +143,7 @@ static enum ekv_status tokenize(const char *text, size_t len, bool pltrdy,
     w->sent_start = malloc(max_sent * sizeof *w->sent_start);
     w->sent_len = malloc(max_sent * sizeof *w->sent_len);
     if (!w->ids || !w->sent_start || !w->sent_len)
-        return ekv_err(EKV_ERR_NOMEM, "rouge: no memory for a %zu-byte text", len);
+        return ekv_error_set(EKV_ERR_NOMEM, "rouge: no memory for a %zu-byte text", len);
     if (!pltrdy) {
         add_sentence(w, in, text, text + len, false);
         return EKV_OK;
@@ -170,7 +170,7 @@ static enum ekv_status lcs_length(const uint32_t *x, size_t nx, const uint32_t *
     if (!prev || !cur) {
         free(prev);
         free(cur);
-        return ekv_err(EKV_ERR_NOMEM, "rouge: no memory for an LCS row of %zu words", ny);
+        return ekv_error_set(EKV_ERR_NOMEM, "rouge: no memory for an LCS row of %zu words", ny);
     }
     for (size_t i = 1; i <= nx; i++) {
         cur[0] = 0;
@@ -221,7 +221,7 @@ static void lcs_mark(const uint32_t *x, size_t nx, const uint32_t *y, size_t ny,
 enum ekv_status ekv_rouge_kind_parse(const char *s, enum ekv_rouge_kind *out) {
     if (s && strcmp(s, "pltrdy") == 0) *out = EKV_ROUGE_PLTRDY;
     else if (s && strcmp(s, "sentence") == 0) *out = EKV_ROUGE_SENTENCE;
-    else return ekv_err(EKV_ERR_INVALID_ARG, "rouge kind '%s': expected pltrdy or sentence",
+    else return ekv_error_set(EKV_ERR_INVALID_ARG, "rouge kind '%s': expected pltrdy or sentence",
                         s ? s : "(null)");
     return EKV_OK;
 }
@@ -232,13 +232,13 @@ const char *ekv_rouge_kind_name(enum ekv_rouge_kind kind) {
 
 enum ekv_status ekv_rouge_l(enum ekv_rouge_kind kind, const char *hyp,
                             const char *ref, struct ekv_rouge *out) {
-    if (!hyp || !ref || !out) return ekv_err(EKV_ERR_INVALID_ARG, "rouge: NULL argument");
+    if (!hyp || !ref || !out) return ekv_error_set(EKV_ERR_INVALID_ARG, "rouge: NULL argument");
     if (kind != EKV_ROUGE_PLTRDY && kind != EKV_ROUGE_SENTENCE)
-        return ekv_err(EKV_ERR_INVALID_ARG, "rouge: unknown kind %d", (int)kind);
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "rouge: unknown kind %d", (int)kind);
     memset(out, 0, sizeof *out);
     size_t lh = strlen(hyp), lr = strlen(ref);
     if (lh > ROUGE_MAX_BYTES || lr > ROUGE_MAX_BYTES)
-        return ekv_err(EKV_ERR_INVALID_ARG, "rouge: %s of %zu bytes exceeds the %zu-byte limit",
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "rouge: %s of %zu bytes exceeds the %zu-byte limit",
                        lh > ROUGE_MAX_BYTES ? "hypothesis" : "reference",
                        lh > ROUGE_MAX_BYTES ? lh : lr, ROUGE_MAX_BYTES);
     bool pl = kind == EKV_ROUGE_PLTRDY;
@@ -253,14 +253,14 @@ enum ekv_status ekv_rouge_l(enum ekv_rouge_kind kind, const char *hyp,
     if (st == EKV_OK) st = tokenize(ref, lr, pl, &in, &R);
     if (st != EKV_OK) goto done;
     if (H.n_words == 0 || R.n_words == 0) {
-        st = ekv_err(EKV_ERR_INVALID_ARG, "rouge: %s is empty",
+        st = ekv_error_set(EKV_ERR_INVALID_ARG, "rouge: %s is empty",
                      H.n_words == 0 ? "hypothesis" : "reference");
         goto done;
     }
     if (!pl) {
         size_t cells;
-        if (!ekv_mul_ok(H.n_words, R.n_words, &cells) || cells > EKV_ROUGE_MAX_CELLS) {
-            st = ekv_err(EKV_ERR_INVALID_ARG, "rouge: %zu x %zu words exceed the LCS limit of %zu cells",
+        if (!ev_mul_ok(H.n_words, R.n_words, &cells) || cells > EKV_ROUGE_MAX_CELLS) {
+            st = ekv_error_set(EKV_ERR_INVALID_ARG, "rouge: %zu x %zu words exceed the LCS limit of %zu cells",
                          H.n_words, R.n_words, EKV_ROUGE_MAX_CELLS);
             goto done;
         }
@@ -279,7 +279,7 @@ enum ekv_status ekv_rouge_l(enum ekv_rouge_kind kind, const char *hyp,
     enum { IN_HYP = 1, IN_REF = 2, IN_UNION = 4 };
     mark = calloc(in.n ? in.n : 1, 1);
     if (!mark) {
-        st = ekv_err(EKV_ERR_NOMEM, "rouge: no memory for %zu word marks", in.n);
+        st = ekv_error_set(EKV_ERR_NOMEM, "rouge: no memory for %zu word marks", in.n);
         goto done;
     }
     for (size_t i = 0; i < H.n_words; i++) mark[H.ids[i]] |= IN_HYP;
@@ -288,9 +288,9 @@ enum ekv_status ekv_rouge_l(enum ekv_rouge_kind kind, const char *hyp,
     for (size_t a = 0; a < R.n_sent; a++) {
         for (size_t b = 0; b < H.n_sent; b++) {
             size_t cells;
-            if (!ekv_mul_ok(R.sent_len[a] + 1, H.sent_len[b] + 1, &cells) ||
+            if (!ev_mul_ok(R.sent_len[a] + 1, H.sent_len[b] + 1, &cells) ||
                 cells > EKV_ROUGE_MAX_CELLS) {
-                st = ekv_err(EKV_ERR_INVALID_ARG,
+                st = ekv_error_set(EKV_ERR_INVALID_ARG,
                              "rouge: sentences of %zu and %zu words exceed the LCS limit of %zu cells",
                              R.sent_len[a], H.sent_len[b], EKV_ROUGE_MAX_CELLS);
                 goto done;
@@ -300,7 +300,7 @@ enum ekv_status ekv_rouge_l(enum ekv_rouge_kind kind, const char *hyp,
     }
     table = malloc(max_cells * sizeof *table);
     if (!table) {
-        st = ekv_err(EKV_ERR_NOMEM, "rouge: no memory for an LCS table of %zu cells", max_cells);
+        st = ekv_error_set(EKV_ERR_NOMEM, "rouge: no memory for an LCS table of %zu cells", max_cells);
         goto done;
     }
     for (size_t a = 0; a < R.n_sent; a++)
@@ -335,14 +335,14 @@ done:
 
 /* log-sum-exp of logits in double; rejects NaN and +inf. */
 static enum ekv_status logsumexp(const float *x, size_t n, double *lse) {
-    if (!x || n == 0) return ekv_err(EKV_ERR_INVALID_ARG, "logits: empty vector");
+    if (!x || n == 0) return ekv_error_set(EKV_ERR_INVALID_ARG, "logits: empty vector");
     double mx = -INFINITY;
     for (size_t i = 0; i < n; i++) {
         if (isnan(x[i]) || (isinf(x[i]) && x[i] > 0))
-            return ekv_err(EKV_ERR_INVALID_ARG, "logits: value %g at index %zu", (double)x[i], i);
+            return ekv_error_set(EKV_ERR_INVALID_ARG, "logits: value %g at index %zu", (double)x[i], i);
         if (x[i] > mx) mx = x[i];
     }
-    if (mx == -INFINITY) return ekv_err(EKV_ERR_INVALID_ARG, "logits: every value is -inf");
+    if (mx == -INFINITY) return ekv_error_set(EKV_ERR_INVALID_ARG, "logits: every value is -inf");
     double s = 0.0;
     for (size_t i = 0; i < n; i++) s += exp((double)x[i] - mx);
     *lse = mx + log(s);
@@ -352,7 +352,7 @@ static enum ekv_status logsumexp(const float *x, size_t n, double *lse) {
 enum ekv_status ekv_nll_from_logits(const float *logits, size_t n_vocab,
                                     int32_t target, double *nll) {
     if (target < 0 || (size_t)target >= n_vocab)
-        return ekv_err(EKV_ERR_INVALID_ARG, "perplexity: target token %d outside vocabulary of %zu",
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "perplexity: target token %d outside vocabulary of %zu",
                        (int)target, n_vocab);
     double lse = 0.0;
     enum ekv_status st = logsumexp(logits, n_vocab, &lse);
@@ -366,7 +366,7 @@ void ekv_ppl_init(struct ekv_ppl_acc *acc) { memset(acc, 0, sizeof *acc); }
 
 enum ekv_status ekv_ppl_add_nll(struct ekv_ppl_acc *acc, double nll) {
     if (isnan(nll) || nll < 0.0)
-        return ekv_err(EKV_ERR_INVALID_ARG, "perplexity: token NLL %g is not a non-negative number", nll);
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "perplexity: token NLL %g is not a non-negative number", nll);
     acc->nll_sum += nll;
     acc->n_tokens++;
     return EKV_OK;
@@ -387,7 +387,7 @@ void ekv_ppl_merge(struct ekv_ppl_acc *dst, const struct ekv_ppl_acc *src) {
 }
 
 enum ekv_status ekv_ppl_mean_nll(const struct ekv_ppl_acc *acc, double *mean_nll) {
-    if (acc->n_tokens == 0) return ekv_err(EKV_ERR_INVALID_ARG, "perplexity: no token was scored");
+    if (acc->n_tokens == 0) return ekv_error_set(EKV_ERR_INVALID_ARG, "perplexity: no token was scored");
     *mean_nll = acc->nll_sum / (double)acc->n_tokens;
     return EKV_OK;
 }
@@ -403,9 +403,9 @@ enum ekv_status ekv_kl_from_logits(const float *logits_p, const float *logits_q,
                                    size_t n_vocab, double *kl) {
     double lp = 0.0, lq = 0.0;
     enum ekv_status st = logsumexp(logits_p, n_vocab, &lp);
-    if (st != EKV_OK) return ekv_err_prefix(st, "KL, first distribution");
+    if (st != EKV_OK) return ekv_error_prefix(st, "KL, first distribution");
     st = logsumexp(logits_q, n_vocab, &lq);
-    if (st != EKV_OK) return ekv_err_prefix(st, "KL, second distribution");
+    if (st != EKV_OK) return ekv_error_prefix(st, "KL, second distribution");
     double s = 0.0;
     for (size_t i = 0; i < n_vocab; i++) {
         if (isinf(logits_p[i])) continue; /* p_i = 0 */
@@ -422,10 +422,10 @@ enum ekv_status ekv_kl_from_logits(const float *logits_p, const float *logits_q,
 }
 
 enum ekv_status ekv_argmax(const float *logits, size_t n_vocab, size_t *idx) {
-    if (!logits || n_vocab == 0) return ekv_err(EKV_ERR_INVALID_ARG, "argmax: empty vector");
+    if (!logits || n_vocab == 0) return ekv_error_set(EKV_ERR_INVALID_ARG, "argmax: empty vector");
     size_t best = 0;
     for (size_t i = 0; i < n_vocab; i++) {
-        if (isnan(logits[i])) return ekv_err(EKV_ERR_INVALID_ARG, "argmax: NaN at index %zu", i);
+        if (isnan(logits[i])) return ekv_error_set(EKV_ERR_INVALID_ARG, "argmax: NaN at index %zu", i);
         if (logits[i] > logits[best]) best = i;
     }
     *idx = best;
@@ -465,17 +465,17 @@ static int cmp_double(const void *a, const void *b) {
 enum ekv_status ekv_bootstrap_ppl_ratio(const double *nll_a, const double *nll_b, const size_t *tok, size_t n,
                                         size_t resamples, uint64_t seed, double *ratio, double *lo, double *hi) {
     if (!nll_a || !nll_b || !tok || !ratio || !lo || !hi || n == 0 || resamples == 0)
-        return ekv_err(EKV_ERR_INVALID_ARG, "bootstrap: %zu units, %zu resamples", n, resamples);
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "bootstrap: %zu units, %zu resamples", n, resamples);
     double da = 0, db = 0, t = 0;
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(nll_a[i]) || !isfinite(nll_b[i]) || nll_a[i] < 0 || nll_b[i] < 0)
-            return ekv_err(EKV_ERR_INVALID_ARG, "bootstrap: unit %zu has NLL %g / %g", i, nll_a[i], nll_b[i]);
+            return ekv_error_set(EKV_ERR_INVALID_ARG, "bootstrap: unit %zu has NLL %g / %g", i, nll_a[i], nll_b[i]);
         da += nll_a[i], db += nll_b[i], t += (double)tok[i];
     }
-    if (t <= 0) return ekv_err(EKV_ERR_INVALID_ARG, "bootstrap: no scored token in %zu units", n);
+    if (t <= 0) return ekv_error_set(EKV_ERR_INVALID_ARG, "bootstrap: no scored token in %zu units", n);
     *ratio = exp((da - db) / t);
     double *r = malloc(resamples * sizeof *r);
-    if (!r) return ekv_err(EKV_ERR_NOMEM, "bootstrap: %zu resamples", resamples);
+    if (!r) return ekv_error_set(EKV_ERR_NOMEM, "bootstrap: %zu resamples", resamples);
     uint64_t x = seed;
     for (size_t k = 0; k < resamples; k++) {
         double sa, sb, st;
@@ -502,7 +502,7 @@ void ekv_kl_merge(struct ekv_kl_acc *dst, const struct ekv_kl_acc *src) {
 }
 
 enum ekv_status ekv_kl_result(const struct ekv_kl_acc *acc, double *mean_kl, double *top1) {
-    if (acc->n_positions == 0) return ekv_err(EKV_ERR_INVALID_ARG, "KL: no position was scored");
+    if (acc->n_positions == 0) return ekv_error_set(EKV_ERR_INVALID_ARG, "KL: no position was scored");
     if (mean_kl) *mean_kl = acc->kl_sum / (double)acc->n_positions;
     if (top1) *top1 = (double)acc->top1_agree / (double)acc->n_positions;
     return EKV_OK;
@@ -530,16 +530,16 @@ static int cmp_u32(const void *pa, const void *pb) {
 }
 
 enum ekv_status ekv_topk_indices(const float *scores, size_t n, size_t k, uint32_t *out) {
-    if (k > n) return ekv_err(EKV_ERR_INVALID_ARG, "top-k: k = %zu exceeds n = %zu", k, n);
-    if (n > UINT32_MAX) return ekv_err(EKV_ERR_INVALID_ARG, "top-k: n = %zu too large", n);
+    if (k > n) return ekv_error_set(EKV_ERR_INVALID_ARG, "top-k: k = %zu exceeds n = %zu", k, n);
+    if (n > UINT32_MAX) return ekv_error_set(EKV_ERR_INVALID_ARG, "top-k: n = %zu too large", n);
     if (k == 0) return EKV_OK;
-    if (!scores || !out) return ekv_err(EKV_ERR_INVALID_ARG, "top-k: NULL argument");
+    if (!scores || !out) return ekv_error_set(EKV_ERR_INVALID_ARG, "top-k: NULL argument");
     struct scored *v = malloc(n * sizeof *v);
-    if (!v) return ekv_err(EKV_ERR_NOMEM, "top-k: no memory for %zu scores", n);
+    if (!v) return ekv_error_set(EKV_ERR_NOMEM, "top-k: no memory for %zu scores", n);
     for (size_t i = 0; i < n; i++) {
         if (isnan(scores[i])) {
             free(v);
-            return ekv_err(EKV_ERR_INVALID_ARG, "top-k: NaN score at index %zu", i);
+            return ekv_error_set(EKV_ERR_INVALID_ARG, "top-k: NaN score at index %zu", i);
         }
         v[i].s = scores[i];
         v[i].i = (uint32_t)i;
@@ -556,9 +556,9 @@ static enum ekv_status sorted_set(const uint32_t *a, size_t n, uint32_t **out, s
     *out = NULL;
     *m = 0;
     if (n == 0) return EKV_OK;
-    if (!a) return ekv_err(EKV_ERR_INVALID_ARG, "set: NULL array of %zu elements", n);
+    if (!a) return ekv_error_set(EKV_ERR_INVALID_ARG, "set: NULL array of %zu elements", n);
     uint32_t *c = malloc(n * sizeof *c);
-    if (!c) return ekv_err(EKV_ERR_NOMEM, "set: no memory for %zu elements", n);
+    if (!c) return ekv_error_set(EKV_ERR_NOMEM, "set: no memory for %zu elements", n);
     memcpy(c, a, n * sizeof *c);
     qsort(c, n, sizeof *c, cmp_u32);
     size_t w = 1;
@@ -602,22 +602,22 @@ enum ekv_status ekv_jaccard(const uint32_t *a, size_t na, const uint32_t *b, siz
 enum ekv_status ekv_kept_agreement(const float *attn_full, size_t n,
                                    const uint32_t *kept, size_t n_kept, size_t k,
                                    double *hit_rate, double *jaccard, double *mass) {
-    if (n == 0 || !attn_full) return ekv_err(EKV_ERR_INVALID_ARG, "hit rate: empty attention row");
-    if (n_kept > n) return ekv_err(EKV_ERR_INVALID_ARG, "hit rate: %zu kept of %zu positions", n_kept, n);
-    if (n_kept && !kept) return ekv_err(EKV_ERR_INVALID_ARG, "hit rate: NULL kept set");
+    if (n == 0 || !attn_full) return ekv_error_set(EKV_ERR_INVALID_ARG, "hit rate: empty attention row");
+    if (n_kept > n) return ekv_error_set(EKV_ERR_INVALID_ARG, "hit rate: %zu kept of %zu positions", n_kept, n);
+    if (n_kept && !kept) return ekv_error_set(EKV_ERR_INVALID_ARG, "hit rate: NULL kept set");
     if (k == 0) k = n_kept;
-    if (k > n) return ekv_err(EKV_ERR_INVALID_ARG, "hit rate: k = %zu exceeds %zu positions", k, n);
+    if (k > n) return ekv_error_set(EKV_ERR_INVALID_ARG, "hit rate: k = %zu exceeds %zu positions", k, n);
     unsigned char *in = calloc(n, 1);
     uint32_t *top = malloc((k ? k : 1) * sizeof *top);
     enum ekv_status st = EKV_OK;
     if (!in || !top) {
-        st = ekv_err(EKV_ERR_NOMEM, "hit rate: no memory for %zu positions", n);
+        st = ekv_error_set(EKV_ERR_NOMEM, "hit rate: no memory for %zu positions", n);
         goto done;
     }
     double tot = 0.0, kept_mass = 0.0;
     for (size_t i = 0; i < n; i++) {
         if (!(attn_full[i] >= 0.0f) || isinf(attn_full[i])) {
-            st = ekv_err(EKV_ERR_INVALID_ARG, "hit rate: attention %g at position %zu",
+            st = ekv_error_set(EKV_ERR_INVALID_ARG, "hit rate: attention %g at position %zu",
                          (double)attn_full[i], i);
             goto done;
         }
@@ -625,7 +625,7 @@ enum ekv_status ekv_kept_agreement(const float *attn_full, size_t n,
     }
     for (size_t i = 0; i < n_kept; i++) {
         if (kept[i] >= n || in[kept[i]]) {
-            st = ekv_err(EKV_ERR_INVALID_ARG, "hit rate: kept position %u %s", (unsigned)kept[i],
+            st = ekv_error_set(EKV_ERR_INVALID_ARG, "hit rate: kept position %u %s", (unsigned)kept[i],
                          kept[i] >= n ? "out of range" : "listed twice");
             goto done;
         }

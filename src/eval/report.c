@@ -21,8 +21,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "core/util.h"
 #include "ekv_eval.h"
+#include "eval_util.h"
 
 extern char **environ;
 
@@ -81,10 +81,10 @@ static void sb_num(struct sbuf *b, double v, const char *fmt) {
 
 static enum ekv_status write_file(const char *path, const char *s, size_t n) {
     FILE *f = fopen(path, "wb");
-    if (!f) return ekv_err(EKV_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    if (!f) return ekv_error_set(EKV_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     size_t w = fwrite(s, 1, n, f);
     int e = fclose(f);
-    if (w != n || e != 0) return ekv_err(EKV_ERR_IO, "%s: write failed", path);
+    if (w != n || e != 0) return ekv_error_set(EKV_ERR_IO, "%s: write failed", path);
     return EKV_OK;
 }
 
@@ -95,14 +95,14 @@ static enum ekv_status write_file(const char *path, const char *s, size_t n) {
 enum ekv_status ekv_split_list(const char *list, char ***items, size_t *n) {
     *items = NULL;
     *n = 0;
-    if (!list || !*list) return ekv_err(EKV_ERR_INVALID_ARG, "list: empty");
+    if (!list || !*list) return ekv_error_set(EKV_ERR_INVALID_ARG, "list: empty");
     size_t len = strlen(list), cnt = 1;
     for (const char *p = list; *p; p++) cnt += *p == ',';
     size_t bytes;
-    if (!ekv_mul_ok(cnt, sizeof(char *), &bytes) || !ekv_add_ok(bytes, len + 1, &bytes))
-        return ekv_err(EKV_ERR_OVERFLOW, "list: %zu elements", cnt);
+    if (!ev_mul_ok(cnt, sizeof(char *), &bytes) || !ev_add_ok(bytes, len + 1, &bytes))
+        return ekv_error_set(EKV_ERR_OVERFLOW, "list: %zu elements", cnt);
     char **arr = malloc(bytes);
-    if (!arr) return ekv_err(EKV_ERR_NOMEM, "list: no memory");
+    if (!arr) return ekv_error_set(EKV_ERR_NOMEM, "list: no memory");
     char *str = (char *)(arr + cnt);
     memcpy(str, list, len + 1);
     size_t k = 0;
@@ -113,10 +113,10 @@ enum ekv_status ekv_split_list(const char *list, char ***items, size_t *n) {
         char *e = p + strlen(p);
         while (e > p && (e[-1] == ' ' || e[-1] == '\t')) *--e = '\0';
         enum ekv_status st = EKV_OK;
-        if (!*p) st = ekv_err(EKV_ERR_INVALID_ARG, "list '%s': empty element %zu", list, k + 1);
+        if (!*p) st = ekv_error_set(EKV_ERR_INVALID_ARG, "list '%s': empty element %zu", list, k + 1);
         for (size_t i = 0; i < k && st == EKV_OK; i++)
             if (strcmp(arr[i], p) == 0)
-                st = ekv_err(EKV_ERR_INVALID_ARG, "list '%s': '%s' given twice", list, p);
+                st = ekv_error_set(EKV_ERR_INVALID_ARG, "list '%s': '%s' given twice", list, p);
         if (st != EKV_OK) {
             free(arr); /* p points into arr: the message is written first */
             return st;
@@ -134,7 +134,7 @@ enum ekv_status ekv_metrics_parse(const char *list, unsigned *bits) {
     char **it;
     size_t n;
     enum ekv_status st = ekv_split_list(list, &it, &n);
-    if (st != EKV_OK) return ekv_err_prefix(st, "--metric");
+    if (st != EKV_OK) return ekv_error_prefix(st, "--metric");
     unsigned b = 0;
     for (size_t i = 0; i < n; i++) {
         if (strcmp(it[i], "ppl") == 0) b |= EKV_METRIC_PPL;
@@ -143,7 +143,7 @@ enum ekv_status ekv_metrics_parse(const char *list, unsigned *bits) {
         else if (strcmp(it[i], "hitrate") == 0) b |= EKV_METRIC_HITRATE;
         else if (strcmp(it[i], "acc") == 0) b |= EKV_METRIC_ACC;
         else {
-            st = ekv_err(EKV_ERR_INVALID_ARG, "--metric: unknown metric '%s' (ppl, rouge, kl, hitrate, acc)",
+            st = ekv_error_set(EKV_ERR_INVALID_ARG, "--metric: unknown metric '%s' (ppl, rouge, kl, hitrate, acc)",
                          it[i]);
             break;
         }
@@ -159,21 +159,21 @@ enum ekv_status ekv_budgets_parse(const char *list, double **budgets, size_t *n)
     *budgets = NULL;
     *n = 0;
     enum ekv_status st = ekv_split_list(list, &it, &k);
-    if (st != EKV_OK) return ekv_err_prefix(st, "--kv-budget");
+    if (st != EKV_OK) return ekv_error_prefix(st, "--kv-budget");
     double *b = malloc(k * sizeof *b);
     if (!b) {
         free(it);
-        return ekv_err(EKV_ERR_NOMEM, "--kv-budget: no memory");
+        return ekv_error_set(EKV_ERR_NOMEM, "--kv-budget: no memory");
     }
     for (size_t i = 0; i < k && st == EKV_OK; i++) {
         char *end;
         errno = 0;
         double v = strtod(it[i], &end);
         if (end == it[i] || *end || errno == ERANGE || !isfinite(v) || !(v > 0.0) || v > 1.0)
-            st = ekv_err(EKV_ERR_INVALID_ARG, "--kv-budget: '%s' is not a kept fraction in (0, 1]",
+            st = ekv_error_set(EKV_ERR_INVALID_ARG, "--kv-budget: '%s' is not a kept fraction in (0, 1]",
                          it[i]);
         for (size_t j = 0; j < i && st == EKV_OK; j++)
-            if (b[j] == v) st = ekv_err(EKV_ERR_INVALID_ARG, "--kv-budget: %g given twice", v);
+            if (b[j] == v) st = ekv_error_set(EKV_ERR_INVALID_ARG, "--kv-budget: %g given twice", v);
         b[i] = v;
     }
     free(it);
@@ -272,29 +272,29 @@ enum ekv_status ekv_report_add(struct ekv_report *rep, const char *policy, doubl
 enum ekv_status ekv_report_add_kv(struct ekv_report *rep, const char *policy, const char *kv_type, double budget,
                                   const char *metric, double value, size_t n) {
     if (kv_type && !policy_name_ok(kv_type))
-        return ekv_err(EKV_ERR_INVALID_ARG, "report: storage type '%s' is empty, too long or has "
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "report: storage type '%s' is empty, too long or has "
                        "spaces, quotes, ',' or '|'", kv_type);
     if (!policy_name_ok(policy))
-        return ekv_err(EKV_ERR_INVALID_ARG, "report: policy name '%s' is empty, too long or has "
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "report: policy name '%s' is empty, too long or has "
                        "spaces, quotes, ',' or '|'", policy ? policy : "(null)");
     if (!metric_name_ok(metric))
-        return ekv_err(EKV_ERR_INVALID_ARG, "report: metric name '%s' must be 1-64 of [A-Za-z0-9_.-]",
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "report: metric name '%s' must be 1-64 of [A-Za-z0-9_.-]",
                        metric ? metric : "(null)");
     if (!isfinite(budget) || budget < 0.0)
-        return ekv_err(EKV_ERR_INVALID_ARG, "report: budget %g is not a non-negative number", budget);
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "report: budget %g is not a non-negative number", budget);
     for (size_t i = 0; i < rep->n_rows; i++) {
         const struct ekv_result_row *r = &rep->rows[i];
         if (r->budget == budget && strcmp(r->policy, policy) == 0 && same_label(r->kv_type, kv_type) &&
             strcmp(r->metric, metric) == 0)
-            return ekv_err(EKV_ERR_INVALID_ARG, "report: %s%s%s at budget %g already has a %s value", policy,
+            return ekv_error_set(EKV_ERR_INVALID_ARG, "report: %s%s%s at budget %g already has a %s value", policy,
                            kv_type ? " " : "", kv_type ? kv_type : "", budget, metric);
     }
     if (rep->n_rows == rep->cap) {
         size_t nc = rep->cap ? rep->cap * 2 : 16, bytes;
-        if (!ekv_mul_ok(nc, sizeof *rep->rows, &bytes))
-            return ekv_err(EKV_ERR_OVERFLOW, "report: %zu rows", nc);
+        if (!ev_mul_ok(nc, sizeof *rep->rows, &bytes))
+            return ekv_error_set(EKV_ERR_OVERFLOW, "report: %zu rows", nc);
         struct ekv_result_row *p = realloc(rep->rows, bytes);
-        if (!p) return ekv_err(EKV_ERR_NOMEM, "report: no memory for %zu rows", nc);
+        if (!p) return ekv_error_set(EKV_ERR_NOMEM, "report: no memory for %zu rows", nc);
         rep->rows = p;
         rep->cap = nc;
     }
@@ -306,7 +306,7 @@ enum ekv_status ekv_report_add_kv(struct ekv_report *rep, const char *policy, co
         free(r->policy);
         free(r->metric);
         free(r->kv_type);
-        return ekv_err(EKV_ERR_NOMEM, "report: no memory for a row");
+        return ekv_error_set(EKV_ERR_NOMEM, "report: no memory for a row");
     }
     r->budget = budget;
     r->value = value;
@@ -317,7 +317,7 @@ enum ekv_status ekv_report_add_kv(struct ekv_report *rep, const char *policy, co
 
 enum ekv_status ekv_report_set_title(struct ekv_report *rep, const char *title) {
     char *t = title ? strdup(title) : NULL;
-    if (title && !t) return ekv_err(EKV_ERR_NOMEM, "report: no memory for the title");
+    if (title && !t) return ekv_error_set(EKV_ERR_NOMEM, "report: no memory for the title");
     free(rep->title);
     rep->title = t;
     return EKV_OK;
@@ -332,9 +332,9 @@ enum ekv_status ekv_report_set_meta(struct ekv_report *rep, const char *meta_jso
     cJSON *j = cJSON_Parse(meta_json);
     bool ok = j && cJSON_IsObject(j);
     cJSON_Delete(j);
-    if (!ok) return ekv_err(EKV_ERR_INVALID_ARG, "report: meta is not a JSON object");
+    if (!ok) return ekv_error_set(EKV_ERR_INVALID_ARG, "report: meta is not a JSON object");
     char *m = strdup(meta_json);
-    if (!m) return ekv_err(EKV_ERR_NOMEM, "report: no memory for meta");
+    if (!m) return ekv_error_set(EKV_ERR_NOMEM, "report: no memory for meta");
     free(rep->meta_json);
     rep->meta_json = m;
     return EKV_OK;
@@ -351,7 +351,7 @@ enum ekv_status ekv_report_write_csv(const struct ekv_report *rep, const char *p
         sb_num(&b, r->value, "%.9g");
         sb_printf(&b, ",%zu\n", r->n);
     }
-    enum ekv_status st = b.oom ? ekv_err(EKV_ERR_NOMEM, "%s: no memory for the CSV", path)
+    enum ekv_status st = b.oom ? ekv_error_set(EKV_ERR_NOMEM, "%s: no memory for the CSV", path)
                                : write_file(path, b.s, b.n);
     free(b.s);
     return st;
@@ -387,7 +387,7 @@ enum ekv_status ekv_report_write_json(const struct ekv_report *rep, const char *
     }
     char *text = ok ? cJSON_Print(root) : NULL;
     if (!text) {
-        st = ekv_err(EKV_ERR_NOMEM, "%s: no memory for the JSON", path);
+        st = ekv_error_set(EKV_ERR_NOMEM, "%s: no memory for the JSON", path);
     } else {
         size_t n = strlen(text);
         text[n] = '\n'; /* replace the NUL: the buffer is only written, never read as a string */
@@ -413,7 +413,7 @@ static enum ekv_status make_pivot(const struct ekv_report *rep, struct pivot *pv
     if (!pv->keys || !pv->metrics) {
         free(pv->keys);
         free(pv->metrics);
-        return ekv_err(EKV_ERR_NOMEM, "report: no memory for the table");
+        return ekv_error_set(EKV_ERR_NOMEM, "report: no memory for the table");
     }
     for (size_t i = 0; i < rep->n_rows; i++) {
         const struct ekv_result_row *r = &rep->rows[i];
@@ -484,7 +484,7 @@ enum ekv_status ekv_report_markdown(const struct ekv_report *rep, char **out) {
     free(pv.metrics);
     if (b.oom || !b.s) {
         free(b.s);
-        return ekv_err(EKV_ERR_NOMEM, "report: no memory for the Markdown table");
+        return ekv_error_set(EKV_ERR_NOMEM, "report: no memory for the Markdown table");
     }
     *out = b.s;
     return EKV_OK;
@@ -523,7 +523,6 @@ static int cmp_row_budget(const void *pa, const void *pb) {
 /* Twelve distinguishable colours and point shapes, so that a line's colour
  * and marker together name its policy even when a grid has many policies
  * (gnuplot's default cycle repeats after eight). */
-#define EKV_ARRAY_LEN_(a) (sizeof(a) / sizeof((a)[0]))
 static const char *const k_colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                                        "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8"};
 static const int k_points[] = {7, 5, 9, 11, 13, 4, 6, 8, 10, 12, 14, 1, 2, 3};
@@ -549,7 +548,7 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
     if (!pts || !pol) {
         free(pts);
         free(pol);
-        return ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+        return ekv_error_set(EKV_ERR_NOMEM, "plot: no memory");
     }
     const size_t np = series_of(rep, metric, pol);
     int w = o && o->width > 0 ? o->width : 800, h = o && o->height > 0 ? o->height : 500;
@@ -583,7 +582,7 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
     if (!single) {
         free(pts);
         free(pol);
-        return ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+        return ekv_error_set(EKV_ERR_NOMEM, "plot: no memory");
     }
     for (size_t k = 0; k < np; k++) {
         size_t n = 0;
@@ -606,13 +605,13 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
             sb_printf(b, "%.9g with lines dt 2 lw 2 title \"%s\"", single[k], title);
         else
             sb_printf(b, "$d%zu using 1:2 with linespoints lw 2 lc rgb \"%s\" pt %d title \"%s\"", k,
-                      k_colors[k % EKV_ARRAY_LEN_(k_colors)], k_points[k % EKV_ARRAY_LEN_(k_points)], title);
+                      k_colors[k % EV_ARRAY_LEN(k_colors)], k_points[k % EV_ARRAY_LEN(k_points)], title);
     }
     sb_printf(b, "\n");
     free(single);
     free(pts);
     free(pol);
-    return b->oom ? ekv_err(EKV_ERR_NOMEM, "plot: no memory for the script") : EKV_OK;
+    return b->oom ? ekv_error_set(EKV_ERR_NOMEM, "plot: no memory for the script") : EKV_OK;
 }
 
 /* The x axis of the Pareto view: K/V bytes at the end of each unit as a
@@ -635,7 +634,7 @@ static enum ekv_status pareto_script(const struct ekv_report *rep, const char *m
     if (!pol || !pts) {
         free(pol);
         free(pts);
-        return ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+        return ekv_error_set(EKV_ERR_NOMEM, "plot: no memory");
     }
     const size_t np = series_of(rep, metric, pol);
     int w = o && o->width > 0 ? o->width : 900, h = o && o->height > 0 ? o->height : 560;
@@ -678,13 +677,13 @@ static enum ekv_status pareto_script(const struct ekv_report *rep, const char *m
     for (size_t k = 0; k < np; k++) {
         char lab[160];
         sb_printf(b, "%s$d%zu using 1:2 with linespoints lw 2 lc rgb \"%s\" pt %d ps 1.3 title \"%s\"",
-                  k ? ", \\\n     " : "", k, k_colors[k % EKV_ARRAY_LEN_(k_colors)],
-                  k_points[(k / EKV_ARRAY_LEN_(k_colors)) % EKV_ARRAY_LEN_(k_points)], series_label(pol[k], lab, sizeof lab));
+                  k ? ", \\\n     " : "", k, k_colors[k % EV_ARRAY_LEN(k_colors)],
+                  k_points[(k / EV_ARRAY_LEN(k_colors)) % EV_ARRAY_LEN(k_points)], series_label(pol[k], lab, sizeof lab));
     }
     sb_printf(b, "\n");
     free(pol);
     free(pts);
-    if (b->oom) return ekv_err(EKV_ERR_NOMEM, "plot: no memory for the script");
+    if (b->oom) return ekv_error_set(EKV_ERR_NOMEM, "plot: no memory for the script");
     return drawn ? EKV_OK : EKV_ERR_NOT_FOUND;
 }
 
@@ -712,12 +711,12 @@ static enum ekv_status run_gnuplot(const char *prog, const char *dir, const char
     sb_printf(&script, "%s.gp", metric);
     enum ekv_status st = EKV_OK;
     if (cd.oom || script.oom) {
-        st = ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+        st = ekv_error_set(EKV_ERR_NOMEM, "plot: no memory");
         goto done;
     }
     posix_spawn_file_actions_t fa;
     if (posix_spawn_file_actions_init(&fa) != 0) {
-        st = ekv_err(EKV_ERR_NOMEM, "plot: cannot prepare to run %s", prog);
+        st = ekv_error_set(EKV_ERR_NOMEM, "plot: cannot prepare to run %s", prog);
         goto done;
     }
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
@@ -728,26 +727,26 @@ static enum ekv_status run_gnuplot(const char *prog, const char *dir, const char
     int rc = posix_spawnp(&pid, prog, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc == ENOENT) {
-        st = ekv_err(EKV_ERR_NOT_FOUND, "plot: '%s' not found in PATH; install gnuplot-nox "
+        st = ekv_error_set(EKV_ERR_NOT_FOUND, "plot: '%s' not found in PATH; install gnuplot-nox "
                      "(scripts/setup.sh) or run the .gp scripts in %s later", prog, dir);
         goto done;
     }
     if (rc != 0) {
-        st = ekv_err(EKV_ERR_IO, "plot: cannot run '%s': %s", prog, strerror(rc));
+        st = ekv_error_set(EKV_ERR_IO, "plot: cannot run '%s': %s", prog, strerror(rc));
         goto done;
     }
     int status;
     while (waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR) {
-            st = ekv_err(EKV_ERR_IO, "plot: waiting for '%s': %s", prog, strerror(errno));
+            st = ekv_error_set(EKV_ERR_IO, "plot: waiting for '%s': %s", prog, strerror(errno));
             goto done;
         }
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
-        st = ekv_err(EKV_ERR_NOT_FOUND, "plot: '%s' not found; install gnuplot-nox "
+        st = ekv_error_set(EKV_ERR_NOT_FOUND, "plot: '%s' not found; install gnuplot-nox "
                      "(scripts/setup.sh) or run the .gp scripts in %s later", prog, dir);
     } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        st = ekv_err(EKV_ERR_IO, "plot: '%s' failed on %s/%s.gp (see %s)", prog, dir, metric, log_path);
+        st = ekv_error_set(EKV_ERR_IO, "plot: '%s' failed on %s/%s.gp (see %s)", prog, dir, metric, log_path);
     }
 done:
     free(cd.s);
@@ -757,9 +756,9 @@ done:
 
 enum ekv_status ekv_report_plot(const struct ekv_report *rep, const char *dir,
                                 const struct ekv_plot_opts *opts) {
-    if (!rep || !dir || !*dir) return ekv_err(EKV_ERR_INVALID_ARG, "plot: no output directory");
+    if (!rep || !dir || !*dir) return ekv_error_set(EKV_ERR_INVALID_ARG, "plot: no output directory");
     if (strchr(dir, '\n') || strchr(dir, '\r'))
-        return ekv_err(EKV_ERR_INVALID_ARG, "plot: directory name has a line break");
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "plot: directory name has a line break");
     const char *prog = opts && opts->gnuplot ? opts->gnuplot : "gnuplot";
     struct pivot pv;
     enum ekv_status st = make_pivot(rep, &pv);
@@ -770,24 +769,24 @@ enum ekv_status ekv_report_plot(const struct ekv_report *rep, const char *dir,
         struct sbuf b = {0};
         st = plot_script(rep, metric, opts, &b);
         char *path = st == EKV_OK ? path_join(dir, metric, ".gp") : NULL;
-        if (st == EKV_OK && !path) st = ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+        if (st == EKV_OK && !path) st = ekv_error_set(EKV_ERR_NOMEM, "plot: no memory");
         if (st == EKV_OK) st = write_file(path, b.s, b.n);
         free(path);
         free(b.s);
     }
     /* 1b. the Pareto view: quality against KV bytes, when the grid measured them */
-    const char *pareto[EKV_ARRAY_LEN_(k_pareto)];
+    const char *pareto[EV_ARRAY_LEN(k_pareto)];
     size_t n_pareto = 0;
     bool have_x = false;
     for (size_t m = 0; m < pv.n_metrics; m++) have_x |= strcmp(rep->rows[pv.metrics[m]].metric, EKV_PARETO_X) == 0;
-    for (size_t q = 0; have_x && q < EKV_ARRAY_LEN_(k_pareto) && st == EKV_OK; q++) {
+    for (size_t q = 0; have_x && q < EV_ARRAY_LEN(k_pareto) && st == EKV_OK; q++) {
         struct sbuf b = {0};
         char name[80];
         snprintf(name, sizeof name, "pareto_%s", k_pareto[q].metric);
         enum ekv_status ps = pareto_script(rep, k_pareto[q].metric, k_pareto[q].lower, opts, &b);
         if (ps == EKV_OK) {
             char *path = path_join(dir, name, ".gp");
-            st = path ? write_file(path, b.s, b.n) : ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+            st = path ? write_file(path, b.s, b.n) : ekv_error_set(EKV_ERR_NOMEM, "plot: no memory");
             free(path);
             if (st == EKV_OK) pareto[n_pareto++] = k_pareto[q].metric;
         } else if (ps != EKV_ERR_NOT_FOUND) {
@@ -797,11 +796,11 @@ enum ekv_status ekv_report_plot(const struct ekv_report *rep, const char *dir,
     }
     /* 2. gnuplot */
     char *log_path = path_join(dir, "gnuplot", ".log");
-    if (st == EKV_OK && !log_path) st = ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+    if (st == EKV_OK && !log_path) st = ekv_error_set(EKV_ERR_NOMEM, "plot: no memory");
     int log_fd = -1;
     if (st == EKV_OK) {
         log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (log_fd < 0) st = ekv_err(EKV_ERR_IO, "%s: cannot create: %s", log_path, strerror(errno));
+        if (log_fd < 0) st = ekv_error_set(EKV_ERR_IO, "%s: cannot create: %s", log_path, strerror(errno));
     }
     for (size_t m = 0; m < pv.n_metrics + n_pareto && st == EKV_OK; m++) {
         char pname[80];
@@ -809,16 +808,16 @@ enum ekv_status ekv_report_plot(const struct ekv_report *rep, const char *dir,
         const char *metric = m < pv.n_metrics ? rep->rows[pv.metrics[m]].metric : pname;
         char *png = path_join(dir, metric, ".png");
         struct stat sb;
-        if (!png) st = ekv_err(EKV_ERR_NOMEM, "plot: no memory");
+        if (!png) st = ekv_error_set(EKV_ERR_NOMEM, "plot: no memory");
         else if (unlink(png) != 0 && errno != ENOENT)
-            st = ekv_err(EKV_ERR_IO, "%s: cannot replace: %s", png, strerror(errno));
+            st = ekv_error_set(EKV_ERR_IO, "%s: cannot replace: %s", png, strerror(errno));
         if (st == EKV_OK) st = run_gnuplot(prog, dir, metric, log_fd, log_path);
         if (st != EKV_OK) {
             free(png);
             break;
         }
         if (stat(png, &sb) != 0 || sb.st_size == 0)
-            st = ekv_err(EKV_ERR_IO, "plot: gnuplot made no %s (see %s)", png, log_path);
+            st = ekv_error_set(EKV_ERR_IO, "plot: gnuplot made no %s (see %s)", png, log_path);
         free(png);
     }
     if (log_fd >= 0) close(log_fd);

@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/util.h"
 #include "ekv.h"
 #include "ekv_eval.h"
+#include "eval_util.h"
 
 /* Metrics that need the teacher-forced run. */
 #define TF_METRICS (EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_ACC)
@@ -64,13 +64,13 @@ static enum ekv_status tokenize_alloc(const struct ekv_model *m, const char *tex
     size_t len = strlen(text), cap;
     *toks = NULL;
     *n = 0;
-    if (!ekv_add_ok(len, 16, &cap)) return ekv_err(EKV_ERR_OVERFLOW, "text of %zu bytes is too long", len);
+    if (!ev_add_ok(len, 16, &cap)) return ekv_error_set(EKV_ERR_OVERFLOW, "text of %zu bytes is too long", len);
     for (int attempt = 0; attempt < 2; attempt++) {
         size_t bytes;
-        if (!ekv_mul_ok(cap, sizeof(int32_t), &bytes))
-            return ekv_err(EKV_ERR_OVERFLOW, "text of %zu bytes is too long", len);
+        if (!ev_mul_ok(cap, sizeof(int32_t), &bytes))
+            return ekv_error_set(EKV_ERR_OVERFLOW, "text of %zu bytes is too long", len);
         int32_t *t = malloc(bytes);
-        if (!t) return ekv_err(EKV_ERR_NOMEM, "no memory for %zu tokens", cap);
+        if (!t) return ekv_error_set(EKV_ERR_NOMEM, "no memory for %zu tokens", cap);
         size_t got = 0;
         enum ekv_status s = ekv_tokenize(m, text, len, bos, false, t, cap, &got);
         if (s == EKV_OK) {
@@ -82,7 +82,7 @@ static enum ekv_status tokenize_alloc(const struct ekv_model *m, const char *tex
         if (s != EKV_ERR_INVALID_ARG || got <= cap) return s;
         cap = got;
     }
-    return ekv_err(EKV_ERR_INTERNAL, "tokenizer asked for more room twice");
+    return ekv_error_set(EKV_ERR_INTERNAL, "tokenizer asked for more room twice");
 }
 
 /* A templated prompt as text tokens (copied out of an ekv_prompt: BOS
@@ -97,12 +97,12 @@ static enum ekv_status templated_prompt_tokens(const struct ekv_eval_runner *r, 
     if (s != EKV_OK) return s;
     *n_image = 0;
     if (ekv_prompt_n_images(p) != (image ? 1 : 0))
-        s = ekv_err(EKV_ERR_INVALID_ARG, "the prompt has %d %s markers for %d image(s)", ekv_prompt_n_images(p),
+        s = ekv_error_set(EKV_ERR_INVALID_ARG, "the prompt has %d %s markers for %d image(s)", ekv_prompt_n_images(p),
                     EKV_IMAGE_MARKER, image ? 1 : 0);
     struct ekv_image_input img = {.path = image};
     if (s == EKV_OK && image) s = ekv_vision_image_tokens(r->cfg.vision, &img, n_image);
     if (s == EKV_OK && !(*toks = malloc(((size_t)ekv_prompt_n_tokens(p) + 1) * sizeof **toks)))
-        s = ekv_err(EKV_ERR_NOMEM, "out of memory");
+        s = ekv_error_set(EKV_ERR_NOMEM, "out of memory");
     if (s == EKV_OK) {
         ekv_prompt_tokens(p, *toks);
         *n = (size_t)ekv_prompt_n_tokens(p);
@@ -120,9 +120,9 @@ static enum ekv_status add_skip(struct ekv_eval_runner *r, const char *fmt, ...)
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     char **ns = realloc(r->skipped, (r->n_skipped + 1) * sizeof *ns);
-    if (!ns) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    if (!ns) return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
     r->skipped = ns;
-    if (!(ns[r->n_skipped] = strdup(buf))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    if (!(ns[r->n_skipped] = strdup(buf))) return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
     r->n_skipped++;
     return EKV_OK;
 }
@@ -132,7 +132,7 @@ static enum ekv_status add_unit(struct ekv_eval_runner *r, size_t item, int32_t 
     struct ekv_eval_unit *nu = realloc(r->units, (r->n_units + 1) * sizeof *nu);
     if (!nu) {
         free(tokens);
-        return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
     }
     r->units = nu;
     nu[r->n_units++] = (struct ekv_eval_unit){
@@ -153,36 +153,36 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     char name[160];
     item_name(it, name, sizeof name);
     if (it->image && !r->cfg.vision)
-        return ekv_err(EKV_ERR_UNSUPPORTED, "%s has an image ('%s'): images need a vision tower (--mmproj)",
+        return ekv_error_set(EKV_ERR_UNSUPPORTED, "%s has an image ('%s'): images need a vision tower (--mmproj)",
                        name, it->image);
     if ((m & (TF_METRICS | EKV_METRIC_HITRATE)) && !it->answer)
-        return ekv_err(EKV_ERR_INVALID_ARG, "%s has no answer, which ppl, kl, acc and hitrate need", name);
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "%s has no answer, which ppl, kl, acc and hitrate need", name);
     char *prompt = NULL, *image = NULL;
     int32_t n_image = 0;
     const char *tmpl = r->cfg.chat_template ? r->cfg.chat_template : it->image ? "llava-1.5" : NULL;
     if (it->image) {
         const char *dir = r->cfg.image_dir;
         size_t need = strlen(it->image) + (dir ? strlen(dir) : 0) + 2;
-        if (!(image = malloc(need))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        if (!(image = malloc(need))) return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
         if (dir && it->image[0] != '/') snprintf(image, need, "%s/%s", dir, it->image);
         else snprintf(image, need, "%s", it->image);
     }
     if (tmpl) {
         size_t n = 0;
         enum ekv_status fs = ekv_chat_format(tmpl, it->system, it->instruction, it->image != NULL, NULL, 0, &n);
-        if (fs == EKV_OK && !(prompt = malloc(n + 1))) fs = ekv_err(EKV_ERR_NOMEM, "out of memory");
+        if (fs == EKV_OK && !(prompt = malloc(n + 1))) fs = ekv_error_set(EKV_ERR_NOMEM, "out of memory");
         if (fs == EKV_OK) fs = ekv_chat_format(tmpl, it->system, it->instruction, it->image != NULL, prompt, n + 1, &n);
         if (fs != EKV_OK) {
             free(prompt);
             free(image);
-            return ekv_err_prefix(fs, "%s", name);
+            return ekv_error_prefix(fs, "%s", name);
         }
     } else if (it->system) {
         size_t a = strlen(it->system), b = strlen(it->instruction);
         prompt = malloc(a + b + 2);
         if (!prompt) {
             free(image);
-            return ekv_err(EKV_ERR_NOMEM, "out of memory");
+            return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
         }
         memcpy(prompt, it->system, a);
         prompt[a] = '\n';
@@ -202,7 +202,7 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
         free(at);
         free(image);
         free(prompt);
-        return ekv_err_prefix(s, "%s", name);
+        return ekv_error_prefix(s, "%s", name);
     }
     const char *why = NULL;
     char wbuf[200];
@@ -237,7 +237,7 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
         free(at);
         free(image);
         free(prompt);
-        return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
     }
     if (na) memcpy(all + np, at, na * sizeof *at);
     free(at);
@@ -262,10 +262,10 @@ static enum ekv_status init_text_item(struct ekv_eval_runner *r, size_t i) {
     int32_t *t = NULL;
     size_t n = 0;
     enum ekv_status s = tokenize_alloc(r->model, it->text, true, &t, &n);
-    if (s != EKV_OK) return ekv_err_prefix(s, "document %s", name);
+    if (s != EKV_OK) return ekv_error_prefix(s, "document %s", name);
     size_t win = 0;
     for (size_t off = 0; off < n && s == EKV_OK; off += (size_t)r->n_ctx, win++) {
-        size_t len = EKV_MIN((size_t)r->n_ctx, n - off);
+        size_t len = EV_MIN((size_t)r->n_ctx, n - off);
         if (len <= (size_t)r->cfg.stride) {
             s = add_skip(r, "document %s, window %zu: %zu tokens, not more than the stride %d, score nothing",
                          name, win, len, r->cfg.stride);
@@ -273,7 +273,7 @@ static enum ekv_status init_text_item(struct ekv_eval_runner *r, size_t i) {
         }
         int32_t *w = malloc(len * sizeof *w);
         if (!w) {
-            s = ekv_err(EKV_ERR_NOMEM, "out of memory");
+            s = ekv_error_set(EKV_ERR_NOMEM, "out of memory");
             break;
         }
         memcpy(w, t + off, len * sizeof *w);
@@ -298,16 +298,16 @@ enum ekv_status ekv_eval_runner_init(struct ekv_eval_runner *r, struct ekv_conte
 static enum ekv_status runner_init(struct ekv_eval_runner *r, struct ekv_context *ctx, const struct ekv_dataset *ds,
                                    const struct ekv_eval_cfg *cfg) {
     r->cur = SIZE_MAX;
-    if (!ctx || !ds || !cfg) return ekv_err(EKV_ERR_INVALID_ARG, "eval runner: NULL argument");
+    if (!ctx || !ds || !cfg) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval runner: NULL argument");
     r->ctx = ctx;
     r->model = ekv_context_model(ctx);
     r->ds = ds;
     r->cfg = *cfg;
     const unsigned all = TF_METRICS | EKV_METRIC_ROUGE | EKV_METRIC_HITRATE;
     if (cfg->metrics == 0 || (cfg->metrics & ~all))
-        return ekv_err(EKV_ERR_INVALID_ARG, "eval: metric set 0x%x is empty or unknown", cfg->metrics);
-    if (cfg->n_predict < 1) return ekv_err(EKV_ERR_INVALID_ARG, "eval: n_predict %d < 1", cfg->n_predict);
-    if (cfg->stride < 1) return ekv_err(EKV_ERR_INVALID_ARG, "eval: stride %d < 1", cfg->stride);
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: metric set 0x%x is empty or unknown", cfg->metrics);
+    if (cfg->n_predict < 1) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: n_predict %d < 1", cfg->n_predict);
+    if (cfg->stride < 1) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: stride %d < 1", cfg->stride);
     struct ekv_model_info mi;
     ekv_model_get_info(r->model, &mi);
     r->n_ctx = ekv_context_n_ctx(ctx);
@@ -315,12 +315,12 @@ static enum ekv_status runner_init(struct ekv_eval_runner *r, struct ekv_context
     r->n_layer = mi.n_layer;
     r->n_head_kv = mi.n_head_kv;
     if (ds->format == EKV_DATA_TEXT && (cfg->metrics & (EKV_METRIC_ROUGE | EKV_METRIC_HITRATE | EKV_METRIC_ACC)))
-        return ekv_err(EKV_ERR_INVALID_ARG,
+        return ekv_error_set(EKV_ERR_INVALID_ARG,
                        "eval: metrics rouge, hitrate and acc need a JSONL set with instructions (text supports ppl, kl)");
     if (ds->format == EKV_DATA_TEXT && cfg->stride >= r->n_ctx)
-        return ekv_err(EKV_ERR_INVALID_ARG, "eval: stride %d must be below the context %d", cfg->stride, r->n_ctx);
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: stride %d must be below the context %d", cfg->stride, r->n_ctx);
     if (cfg->vision && ekv_vision_n_embd(cfg->vision) != mi.n_embd)
-        return ekv_err(EKV_ERR_INVALID_ARG, "eval: the vision tower gives %d-wide embeddings, the model takes %d",
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: the vision tower gives %d-wide embeddings, the model takes %d",
                        ekv_vision_n_embd(cfg->vision), mi.n_embd);
     enum ekv_status s = EKV_OK;
     for (size_t i = 0; i < ds->n_items && s == EKV_OK; i++)
@@ -328,10 +328,10 @@ static enum ekv_status runner_init(struct ekv_eval_runner *r, struct ekv_context
     if (s != EKV_OK) return s;
     /* scratch: stride rows of logits (text chunks) or one row, plus one */
     size_t rows = (size_t)(ds->format == EKV_DATA_TEXT ? cfg->stride : 1) + 1, cells;
-    if (!ekv_mul_ok(rows, (size_t)r->n_vocab, &cells)) return ekv_err(EKV_ERR_OVERFLOW, "eval: logits buffer");
+    if (!ev_mul_ok(rows, (size_t)r->n_vocab, &cells)) return ekv_error_set(EKV_ERR_OVERFLOW, "eval: logits buffer");
     r->logits = malloc(cells * sizeof(float));
     r->gen = malloc((size_t)cfg->n_predict * sizeof *r->gen);
-    if (!r->logits || !r->gen) return ekv_err(EKV_ERR_NOMEM, "eval: out of memory");
+    if (!r->logits || !r->gen) return ekv_error_set(EKV_ERR_NOMEM, "eval: out of memory");
     return EKV_OK;
 }
 
@@ -411,7 +411,7 @@ static enum ekv_status run_scored(struct ekv_eval_runner *r, struct ekv_seq *seq
     if ((s = ekv_seq_eval(seq, &in, prev)) != EKV_OK) return s;
     int32_t idx = 0;
     for (int32_t off = u->n_prompt; off < u->n_tokens; off += r->cfg.stride) {
-        int32_t len = EKV_MIN(r->cfg.stride, u->n_tokens - off);
+        int32_t len = EV_MIN(r->cfg.stride, u->n_tokens - off);
         sg.tokens = u->tokens + off;
         sg.n = len;
         in.logits_all = true;
@@ -438,7 +438,7 @@ static enum ekv_status run_greedy(struct ekv_eval_runner *r, struct ekv_seq *seq
         if ((s = prefill_unit(r, seq, u, lg)) != EKV_OK) return s;
     }
     /* the last generated token is not fed, so prompt + max - 1 <= n_ctx */
-    int32_t max = EKV_MIN(r->cfg.n_predict, r->n_ctx - unit_positions(u) + 1);
+    int32_t max = EV_MIN(r->cfg.n_predict, r->n_ctx - unit_positions(u) + 1);
     int32_t n = 0;
     while (n < max) {
         size_t t;
@@ -458,7 +458,7 @@ static enum ekv_status gen_text(struct ekv_eval_runner *r, int32_t n) {
         size_t need = 0;
         if (!r->text) {
             r->text_cap = (size_t)r->cfg.n_predict * 16 + 64;
-            if (!(r->text = malloc(r->text_cap))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+            if (!(r->text = malloc(r->text_cap))) return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
         }
         enum ekv_status s = ekv_detokenize(r->model, r->gen, (size_t)n, false, true, r->text, r->text_cap, &need);
         if (s == EKV_OK && need < r->text_cap) {
@@ -474,11 +474,11 @@ static enum ekv_status gen_text(struct ekv_eval_runner *r, int32_t n) {
         if (s != EKV_OK && s != EKV_ERR_INVALID_ARG) return s;
         if (need + 1 <= r->text_cap) return s;
         char *nt = realloc(r->text, need + 1);
-        if (!nt) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+        if (!nt) return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
         r->text = nt;
         r->text_cap = need + 1;
     }
-    return ekv_err(EKV_ERR_INTERNAL, "detokenize kept asking for more room");
+    return ekv_error_set(EKV_ERR_INTERNAL, "detokenize kept asking for more room");
 }
 
 /* A text ROUGE cannot score (pltrdy: nothing but '.'; sentence: no word). */
@@ -492,7 +492,7 @@ static bool rouge_empty(enum ekv_rouge_kind kind, const char *s) {
 static enum ekv_status store_logits(void *ud, int32_t idx, const float *logits, int32_t target) {
     struct ekv_eval_runner *r = ud;
     (void)target;
-    if (idx < 0 || idx >= r->n_scored) return ekv_err(EKV_ERR_INTERNAL, "eval: scored index %d of %d", idx, r->n_scored);
+    if (idx < 0 || idx >= r->n_scored) return ekv_error_set(EKV_ERR_INTERNAL, "eval: scored index %d of %d", idx, r->n_scored);
     memcpy(r->ref_logits + (size_t)idx * (size_t)r->n_vocab, logits, (size_t)r->n_vocab * sizeof(float));
     return EKV_OK;
 }
@@ -518,7 +518,7 @@ static enum ekv_status ref_fork(void *ud, struct ekv_seq *seq) {
 }
 
 enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
-    if (!r || ui >= r->n_units) return ekv_err(EKV_ERR_INVALID_ARG, "eval: unit %zu out of range", ui);
+    if (!r || ui >= r->n_units) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: unit %zu out of range", ui);
     ref_clear(r);
     const struct ekv_eval_unit *u = &r->units[ui];
     const unsigned m = r->cfg.metrics;
@@ -533,19 +533,19 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
         if (s == EKV_OK) s = ekv_prompt_set_images(r->prompt, r->cfg.vision, r->ctx, &img, 1);
         if (s == EKV_OK && (ekv_prompt_n_tokens(r->prompt) != u->n_prompt ||
                             ekv_prompt_n_positions(r->prompt) != unit_positions(u)))
-            s = ekv_err(EKV_ERR_INTERNAL, "eval: unit %zu: the prompt changed between tokenization and encoding", ui);
-        if (s != EKV_OK) return ekv_err_prefix(s, "image '%s'", u->image);
+            s = ekv_error_set(EKV_ERR_INTERNAL, "eval: unit %zu: the prompt changed between tokenization and encoding", ui);
+        if (s != EKV_OK) return ekv_error_prefix(s, "image '%s'", u->image);
     }
     if (m & EKV_METRIC_KL) {
         r->n_scored = unit_n_scored(u);
         size_t cells;
-        if (r->n_scored < 1 || !ekv_mul_ok((size_t)r->n_scored, (size_t)r->n_vocab, &cells) ||
-            !ekv_mul_ok(cells, sizeof(float), &cells))
-            return ekv_err(EKV_ERR_INTERNAL, "eval: unit %zu scores %d tokens", ui, r->n_scored);
-        if (!(r->ref_logits = malloc(cells))) return ekv_err(EKV_ERR_NOMEM, "eval: no memory for reference logits");
+        if (r->n_scored < 1 || !ev_mul_ok((size_t)r->n_scored, (size_t)r->n_vocab, &cells) ||
+            !ev_mul_ok(cells, sizeof(float), &cells))
+            return ekv_error_set(EKV_ERR_INTERNAL, "eval: unit %zu scores %d tokens", ui, r->n_scored);
+        if (!(r->ref_logits = malloc(cells))) return ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for reference logits");
         if ((m & EKV_METRIC_ROUGE) && !u->stream && !r->cfg.no_fork &&
             !(rc.fork_logits = malloc((size_t)r->n_vocab * sizeof(float)))) {
-            s = ekv_err(EKV_ERR_NOMEM, "eval: no memory for the prompt's logits");
+            s = ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for the prompt's logits");
             goto fail;
         }
         if ((s = ekv_seq_new(r->ctx, NULL, &seq)) == EKV_OK)
@@ -565,15 +565,15 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
         if (s == EKV_OK) s = gen_text(r, n);
         if (s != EKV_OK) goto fail;
         if (!rouge_empty(r->cfg.rouge, r->text) && !(r->ref_text = strdup(r->text))) {
-            s = ekv_err(EKV_ERR_NOMEM, "out of memory");
+            s = ekv_error_set(EKV_ERR_NOMEM, "out of memory");
             goto fail;
         }
     }
     if (m & EKV_METRIC_HITRATE) {
         const size_t P = (size_t)unit_positions(u);
         size_t cells = (size_t)r->n_layer * (size_t)r->n_head_kv;
-        if (!ekv_mul_ok(cells, P, &cells) || !(r->ref_attn = malloc(cells * sizeof(float)))) {
-            s = ekv_err(EKV_ERR_NOMEM, "eval: no memory for the reference attention");
+        if (!ev_mul_ok(cells, P, &cells) || !(r->ref_attn = malloc(cells * sizeof(float)))) {
+            s = ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for the reference attention");
             goto fail;
         }
         if ((s = ekv_seq_new(r->ctx, NULL, &seq)) != EKV_OK) goto fail;
@@ -581,13 +581,13 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
         if (s == EKV_OK) s = prefill_unit(r, seq, u, NULL);
         if (s == EKV_OK) s = ekv_seq_decode(seq, u->tokens[u->n_prompt], NULL);
         float *row = s == EKV_OK ? malloc((P + 1) * sizeof *row) : NULL;
-        if (s == EKV_OK && !row) s = ekv_err(EKV_ERR_NOMEM, "eval: no memory for an attention row");
+        if (s == EKV_OK && !row) s = ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for an attention row");
         for (int32_t l = 0; s == EKV_OK && l < r->n_layer; l++)
             for (int32_t h = 0; s == EKV_OK && h < r->n_head_kv; h++) {
                 size_t len = 0;
                 s = ekv_seq_kv_last_attention(seq, l, h, row, P + 1, &len);
                 if (s == EKV_OK && len != P + 1)
-                    s = ekv_err(EKV_ERR_INTERNAL, "eval: full cache holds %zu entries, expected %zu", len, P + 1);
+                    s = ekv_error_set(EKV_ERR_INTERNAL, "eval: full cache holds %zu entries, expected %zu", len, P + 1);
                 if (s == EKV_OK)
                     memcpy(r->ref_attn + ((size_t)l * (size_t)r->n_head_kv + (size_t)h) * P, row, P * sizeof(float));
             }
@@ -631,7 +631,7 @@ static enum ekv_status score_cell(void *ud, int32_t idx, const float *logits, in
     }
     if (s == EKV_OK && (r->cfg.metrics & EKV_METRIC_KL)) {
         if (idx < 0 || idx >= r->n_scored)
-            return ekv_err(EKV_ERR_INTERNAL, "eval: scored index %d of %d", idx, r->n_scored);
+            return ekv_error_set(EKV_ERR_INTERNAL, "eval: scored index %d of %d", idx, r->n_scored);
         s = ekv_kl_add(&c->cell->kl, r->ref_logits + (size_t)idx * (size_t)r->n_vocab, logits, (size_t)r->n_vocab);
     }
     return s;
@@ -643,12 +643,12 @@ static enum ekv_status hitrate_cell(void *ud, struct ekv_seq *seq) {
     const size_t P = (size_t)unit_positions(c->u);
     int32_t *pos = malloc(P * sizeof *pos);
     uint32_t *kept = malloc(P * sizeof *kept);
-    enum ekv_status s = (pos && kept) ? EKV_OK : ekv_err(EKV_ERR_NOMEM, "out of memory");
+    enum ekv_status s = (pos && kept) ? EKV_OK : ekv_error_set(EKV_ERR_NOMEM, "out of memory");
     for (int32_t l = 0; s == EKV_OK && l < r->n_layer; l++)
         for (int32_t h = 0; s == EKV_OK && h < r->n_head_kv; h++) {
             int32_t n = ekv_seq_kv_layer_len(seq, l, h);
             if (n < 0 || (size_t)n > P) {
-                s = ekv_err(EKV_ERR_INTERNAL, "eval: layer %d head %d keeps %d of %zu prompt tokens", l, h, n, P);
+                s = ekv_error_set(EKV_ERR_INTERNAL, "eval: layer %d head %d keeps %d of %zu prompt tokens", l, h, n, P);
                 break;
             }
             if ((s = ekv_seq_kv_entries(seq, l, h, pos, NULL, NULL)) != EKV_OK) break;
@@ -691,7 +691,7 @@ static void add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq) {
 enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv,
                                   struct ekv_eval_cell *cell) {
     if (!r || !cell || r->cur >= r->n_units)
-        return ekv_err(EKV_ERR_INVALID_ARG, "eval: no unit prepared (call ekv_eval_unit_prepare first)");
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: no unit prepared (call ekv_eval_unit_prepare first)");
     const struct ekv_eval_unit *u = &r->units[r->cur];
     const unsigned m = r->cfg.metrics;
     const bool rouge = (m & EKV_METRIC_ROUGE) && r->ref_text;
@@ -704,7 +704,7 @@ enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv
         /* one prompt for both runs: the greedy one continues a copy (JSONL units) */
         cc.fork = rouge && !u->stream && !r->cfg.no_fork;
         if (cc.fork && !(cc.fork_logits = malloc((size_t)r->n_vocab * sizeof(float))))
-            return ekv_err(EKV_ERR_NOMEM, "eval: no memory for the prompt's logits");
+            return ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for the prompt's logits");
         if ((s = ekv_seq_new(r->ctx, kv, &seq)) == EKV_OK) {
             s = run_scored(r, seq, u, tf ? score_cell : NULL,
                            (m & EKV_METRIC_HITRATE) || cc.fork ? after_prompt : NULL, &cc);
@@ -790,11 +790,11 @@ enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const do
     *cells = NULL;
     *n_cells = 0;
     if (!policies || !budgets || n_policies == 0 || n_budgets == 0)
-        return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: no policy or no budget");
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "eval grid: no policy or no budget");
     size_t cap;
-    if (!ekv_mul_ok(n_policies, n_budgets, &cap)) return ekv_err(EKV_ERR_OVERFLOW, "eval grid too large");
+    if (!ev_mul_ok(n_policies, n_budgets, &cap)) return ekv_error_set(EKV_ERR_OVERFLOW, "eval grid too large");
     struct ekv_eval_grid_cell *c = calloc(cap, sizeof *c);
-    if (!c) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    if (!c) return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
     size_t n = 0;
     for (size_t p = 0; p < n_policies; p++) {
         int found = 0;
@@ -803,7 +803,7 @@ enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const do
             found |= strlen(ekv_kv_policy_name(i)) == nl && !strncmp(policies[p], ekv_kv_policy_name(i), nl);
         if (!found || strlen(policies[p]) >= sizeof c->policy) {
             free(c);
-            return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: unknown policy '%s'", policies[p]);
+            return ekv_error_set(EKV_ERR_INVALID_ARG, "eval grid: unknown policy '%s'", policies[p]);
         }
         bool full = !strcmp(policies[p], "full");
         for (size_t b = 0; b < (full ? 1 : n_budgets); b++) {
@@ -819,7 +819,7 @@ enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const do
 
 enum ekv_status ekv_eval_grid_check(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
                                     const struct ekv_eval_grid_cell *cells, size_t n_cells) {
-    if (!r || !base || (!cells && n_cells)) return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
+    if (!r || !base || (!cells && n_cells)) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
     for (size_t c = 0; c < n_cells; c++) {
         struct ekv_kv_params kv = *base;
         kv.policy = cells[c].policy;
@@ -827,7 +827,7 @@ enum ekv_status ekv_eval_grid_check(struct ekv_eval_runner *r, const struct ekv_
         struct ekv_seq *seq = NULL;
         enum ekv_status s = ekv_seq_new(r->ctx, &kv, &seq);
         ekv_seq_free(seq);
-        if (s != EKV_OK) return ekv_err_prefix(s, "%s at budget %g", cells[c].policy, cells[c].budget);
+        if (s != EKV_OK) return ekv_error_prefix(s, "%s at budget %g", cells[c].policy, cells[c].budget);
     }
     return EKV_OK;
 }
@@ -835,19 +835,19 @@ enum ekv_status ekv_eval_grid_check(struct ekv_eval_runner *r, const struct ekv_
 enum ekv_status ekv_eval_run_grid(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
                                   const struct ekv_eval_grid_cell *cells, size_t n_cells, struct ekv_eval_cell *out,
                                   ekv_eval_progress_fn progress, void *user) {
-    if (!r || !base || !cells || !out) return ekv_err(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
+    if (!r || !base || !cells || !out) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
     enum ekv_status s0 = ekv_eval_grid_check(r, base, cells, n_cells);
     if (s0 != EKV_OK) return s0;
     for (size_t c = 0; c < n_cells; c++) ekv_eval_cell_init(&out[c]);
     for (size_t u = 0; u < r->n_units; u++) {
         enum ekv_status s = ekv_eval_unit_prepare(r, u);
-        if (s != EKV_OK) return ekv_err_prefix(s, "full-cache reference of unit %zu", u);
+        if (s != EKV_OK) return ekv_error_prefix(s, "full-cache reference of unit %zu", u);
         for (size_t c = 0; c < n_cells; c++) {
             struct ekv_kv_params kv = *base;
             kv.policy = cells[c].policy;
             kv.budget = cells[c].budget;
             if ((s = ekv_eval_unit_run(r, &kv, &out[c])) != EKV_OK)
-                return ekv_err_prefix(s, "%s at budget %g, unit %zu", cells[c].policy, cells[c].budget, u);
+                return ekv_error_prefix(s, "%s at budget %g, unit %zu", cells[c].policy, cells[c].budget, u);
         }
         if (progress) progress(user, u + 1, r->n_units, u);
     }
