@@ -217,6 +217,17 @@ def common_args(doc, seed):
     return ap
 
 
+def write_set(out, name, items, who):
+    """Writes one set as out/name.jsonl and says so on stderr."""
+    path = os.path.join(out, name + ".jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for it in items:
+            f.write(json.dumps(it, ensure_ascii=False) + "\n")
+    np = [it["n_prompt"] for it in items]
+    print("%s: %-22s %3d items, prompts %d-%d tokens -> %s" %
+          (who, name, len(items), min(np) if np else 0, max(np) if np else 0, path), file=sys.stderr)
+
+
 def main():
     ap = common_args(__doc__, 10)
     ap.add_argument("--n-cont", type=int, default=16)
@@ -242,13 +253,7 @@ def main():
     sets["retrieval"] = retrieval(docs, tok, 2920, a.n_retrieval, random.Random(a.seed * 1000 + 2))
     os.makedirs(a.out, exist_ok=True)
     for name, items in sets.items():
-        path = os.path.join(a.out, name + ".jsonl")
-        with open(path, "w", encoding="utf-8") as f:
-            for it in items:
-                f.write(json.dumps(it, ensure_ascii=False) + "\n")
-        np = [it["n_prompt"] for it in items]
-        print("make_longctx: %-10s %3d items, prompts %d-%d tokens -> %s" %
-              (name, len(items), min(np) if np else 0, max(np) if np else 0, path), file=sys.stderr)
+        write_set(a.out, name, items, "make_longctx")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ import sys
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_longctx import WORDS, ARGS, Tok, common_args, is_text, clean_split, item, line_starts, context_cut  # noqa: E402
+from make_longctx import WORDS, ARGS, Tok, common_args, write_set, is_text, clean_split, item, line_starts, context_cut  # noqa: E402
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 P_CTX = 2920  # haystack tokens before insertions (prompts end up at ~3,000)
@@ -348,14 +348,7 @@ def main():
     }
     os.makedirs(a.out, exist_ok=True)
     for name in want:
-        items = makers[name]()
-        path = os.path.join(a.out, name + ".jsonl")
-        with open(path, "w", encoding="utf-8") as f:
-            for it in items:
-                f.write(json.dumps(it, ensure_ascii=False) + "\n")
-        np = [it["n_prompt"] for it in items]
-        print("make_ruler: %-22s %3d items, prompts %d-%d tokens -> %s" %
-              (name, len(items), min(np) if np else 0, max(np) if np else 0, path), file=sys.stderr)
+        write_set(a.out, name, makers[name](), "make_ruler")
 
 
 if __name__ == "__main__":

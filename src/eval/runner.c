@@ -509,12 +509,20 @@ static enum ekv_status ref_store(void *ud, int32_t idx, const float *logits, int
     return store_logits(((struct ref_ctx *)ud)->r, idx, logits, target);
 }
 
+/* A copy of seq, which has just read its prompt, and the prompt's last
+ * logits (r->logits) into *logits; a sequence that cannot be copied
+ * (EKV_ERR_UNSUPPORTED) leaves *out NULL and is not an error. */
+static enum ekv_status fork_prompt(const struct ekv_eval_runner *r, struct ekv_seq *seq, struct ekv_seq **out,
+                                   float *logits) {
+    enum ekv_status s = ekv_seq_copy(seq, out);
+    if (s == EKV_ERR_UNSUPPORTED) return EKV_OK;
+    if (s == EKV_OK) memcpy(logits, r->logits, (size_t)r->n_vocab * sizeof(float));
+    return s;
+}
+
 static enum ekv_status ref_fork(void *ud, struct ekv_seq *seq) {
     struct ref_ctx *c = ud;
-    enum ekv_status s = ekv_seq_copy(seq, &c->forked);
-    if (s == EKV_ERR_UNSUPPORTED) return EKV_OK;
-    if (s == EKV_OK) memcpy(c->fork_logits, c->r->logits, (size_t)c->r->n_vocab * sizeof(float));
-    return s;
+    return fork_prompt(c->r, seq, &c->forked, c->fork_logits);
 }
 
 enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
@@ -674,10 +682,7 @@ static enum ekv_status after_prompt(void *ud, struct ekv_seq *seq) {
     enum ekv_status s = EKV_OK;
     if (c->r->cfg.metrics & EKV_METRIC_HITRATE) s = hitrate_cell(ud, seq);
     if (s != EKV_OK || !c->fork) return s;
-    s = ekv_seq_copy(seq, &c->forked);
-    if (s == EKV_ERR_UNSUPPORTED) return EKV_OK;
-    if (s == EKV_OK) memcpy(c->fork_logits, c->r->logits, (size_t)c->r->n_vocab * sizeof(float));
-    return s;
+    return fork_prompt(c->r, seq, &c->forked, c->fork_logits);
 }
 
 static void add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq) {
