@@ -513,6 +513,21 @@ struct ekv_input {
  * to `logits` when it is not NULL (caller-owned buffer). */
 enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, float *logits);
 
+/* Reads one prompt into n new sequences of one context at once (an
+ * evaluation's policies on the same item; ekv eval's shared prefill): the
+ * model runs over the prompt once and every sequence's cache gets the
+ * prompt's entries, the statistics its own policy collects and its own
+ * policy's compression, exactly as ekv_seq_eval(seqs[i], in, ...) alone
+ * would leave it, bit for bit. Needs: n >= 1 distinct sequences that have
+ * read nothing yet, on the CPU, with the same storage types (K and V types,
+ * KIVI group and residual) and no block-wise prefill (chunk 0); `in` a
+ * prompt (is_prompt, not logits_all). Policies, budgets and parameters may
+ * all differ. Writes the last position's n_vocab logits to `logits` when
+ * not NULL (the same for every sequence: a prompt's logits come out
+ * before any policy acts). On failure the sequences that read part of the
+ * prompt must be freed (they refuse further input). */
+enum ekv_status ekv_seq_eval_shared(struct ekv_seq *const *seqs, int32_t n, const struct ekv_input *in, float *logits);
+
 /* Convenience: the whole prompt as one text-tagged input (chunked when the
  * policy asks for it); logits of the last token. */
 enum ekv_status ekv_seq_prefill(struct ekv_seq *seq, const int32_t *tokens, int32_t n, float *logits);

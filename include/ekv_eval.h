@@ -387,6 +387,11 @@ struct ekv_eval_cfg {
                                     rouge are asked, in a cell and in the full-cache reference (default
                                     false: the greedy answer continues a copy of the teacher-forced
                                     run's sequence, ekv_seq_copy; the same results bit for bit) */
+    int32_t share;               /* cells run together (ekv_eval_unit_run_group; ekv eval --share): the
+                                    grid's cells go through a unit in groups of at most this many,
+                                    one shared prompt and batched decode steps (memory: a group's
+                                    caches live together); <= 1 = every cell alone. The same
+                                    results bit for bit either way (default 16) */
 };
 struct ekv_eval_cfg ekv_eval_default_cfg(void);
 
@@ -446,6 +451,7 @@ struct ekv_eval_runner {
     struct ekv_prompt *prompt;     /* the prepared unit's prompt with its image encoded once, or NULL */
     float *ref_attn;               /* hitrate: [n_layer][n_head_kv][n_prompt + n_image] attention of the
                                       first answer token's query over the prompt, full cache */
+    size_t n_grouped;              /* cells run in groups so far (ekv_eval_unit_run_group), the rest alone */
     /* scratch */
     float *logits;                 /* [n_ctx + 1][n_vocab] */
     int32_t *gen;                  /* [n_predict] */
@@ -498,6 +504,21 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t u);
  *     first answer token's query over the prompt (ekv_kept_agreement). */
 enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv,
                                   struct ekv_eval_cell *cell);
+
+/* ekv_eval_unit_run for the n cells kv[0..n) of the prepared unit, into
+ * cells[0..n), run together: their prompt read once (ekv_seq_eval_shared:
+ * one forward, every cache with its own policy's statistics and
+ * compression), each teacher-forced answer token fed to all of them in one
+ * batch (ekv_decode_batch: the weights read once per token for the group),
+ * the greedy answers decoded one batch per step. The results equal n
+ * ekv_eval_unit_run calls bit for bit (a shared prompt leaves each cache as
+ * reading it alone; batched decode equals decoding alone). Cells that
+ * cannot join (on a GPU, --kv-chunk, storage types other than the first
+ * joining cell's) run alone afterwards, as do all cells of a text window,
+ * with cfg.no_fork, or when fewer than two can join. Memory: the n caches
+ * (and their greedy copies) live together. */
+enum ekv_status ekv_eval_unit_run_group(struct ekv_eval_runner *r, const struct ekv_kv_params *kv, size_t n,
+                                        struct ekv_eval_cell *cells);
 
 /* Rows of one cell into a report: ppl (n = tokens), rouge_l_f, rouge_l_p,
  * rouge_l_r (n = items), kl, top1 (n = positions), acc (n = items), hit_rate, jaccard

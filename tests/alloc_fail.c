@@ -225,17 +225,26 @@ static enum ekv_status sc_eval(void *argp, double *sum) {
     cfg.n_predict = 2;
     if (s == EKV_OK) s = ekv_eval_runner_init(&r, a->ctx, &ds, &cfg);
     runner = s == EKV_OK;
-    struct ekv_eval_cell cell;
-    ekv_eval_cell_init(&cell);
-    struct ekv_kv_params kv = ekv_kv_default_params();
-    kv.policy = "h2o";
-    kv.budget = 0.5;
+    /* a group (shared prompt, batched steps) of h2o and snapkv, and a cell
+     * that cannot join (--kv-chunk) and runs alone */
+    struct ekv_eval_cell cell[3];
+    struct ekv_kv_params kv[3];
+    const char *pol[3] = {"h2o", "snapkv", "h2o"};
+    for (int i = 0; i < 3; i++) {
+        ekv_eval_cell_init(&cell[i]);
+        kv[i] = ekv_kv_default_params();
+        kv[i].policy = pol[i];
+        kv[i].budget = 0.5;
+    }
+    kv[2].chunk = 4;
     for (size_t u = 0; runner && u < r.n_units && s == EKV_OK; u++) {
         s = ekv_eval_unit_prepare(&r, u);
-        if (s == EKV_OK) s = ekv_eval_unit_run(&r, &kv, &cell);
+        if (s == EKV_OK) s = ekv_eval_unit_run_group(&r, kv, 3, cell);
     }
-    double ppl = 0;
-    if (s == EKV_OK && ekv_ppl_value(&cell.ppl, &ppl) == EKV_OK) *sum = ppl;
+    double ppl[3] = {0, 0, 0};
+    if (s == EKV_OK && ekv_ppl_value(&cell[0].ppl, &ppl[0]) == EKV_OK && ekv_ppl_value(&cell[1].ppl, &ppl[1]) == EKV_OK &&
+        ekv_ppl_value(&cell[2].ppl, &ppl[2]) == EKV_OK)
+        *sum = ppl[0] + ppl[1] + ppl[2];
     if (runner) ekv_eval_runner_free(&r);
     ekv_dataset_free(&ds);
     return s;
@@ -320,7 +329,7 @@ static void walk_policies(const char *model_path, bool quantised) {
             fputs("{\"instruction\": \"Once upon a time there was a little dog\", \"answer\": \" who liked to run.\"}\n", f);
             fclose(f);
             struct eval_arg e = {.ctx = c, .data = data};
-            walk("eval h2o 0.5 ppl,kl,rouge", sc_eval, &e);
+            walk("eval h2o+snapkv group, h2o chunked 0.5 ppl,kl,rouge", sc_eval, &e);
             remove(data);
         }
     }

@@ -97,6 +97,14 @@ JSONL
 fp=$(grep "^full,f16,1,ppl," "$T/img/results.csv" | cut -d, -f5-); vp=$(grep "^vlcache,f16,1,ppl," "$T/img/results.csv" | cut -d, -f5-)
 [ -n "$fp" ] && [ "$fp" = "$vp" ] && grep -q "^vlcache,f16,1,kl,0," "$T/img/results.csv" && ok || bad "vlcache at 1 with an image: '$vp' vs '$fp'"
 grep -q "^vlcache,f16,0.5,hit_rate," "$T/img/results.csv" && ok || bad "no hit rate with images"
+# the cells ran as one group (a shared prompt with the image, batched decode steps):
+# each alone (--share 1) gives the same file, byte for byte
+"$EKV" eval -m "$T/vlm.gguf" --mmproj "$T/vlm-mmproj.gguf" --image-dir "$REPO/data/images" -f "$T/img.jsonl" \
+  -n 8 --metric ppl,rouge,kl,hitrate --kv-policy full,vlcache,h2o --kv-budget 0.5,1 -o "$T/img1" --no-plot \
+  --share 1 > /dev/null 2>&1
+cmp -s "$T/img/results.csv" "$T/img1/results.csv" && ok || bad "--share 1 and grouped cells differ (images)"
+"$EKV" eval --share 0 -o "$T/bad" --no-plot > /dev/null 2> "$T/bad.err"
+[ $? -eq 1 ] && grep -q -- "--share" "$T/bad.err" && ok || bad "--share 0 must be refused"
 
 # bad input: exit 1 with a message
 for args in "--kv-budget 0.5,abc" "--kv-budget 0,0.5" "--kv-budget 1.5" "--kv-budget 0.5,0.5" \

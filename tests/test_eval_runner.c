@@ -417,6 +417,84 @@ static void test_fork_same(void) {
     ekv_dataset_free(&ds);
 }
 
+/* Every field of two cells' accumulators is equal bit for bit. */
+static bool same_cell(const struct ekv_eval_cell *a, const struct ekv_eval_cell *b) {
+    const struct ekv_mean_acc *ma[] = {&a->rouge_f, &a->rouge_p, &a->rouge_r, &a->hit_rate, &a->jaccard,
+                                       &a->acc,     &a->kv_frac, &a->kv_bytes, &a->kv_bytes_frac};
+    const struct ekv_mean_acc *mb[] = {&b->rouge_f, &b->rouge_p, &b->rouge_r, &b->hit_rate, &b->jaccard,
+                                       &b->acc,     &b->kv_frac, &b->kv_bytes, &b->kv_bytes_frac};
+    bool same = same_double(a->ppl.nll_sum, b->ppl.nll_sum) && a->ppl.n_tokens == b->ppl.n_tokens &&
+                same_double(a->kl.kl_sum, b->kl.kl_sum) && a->kl.n_positions == b->kl.n_positions &&
+                a->kl.top1_agree == b->kl.top1_agree;
+    for (size_t i = 0; i < sizeof ma / sizeof ma[0]; i++) same = same && same_double(ma[i]->sum, mb[i]->sum) && ma[i]->n == mb[i]->n;
+    return same;
+}
+
+/* Cells run together (ekv_eval_unit_run_group: one shared prompt, batched
+ * decode steps) give each cell exactly what it gets alone, for several
+ * metric sets: every policy at 0.2 and 0.5, +merge and +adakv specs, and
+ * cells that cannot join (KIVI storage, --kv-chunk) and run alone. */
+static void test_group_same(void) {
+    struct ekv_data_opts o = ekv_data_default_opts();
+    o.limit = 2;
+    struct ekv_dataset ds;
+    CHECK_OK(ekv_dataset_load(tu_src("data/tinystories_eval.jsonl"), &o, &ds));
+    const unsigned sets[4] = {EKV_METRIC_PPL | EKV_METRIC_ROUGE | EKV_METRIC_KL | EKV_METRIC_ACC | EKV_METRIC_HITRATE,
+                              EKV_METRIC_ROUGE, EKV_METRIC_PPL | EKV_METRIC_KL, EKV_METRIC_HITRATE};
+    const int np = ekv_kv_policy_count();
+    enum { MAXC = 64 };
+    struct ekv_kv_params kv[MAXC];
+    size_t n = 0;
+    for (int p = 0; p < np && n + 2 <= MAXC; p++)
+        for (int b = 0; b < 2; b++) {
+            kv[n] = ekv_kv_default_params();
+            kv[n].policy = ekv_kv_policy_name(p);
+            kv[n++].budget = b ? 0.5 : 0.2;
+        }
+    const char *extra[4] = {"h2o+merge", "snapkv+adakv", "snapkv", "h2o"};
+    for (int i = 0; i < 4 && n < MAXC; i++) {
+        kv[n] = ekv_kv_default_params();
+        kv[n].policy = extra[i];
+        kv[n].budget = 0.3;
+        if (i == 2) kv[n].type_k = EKV_KV_KIVI4, kv[n].type_v = EKV_KV_KIVI2, kv[n].kv_group = 8; /* runs alone */
+        if (i == 3) kv[n].chunk = 16;                                                        /* runs alone */
+        n++;
+    }
+    for (int si = 0; si < 4; si++) {
+        struct ekv_eval_cfg cfg = ekv_eval_default_cfg();
+        cfg.metrics = sets[si];
+        cfg.n_predict = 24;
+        struct ekv_eval_runner r;
+        CHECK_OK(ekv_eval_runner_init(&r, g_ctx, &ds, &cfg));
+        struct ekv_eval_cell alone[MAXC], grouped[MAXC];
+        int differ = 0;
+        for (size_t u = 0; u < r.n_units; u++) {
+            CHECK_OK(ekv_eval_unit_prepare(&r, u));
+            for (size_t i = 0; i < n; i++) {
+                ekv_eval_cell_init(&alone[i]);
+                ekv_eval_cell_init(&grouped[i]);
+                CHECK_OK(ekv_eval_unit_run(&r, &kv[i], &alone[i]));
+            }
+            for (size_t c0 = 0; c0 < n; c0 += 11) /* groups of 11 */
+                CHECK_OK(ekv_eval_unit_run_group(&r, kv + c0, (n - c0 < 11 ? n - c0 : 11), grouped + c0));
+            for (size_t i = 0; i < n; i++) {
+                const bool same = same_cell(&alone[i], &grouped[i]);
+                CHECK_MSG(same, "metrics 0x%x, %s at %.1f, unit %zu: in a group NLL %.17g ROUGE-L %.17g hit %.17g, "
+                          "alone %.17g %.17g %.17g", sets[si], kv[i].policy, kv[i].budget, u, grouped[i].ppl.nll_sum,
+                          grouped[i].rouge_f.sum, grouped[i].hit_rate.sum, alone[i].ppl.nll_sum, alone[i].rouge_f.sum,
+                          alone[i].hit_rate.sum);
+                differ += !same;
+            }
+        }
+        /* every cell but the two that cannot join ran in a group */
+        CHECK_MSG(r.n_grouped == r.n_units * (n - 2), "metrics 0x%x: %zu cells ran in groups, expected %zu", sets[si],
+                  r.n_grouped, r.n_units * (n - 2));
+        CHECK(differ == 0);
+        ekv_eval_runner_free(&r);
+    }
+    ekv_dataset_free(&ds);
+}
+
 int main(void) {
     CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &g_model));
     if (!g_model) return test_finish("test_eval_runner");
@@ -433,6 +511,7 @@ int main(void) {
         test_text_stream();
         test_bad_items();
         test_fork_same();
+        test_group_same();
     }
     ekv_context_free(g_ctx);
     ekv_model_free(g_model);

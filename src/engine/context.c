@@ -272,6 +272,57 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
     return s;
 }
 
+/* Why seqs[i] cannot follow seqs[0] through one shared prompt forward
+ * (EKV_OK when it can). */
+static enum ekv_status shared_check(struct ekv_seq *const *seqs, int32_t i) {
+    const struct ekv_seq *a = seqs[0], *b = seqs[i];
+    if (!b) return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d is NULL", (int)i);
+    enum ekv_status s = ekv_seq_ready(b, "ekv_seq_eval_shared");
+    if (s != EKV_OK) return s;
+    if (b->ctx != a->ctx) return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d belongs to another context", (int)i);
+    for (int32_t j = 0; j < i; j++)
+        if (seqs[j] == b) return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d appears twice", (int)i);
+    if (b->gpu) return ekv_err(EKV_ERR_UNSUPPORTED, "sequence %d runs on the GPU (shared prompts are read on the CPU)", (int)i);
+    if (b->n_seen != 0) return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d has read %lld positions already (only new sequences share a prompt)", (int)i, (long long)b->n_seen);
+    if (ekv_kv_prompt_chunk(b->kv) > 0)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "sequence %d reads prompts in blocks (--kv-chunk): its policy compresses inside the prompt", (int)i);
+    const struct ekv_kv *ka = a->kv, *kb = b->kv;
+    if (kb->fk.type != ka->fk.type || kb->fv.type != ka->fv.type || kb->fk.g != ka->fk.g || kb->fv.g != ka->fv.g ||
+        kb->fk.r != ka->fk.r || kb->fv.r != ka->fv.r)
+        return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d stores keys and values in other types than sequence 0 "
+                                            "(the prompt's attention reads the stored rows)", (int)i);
+    return EKV_OK;
+}
+
+enum ekv_status ekv_seq_eval_shared(struct ekv_seq *const *seqs, int32_t n, const struct ekv_input *in, float *logits) {
+    ekv_err_clear();
+    if (!seqs || n < 1 || !in) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_eval_shared: sequences and input are required");
+    if (!in->is_prompt || in->logits_all)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_seq_eval_shared: the input must be a prompt with the last position's logits");
+    enum ekv_status s = EKV_OK;
+    for (int32_t i = 0; i < n && s == EKV_OK; i++) s = shared_check(seqs, i);
+    if (s != EKV_OK) return ekv_err_prefix(s, "ekv_seq_eval_shared");
+    struct ekv_seq *lead = seqs[0];
+    int64_t total = 0;
+    if ((s = ekv_input_check(lead, in, &total)) != EKV_OK) return ekv_err_prefix(s, "ekv_seq_eval_shared");
+    if (n == 1) return ekv_seq_eval(lead, in, logits);
+    struct ekv_kv **kvs = malloc((size_t)(n - 1) * sizeof *kvs);
+    if (!kvs) return ekv_err(EKV_ERR_NOMEM, "out of memory for %d sequences", (int)n);
+    for (int32_t i = 1; i < n; i++) kvs[i - 1] = seqs[i]->kv;
+    lead->kv->shadows = kvs;
+    lead->kv->n_shadows = n - 1;
+    s = ekv_seq_eval(lead, in, logits); /* one forward: the lead's chunking is 0 (checked) */
+    lead->kv->shadows = NULL;
+    lead->kv->n_shadows = 0;
+    free(kvs);
+    for (int32_t i = 1; i < n; i++) {
+        if (s == EKV_OK) seqs[i]->n_seen = lead->n_seen;
+        else seqs[i]->broken = true; /* its cache may hold part of the prompt */
+    }
+    if (s != EKV_OK) lead->broken = true;
+    return s;
+}
+
 enum ekv_status ekv_seq_prefill(struct ekv_seq *seq, const int32_t *tokens, int32_t n, float *logits) {
     struct ekv_segment sg = {.tokens = tokens, .n = n, .tag = EKV_TAG_TEXT};
     struct ekv_input in = {.segs = &sg, .n_segs = 1, .is_prompt = true};

@@ -6,7 +6,8 @@
  * and the policies x budgets grid. It lives beside the metrics so that tests
  * can run the same code as the CLI. Units are outer and grid cells inner, so
  * each full-cache reference is built once and only one unit's reference is
- * held in memory at a time.
+ * held in memory at a time. A unit's cells can also run together, with
+ * the same results (group.c, ekv_eval_unit_run_group).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -17,9 +18,8 @@
 #include "ekv.h"
 #include "ekv_eval.h"
 #include "eval_util.h"
+#include "runner_int.h"
 
-/* Metrics that need the teacher-forced run. */
-#define TF_METRICS (EKV_METRIC_PPL | EKV_METRIC_KL | EKV_METRIC_ACC)
 
 struct ekv_eval_cfg ekv_eval_default_cfg(void) {
     struct ekv_eval_cfg c = {
@@ -27,6 +27,7 @@ struct ekv_eval_cfg ekv_eval_default_cfg(void) {
         .rouge = EKV_ROUGE_PLTRDY,
         .n_predict = 128,
         .stride = 96,
+        .share = 16,
     };
     return c;
 }
@@ -149,13 +150,13 @@ static const char *item_name(const struct ekv_eval_item *it, char *buf, size_t c
 static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     const struct ekv_eval_item *it = &r->ds->items[i];
     const unsigned m = r->cfg.metrics;
-    const bool tf = m & TF_METRICS;
+    const bool tf = m & EKV_EV_TF_METRICS;
     char name[160];
     item_name(it, name, sizeof name);
     if (it->image && !r->cfg.vision)
         return ekv_error_set(EKV_ERR_UNSUPPORTED, "%s has an image ('%s'): images need a vision tower (--mmproj)",
                        name, it->image);
-    if ((m & (TF_METRICS | EKV_METRIC_HITRATE)) && !it->answer)
+    if ((m & (EKV_EV_TF_METRICS | EKV_METRIC_HITRATE)) && !it->answer)
         return ekv_error_set(EKV_ERR_INVALID_ARG, "%s has no answer, which ppl, kl, acc and hitrate need", name);
     char *prompt = NULL, *image = NULL;
     int32_t n_image = 0;
@@ -303,7 +304,7 @@ static enum ekv_status runner_init(struct ekv_eval_runner *r, struct ekv_context
     r->model = ekv_context_model(ctx);
     r->ds = ds;
     r->cfg = *cfg;
-    const unsigned all = TF_METRICS | EKV_METRIC_ROUGE | EKV_METRIC_HITRATE;
+    const unsigned all = EKV_EV_TF_METRICS | EKV_METRIC_ROUGE | EKV_METRIC_HITRATE;
     if (cfg->metrics == 0 || (cfg->metrics & ~all))
         return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: metric set 0x%x is empty or unknown", cfg->metrics);
     if (cfg->n_predict < 1) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: n_predict %d < 1", cfg->n_predict);
@@ -375,7 +376,6 @@ static int32_t unit_n_scored(const struct ekv_eval_unit *u) {
     return u->stream ? u->n_tokens - u->n_prompt : u->n_tokens - u->n_prompt - 1;
 }
 
-static int32_t unit_positions(const struct ekv_eval_unit *u) { return u->n_prompt + u->n_image; }
 
 /* Reads a JSONL unit's prompt (text, or text around the image's
  * embeddings) as one prompt the policy compresses; logits of the last position. */
@@ -438,7 +438,7 @@ static enum ekv_status run_greedy(struct ekv_eval_runner *r, struct ekv_seq *seq
         if ((s = prefill_unit(r, seq, u, lg)) != EKV_OK) return s;
     }
     /* the last generated token is not fed, so prompt + max - 1 <= n_ctx */
-    int32_t max = EV_MIN(r->cfg.n_predict, r->n_ctx - unit_positions(u) + 1);
+    int32_t max = EV_MIN(r->cfg.n_predict, r->n_ctx - ekv_ev_unit_positions(u) + 1);
     int32_t n = 0;
     while (n < max) {
         size_t t;
@@ -512,7 +512,7 @@ static enum ekv_status ref_store(void *ud, int32_t idx, const float *logits, int
 /* A copy of seq, which has just read its prompt, and the prompt's last
  * logits (r->logits) into *logits; a sequence that cannot be copied
  * (EKV_ERR_UNSUPPORTED) leaves *out NULL and is not an error. */
-static enum ekv_status fork_prompt(const struct ekv_eval_runner *r, struct ekv_seq *seq, struct ekv_seq **out,
+enum ekv_status ekv_ev_fork_prompt(const struct ekv_eval_runner *r, struct ekv_seq *seq, struct ekv_seq **out,
                                    float *logits) {
     enum ekv_status s = ekv_seq_copy(seq, out);
     if (s == EKV_ERR_UNSUPPORTED) return EKV_OK;
@@ -522,7 +522,7 @@ static enum ekv_status fork_prompt(const struct ekv_eval_runner *r, struct ekv_s
 
 static enum ekv_status ref_fork(void *ud, struct ekv_seq *seq) {
     struct ref_ctx *c = ud;
-    return fork_prompt(c->r, seq, &c->forked, c->fork_logits);
+    return ekv_ev_fork_prompt(c->r, seq, &c->forked, c->fork_logits);
 }
 
 enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
@@ -540,7 +540,7 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
         s = ekv_prompt_new(r->model, u->prompt_text, strlen(u->prompt_text), true, &r->prompt);
         if (s == EKV_OK) s = ekv_prompt_set_images(r->prompt, r->cfg.vision, r->ctx, &img, 1);
         if (s == EKV_OK && (ekv_prompt_n_tokens(r->prompt) != u->n_prompt ||
-                            ekv_prompt_n_positions(r->prompt) != unit_positions(u)))
+                            ekv_prompt_n_positions(r->prompt) != ekv_ev_unit_positions(u)))
             s = ekv_error_set(EKV_ERR_INTERNAL, "eval: unit %zu: the prompt changed between tokenization and encoding", ui);
         if (s != EKV_OK) return ekv_error_prefix(s, "image '%s'", u->image);
     }
@@ -578,7 +578,7 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
         }
     }
     if (m & EKV_METRIC_HITRATE) {
-        const size_t P = (size_t)unit_positions(u);
+        const size_t P = (size_t)ekv_ev_unit_positions(u);
         size_t cells = (size_t)r->n_layer * (size_t)r->n_head_kv;
         if (!ev_mul_ok(cells, P, &cells) || !(r->ref_attn = malloc(cells * sizeof(float)))) {
             s = ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for the reference attention");
@@ -615,19 +615,8 @@ fail:
 
 /* ---- one policy on the prepared unit ---- */
 
-struct cell_ctx {
-    struct ekv_eval_runner *r;
-    struct ekv_eval_cell *cell;
-    const struct ekv_eval_unit *u;
-    int32_t n_scored;   /* acc: tokens scored in this unit */
-    bool all_top1;      /* acc: every one of them was the argmax */
-    bool fork;          /* rouge too: copy the sequence after its prompt */
-    struct ekv_seq *forked; /* that copy (NULL: the copy was not possible) */
-    float *fork_logits; /* [n_vocab] the prompt's last logits, for the copy */
-};
-
-static enum ekv_status score_cell(void *ud, int32_t idx, const float *logits, int32_t target) {
-    struct cell_ctx *c = ud;
+enum ekv_status ekv_ev_score_cell(void *ud, int32_t idx, const float *logits, int32_t target) {
+    struct ekv_ev_cell *c = ud;
     struct ekv_eval_runner *r = c->r;
     enum ekv_status s = EKV_OK;
     if (r->cfg.metrics & EKV_METRIC_PPL) s = ekv_ppl_add_logits(&c->cell->ppl, logits, (size_t)r->n_vocab, target, NULL);
@@ -645,10 +634,10 @@ static enum ekv_status score_cell(void *ud, int32_t idx, const float *logits, in
     return s;
 }
 
-static enum ekv_status hitrate_cell(void *ud, struct ekv_seq *seq) {
-    struct cell_ctx *c = ud;
+enum ekv_status ekv_ev_hitrate_cell(void *ud, struct ekv_seq *seq) {
+    struct ekv_ev_cell *c = ud;
     struct ekv_eval_runner *r = c->r;
-    const size_t P = (size_t)unit_positions(c->u);
+    const size_t P = (size_t)ekv_ev_unit_positions(c->u);
     int32_t *pos = malloc(P * sizeof *pos);
     uint32_t *kept = malloc(P * sizeof *kept);
     enum ekv_status s = (pos && kept) ? EKV_OK : ekv_error_set(EKV_ERR_NOMEM, "out of memory");
@@ -678,14 +667,14 @@ static enum ekv_status hitrate_cell(void *ud, struct ekv_seq *seq) {
  * bit: ekv_seq_copy). A sequence that cannot be copied (EKV_ERR_UNSUPPORTED)
  * makes the greedy run read the prompt itself. */
 static enum ekv_status after_prompt(void *ud, struct ekv_seq *seq) {
-    struct cell_ctx *c = ud;
+    struct ekv_ev_cell *c = ud;
     enum ekv_status s = EKV_OK;
-    if (c->r->cfg.metrics & EKV_METRIC_HITRATE) s = hitrate_cell(ud, seq);
+    if (c->r->cfg.metrics & EKV_METRIC_HITRATE) s = ekv_ev_hitrate_cell(ud, seq);
     if (s != EKV_OK || !c->fork) return s;
-    return fork_prompt(c->r, seq, &c->forked, c->fork_logits);
+    return ekv_ev_fork_prompt(c->r, seq, &c->forked, c->fork_logits);
 }
 
-static void add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq) {
+void ekv_ev_add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq) {
     struct ekv_kv_stats st;
     ekv_seq_kv_stats(seq, &st);
     if (st.entries_full > 0) ekv_mean_add(&cell->kv_frac, (double)st.entries / (double)st.entries_full);
@@ -693,27 +682,25 @@ static void add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq) {
     if (st.bytes_full_f32 > 0) ekv_mean_add(&cell->kv_bytes_frac, (double)st.bytes / (double)st.bytes_full_f32);
 }
 
-enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv,
-                                  struct ekv_eval_cell *cell) {
-    if (!r || !cell || r->cur >= r->n_units)
-        return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: no unit prepared (call ekv_eval_unit_prepare first)");
+enum ekv_status ekv_ev_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv, struct ekv_eval_cell *cell) {
     const struct ekv_eval_unit *u = &r->units[r->cur];
     const unsigned m = r->cfg.metrics;
     const bool rouge = (m & EKV_METRIC_ROUGE) && r->ref_text;
-    struct cell_ctx cc = {.r = r, .cell = cell, .u = u, .all_top1 = true};
+    struct ekv_ev_cell cc = {.r = r, .cell = cell, .u = u, .all_top1 = true};
     struct ekv_seq *seq = NULL;
     enum ekv_status s = EKV_OK;
     bool frac_done = false;
-    if (m & (TF_METRICS | EKV_METRIC_HITRATE)) {
-        const bool tf = m & TF_METRICS;
+    if (m & (EKV_EV_TF_METRICS | EKV_METRIC_HITRATE)) {
+        const bool tf = m & EKV_EV_TF_METRICS;
         /* one prompt for both runs: the greedy one continues a copy (JSONL units) */
         cc.fork = rouge && !u->stream && !r->cfg.no_fork;
         if (cc.fork && !(cc.fork_logits = malloc((size_t)r->n_vocab * sizeof(float))))
-            return ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for the prompt's logits");
-        if ((s = ekv_seq_new(r->ctx, kv, &seq)) == EKV_OK) {
-            s = run_scored(r, seq, u, tf ? score_cell : NULL,
+            s = ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for the prompt's logits");
+        if (s == EKV_OK) s = ekv_seq_new(r->ctx, kv, &seq);
+        if (s == EKV_OK) {
+            s = run_scored(r, seq, u, tf ? ekv_ev_score_cell : NULL,
                            (m & EKV_METRIC_HITRATE) || cc.fork ? after_prompt : NULL, &cc);
-            if (s == EKV_OK) add_kv_frac(cell, seq);
+            if (s == EKV_OK) ekv_ev_add_kv_frac(cell, seq);
             if (s == EKV_OK && (m & EKV_METRIC_ACC) && cc.n_scored > 0)
                 ekv_mean_add(&cell->acc, cc.all_top1 ? 1.0 : 0.0);
         }
@@ -726,135 +713,41 @@ enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv
             return s;
         }
     }
-    if (rouge) {
-        int32_t n = 0;
-        if (cc.forked) {
-            seq = cc.forked;
-        } else if ((s = ekv_seq_new(r->ctx, kv, &seq)) != EKV_OK) {
-            free(cc.fork_logits);
-            return s;
-        }
-        s = run_greedy(r, seq, u, cc.forked ? cc.fork_logits : NULL, &n);
-        if (s == EKV_OK && !frac_done) add_kv_frac(cell, seq);
-        ekv_seq_free(seq);
+    if (!rouge) return EKV_OK;
+    int32_t n = 0;
+    float *lg = NULL;
+    if (cc.forked) {
+        seq = cc.forked, lg = cc.fork_logits;
+    } else if ((s = ekv_seq_new(r->ctx, kv, &seq)) != EKV_OK) {
         free(cc.fork_logits);
-        if (s == EKV_OK) s = gen_text(r, n);
-        if (s != EKV_OK) return s;
-        struct ekv_rouge rg = {0};
-        if (!rouge_empty(r->cfg.rouge, r->text) &&
-            (s = ekv_rouge_l(r->cfg.rouge, r->text, r->ref_text, &rg)) != EKV_OK)
-            return s;
-        ekv_mean_add(&cell->rouge_f, rg.f);
-        ekv_mean_add(&cell->rouge_p, rg.p);
-        ekv_mean_add(&cell->rouge_r, rg.r);
+        return s;
     }
+    s = run_greedy(r, seq, u, lg, &n);
+    if (s == EKV_OK && !frac_done) ekv_ev_add_kv_frac(cell, seq);
+    ekv_seq_free(seq);
+    free(cc.fork_logits);
+    return s == EKV_OK ? ekv_ev_rouge_add(r, r->gen, n, cell) : s;
+}
+
+/* Detokenises gen[0..n) and adds its ROUGE-L against the reference answer
+ * to cell (an empty answer scores 0). */
+enum ekv_status ekv_ev_rouge_add(struct ekv_eval_runner *r, const int32_t *gen, int32_t n, struct ekv_eval_cell *cell) {
+    if (gen != r->gen) memcpy(r->gen, gen, (size_t)n * sizeof *gen);
+    enum ekv_status s = gen_text(r, n);
+    if (s != EKV_OK) return s;
+    struct ekv_rouge rg = {0};
+    if (!rouge_empty(r->cfg.rouge, r->text) && (s = ekv_rouge_l(r->cfg.rouge, r->text, r->ref_text, &rg)) != EKV_OK)
+        return s;
+    ekv_mean_add(&cell->rouge_f, rg.f);
+    ekv_mean_add(&cell->rouge_p, rg.p);
+    ekv_mean_add(&cell->rouge_r, rg.r);
     return EKV_OK;
 }
 
-/* ---- results and the grid ---- */
-
-enum ekv_status ekv_eval_cell_report(const struct ekv_eval_cell *c, unsigned m, const char *policy, double budget,
-                                     struct ekv_report *rep) {
-    return ekv_eval_cell_report_kv(c, m, policy, NULL, budget, rep);
+enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv,
+                                  struct ekv_eval_cell *cell) {
+    if (!r || !cell || r->cur >= r->n_units)
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: no unit prepared (call ekv_eval_unit_prepare first)");
+    return ekv_ev_unit_run(r, kv, cell);
 }
 
-enum ekv_status ekv_eval_cell_report_kv(const struct ekv_eval_cell *c, unsigned m, const char *policy,
-                                        const char *kv_type, double budget, struct ekv_report *rep) {
-    enum ekv_status s = EKV_OK;
-    if ((m & EKV_METRIC_PPL) && c->ppl.n_tokens) {
-        double v;
-        if ((s = ekv_ppl_value(&c->ppl, &v)) == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "ppl", v, c->ppl.n_tokens);
-    }
-    if (s == EKV_OK && (m & EKV_METRIC_ROUGE) && c->rouge_f.n) {
-        s = ekv_report_add_kv(rep, policy, kv_type, budget, "rouge_l_f", ekv_mean_value(&c->rouge_f), c->rouge_f.n);
-        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "rouge_l_p", ekv_mean_value(&c->rouge_p), c->rouge_p.n);
-        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "rouge_l_r", ekv_mean_value(&c->rouge_r), c->rouge_r.n);
-    }
-    if (s == EKV_OK && (m & EKV_METRIC_KL) && c->kl.n_positions) {
-        double kl, top1;
-        if ((s = ekv_kl_result(&c->kl, &kl, &top1)) == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "kl", kl, c->kl.n_positions);
-        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "top1", top1, c->kl.n_positions);
-    }
-    if (s == EKV_OK && (m & EKV_METRIC_ACC) && c->acc.n)
-        s = ekv_report_add_kv(rep, policy, kv_type, budget, "acc", ekv_mean_value(&c->acc), c->acc.n);
-    if (s == EKV_OK && (m & EKV_METRIC_HITRATE) && c->hit_rate.n) {
-        s = ekv_report_add_kv(rep, policy, kv_type, budget, "hit_rate", ekv_mean_value(&c->hit_rate), c->hit_rate.n);
-        if (s == EKV_OK) s = ekv_report_add_kv(rep, policy, kv_type, budget, "jaccard", ekv_mean_value(&c->jaccard), c->jaccard.n);
-    }
-    if (s == EKV_OK && c->kv_frac.n)
-        s = ekv_report_add_kv(rep, policy, kv_type, budget, "kv_frac", ekv_mean_value(&c->kv_frac), c->kv_frac.n);
-    if (s == EKV_OK && c->kv_bytes.n)
-        s = ekv_report_add_kv(rep, policy, kv_type, budget, "kv_bytes", ekv_mean_value(&c->kv_bytes), c->kv_bytes.n);
-    if (s == EKV_OK && c->kv_bytes_frac.n)
-        s = ekv_report_add_kv(rep, policy, kv_type, budget, "kv_bytes_frac", ekv_mean_value(&c->kv_bytes_frac), c->kv_bytes_frac.n);
-    return s;
-}
-
-enum ekv_status ekv_eval_grid(char *const *policies, size_t n_policies, const double *budgets, size_t n_budgets,
-                              struct ekv_eval_grid_cell **cells, size_t *n_cells) {
-    *cells = NULL;
-    *n_cells = 0;
-    if (!policies || !budgets || n_policies == 0 || n_budgets == 0)
-        return ekv_error_set(EKV_ERR_INVALID_ARG, "eval grid: no policy or no budget");
-    size_t cap;
-    if (!ev_mul_ok(n_policies, n_budgets, &cap)) return ekv_error_set(EKV_ERR_OVERFLOW, "eval grid too large");
-    struct ekv_eval_grid_cell *c = calloc(cap, sizeof *c);
-    if (!c) return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
-    size_t n = 0;
-    for (size_t p = 0; p < n_policies; p++) {
-        int found = 0;
-        const size_t nl = strcspn(policies[p], ":+"); /* a spec "name+merge:options" names the policy `name` */
-        for (int i = 0; i < ekv_kv_policy_count(); i++)
-            found |= strlen(ekv_kv_policy_name(i)) == nl && !strncmp(policies[p], ekv_kv_policy_name(i), nl);
-        if (!found || strlen(policies[p]) >= sizeof c->policy) {
-            free(c);
-            return ekv_error_set(EKV_ERR_INVALID_ARG, "eval grid: unknown policy '%s'", policies[p]);
-        }
-        bool full = !strcmp(policies[p], "full");
-        for (size_t b = 0; b < (full ? 1 : n_budgets); b++) {
-            snprintf(c[n].policy, sizeof c[n].policy, "%s", policies[p]);
-            c[n].budget = full ? 1.0 : budgets[b];
-            n++;
-        }
-    }
-    *cells = c;
-    *n_cells = n;
-    return EKV_OK;
-}
-
-enum ekv_status ekv_eval_grid_check(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
-                                    const struct ekv_eval_grid_cell *cells, size_t n_cells) {
-    if (!r || !base || (!cells && n_cells)) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
-    for (size_t c = 0; c < n_cells; c++) {
-        struct ekv_kv_params kv = *base;
-        kv.policy = cells[c].policy;
-        kv.budget = cells[c].budget;
-        struct ekv_seq *seq = NULL;
-        enum ekv_status s = ekv_seq_new(r->ctx, &kv, &seq);
-        ekv_seq_free(seq);
-        if (s != EKV_OK) return ekv_error_prefix(s, "%s at budget %g", cells[c].policy, cells[c].budget);
-    }
-    return EKV_OK;
-}
-
-enum ekv_status ekv_eval_run_grid(struct ekv_eval_runner *r, const struct ekv_kv_params *base,
-                                  const struct ekv_eval_grid_cell *cells, size_t n_cells, struct ekv_eval_cell *out,
-                                  ekv_eval_progress_fn progress, void *user) {
-    if (!r || !base || !cells || !out) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval grid: NULL argument");
-    enum ekv_status s0 = ekv_eval_grid_check(r, base, cells, n_cells);
-    if (s0 != EKV_OK) return s0;
-    for (size_t c = 0; c < n_cells; c++) ekv_eval_cell_init(&out[c]);
-    for (size_t u = 0; u < r->n_units; u++) {
-        enum ekv_status s = ekv_eval_unit_prepare(r, u);
-        if (s != EKV_OK) return ekv_error_prefix(s, "full-cache reference of unit %zu", u);
-        for (size_t c = 0; c < n_cells; c++) {
-            struct ekv_kv_params kv = *base;
-            kv.policy = cells[c].policy;
-            kv.budget = cells[c].budget;
-            if ((s = ekv_eval_unit_run(r, &kv, &out[c])) != EKV_OK)
-                return ekv_error_prefix(s, "%s at budget %g, unit %zu", cells[c].policy, cells[c].budget, u);
-        }
-        if (progress) progress(user, u + 1, r->n_units, u);
-    }
-    return EKV_OK;
-}

@@ -187,6 +187,16 @@ void ekv_attn_row_kv(const float *q, int R, const struct ekv_kv_view *k, const s
         ekv_attn_row_kv_ref(q, R, k, v, n_keys, scale, out, probs, rowbuf, st);
 }
 
+void ekv_attn_row_stats(int d, const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st) {
+    if (!st) return;
+    /* ekv_attn_row_kv's choice: the SIMD rows (AVX2 and AVX-512) add their
+     * statistics with ekv_attn_accumulate_avx2, the reference with its own */
+    if (d > 0 && d % 8 == 0 && ekv_kernels_level() >= EKV_ISA_AVX2)
+        ekv_attn_accumulate_avx2(probs, R, n_keys, st);
+    else
+        ekv_attn_accumulate_ref(probs, R, n_keys, st);
+}
+
 void ekv_attn_add_bias(float *s, int R, size_t n, const float *bias) {
     for (int h = 0; h < R; h++) {
         float *sh = s + (size_t)h * n;

@@ -47,6 +47,13 @@ void ekv_attn_row(const float *q, int R, int d, const float *k, const float *v, 
  * does. Exposed so tests can feed hand-written attention matrices. */
 void ekv_attn_accumulate(const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
 
+/* The statistics ekv_attn_row_kv adds for a row over keys of head size d,
+ * from its normalised probabilities probs [R][n_keys], by the same code
+ * ekv_attn_row_kv would choose for d on this CPU: a cache that reads a
+ * shared prompt (kv.h "shadows") gets exactly the statistics its own
+ * attention would have given. */
+void ekv_attn_row_stats(int d, const float *probs, int R, int32_t n_keys, const struct ekv_attn_stats *st);
+
 /* One query position over typed storage (kvquant.h views; K and V types
  * may differ): the attention of ekv_attn_row over the dequantised rows,
  * with the same statistics. When the key view has a bias (k->bias), the

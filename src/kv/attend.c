@@ -42,7 +42,9 @@ enum ekv_status ekv_kv_begin(struct ekv_kv *kv, const struct ekv_kv_step *step) 
         if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s", kv->policy_name);
     }
     kv->stats |= kv->extra_stats; /* begin() sets kv->stats afresh each forward */
-    return ekv_kv_ensure_stats(kv);
+    enum ekv_status s = ekv_kv_ensure_stats(kv);
+    for (int32_t i = 0; s == EKV_OK && i < kv->n_shadows; i++) s = ekv_kv_begin(kv->shadows[i], step);
+    return s;
 }
 
 bool ekv_kv_stats_read_after(const struct ekv_kv *kv, const struct ekv_kv_step *step) {
@@ -55,6 +57,10 @@ enum ekv_status ekv_kv_end(struct ekv_kv *kv, const struct ekv_kv_step *step) {
     if (kv->ops && kv->ops->end) {
         enum ekv_status s = kv->ops->end(kv, step);
         if (s != EKV_OK) return ekv_err_prefix(s, "kv policy %s", kv->policy_name);
+    }
+    for (int32_t i = 0; i < kv->n_shadows; i++) {
+        enum ekv_status s = ekv_kv_end(kv->shadows[i], step);
+        if (s != EKV_OK) return s;
     }
     return EKV_OK;
 }
@@ -72,6 +78,8 @@ struct attend_task {
     unsigned win_flags; /* statistics of rows at positions >= win_start */
     double *sparse;     /* [n_head_kv][2] zero / total counts, or NULL */
     atomic_int failed;
+    struct attend_task *sh; /* [n_sh] the shadow caches' tasks (kv->shadows), or NULL */
+    int32_t n_sh;
 };
 
 int32_t ekv_kv_head_first_at(const struct ekv_kv_head *h, int32_t n, int64_t min_pos) {
@@ -110,6 +118,39 @@ static const float *weight_bias(const struct ekv_kv_head *h, float *bias) {
     return any ? bias : NULL;
 }
 
+/* The statistics arrays of head h as attention writes them (flags unset),
+ * with the sparsity counts going to *zero / *total. */
+static struct ekv_attn_stats head_stats(struct ekv_kv_head *h, double *zero, double *total, float sparsity_p) {
+    return (struct ekv_attn_stats){
+        .colsum = h->colsum,
+        .count = h->count,
+        .sumsq = h->sumsq,
+        .lastrow = h->lastrow,
+        .winsum = h->winsum,
+        .bincount = h->bincount,
+        .sparse_zero = zero,
+        .sparse_total = total,
+        .sparsity_p = sparsity_p,
+    };
+}
+
+/* Shadow task s's statistics of one row of head hk at position pos, which
+ * sees entries [lo, n_keys), from the probabilities [R][n_keys - lo] the
+ * lead cache's attention has just computed: what the shadow's own
+ * attention would have added. */
+static void shadow_row(struct attend_task *s, int hk, int64_t pos, int32_t lo, int R, int32_t n_keys,
+                       const float *probs) {
+    const struct ekv_kv *kv = s->kv;
+    struct ekv_kv_head *h = &kv->layers[s->il].heads[hk];
+    const unsigned flags = s->row_flags | (pos >= kv->win_start ? s->win_flags : 0u);
+    if (!flags) return;
+    struct ekv_attn_stats st =
+        head_stats(h, s->sparse ? &s->sparse[2 * hk] : NULL, s->sparse ? &s->sparse[2 * hk + 1] : NULL, s->sparsity_p);
+    st.flags = flags;
+    if (lo > 0) shift_stats(&st, h, lo);
+    ekv_attn_row_stats(kv->head_dim, probs, R, n_keys - lo, &st);
+}
+
 /* probs: [R][len] scratch followed by the row buffer [EKV_ATTN_ROWS][head_dim]
  * and, with kv->logit_bias, [len] floats for the entries' logit biases. */
 static void attend_head(struct attend_task *t, int hk, float *probs) {
@@ -120,17 +161,7 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
     const int32_t n_new = t->step->n_new;
     const int32_t len0 = h->len - n_new; /* entries before this forward's appends */
     double sparse_zero = 0.0, sparse_total = 0.0;
-    struct ekv_attn_stats st = {
-        .colsum = h->colsum,
-        .count = h->count,
-        .sumsq = h->sumsq,
-        .lastrow = h->lastrow,
-        .winsum = h->winsum,
-        .bincount = h->bincount,
-        .sparse_zero = &sparse_zero,
-        .sparse_total = &sparse_total,
-        .sparsity_p = t->sparsity_p,
-    };
+    struct ekv_attn_stats st = head_stats(h, &sparse_zero, &sparse_total, t->sparsity_p);
     struct ekv_kv_view kview = ekv_store_view(&kv->fk, &h->ks, h->len);
     const struct ekv_kv_view vview = ekv_store_view(&kv->fv, &h->vs, h->len);
     float *rowbuf = probs + (size_t)R * (size_t)(h->len ? h->len : 1);
@@ -153,6 +184,7 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
             ekv_attn_row_kv(t->q + qoff, R, &kw, &vw, n_keys - lo, t->scale, t->out + qoff, probs, rowbuf,
                             st.flags ? &sw : NULL);
         }
+        for (int32_t si = 0; si < t->n_sh; si++) shadow_row(&t->sh[si], hk, pos, lo, R, n_keys, probs);
     }
     if (t->sparse) {
         t->sparse[2 * hk] = sparse_zero;
@@ -268,14 +300,43 @@ enum ekv_status ekv_kv_layer_policy(struct ekv_kv *kv, int il, const struct ekv_
     return step->n_new > 0 ? ekv_kv_flush(kv, il) : EKV_OK;
 }
 
+/* The shadow caches of kv (kv.h) for this layer: each appended and
+ * prepared as kv was, into t->sh (freed by the caller). */
+static enum ekv_status shadows_prepare(struct ekv_kv *kv, struct ekv_pool *pool, int il, const struct ekv_kv_step *step,
+                                       const float *q, const float *k, const float *v, float *out,
+                                       struct attend_task *t) {
+    if (kv->n_shadows <= 0 || step->n_new == 0) return EKV_OK;
+    t->sh = calloc((size_t)kv->n_shadows, sizeof *t->sh);
+    if (!t->sh) return ekv_err(EKV_ERR_NOMEM, "kv layer %d: out of memory for %d shadow caches", il, (int)kv->n_shadows);
+    for (int32_t i = 0; i < kv->n_shadows; i++) {
+        enum ekv_status s = layer_prepare(kv->shadows[i], pool, il, step, q, k, v, out, &t->sh[i]);
+        if (s != EKV_OK) return ekv_err_prefix(s, "shadow cache %d", (int)i);
+        t->n_sh = i + 1;
+    }
+    return EKV_OK;
+}
+
 enum ekv_status ekv_kv_layer_forward(struct ekv_kv *kv, struct ekv_pool *pool, int il,
                                      const struct ekv_kv_step *step, const float *q, const float *k,
                                      const float *v, float *out) {
     struct attend_task t;
     enum ekv_status s = layer_prepare(kv, pool, il, step, q, k, v, out, &t);
     if (s != EKV_OK) return s;
-    if (step->n_new > 0) ekv_pool_run(pool, attend_worker, &t);
-    return layer_finish(&t);
+    if ((s = shadows_prepare(kv, pool, il, step, q, k, v, out, &t)) == EKV_OK && step->n_new > 0)
+        ekv_pool_run(pool, attend_worker, &t);
+    if (s != EKV_OK) { /* nothing ran: release the counts */
+        free(t.sparse);
+        for (int32_t i = 0; i < t.n_sh; i++) free(t.sh[i].sparse);
+        free(t.sh);
+        return s;
+    }
+    s = layer_finish(&t); /* then each shadow's hook, as if it had read the layer alone */
+    for (int32_t i = 0; i < t.n_sh; i++) {
+        enum ekv_status si = layer_finish(&t.sh[i]);
+        if (s == EKV_OK) s = si;
+    }
+    free(t.sh);
+    return s;
 }
 
 /* ---- several sequences in one job ---- */
@@ -307,6 +368,9 @@ static void attend_batch_worker(void *ctx, int ith, int nth) {
 
 enum ekv_status ekv_kv_layer_forward_batch(struct ekv_pool *pool, int il, const struct ekv_kv_part *parts, int n) {
     if (n <= 0 || !parts) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_layer_forward_batch: no parts");
+    for (int i = 0; i < n; i++)
+        if (parts[i].kv && parts[i].kv->n_shadows > 0)
+            return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_layer_forward_batch: part %d reads a shared prompt", i);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++)
             if (parts[i].kv == parts[j].kv)

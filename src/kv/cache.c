@@ -378,6 +378,8 @@ enum ekv_status ekv_kv_clone(const struct ekv_kv *src, struct ekv_kv **out) {
     kv->dev = NULL;         /* the copy's device rows, if any, are its owner's to attach */
     kv->layer_hook = NULL;
     kv->layer_hook_user = NULL;
+    kv->shadows = NULL;
+    kv->n_shadows = 0;
     kv->params.policy = kv->policy_name;
     const struct ekv_policy_ops *ops = kv->ops;
     kv->ops = NULL;         /* no destroy() until the state is copied */

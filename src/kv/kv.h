@@ -216,6 +216,16 @@ struct ekv_kv {
      * the CPU's policy). NULL = none. */
     void (*layer_hook)(struct ekv_kv *kv, int il, void *user);
     void *layer_hook_user;
+    /* A prompt read once for several caches (ekv_seq_eval_shared): for the
+     * forwards of that prompt, the caches that follow this one. Each has
+     * this cache's shape and storage formats and held what this one held
+     * before the forward (the engine checks: all are empty); each gets the
+     * same new entries, the statistics its own policy asks for from this
+     * cache's attention probabilities (ekv_attn_row_stats), and its own
+     * begin / layer / end hooks, so it ends as if it had read the prompt
+     * alone, bit for bit. NULL / 0 otherwise (never copied or saved). */
+    struct ekv_kv *const *shadows;
+    int32_t n_shadows;
 };
 
 /* ---- cache (src/kv/cache.c) ---- */

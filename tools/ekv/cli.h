@@ -104,6 +104,7 @@ struct cli_params {
     const char *metrics;
     const char *rouge;
     long limit, offset, stride;
+    long share;             /* --share N: cells per shared prompt (ekv_eval_cfg.share) */
     const char *out_dir;
     bool plot;
     const char *image_dir;

@@ -154,6 +154,7 @@ static int eval_parse(struct eval *e, int argc, char **argv) {
     e->cfg = ekv_eval_default_cfg();
     e->cfg.n_predict = (int32_t)p->n_predict;
     e->cfg.stride = (int32_t)p->stride;
+    e->cfg.share = (int32_t)p->share;
     e->cfg.chat_template = p->chat_template;
     e->dopts = ekv_data_default_opts();
     e->dopts.offset = (size_t)p->offset;
@@ -251,33 +252,56 @@ static bool eval_setup(struct eval *e) {
     return true;
 }
 
-/* Units outer (each reference built once), cells inner, a progress line per unit. */
+/* The parameters of cell ct (policy x budget, then storage type). */
+static struct ekv_kv_params cell_params(const struct eval *e, size_t ct) {
+    const size_t c = ct % e->n_cells, ty = ct / e->n_cells;
+    struct ekv_kv_params kv = e->p.kv;
+    kv.policy = e->cells[c].policy;
+    kv.budget = e->cells[c].budget;
+    kv.type_k = e->types[ty].k;
+    kv.type_v = e->types[ty].v;
+    return kv;
+}
+
+/* Units outer (each reference built once), cells inner in groups of
+ * --share that run together (ekv_eval_unit_run_group: one prompt, batched
+ * decode steps), a progress line per unit. A cell's time is its group's
+ * divided by the cells in it (with --share 1, its own). */
 static bool eval_run(struct eval *e) {
     struct progress pg = {.tty = isatty(2), .t0 = cli_now(), .n_cells = e->n_cells * e->n_types, .r = &e->run};
-    enum ekv_status s;
-    for (size_t u = 0; u < e->run.n_units; u++) {
+    const size_t nct = e->n_cells * e->n_types, group = e->cfg.share > 1 ? (size_t)e->cfg.share : 1;
+    struct ekv_kv_params *kv = calloc(group, sizeof *kv);
+    if (!kv) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    enum ekv_status s = EKV_OK;
+    for (size_t u = 0; u < e->run.n_units && s == EKV_OK; u++) {
         double t = cli_now();
-        if ((s = ekv_eval_unit_prepare(&e->run, u)) != EKV_OK) return cli_fail(CMD, s), false;
+        if ((s = ekv_eval_unit_prepare(&e->run, u)) != EKV_OK) break;
         e->ref_s += cli_now() - t;
-        for (size_t ct = 0; ct < e->n_cells * e->n_types; ct++) {
-            const size_t c = ct % e->n_cells, ty = ct / e->n_cells;
-            struct ekv_kv_params kv = e->p.kv;
-            kv.policy = e->cells[c].policy;
-            kv.budget = e->cells[c].budget;
-            kv.type_k = e->types[ty].k;
-            kv.type_v = e->types[ty].v;
+        for (size_t c0 = 0; c0 < nct && s == EKV_OK;) { /* groups inside one storage type */
+            const size_t type_end = (c0 / e->n_cells + 1) * e->n_cells;
+            const size_t n = type_end - c0 < group ? type_end - c0 : group;
+            for (size_t i = 0; i < n; i++) kv[i] = cell_params(e, c0 + i);
             t = cli_now();
-            struct ekv_eval_cell *one = &e->unit_acc[u * e->n_cells * e->n_types + ct];
-            if ((s = ekv_eval_unit_run(&e->run, &kv, one)) != EKV_OK) {
-                fprintf(stderr, "ekv eval: error in %s (%s) at budget %g, unit %zu:\n", e->cells[c].policy,
-                        e->types[ty].label, e->cells[c].budget, u);
-                return cli_fail(CMD, s), false;
+            struct ekv_eval_cell *one = &e->unit_acc[u * nct + c0];
+            if ((s = ekv_eval_unit_run_group(&e->run, kv, n, one)) != EKV_OK) {
+                const size_t c1 = c0 + n - 1;
+                fprintf(stderr, "ekv eval: error in the cells %s at budget %g .. %s at budget %g (%s), unit %zu:\n",
+                        e->cells[c0 % e->n_cells].policy, e->cells[c0 % e->n_cells].budget,
+                        e->cells[c1 % e->n_cells].policy, e->cells[c1 % e->n_cells].budget,
+                        e->types[c0 / e->n_cells].label, u);
+                break;
             }
-            e->cell_s[ct] += cli_now() - t;
-            ekv_eval_cell_merge(&e->acc[ct], one);
+            const double dt = cli_now() - t;
+            for (size_t i = 0; i < n; i++) { /* a group's time, split evenly over its cells */
+                e->cell_s[c0 + i] += dt / (double)n;
+                ekv_eval_cell_merge(&e->acc[c0 + i], &one[i]);
+            }
+            c0 += n;
         }
-        show_progress(&pg, u + 1, e->run.n_units, u);
+        if (s == EKV_OK) show_progress(&pg, u + 1, e->run.n_units, u);
     }
+    free(kv);
+    if (s != EKV_OK) return cli_fail(CMD, s), false;
     e->total_s = cli_now() - pg.t0;
     return true;
 }
@@ -307,6 +331,7 @@ static cJSON *eval_meta(const struct eval *e) {
     if (tm) {
         cJSON_AddNumberToObject(tm, "total_seconds", e->total_s);
         cJSON_AddNumberToObject(tm, "reference_seconds", e->ref_s);
+        cJSON_AddNumberToObject(tm, "share", e->cfg.share);
         cJSON *ca = cJSON_AddArrayToObject(tm, "cells");
         for (size_t ct = 0; ca && ct < e->n_cells * e->n_types; ct++) {
             const size_t c = ct % e->n_cells;

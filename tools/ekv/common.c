@@ -174,6 +174,9 @@ static const struct cli_opt k_opts[] = {
      NULL, false},
     {E, G_EVAL, "--stride", NULL, "N", "text ppl: tokens per streamed chunk", K_LONG, OFF(stride), 1, BIG, NULL,
      NULL, NULL, false},
+    {E, G_EVAL, "--share", NULL, "N",
+     "cells that read each item's prompt in one shared forward (the same\nresults; each holds its cache until its turn;"
+     " 1 = each reads its own)", K_LONG, OFF(share), 1, 4096, NULL, NULL, NULL, false},
     {E, G_EVAL, "-o, --out", NULL, "DIR",
      "output directory: results.csv (deterministic), results.json\n(with timings), results.md, <metric>.png", K_STR,
      OFF(out_dir), 0, 0, NULL, NULL, NULL, false},
@@ -792,6 +795,7 @@ void cli_params_init(struct cli_params *p, unsigned tool) {
     p->metrics = "ppl,rouge,kl";
     p->rouge = "pltrdy";
     p->stride = 96;
+    p->share = 16;
     p->out_dir = "eval-out";
     p->plot = true;
     p->reps = 3;
