@@ -451,6 +451,9 @@ struct ekv_eval_runner {
     struct ekv_prompt *prompt;     /* the prepared unit's prompt with its image encoded once, or NULL */
     float *ref_attn;               /* hitrate: [n_layer][n_head_kv][n_prompt + n_image] attention of the
                                       first answer token's query over the prompt, full cache */
+    bool ref_pending;              /* the reference's teacher-forced and greedy runs wait for the unit's
+                                      first group (cfg.share > 1, JSONL unit): they run in it (its
+                                      prompt and batched steps), or before the first cell run alone */
     size_t n_grouped;              /* cells run in groups so far (ekv_eval_unit_run_group), the rest alone */
     /* scratch */
     float *logits;                 /* [n_ctx + 1][n_vocab] */
@@ -477,7 +480,10 @@ void ekv_eval_runner_free(struct ekv_eval_runner *r);
 
 /* Builds the full-cache reference of unit u (what the policies are compared
  * with): teacher-forced logits (kl), the greedy answer (rouge), the next
- * query's attention (hitrate). */
+ * query's attention (hitrate). With cfg.share > 1 a JSONL unit's
+ * teacher-forced and greedy references wait (ref_pending) and run in the
+ * unit's first ekv_eval_unit_run_group, or before the first cell run alone:
+ * the same values either way. */
 enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t u);
 
 /* Runs the prepared unit with a fresh sequence under `kv` (NULL = full
@@ -510,8 +516,9 @@ enum ekv_status ekv_eval_unit_run(struct ekv_eval_runner *r, const struct ekv_kv
  * one forward, every cache with its own policy's statistics and
  * compression), each teacher-forced answer token fed to all of them in one
  * batch (ekv_decode_batch: the weights read once per token for the group),
- * the greedy answers decoded one batch per step. The results equal n
- * ekv_eval_unit_run calls bit for bit (a shared prompt leaves each cache as
+ * the greedy answers decoded one batch per step; the unit's full-cache
+ * reference runs in the group as its first member when it waits for one
+ * (ref_pending). The results equal n ekv_eval_unit_run calls bit for bit (a shared prompt leaves each cache as
  * reading it alone; batched decode equals decoding alone). Cells that
  * cannot join (on a GPU, --kv-chunk, storage types other than the first
  * joining cell's) run alone afterwards, as do all cells of a text window,

@@ -94,7 +94,8 @@ static void test_budget_one_and_point_two(void) {
     size_t expect_tokens = 0;
     for (size_t u = 0; u < r.n_units; u++) {
         CHECK_OK(ekv_eval_unit_prepare(&r, u));
-        CHECK(r.ref_text != NULL && r.ref_logits != NULL && r.ref_attn != NULL);
+        /* the teacher-forced and greedy references wait for a group (cfg.share > 1) or the first cell */
+        CHECK(r.ref_pending && r.ref_text == NULL && r.ref_logits != NULL && r.ref_attn != NULL);
         const struct ekv_eval_unit *un = &r.units[u];
         int32_t a = un->n_tokens - un->n_prompt;
         expect_tokens += (size_t)(a - 1);
@@ -104,6 +105,7 @@ static void test_budget_one_and_point_two(void) {
         struct ekv_eval_cell full;
         ekv_eval_cell_init(&full);
         CHECK_OK(ekv_eval_unit_run(&r, NULL, &full));
+        CHECK(!r.ref_pending && r.ref_text != NULL);
         CHECK_MSG(full.ppl.n_tokens == (size_t)(a - 1) && cnt == full.ppl.n_tokens, "unit %zu: %zu scored, a = %d",
                   u, full.ppl.n_tokens, a);
         CHECK_MSG(fabs(full.ppl.nll_sum - ref_sum) <= 1e-4 * ref_sum, "unit %zu: NLL %.9g vs batched %.9g", u,
@@ -188,7 +190,7 @@ static void test_budget_one_and_point_two(void) {
     CHECK_OK(ekv_eval_runner_init(&r, g_ctx, &ds, &cfg));
     for (size_t u = 0; u < 1 && u < r.n_units; u++) {
         CHECK_OK(ekv_eval_unit_prepare(&r, u));
-        CHECK(r.ref_logits == NULL && r.ref_attn == NULL && r.ref_text);
+        CHECK(r.ref_logits == NULL && r.ref_attn == NULL && r.ref_pending);
         for (int p = 0; p < np; p++) {
             struct ekv_kv_params kv = ekv_kv_default_params();
             kv.policy = ekv_kv_policy_name(p);
@@ -199,6 +201,7 @@ static void test_budget_one_and_point_two(void) {
             CHECK_MSG(c.rouge_f.n == 1 && c.rouge_f.sum == 1.0 && c.ppl.n_tokens == 0 && c.kl.n_positions == 0,
                       "%s sentence ROUGE %.17g", kv.policy, c.rouge_f.sum);
         }
+        CHECK(!r.ref_pending && r.ref_text != NULL);
     }
     ekv_eval_runner_free(&r);
     ekv_dataset_free(&ds);
@@ -445,12 +448,7 @@ static void test_group_same(void) {
     enum { MAXC = 64 };
     struct ekv_kv_params kv[MAXC];
     size_t n = 0;
-    for (int p = 0; p < np && n + 2 <= MAXC; p++)
-        for (int b = 0; b < 2; b++) {
-            kv[n] = ekv_kv_default_params();
-            kv[n].policy = ekv_kv_policy_name(p);
-            kv[n++].budget = b ? 0.5 : 0.2;
-        }
+    /* lossy cells first, so that the group's first members differ from the reference */
     const char *extra[4] = {"h2o+merge", "snapkv+adakv", "snapkv", "h2o"};
     for (int i = 0; i < 4 && n < MAXC; i++) {
         kv[n] = ekv_kv_default_params();
@@ -460,23 +458,38 @@ static void test_group_same(void) {
         if (i == 3) kv[n].chunk = 16;                                                        /* runs alone */
         n++;
     }
+    for (int p = 0; p < np && n + 2 <= MAXC; p++)
+        for (int b = 0; b < 2; b++) {
+            kv[n] = ekv_kv_default_params();
+            kv[n].policy = ekv_kv_policy_name(p);
+            kv[n++].budget = b ? 0.5 : 0.2;
+        }
     for (int si = 0; si < 4; si++) {
-        struct ekv_eval_cfg cfg = ekv_eval_default_cfg();
-        cfg.metrics = sets[si];
-        cfg.n_predict = 24;
-        struct ekv_eval_runner r;
-        CHECK_OK(ekv_eval_runner_init(&r, g_ctx, &ds, &cfg));
+        /* r[0]: every cell alone (share 1: the reference built by prepare);
+         * r[1]: groups of 11 (the reference runs in the first group) */
+        struct ekv_eval_cfg cfg[2] = {ekv_eval_default_cfg(), ekv_eval_default_cfg()};
+        struct ekv_eval_runner r[2];
+        for (int f = 0; f < 2; f++) {
+            cfg[f].metrics = sets[si];
+            cfg[f].n_predict = 24;
+            cfg[f].share = f == 0 ? 1 : 11;
+            CHECK_OK(ekv_eval_runner_init(&r[f], g_ctx, &ds, &cfg[f]));
+        }
         struct ekv_eval_cell alone[MAXC], grouped[MAXC];
         int differ = 0;
-        for (size_t u = 0; u < r.n_units; u++) {
-            CHECK_OK(ekv_eval_unit_prepare(&r, u));
+        for (size_t u = 0; u < r[0].n_units; u++) {
+            for (int f = 0; f < 2; f++) CHECK_OK(ekv_eval_unit_prepare(&r[f], u));
+            const bool waits = (sets[si] & (EKV_METRIC_KL | EKV_METRIC_ROUGE)) != 0;
+            CHECK_MSG(!r[0].ref_pending && r[1].ref_pending == waits, "metrics 0x%x: reference pending %d %d", sets[si],
+                      r[0].ref_pending, r[1].ref_pending);
             for (size_t i = 0; i < n; i++) {
                 ekv_eval_cell_init(&alone[i]);
                 ekv_eval_cell_init(&grouped[i]);
-                CHECK_OK(ekv_eval_unit_run(&r, &kv[i], &alone[i]));
+                CHECK_OK(ekv_eval_unit_run(&r[0], &kv[i], &alone[i]));
             }
             for (size_t c0 = 0; c0 < n; c0 += 11) /* groups of 11 */
-                CHECK_OK(ekv_eval_unit_run_group(&r, kv + c0, (n - c0 < 11 ? n - c0 : 11), grouped + c0));
+                CHECK_OK(ekv_eval_unit_run_group(&r[1], kv + c0, n - c0 < 11 ? n - c0 : 11, grouped + c0));
+            CHECK(!r[1].ref_pending);
             for (size_t i = 0; i < n; i++) {
                 const bool same = same_cell(&alone[i], &grouped[i]);
                 CHECK_MSG(same, "metrics 0x%x, %s at %.1f, unit %zu: in a group NLL %.17g ROUGE-L %.17g hit %.17g, "
@@ -485,12 +498,18 @@ static void test_group_same(void) {
                           alone[i].hit_rate.sum);
                 differ += !same;
             }
+            /* a unit run alone after grouping, and grouping after a cell ran alone, still agree */
+            struct ekv_eval_cell one;
+            ekv_eval_cell_init(&one);
+            CHECK_OK(ekv_eval_unit_run(&r[1], &kv[0], &one));
+            CHECK(same_cell(&one, &alone[0]));
         }
         /* every cell but the two that cannot join ran in a group */
-        CHECK_MSG(r.n_grouped == r.n_units * (n - 2), "metrics 0x%x: %zu cells ran in groups, expected %zu", sets[si],
-                  r.n_grouped, r.n_units * (n - 2));
+        CHECK_MSG(r[1].n_grouped == r[1].n_units * (n - 2) && r[0].n_grouped == 0,
+                  "metrics 0x%x: %zu cells ran in groups, expected %zu", sets[si], r[1].n_grouped,
+                  r[1].n_units * (n - 2));
         CHECK(differ == 0);
-        ekv_eval_runner_free(&r);
+        for (int f = 0; f < 2; f++) ekv_eval_runner_free(&r[f]);
     }
     ekv_dataset_free(&ds);
 }

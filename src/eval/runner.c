@@ -336,7 +336,8 @@ static enum ekv_status runner_init(struct ekv_eval_runner *r, struct ekv_context
     return EKV_OK;
 }
 
-static void ref_clear(struct ekv_eval_runner *r) {
+void ekv_ev_ref_clear(struct ekv_eval_runner *r) {
+    r->ref_pending = false;
     free(r->ref_logits);
     free(r->ref_text);
     free(r->ref_attn);
@@ -349,7 +350,7 @@ static void ref_clear(struct ekv_eval_runner *r) {
 
 void ekv_eval_runner_free(struct ekv_eval_runner *r) {
     if (!r) return;
-    ref_clear(r);
+    ekv_ev_ref_clear(r);
     for (size_t i = 0; i < r->n_units; i++) {
         free(r->units[i].tokens);
         free(r->units[i].image);
@@ -489,9 +490,7 @@ static bool rouge_empty(enum ekv_rouge_kind kind, const char *s) {
 
 /* ---- full-cache reference ---- */
 
-static enum ekv_status store_logits(void *ud, int32_t idx, const float *logits, int32_t target) {
-    struct ekv_eval_runner *r = ud;
-    (void)target;
+enum ekv_status ekv_ev_ref_store(struct ekv_eval_runner *r, int32_t idx, const float *logits) {
     if (idx < 0 || idx >= r->n_scored) return ekv_error_set(EKV_ERR_INTERNAL, "eval: scored index %d of %d", idx, r->n_scored);
     memcpy(r->ref_logits + (size_t)idx * (size_t)r->n_vocab, logits, (size_t)r->n_vocab * sizeof(float));
     return EKV_OK;
@@ -506,7 +505,8 @@ struct ref_ctx {
 };
 
 static enum ekv_status ref_store(void *ud, int32_t idx, const float *logits, int32_t target) {
-    return store_logits(((struct ref_ctx *)ud)->r, idx, logits, target);
+    (void)target;
+    return ekv_ev_ref_store(((struct ref_ctx *)ud)->r, idx, logits);
 }
 
 /* A copy of seq, which has just read its prompt, and the prompt's last
@@ -525,13 +525,58 @@ static enum ekv_status ref_fork(void *ud, struct ekv_seq *seq) {
     return ekv_ev_fork_prompt(c->r, seq, &c->forked, c->fork_logits);
 }
 
-enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
-    if (!r || ui >= r->n_units) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: unit %zu out of range", ui);
-    ref_clear(r);
-    const struct ekv_eval_unit *u = &r->units[ui];
+/* The full-cache reference's teacher-forced run (kl: its logits into
+ * r->ref_logits, allocated) and greedy answer (rouge: r->ref_text) of unit u. */
+static enum ekv_status ref_runs(struct ekv_eval_runner *r, const struct ekv_eval_unit *u) {
     const unsigned m = r->cfg.metrics;
     struct ekv_seq *seq = NULL;
     struct ref_ctx rc = {.r = r};
+    enum ekv_status s = EKV_OK;
+    if (m & EKV_METRIC_KL) {
+        if ((m & EKV_METRIC_ROUGE) && !u->stream && !r->cfg.no_fork &&
+            !(rc.fork_logits = malloc((size_t)r->n_vocab * sizeof(float))))
+            return ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for the prompt's logits");
+        if ((s = ekv_seq_new(r->ctx, NULL, &seq)) == EKV_OK)
+            s = run_scored(r, seq, u, ref_store, rc.fork_logits ? ref_fork : NULL, &rc);
+        ekv_seq_free(seq);
+        seq = NULL;
+    }
+    if (s == EKV_OK && (m & EKV_METRIC_ROUGE)) {
+        int32_t n = 0;
+        const bool from_fork = rc.forked != NULL;
+        if (from_fork) seq = rc.forked, rc.forked = NULL;
+        else s = ekv_seq_new(r->ctx, NULL, &seq);
+        if (s == EKV_OK) s = run_greedy(r, seq, u, from_fork ? rc.fork_logits : NULL, &n);
+        ekv_seq_free(seq);
+        if (s == EKV_OK) s = ekv_ev_ref_answer(r, r->gen, n);
+    }
+    ekv_seq_free(rc.forked);
+    free(rc.fork_logits);
+    return s;
+}
+
+enum ekv_status ekv_ev_ref_answer(struct ekv_eval_runner *r, const int32_t *gen, int32_t n) {
+    if (gen != r->gen) memcpy(r->gen, gen, (size_t)n * sizeof *gen);
+    enum ekv_status s = gen_text(r, n);
+    if (s == EKV_OK && !rouge_empty(r->cfg.rouge, r->text) && !(r->ref_text = strdup(r->text)))
+        s = ekv_error_set(EKV_ERR_NOMEM, "out of memory");
+    return s;
+}
+
+enum ekv_status ekv_ev_ref_ready(struct ekv_eval_runner *r) {
+    if (!r->ref_pending) return EKV_OK;
+    r->ref_pending = false;
+    enum ekv_status s = ref_runs(r, &r->units[r->cur]);
+    if (s != EKV_OK) ekv_ev_ref_clear(r); /* no unit is prepared now */
+    return s;
+}
+
+enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
+    if (!r || ui >= r->n_units) return ekv_error_set(EKV_ERR_INVALID_ARG, "eval: unit %zu out of range", ui);
+    ekv_ev_ref_clear(r);
+    const struct ekv_eval_unit *u = &r->units[ui];
+    const unsigned m = r->cfg.metrics;
+    struct ekv_seq *seq = NULL;
     enum ekv_status s = EKV_OK;
     ekv_prompt_free(r->prompt);
     r->prompt = NULL;
@@ -551,32 +596,10 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
             !ev_mul_ok(cells, sizeof(float), &cells))
             return ekv_error_set(EKV_ERR_INTERNAL, "eval: unit %zu scores %d tokens", ui, r->n_scored);
         if (!(r->ref_logits = malloc(cells))) return ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for reference logits");
-        if ((m & EKV_METRIC_ROUGE) && !u->stream && !r->cfg.no_fork &&
-            !(rc.fork_logits = malloc((size_t)r->n_vocab * sizeof(float)))) {
-            s = ekv_error_set(EKV_ERR_NOMEM, "eval: no memory for the prompt's logits");
-            goto fail;
-        }
-        if ((s = ekv_seq_new(r->ctx, NULL, &seq)) == EKV_OK)
-            s = run_scored(r, seq, u, ref_store, rc.fork_logits ? ref_fork : NULL, &rc);
-        ekv_seq_free(seq);
-        seq = NULL;
-        if (s != EKV_OK) goto fail;
     }
-    if (m & EKV_METRIC_ROUGE) {
-        int32_t n = 0;
-        const bool from_fork = rc.forked != NULL;
-        if (from_fork) seq = rc.forked, rc.forked = NULL;
-        else if ((s = ekv_seq_new(r->ctx, NULL, &seq)) != EKV_OK) goto fail;
-        s = run_greedy(r, seq, u, from_fork ? rc.fork_logits : NULL, &n);
-        ekv_seq_free(seq);
-        seq = NULL;
-        if (s == EKV_OK) s = gen_text(r, n);
-        if (s != EKV_OK) goto fail;
-        if (!rouge_empty(r->cfg.rouge, r->text) && !(r->ref_text = strdup(r->text))) {
-            s = ekv_error_set(EKV_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-    }
+    /* the teacher-forced and greedy references now, or (grouped cells) in the first group */
+    r->ref_pending = (m & (EKV_METRIC_KL | EKV_METRIC_ROUGE)) && !u->stream && !r->cfg.no_fork && r->cfg.share > 1;
+    if (!r->ref_pending && (s = ref_runs(r, u)) != EKV_OK) goto fail;
     if (m & EKV_METRIC_HITRATE) {
         const size_t P = (size_t)ekv_ev_unit_positions(u);
         size_t cells = (size_t)r->n_layer * (size_t)r->n_head_kv;
@@ -604,12 +627,9 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
         if (s != EKV_OK) goto fail;
     }
     r->cur = ui;
-    free(rc.fork_logits);
     return EKV_OK;
 fail:
-    ekv_seq_free(rc.forked);
-    free(rc.fork_logits);
-    ref_clear(r);
+    ekv_ev_ref_clear(r);
     return s;
 }
 
@@ -683,12 +703,13 @@ void ekv_ev_add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq) {
 }
 
 enum ekv_status ekv_ev_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv, struct ekv_eval_cell *cell) {
+    enum ekv_status s = ekv_ev_ref_ready(r);
+    if (s != EKV_OK) return s;
     const struct ekv_eval_unit *u = &r->units[r->cur];
     const unsigned m = r->cfg.metrics;
     const bool rouge = (m & EKV_METRIC_ROUGE) && r->ref_text;
     struct ekv_ev_cell cc = {.r = r, .cell = cell, .u = u, .all_top1 = true};
     struct ekv_seq *seq = NULL;
-    enum ekv_status s = EKV_OK;
     bool frac_done = false;
     if (m & (EKV_EV_TF_METRICS | EKV_METRIC_HITRATE)) {
         const bool tf = m & EKV_EV_TF_METRICS;

@@ -40,6 +40,16 @@ enum ekv_status ekv_ev_fork_prompt(const struct ekv_eval_runner *r, struct ekv_s
 void ekv_ev_add_kv_frac(struct ekv_eval_cell *cell, const struct ekv_seq *seq);
 /* Detokenises gen[0..n) and adds its ROUGE-L against the reference answer. */
 enum ekv_status ekv_ev_rouge_add(struct ekv_eval_runner *r, const int32_t *gen, int32_t n, struct ekv_eval_cell *cell);
+/* The full-cache reference's logits of scored position idx (kl). */
+enum ekv_status ekv_ev_ref_store(struct ekv_eval_runner *r, int32_t idx, const float *logits);
+/* The full-cache reference's greedy answer gen[0..n) as r->ref_text (left
+ * NULL when ROUGE cannot score it). */
+enum ekv_status ekv_ev_ref_answer(struct ekv_eval_runner *r, const int32_t *gen, int32_t n);
+/* Runs the reference's teacher-forced and greedy runs now when they wait
+ * for a group (r->ref_pending); on failure no unit stays prepared. */
+enum ekv_status ekv_ev_ref_ready(struct ekv_eval_runner *r);
+/* Drops the prepared unit's reference (no unit is prepared afterwards). */
+void ekv_ev_ref_clear(struct ekv_eval_runner *r);
 /* ekv_eval_unit_run's work (arguments checked by the caller). */
 enum ekv_status ekv_ev_unit_run(struct ekv_eval_runner *r, const struct ekv_kv_params *kv, struct ekv_eval_cell *cell);
 
