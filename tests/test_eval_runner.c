@@ -477,7 +477,8 @@ static void test_group_same(void) {
         }
         struct ekv_eval_cell alone[MAXC], grouped[MAXC];
         int differ = 0;
-        for (size_t u = 0; u < r[0].n_units; u++) {
+        const size_t n_units = si == 0 ? r[0].n_units : 1; /* the other metric sets on one unit (ASan time) */
+        for (size_t u = 0; u < n_units; u++) {
             for (int f = 0; f < 2; f++) CHECK_OK(ekv_eval_unit_prepare(&r[f], u));
             const bool waits = (sets[si] & (EKV_METRIC_KL | EKV_METRIC_ROUGE)) != 0;
             CHECK_MSG(!r[0].ref_pending && r[1].ref_pending == waits, "metrics 0x%x: reference pending %d %d", sets[si],
@@ -505,9 +506,8 @@ static void test_group_same(void) {
             CHECK(same_cell(&one, &alone[0]));
         }
         /* every cell but the two that cannot join ran in a group */
-        CHECK_MSG(r[1].n_grouped == r[1].n_units * (n - 2) && r[0].n_grouped == 0,
-                  "metrics 0x%x: %zu cells ran in groups, expected %zu", sets[si], r[1].n_grouped,
-                  r[1].n_units * (n - 2));
+        CHECK_MSG(r[1].n_grouped == n_units * (n - 2) && r[0].n_grouped == 0,
+                  "metrics 0x%x: %zu cells ran in groups, expected %zu", sets[si], r[1].n_grouped, n_units * (n - 2));
         CHECK(differ == 0);
         for (int f = 0; f < 2; f++) ekv_eval_runner_free(&r[f]);
     }
