@@ -527,6 +527,9 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
  * before any policy acts). On failure the sequences that read part of the
  * prompt must be freed (they refuse further input). */
 enum ekv_status ekv_seq_eval_shared(struct ekv_seq *const *seqs, int32_t n, const struct ekv_input *in, float *logits);
+/* Whether a and b (which may be the same sequence) can read a prompt
+ * together in ekv_seq_eval_shared, by its conditions above. */
+bool ekv_seq_can_share(const struct ekv_seq *a, const struct ekv_seq *b);
 
 /* Convenience: the whole prompt as one text-tagged input (chunked when the
  * policy asks for it); logits of the last token. */

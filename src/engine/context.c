@@ -272,26 +272,41 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
     return s;
 }
 
-/* Why seqs[i] cannot follow seqs[0] through one shared prompt forward
- * (EKV_OK when it can). */
-static enum ekv_status shared_check(struct ekv_seq *const *seqs, int32_t i) {
-    const struct ekv_seq *a = seqs[0], *b = seqs[i];
-    if (!b) return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d is NULL", (int)i);
-    enum ekv_status s = ekv_seq_ready(b, "ekv_seq_eval_shared");
-    if (s != EKV_OK) return s;
-    if (b->ctx != a->ctx) return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d belongs to another context", (int)i);
-    for (int32_t j = 0; j < i; j++)
-        if (seqs[j] == b) return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d appears twice", (int)i);
-    if (b->gpu) return ekv_err(EKV_ERR_UNSUPPORTED, "sequence %d runs on the GPU (shared prompts are read on the CPU)", (int)i);
-    if (b->n_seen != 0) return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d has read %lld positions already (only new sequences share a prompt)", (int)i, (long long)b->n_seen);
-    if (ekv_kv_prompt_chunk(b->kv) > 0)
-        return ekv_err(EKV_ERR_UNSUPPORTED, "sequence %d reads prompts in blocks (--kv-chunk): its policy compresses inside the prompt", (int)i);
+/* Why b cannot read a prompt together with a (ekv_seq_eval_shared), with
+ * the status for it in *st; NULL when it can. */
+static const char *share_refusal(const struct ekv_seq *a, const struct ekv_seq *b, enum ekv_status *st) {
+    *st = EKV_ERR_INVALID_ARG;
+    if (b->prefill) return "is reading a prompt in pieces (ekv_prefill_step)";
+    if (b->broken) return "was left with a half-read prompt; free it";
+    if (b->ctx != a->ctx) return "belongs to another context";
+    *st = EKV_ERR_UNSUPPORTED;
+    if (b->gpu) return "runs on the GPU (shared prompts are read on the CPU)";
+    *st = EKV_ERR_INVALID_ARG;
+    if (b->n_seen != 0) return "has read positions already (only new sequences share a prompt)";
+    *st = EKV_ERR_UNSUPPORTED;
+    if (ekv_kv_prompt_chunk(b->kv) > 0) return "reads prompts in blocks (--kv-chunk): its policy compresses inside the prompt";
+    *st = EKV_ERR_INVALID_ARG;
     const struct ekv_kv *ka = a->kv, *kb = b->kv;
     if (kb->fk.type != ka->fk.type || kb->fv.type != ka->fv.type || kb->fk.g != ka->fk.g || kb->fv.g != ka->fv.g ||
         kb->fk.r != ka->fk.r || kb->fv.r != ka->fv.r)
-        return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d stores keys and values in other types than sequence 0 "
-                                            "(the prompt's attention reads the stored rows)", (int)i);
-    return EKV_OK;
+        return "stores keys and values in other types than sequence 0 (the prompt's attention reads the stored rows)";
+    return NULL;
+}
+
+bool ekv_seq_can_share(const struct ekv_seq *a, const struct ekv_seq *b) {
+    enum ekv_status st;
+    return a && b && !share_refusal(a, a, &st) && !share_refusal(a, b, &st);
+}
+
+/* Why seqs[i] cannot follow seqs[0] through one shared prompt forward
+ * (EKV_OK when it can). */
+static enum ekv_status shared_check(struct ekv_seq *const *seqs, int32_t i) {
+    if (!seqs[i]) return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d is NULL", (int)i);
+    for (int32_t j = 0; j < i; j++)
+        if (seqs[j] == seqs[i]) return ekv_err(EKV_ERR_INVALID_ARG, "sequence %d appears twice", (int)i);
+    enum ekv_status st;
+    const char *why = share_refusal(seqs[0], seqs[i], &st);
+    return why ? ekv_err(st, "sequence %d %s", (int)i, why) : EKV_OK;
 }
 
 enum ekv_status ekv_seq_eval_shared(struct ekv_seq *const *seqs, int32_t n, const struct ekv_input *in, float *logits) {

@@ -32,21 +32,6 @@ struct member {
     bool active;
 };
 
-/* Whether seq can read a prompt in one forward on the CPU (a group's
- * lead), and whether it can join a group whose lead has the resolved
- * parameters a (ekv_seq_eval_shared's conditions: the same storage). */
-static bool can_lead(const struct ekv_seq *seq) {
-    struct ekv_kv_params p;
-    ekv_seq_kv_params(seq, &p);
-    return !ekv_seq_on_device(seq) && p.chunk <= 0;
-}
-static bool can_join(const struct ekv_kv_params *a, const struct ekv_seq *seq) {
-    struct ekv_kv_params b;
-    ekv_seq_kv_params(seq, &b);
-    return can_lead(seq) && a->type_k == b.type_k && a->type_v == b.type_v && a->kv_group == b.kv_group &&
-           a->kv_residual == b.kv_residual;
-}
-
 /* Scratch of a group of n: sequences and tokens of one batch, its logits. */
 struct batch {
     struct ekv_seq **seqs;   /* [n] */
@@ -182,19 +167,15 @@ static enum ekv_status group_run(struct ekv_eval_runner *r, struct member *g, si
  * becomes g[0]; *g0 is 0 then, else 1. */
 static enum ekv_status group_make(struct ekv_eval_runner *r, const struct ekv_kv_params *kv, size_t n, struct member *g,
                                   size_t *ng, size_t *g0, bool *alone) {
-    struct ekv_kv_params lead;
-    bool have_lead = false;
+    const struct ekv_seq *lead = NULL; /* the first cell that can share a prompt at all */
     *ng = 0;
     *g0 = 1;
     for (size_t i = 0; i < n; i++) {
         struct ekv_seq *seq = NULL;
         enum ekv_status s = ekv_seq_new(r->ctx, &kv[i], &seq);
         if (s != EKV_OK) return s;
-        if (!have_lead && can_lead(seq)) {
-            ekv_seq_kv_params(seq, &lead);
-            have_lead = true;
-        }
-        if (have_lead && can_join(&lead, seq)) {
+        if (!lead && ekv_seq_can_share(seq, seq)) lead = seq;
+        if (lead && ekv_seq_can_share(lead, seq)) {
             struct member *x = &g[1 + (*ng)++];
             x->idx = i, x->seq = seq;
         } else {
@@ -206,7 +187,7 @@ static enum ekv_status group_make(struct ekv_eval_runner *r, const struct ekv_kv
     struct ekv_seq *ref = NULL;
     enum ekv_status s = ekv_seq_new(r->ctx, NULL, &ref);
     if (s != EKV_OK) return s;
-    if (can_join(&lead, ref)) {
+    if (ekv_seq_can_share(lead, ref)) {
         g[0].is_ref = true, g[0].seq = ref;
         *g0 = 0;
     } else {
@@ -217,12 +198,9 @@ static enum ekv_status group_make(struct ekv_eval_runner *r, const struct ekv_kv
 
 /* The group's prompt once for all (its last logits into P). */
 static enum ekv_status group_prompt(struct ekv_eval_runner *r, struct member *g, size_t ng, struct batch *b, float *P) {
-    const struct ekv_eval_unit *u = &r->units[r->cur];
-    struct ekv_segment sg = {.tokens = u->tokens, .n = u->n_prompt, .tag = EKV_TAG_TEXT};
-    const struct ekv_segment *segs = &sg;
-    int32_t ns = 1;
-    enum ekv_status s = u->n_image > 0 ? ekv_prompt_segments(r->prompt, &segs, &ns) : EKV_OK;
-    struct ekv_input in = {.segs = segs, .n_segs = ns, .is_prompt = true};
+    struct ekv_segment sg;
+    struct ekv_input in;
+    enum ekv_status s = ekv_ev_unit_input(r, &r->units[r->cur], &sg, &in);
     for (size_t i = 0; i < ng; i++) b->seqs[i] = g[i].seq;
     return s == EKV_OK ? ekv_seq_eval_shared(b->seqs, (int32_t)ng, &in, P) : s;
 }

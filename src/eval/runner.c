@@ -378,12 +378,21 @@ static int32_t unit_n_scored(const struct ekv_eval_unit *u) {
 }
 
 
-/* Reads a JSONL unit's prompt (text, or text around the image's
- * embeddings) as one prompt the policy compresses; logits of the last position. */
+enum ekv_status ekv_ev_unit_input(const struct ekv_eval_runner *r, const struct ekv_eval_unit *u,
+                                  struct ekv_segment *sg, struct ekv_input *in) {
+    *sg = (struct ekv_segment){.tokens = u->tokens, .n = u->n_prompt, .tag = EKV_TAG_TEXT};
+    *in = (struct ekv_input){.segs = sg, .n_segs = 1, .is_prompt = true};
+    return u->n_image > 0 ? ekv_prompt_segments(r->prompt, &in->segs, &in->n_segs) : EKV_OK;
+}
+
+/* Reads a JSONL unit's prompt as one prompt the policy compresses; logits
+ * of the last position. */
 static enum ekv_status prefill_unit(struct ekv_eval_runner *r, struct ekv_seq *seq, const struct ekv_eval_unit *u,
                                     float *logits) {
-    if (u->n_image == 0) return ekv_seq_prefill(seq, u->tokens, u->n_prompt, logits);
-    return ekv_seq_eval_prompt(seq, r->prompt, logits);
+    struct ekv_segment sg;
+    struct ekv_input in;
+    enum ekv_status s = ekv_ev_unit_input(r, u, &sg, &in);
+    return s == EKV_OK ? ekv_seq_eval(seq, &in, logits) : s;
 }
 
 /* Teacher-forced scoring (JSONL) or chunked streaming (text); docs/policies.md "Evaluation protocols". */

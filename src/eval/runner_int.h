@@ -26,6 +26,10 @@ struct ekv_ev_cell {
 /* Positions of a unit's prompt (tokens and image rows). */
 static inline int32_t ekv_ev_unit_positions(const struct ekv_eval_unit *u) { return u->n_prompt + u->n_image; }
 
+/* A JSONL unit's prompt as one input: its tokens, or the prepared
+ * prompt's text and image segments (sg holds the text-only segment). */
+enum ekv_status ekv_ev_unit_input(const struct ekv_eval_runner *r, const struct ekv_eval_unit *u,
+                                  struct ekv_segment *sg, struct ekv_input *in);
 /* Scores answer token `target` (index idx) from logits into the cell of
  * ud (a struct ekv_ev_cell): ppl, acc, kl against the reference. */
 enum ekv_status ekv_ev_score_cell(void *ud, int32_t idx, const float *logits, int32_t target);
