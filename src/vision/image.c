@@ -334,52 +334,124 @@ enum ekv_status ekv_image_pad_square(const struct ekv_image *src, const uint8_t 
     return EKV_OK;
 }
 
-/* Cubic through p[-1], p[0], p[1], p[2] at t in [0,1), written on the
- * differences to p[0] as in clip.cpp; float arithmetic as there. */
-static float cubic(float pm1, float p0, float p1, float p2, float t) {
-    float d0 = pm1 - p0, d2 = p1 - p0, d3 = p2 - p0;
-    float a1 = (float)(-1.0 / 3 * d0 + d2 - 1.0 / 6 * d3);
-    float a2 = (float)(1.0 / 2 * d0 + 1.0 / 2 * d2);
-    float a3 = (float)(-1.0 / 6 * d0 - 1.0 / 2 * d2 + 1.0 / 6 * d3);
-    return p0 + a1 * t + a2 * t * t + a3 * t * t * t;
+/* Resampling as Pillow's Image.resize(BICUBIC) does it, which is what the
+ * Hugging Face image processors of LLaVA call and what llama.cpp's mtmd
+ * reproduces: each output pixel is a weighted sum over the input pixels
+ * under a cubic kernel (a = -0.5) centred on the output pixel's centre
+ * mapped into the input, widened by the scale when shrinking (so a large
+ * photo is low-pass filtered instead of point-sampled), weights normalised
+ * to sum 1 and held in 22-bit fixed point; rows first, then columns, each
+ * pass rounded to 8 bits. */
+#define RS_BITS 22
+#define RS_SUPPORT 2.0
+
+static double rs_cubic(double x) {
+    const double a = -0.5;
+    if (x < 0.0) x = -x;
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+    if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+    return 0.0;
 }
 
-static int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+/* Weights of one pass, in -> out pixels: taps [out][ksize] in fixed point,
+ * first[out] and count[out] the input span each output pixel reads. */
+struct rs_pass {
+    int ksize;
+    int *first, *count;
+    int32_t *taps;
+};
+
+static void rs_pass_free(struct rs_pass *p) {
+    free(p->first), free(p->count), free(p->taps);
+}
+
+static enum ekv_status rs_pass_init(int in, int out, struct rs_pass *p) {
+    const double scale = (double)in / (double)out, fscale = scale < 1.0 ? 1.0 : scale;
+    const double support = RS_SUPPORT * fscale;
+    p->ksize = (int)ceil(support) * 2 + 1;
+    p->first = malloc((size_t)out * sizeof *p->first);
+    p->count = malloc((size_t)out * sizeof *p->count);
+    p->taps = malloc((size_t)out * (size_t)p->ksize * sizeof *p->taps);
+    double *w = malloc((size_t)p->ksize * sizeof *w);
+    if (!p->first || !p->count || !p->taps || !w) {
+        free(w);
+        rs_pass_free(p);
+        return ekv_err(EKV_ERR_NOMEM, "image resize: %d taps for %d pixels", p->ksize, out);
+    }
+    for (int o = 0; o < out; o++) {
+        const double centre = ((double)o + 0.5) * scale;
+        int lo = (int)(centre - support + 0.5), hi = (int)(centre + support + 0.5);
+        lo = lo < 0 ? 0 : lo;
+        hi = hi > in ? in : hi;
+        const int n = hi - lo;
+        double sum = 0.0;
+        for (int k = 0; k < n; k++) sum += w[k] = rs_cubic(((double)(k + lo) - centre + 0.5) / fscale);
+        int32_t *t = p->taps + (size_t)o * (size_t)p->ksize;
+        for (int k = 0; k < p->ksize; k++) {
+            const double v = k < n && sum != 0.0 ? w[k] / sum * (double)(1 << RS_BITS) : 0.0;
+            t[k] = (int32_t)(v < 0.0 ? v - 0.5 : v + 0.5);
+        }
+        p->first[o] = lo, p->count[o] = n;
+    }
+    free(w);
+    return EKV_OK;
+}
+
+static uint8_t rs_round8(int32_t acc) {
+    if (acc < 0) return 0; /* the sum started at half a step, so this rounds to nearest */
+    const int32_t v = acc >> RS_BITS;
+    return (uint8_t)(v > 255 ? 255 : v);
+}
+
+/* One pass along x (stride 3 between taps) or along y (stride a row):
+ * dst [ny][nx] from src, whose pixel o along the pass axis reads p's taps. */
+static void rs_apply(const struct rs_pass *p, const uint8_t *src, int src_nx, uint8_t *dst, int nx, int ny, bool along_x) {
+    const size_t tap_step = along_x ? 3 : (size_t)src_nx * 3;
+    for (int y = 0; y < ny; y++)
+        for (int x = 0; x < nx; x++) {
+            const int o = along_x ? x : y;
+            const int32_t *t = p->taps + (size_t)o * (size_t)p->ksize;
+            const uint8_t *s0 = along_x ? src + ((size_t)y * (size_t)src_nx + (size_t)p->first[o]) * 3
+                                        : src + ((size_t)p->first[o] * (size_t)src_nx + (size_t)x) * 3;
+            for (int c = 0; c < 3; c++) {
+                int32_t acc = 1 << (RS_BITS - 1);
+                for (int k = 0; k < p->count[o]; k++) acc += (int32_t)s0[(size_t)k * tap_step + (size_t)c] * t[k];
+                dst[((size_t)y * (size_t)nx + (size_t)x) * 3 + (size_t)c] = rs_round8(acc);
+            }
+        }
+}
 
 enum ekv_status ekv_image_resize_bicubic(const struct ekv_image *src, int nx, int ny,
                                          struct ekv_image *out) {
     if (!src || !src->rgb || !out)
         return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_resize_bicubic: NULL argument");
     static const uint8_t black[3] = {0, 0, 0};
+    struct ekv_image mid = {0};
+    struct rs_pass px = {0}, py = {0};
     enum ekv_status s = ekv_image_new(nx, ny, black, out);
     if (s != EKV_OK) return s;
-    const int sx = src->nx, sy = src->ny;
-    const float tx = (float)sx / (float)nx, ty = (float)sy / (float)ny;
-    const uint8_t *p = src->rgb;
-    for (int i = 0; i < ny; i++) {
-        const int y = (int)(ty * (float)i);
-        const float dy = ty * (float)i - (float)y;
-        int rows[4];
-        for (int r = 0; r < 4; r++) rows[r] = clampi(y - 1 + r, 0, sy - 1);
-        for (int j = 0; j < nx; j++) {
-            const int x = (int)(tx * (float)j);
-            const float dx = tx * (float)j - (float)x;
-            int cols[4];
-            for (int c = 0; c < 4; c++) cols[c] = clampi(x - 1 + c, 0, sx - 1);
-            for (int k = 0; k < 3; k++) {
-                float C[4];
-                for (int r = 0; r < 4; r++) {
-                    const uint8_t *row = p + (size_t)rows[r] * (size_t)sx * 3;
-                    C[r] = cubic(row[cols[0] * 3 + k], row[cols[1] * 3 + k], row[cols[2] * 3 + k],
-                                 row[cols[3] * 3 + k], dx);
-                }
-                float v = roundf(cubic(C[0], C[1], C[2], C[3], dy));
-                v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
-                out->rgb[((size_t)i * (size_t)nx + (size_t)j) * 3 + (size_t)k] = (uint8_t)v;
-            }
+    const bool do_x = nx != src->nx, do_y = ny != src->ny;
+    /* a pass whose size does not change is skipped, as Pillow does (it would be the identity) */
+    if (!do_x && !do_y) {
+        memcpy(out->rgb, src->rgb, (size_t)nx * (size_t)ny * 3);
+        return EKV_OK;
+    }
+    if (do_x && (s = rs_pass_init(src->nx, nx, &px)) == EKV_OK) {
+        if (!do_y) {
+            rs_apply(&px, src->rgb, src->nx, out->rgb, nx, ny, true);
+        } else if ((s = ekv_image_new(nx, src->ny, black, &mid)) == EKV_OK) {
+            rs_apply(&px, src->rgb, src->nx, mid.rgb, nx, src->ny, true);
         }
     }
-    return EKV_OK;
+    if (s == EKV_OK && do_y && (s = rs_pass_init(src->ny, ny, &py)) == EKV_OK) {
+        const struct ekv_image *in = do_x ? &mid : src;
+        rs_apply(&py, in->rgb, nx, out->rgb, nx, ny, false);
+    }
+    rs_pass_free(&px);
+    rs_pass_free(&py);
+    ekv_image_free(&mid);
+    if (s != EKV_OK) ekv_image_free(out);
+    return s;
 }
 
 void ekv_image_normalize(const struct ekv_image *src, const float mean[3], const float std[3],

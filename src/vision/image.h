@@ -49,11 +49,12 @@ void ekv_image_free(struct ekv_image *img);
 enum ekv_status ekv_image_pad_square(const struct ekv_image *src, const uint8_t color[3],
                                      struct ekv_image *out);
 
-/* Bicubic resize as llama.cpp's clip.cpp does it for LLaVA: source
- * coordinate (int)(scale * dst), four-tap cubic through neighbours -1..+2
- * clamped to the border (coefficients -1/3, 1, -1/6 | 1/2, 1/2 | -1/6,
- * -1/2, 1/6 on the differences to the centre pixel), first along x for four
- * rows, then along y; rounded and clamped to 0..255. */
+/* Bicubic resize as Pillow's Image.resize(BICUBIC) computes it (the
+ * resampling behind the Hugging Face LLaVA processors, and llama.cpp's mtmd):
+ * a cubic kernel (a = -0.5) over the input pixels around each output
+ * pixel's centre, widened by the scale when shrinking, weights normalised
+ * and in 22-bit fixed point; along x, then along y, each pass rounded to
+ * 8 bits; a pass whose size does not change is skipped. */
 enum ekv_status ekv_image_resize_bicubic(const struct ekv_image *src, int nx, int ny,
                                          struct ekv_image *out);
 
