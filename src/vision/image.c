@@ -363,6 +363,7 @@ struct rs_pass {
 
 static void rs_pass_free(struct rs_pass *p) {
     free(p->first), free(p->count), free(p->taps);
+    p->first = p->count = NULL, p->taps = NULL;
 }
 
 static enum ekv_status rs_pass_init(int in, int out, struct rs_pass *p) {
