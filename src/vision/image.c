@@ -381,9 +381,7 @@ static enum ekv_status rs_pass_init(int in, int out, struct rs_pass *p) {
     }
     for (int o = 0; o < out; o++) {
         const double centre = ((double)o + 0.5) * scale;
-        int lo = (int)(centre - support + 0.5), hi = (int)(centre + support + 0.5);
-        lo = lo < 0 ? 0 : lo;
-        hi = hi > in ? in : hi;
+        const int lo = EKV_MAX((int)(centre - support + 0.5), 0), hi = EKV_MIN((int)(centre + support + 0.5), in);
         const int n = hi - lo;
         double sum = 0.0;
         for (int k = 0; k < n; k++) sum += w[k] = rs_cubic(((double)(k + lo) - centre + 0.5) / fscale);
@@ -400,8 +398,7 @@ static enum ekv_status rs_pass_init(int in, int out, struct rs_pass *p) {
 
 static uint8_t rs_round8(int32_t acc) {
     if (acc < 0) return 0; /* the sum started at half a step, so this rounds to nearest */
-    const int32_t v = acc >> RS_BITS;
-    return (uint8_t)(v > 255 ? 255 : v);
+    return (uint8_t)EKV_MIN(acc >> RS_BITS, 255);
 }
 
 /* One pass along x (stride 3 between taps) or along y (stride a row):
