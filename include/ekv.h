@@ -698,8 +698,9 @@ struct ekv_vision;
 /* Loads an mmproj file; *out owned by the caller (ekv_vision_free). */
 enum ekv_status ekv_vision_load(const char *mmproj_path, struct ekv_vision **out);
 void ekv_vision_free(struct ekv_vision *v);
-/* Embeddings one image becomes (576 for CLIP ViT-L/14-336) and their width
- * (the language model's n_embd). */
+/* Embeddings one image (or one tile of a tiling tower) becomes (576 for
+ * CLIP ViT-L/14-336, 64 for SmolVLM's tiles) and their width (the language
+ * model's n_embd). */
 int32_t ekv_vision_n_tokens(const struct ekv_vision *v);
 int32_t ekv_vision_n_embd(const struct ekv_vision *v);
 /* Decodes (JPEG/PNG), preprocesses and encodes an image file into
@@ -715,10 +716,11 @@ struct ekv_image_input {
     size_t size;          /* bytes at data */
 };
 
-/* Image embeddings (positions) the image will become with this tower:
+/* Positions the image will take in a prompt with this tower:
  * ekv_vision_n_tokens for a fixed-size tower, more for a LLaVA-1.6
- * "anyres" tower (it depends on the image's size). Reads only the image's
- * header. */
+ * "anyres" or an Idefics3/SmolVLM tower (tiles and an overview, depending
+ * on the image's size; Idefics3 also puts separator tokens between the
+ * tiles, counted here). Reads only the image's header. */
 enum ekv_status ekv_vision_image_tokens(const struct ekv_vision *v, const struct ekv_image_input *img,
                                         int32_t *n_tokens);
 

@@ -168,6 +168,33 @@ static enum ekv_status sc_vision(void *argp, double *sum) {
     return s;
 }
 
+struct prompt_arg {
+    const struct ekv_model *model;
+    const char *mmproj, *image;
+};
+
+/* an Idefics3 (SmolVLM) tower: a chat prompt with an image, its tiles encoded and
+ * spliced with their separator tokens */
+static enum ekv_status sc_prompt(void *argp, double *sum) {
+    const struct prompt_arg *a = argp;
+    static const char text[] = "<|im_start|>User: <image>\nDescribe<end_of_utterance>\nAssistant:";
+    struct ekv_vision *v = NULL;
+    struct ekv_prompt *p = NULL;
+    const struct ekv_image_input img = {.path = a->image};
+    enum ekv_status s = ekv_vision_load(a->mmproj, &v);
+    if (s == EKV_OK) s = ekv_prompt_new(a->model, text, sizeof text - 1, true, &p);
+    if (s == EKV_OK) s = ekv_prompt_set_images(p, v, NULL, &img, 1);
+    const struct ekv_segment *segs = NULL;
+    int32_t ns = 0;
+    if (s == EKV_OK) s = ekv_prompt_segments(p, &segs, &ns);
+    for (int32_t i = 0; s == EKV_OK && i < ns; i++)
+        for (int32_t j = 0; j < segs[i].n; j++)
+            *sum += segs[i].embd ? (double)segs[i].embd[(size_t)j * 64] * (j % 7 + 1) : segs[i].tokens[j] * 1e-3;
+    ekv_prompt_free(p);
+    ekv_vision_free(v);
+    return s;
+}
+
 struct seq_arg {
     struct ekv_context *ctx;
     int32_t n_vocab;
@@ -351,6 +378,19 @@ int main(void) {
     va.image = tu_src("data/images/astronaut_crop.png");
     walk("vision load + encode (PNG)", sc_vision, &va);
     char path[96], cmd[512];
+    /* a SmolVLM-style pair (tiny-smolvlm): the tiled image prompt */
+    char mm[112];
+    snprintf(path, sizeof path, "/tmp/ekv-alloc-fail-sv-%ld.gguf", (long)getpid());
+    snprintf(mm, sizeof mm, "/tmp/ekv-alloc-fail-sv-%ld.mmproj.gguf", (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-smolvlm --type f16 --seed 3 -o '%s' > /dev/null 2>&1",
+             tu_bin(), path);
+    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    struct prompt_arg pa = {.mmproj = mm, .image = tu_src("data/images/astronaut_crop.png")};
+    CHECK_OK(ekv_model_load(path, NULL, (struct ekv_model **)&pa.model));
+    if (pa.model) walk("idefics3 image prompt (tiles + separators)", sc_prompt, &pa);
+    ekv_model_free((struct ekv_model *)pa.model);
+    remove(path);
+    remove(mm);
     snprintf(path, sizeof path, "/tmp/ekv-alloc-fail-%ld.gguf", (long)getpid());
     snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-llama3 --n-layer 2 --type q8_0 -o '%s' > /dev/null 2>&1",
              tu_bin(), path);

@@ -54,6 +54,19 @@ else
     bad "smollm2-135m failed"
 fi
 
+# SmolVLM (idefics3 mmproj): ekv run picks the model's own chat template (smolvlm) with an image,
+# and the 320x200 photo becomes 2 x 2 tiles + the overview of 4 rows each with 13 separators.
+if "$EKV" mkmodel --preset tiny-smolvlm --type f16 --seed 3 -o "$TMP/sv.gguf" > /dev/null; then
+    nonempty "$TMP/sv.mmproj.gguf"
+    "$EKV" run -m "$TMP/sv.gguf" --mmproj "$TMP/sv.mmproj.gguf" --image "$2/data/images/astronaut_crop.png" \
+        -p "Describe" -n 2 --temp 0 --json > "$TMP/sv.json" 2> "$TMP/sv.err"
+    grep -q '"image_tokens":[[:space:]]*33' "$TMP/sv.json" && ok "tiny-smolvlm run: 33 image positions" \
+        || bad "tiny-smolvlm run: $(cat "$TMP/sv.err")"
+    "$EKV" info -m "$TMP/sv.gguf" 2>&1 | grep -q "smolvlm" && ok "smolvlm template detected" || bad "template not detected"
+else
+    bad "tiny-smolvlm failed"
+fi
+
 # Errors: status 1 and a message.
 expect_fail() {
     local what=$1 needle=$2; shift 2

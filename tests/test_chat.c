@@ -35,6 +35,11 @@ static const struct ekv_chat_msg conv[] = {
     {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "2+2?"}};
 
 static void families(void) {
+    /* SmolVLM (llama.cpp's "smolvlm" rendering of the Idefics3 template) */
+    CHECK(render_eq("smolvlm", conv, 4, true,
+                    "<|im_start|>Be brief.\n\nUser: Hi<end_of_utterance>\nAssistant: Hello!<end_of_utterance>\n"
+                    "User: 2+2?<end_of_utterance>\nAssistant:"));
+    CHECK(render_eq("smolvlm", conv + 1, 1, false, "<|im_start|>User: Hi<end_of_utterance>\n"));
     CHECK(render_eq("chatml", conv, 4, true,
                     "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
                     "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
@@ -185,9 +190,11 @@ static void detection(void) {
         CHECK_MSG(got && !strcmp(got, cases[i].want), "case %zu: detected %s, want %s", i, got ? got : "(none)",
                   cases[i].want);
     }
-    /* look-alikes that are not these families: Phi-4, SmolVLM; and plain text */
+    /* SmolVLM looks like ChatML but is its own family; Phi-4 is not one of these; nor plain text */
+    const char *smol = ekv_chat_template_detect("<|im_start|>{% for message in messages %}{{message['role'] | "
+                                                "capitalize}}:<end_of_utterance>\n{% endfor %}");
+    CHECK(smol && !strcmp(smol, "smolvlm"));
     CHECK(ekv_chat_template_detect("{{'<|im_start|>' + role + '<|im_sep|>'}}") == NULL);
-    CHECK(ekv_chat_template_detect("<|im_start|>User:<end_of_utterance>") == NULL);
     CHECK(ekv_chat_template_detect("plain text") == NULL);
     CHECK(ekv_chat_template_detect("") == NULL);
     CHECK(ekv_chat_template_detect(NULL) == NULL);

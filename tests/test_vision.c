@@ -20,6 +20,7 @@
 #include "kernels/kernels.h"
 #include "model/gguf.h"
 #include "testutil.h"
+#include "vision_ref.h"
 #include "vision/clip.h"
 #include "vision/image.h"
 
@@ -31,56 +32,6 @@ static char g_dir[] = "/tmp/ekv_test_vision_XXXXXX";
 /* ------------------------------------------------------------------ */
 /* preprocessing reference (double)                                     */
 /* ------------------------------------------------------------------ */
-
-/* Pillow's bicubic resampling (Image.resize(BICUBIC), which the LLaVA
- * processors call), written from its definition in double precision: the
- * kernel a = -0.5, widened by the scale when shrinking, normalised weights,
- * rows then columns, each pass rounded to 8 bits; a pass whose size does
- * not change is skipped. */
-static double ref_kernel(double x) {
-    x = fabs(x);
-    if (x < 1) return (1.5 * x - 2.5) * x * x + 1;
-    if (x < 2) return (((x - 5) * x + 8) * x - 4) * -0.5;
-    return 0;
-}
-
-/* n_in -> n_out along one axis: in[i * step], out[o * step]. */
-static void ref_resample_line(const uint8_t *in, int n_in, uint8_t *out, int n_out, size_t step) {
-    const double scale = (double)n_in / n_out, fs = scale < 1 ? 1 : scale, sup = 2 * fs;
-    for (int o = 0; o < n_out; o++) {
-        const double centre = (o + 0.5) * scale;
-        int lo = (int)(centre - sup + 0.5), hi = (int)(centre + sup + 0.5);
-        lo = lo < 0 ? 0 : lo;
-        hi = hi > n_in ? n_in : hi;
-        double sum = 0, acc = 0;
-        for (int i = lo; i < hi; i++) {
-            const double w = ref_kernel((i - centre + 0.5) / fs);
-            sum += w;
-            acc += w * in[(size_t)i * step];
-        }
-        const double v = floor(acc / sum + 0.5);
-        out[(size_t)o * step] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-    }
-}
-
-static void ref_resize(const uint8_t *src, int nx, int ny, uint8_t *dst, int ox, int oy) {
-    uint8_t *mid = malloc((size_t)ox * ny * 3);
-    for (int y = 0; y < ny; y++)
-        for (int c = 0; c < 3; c++) {
-            if (ox == nx)
-                for (int x = 0; x < nx; x++) mid[((size_t)y * ox + x) * 3 + c] = src[((size_t)y * nx + x) * 3 + c];
-            else
-                ref_resample_line(src + (size_t)y * nx * 3 + c, nx, mid + (size_t)y * ox * 3 + c, ox, 3);
-        }
-    for (int x = 0; x < ox; x++)
-        for (int c = 0; c < 3; c++) {
-            if (oy == ny)
-                for (int y = 0; y < ny; y++) dst[((size_t)y * ox + x) * 3 + c] = mid[((size_t)y * ox + x) * 3 + c];
-            else
-                ref_resample_line(mid + (size_t)x * 3 + c, ny, dst + (size_t)x * 3 + c, oy, (size_t)ox * 3);
-        }
-    free(mid);
-}
 
 /* pad (centre, colour (int)(mean*255)) + Pillow bicubic + normalise, in double. */
 static void ref_preprocess(const uint8_t *rgb, int nx, int ny, int size, double *out) {
@@ -306,130 +257,6 @@ static void test_image_errors(void) {
 /* ViT reference (double) on a tiny-vlm mmproj written by ekv mkmodel   */
 /* ------------------------------------------------------------------ */
 
-static const float *T(struct ekv_gguf_file *f, const char *name) {
-    const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(f, name);
-    CHECK_MSG(t && t->type == EKV_F32, "tensor %s missing or not f32", name);
-    return t && t->type == EKV_F32 ? (const float *)t->data : NULL;
-}
-
-static const float *Tn(struct ekv_gguf_file *f, const char *fmt, int il) {
-    char name[96];
-    snprintf(name, sizeof name, fmt, il);
-    return T(f, name);
-}
-
-static void ref_ln(double *out, const double *x, const float *w, const float *b, int n, double eps) {
-    double mean = 0, var = 0;
-    for (int i = 0; i < n; i++) mean += x[i];
-    mean /= n;
-    for (int i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
-    var /= n;
-    for (int i = 0; i < n; i++) out[i] = (x[i] - mean) / sqrt(var + eps) * w[i] + b[i];
-}
-
-/* y[o] = b[o] + sum_i W[o][i] x[i]; W stored with ne = [in, out]. */
-static void ref_linear(double *y, const float *W, const float *b, const double *x, int in, int out) {
-    for (int o = 0; o < out; o++) {
-        double s = b ? b[o] : 0.0;
-        for (int i = 0; i < in; i++) s += (double)W[(size_t)o * in + i] * x[i];
-        y[o] = s;
-    }
-}
-
-/* Patch embedding + class + positions + pre-LN. x: [n_pos][E]. */
-static void ref_embed(struct ekv_gguf_file *f, const struct ekv_clip_hparams *hp, const float *pix,
-                      double *x) {
-    const int E = hp->n_embd, P = hp->patch_size, S = hp->image_size, G = S / P;
-    const int first = hp->has_class ? 1 : 0; /* SigLIP: no class token */
-    const float *w = T(f, "v.patch_embd.weight");
-    const float *cls = hp->has_class ? T(f, "v.class_embd") : NULL;
-    const float *pb = ekv_gguf_find_tensor(f, "v.patch_embd.bias") ? T(f, "v.patch_embd.bias") : NULL;
-    const float *pos = T(f, "v.position_embd.weight");
-    bool pre = ekv_gguf_find_tensor(f, "v.pre_ln.weight") != NULL;
-    const float *lw = pre ? T(f, "v.pre_ln.weight") : NULL, *lb = pre ? T(f, "v.pre_ln.bias") : NULL;
-    if (!w || !pos || (hp->has_class && !cls) || (pre && (!lw || !lb))) return;
-    for (int e = 0; e < E && cls; e++) x[e] = cls[e];
-    for (int py = 0; py < G; py++)
-        for (int px = 0; px < G; px++)
-            for (int e = 0; e < E; e++) {
-                double s = 0;
-                /* conv weight [E][3][P][P] (GGUF ne = [P,P,3,E]) */
-                for (int c = 0; c < 3; c++)
-                    for (int ky = 0; ky < P; ky++)
-                        for (int kx = 0; kx < P; kx++)
-                            s += (double)w[((size_t)(e * 3 + c) * P + ky) * P + kx] *
-                                 pix[(size_t)c * S * S + (size_t)(py * P + ky) * S + px * P + kx];
-                x[(size_t)(first + py * G + px) * E + e] = s + (pb ? pb[e] : 0.0);
-            }
-    for (int r = 0; r < hp->n_pos; r++)
-        for (int e = 0; e < E; e++) x[(size_t)r * E + e] += pos[(size_t)r * E + e];
-    double *tmp = malloc(sizeof(double) * E);
-    for (int r = 0; r < hp->n_pos && pre; r++) {
-        ref_ln(tmp, x + (size_t)r * E, lw, lb, E, hp->eps);
-        memcpy(x + (size_t)r * E, tmp, sizeof(double) * E);
-    }
-    free(tmp);
-}
-
-/* One pre-LN block: x += attn(LN1 x); x += fc2(quick_gelu(fc1(LN2 x))). */
-static void ref_block(struct ekv_gguf_file *f, const struct ekv_clip_hparams *hp, int il, double *x) {
-    const int E = hp->n_embd, F = hp->n_ff, N = hp->n_pos, H = hp->n_head, D = E / H;
-    const float *l1w = Tn(f, "v.blk.%d.ln1.weight", il), *l1b = Tn(f, "v.blk.%d.ln1.bias", il);
-    const float *l2w = Tn(f, "v.blk.%d.ln2.weight", il), *l2b = Tn(f, "v.blk.%d.ln2.bias", il);
-    const float *qw = Tn(f, "v.blk.%d.attn_q.weight", il), *qb = Tn(f, "v.blk.%d.attn_q.bias", il);
-    const float *kw = Tn(f, "v.blk.%d.attn_k.weight", il), *kb = Tn(f, "v.blk.%d.attn_k.bias", il);
-    const float *vw = Tn(f, "v.blk.%d.attn_v.weight", il), *vb = Tn(f, "v.blk.%d.attn_v.bias", il);
-    const float *ow = Tn(f, "v.blk.%d.attn_out.weight", il), *ob = Tn(f, "v.blk.%d.attn_out.bias", il);
-    /* llama.cpp's LLaVA converter: fc1 = ffn_down [E->F], fc2 = ffn_up [F->E]. */
-    const float *f1w = Tn(f, "v.blk.%d.ffn_down.weight", il), *f1b = Tn(f, "v.blk.%d.ffn_down.bias", il);
-    const float *f2w = Tn(f, "v.blk.%d.ffn_up.weight", il), *f2b = Tn(f, "v.blk.%d.ffn_up.bias", il);
-    if (!l1w || !l1b || !l2w || !l2b || !qw || !qb || !kw || !kb || !vw || !vb || !ow || !ob ||
-        !f1w || !f1b || !f2w || !f2b)
-        return;
-    double *h = malloc(sizeof(double) * N * E), *q = malloc(sizeof(double) * N * E);
-    double *k = malloc(sizeof(double) * N * E), *v = malloc(sizeof(double) * N * E);
-    double *a = malloc(sizeof(double) * N * E), *t = malloc(sizeof(double) * N * F);
-    double *p = malloc(sizeof(double) * N);
-    for (int r = 0; r < N; r++) {
-        ref_ln(h + r * E, x + r * E, l1w, l1b, E, hp->eps);
-        ref_linear(q + r * E, qw, qb, h + r * E, E, E);
-        ref_linear(k + r * E, kw, kb, h + r * E, E, E);
-        ref_linear(v + r * E, vw, vb, h + r * E, E, E);
-    }
-    for (int r = 0; r < N; r++)
-        for (int hh = 0; hh < H; hh++) {
-            double mx = -1e300, sum = 0;
-            for (int s = 0; s < N; s++) {
-                double d = 0;
-                for (int i = 0; i < D; i++) d += q[r * E + hh * D + i] * k[s * E + hh * D + i];
-                p[s] = d / sqrt((double)D);
-                if (p[s] > mx) mx = p[s];
-            }
-            for (int s = 0; s < N; s++) sum += (p[s] = exp(p[s] - mx));
-            for (int i = 0; i < D; i++) {
-                double o = 0;
-                for (int s = 0; s < N; s++) o += p[s] / sum * v[s * E + hh * D + i];
-                a[r * E + hh * D + i] = o;
-            }
-        }
-    for (int r = 0; r < N; r++) {
-        ref_linear(h + r * E, ow, ob, a + r * E, E, E);
-        for (int e = 0; e < E; e++) x[r * E + e] += h[r * E + e];
-    }
-    for (int r = 0; r < N; r++) {
-        ref_ln(h + r * E, x + r * E, l2w, l2b, E, hp->eps);
-        ref_linear(t + r * F, f1w, f1b, h + r * E, E, F);
-        for (int i = 0; i < F; i++) {
-            double z = t[r * F + i];
-            t[r * F + i] = hp->use_gelu ? 0.5 * z * (1.0 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)))
-                                        : z / (1.0 + exp(-1.702 * z));
-        }
-        ref_linear(h + r * E, f2w, f2b, t + r * F, F, E);
-        for (int e = 0; e < E; e++) x[r * E + e] += h[r * E + e];
-    }
-    free(h); free(q); free(k); free(v); free(a); free(t); free(p);
-}
-
 /* LLaVA-1.5 projector with tanh-GELU, on the patch rows. */
 static void ref_project(struct ekv_gguf_file *f, const struct ekv_clip_hparams *hp, const double *feat,
                         double *out) {
@@ -446,17 +273,6 @@ static void ref_project(struct ekv_gguf_file *f, const struct ekv_clip_hparams *
         ref_linear(out + (size_t)r * hp->n_embd_out, w2, b2, mid, hp->n_mm, hp->n_embd_out);
     }
     free(mid);
-}
-
-static double max_abs_diff_fd(const float *a, const double *b, size_t n, double *maxref) {
-    double m = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= m)) m = d; /* NaN propagates */
-        if (fabs(b[i]) > r) r = fabs(b[i]);
-    }
-    if (maxref) *maxref = r;
-    return m;
 }
 
 static int run_mkmodel(const char *args) {

@@ -40,7 +40,7 @@
 
 enum tmpl_id {
     T_NONE, T_LLAVA15, T_CHATML, T_LLAMA2, T_LLAMA3, T_MISTRAL_V1, T_MISTRAL_V3, T_MISTRAL_V3_TEKKEN,
-    T_MISTRAL_V7, T_PHI3, T_ZEPHYR, T_GEMMA, T_VICUNA, T_COUNT
+    T_MISTRAL_V7, T_PHI3, T_ZEPHYR, T_GEMMA, T_VICUNA, T_SMOLVLM, T_COUNT
 };
 
 static const char *const k_templates[T_COUNT] = {
@@ -48,7 +48,7 @@ static const char *const k_templates[T_COUNT] = {
     [T_LLAMA2] = "llama-2",      [T_LLAMA3] = "llama-3",      [T_MISTRAL_V1] = "mistral-v1",
     [T_MISTRAL_V3] = "mistral-v3", [T_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken",
     [T_MISTRAL_V7] = "mistral-v7", [T_PHI3] = "phi-3",        [T_ZEPHYR] = "zephyr",
-    [T_GEMMA] = "gemma",         [T_VICUNA] = "vicuna",
+    [T_GEMMA] = "gemma",         [T_VICUNA] = "vicuna",       [T_SMOLVLM] = "smolvlm",
 };
 
 /* llama.cpp's spellings of the same families, accepted as names too. */
@@ -118,6 +118,24 @@ static void render_chatml(struct out *o, const struct ekv_chat_msg *m, size_t n,
         put(o, "<|im_end|>\n");
     }
     if (add) put(o, "<|im_start|>assistant\n");
+}
+
+/* SmolVLM / Idefics3 (llama.cpp's "smolvlm"): <|im_start|> once (the
+ * model's BOS), then "User: u<end_of_utterance>\n", "Assistant: a<end_of_utterance>\n",
+ * a system text followed by a blank line; the turn opens with "Assistant:". */
+static void render_smolvlm(struct out *o, const struct ekv_chat_msg *m, size_t n, bool add) {
+    put(o, "<|im_start|>");
+    for (size_t i = 0; i < n; i++) {
+        if (is_role(&m[i], "system")) {
+            put(o, m[i].content);
+            put(o, "\n\n");
+            continue;
+        }
+        put(o, is_role(&m[i], "user") ? "User: " : "Assistant: ");
+        put(o, m[i].content);
+        put(o, "<end_of_utterance>\n");
+    }
+    if (add) put(o, "Assistant:");
 }
 
 /* Llama-2-chat (Meta's template): [INST] <<SYS>>\ns\n<</SYS>>\n\nu [/INST] a </s><s>[INST] u2 [/INST];
@@ -298,6 +316,7 @@ static void render(enum tmpl_id t, const struct ekv_chat_msg *m, size_t n, bool 
     case T_PHI3: render_tagged(o, m, n, add, "<|end|>\n"); break;
     case T_ZEPHYR: render_tagged(o, m, n, add, "<|endoftext|>\n"); break;
     case T_GEMMA: render_gemma(o, m, n, add); break;
+    case T_SMOLVLM: render_smolvlm(o, m, n, add); break;
     case T_COUNT: break;
     }
 }
@@ -364,7 +383,8 @@ const char *ekv_chat_template_detect(const char *j) {
 #define HAS(s) (strstr(j, s) != NULL)
     if (HAS("<|im_start|>")) {
         /* Phi-4 (<|im_sep|>) and SmolVLM (<end_of_utterance>) look like ChatML but are not */
-        return HAS("<|im_sep|>") || HAS("<end_of_utterance>") ? NULL : k_templates[T_CHATML];
+        if (HAS("<end_of_utterance>")) return k_templates[T_SMOLVLM];
+        return HAS("<|im_sep|>") ? NULL : k_templates[T_CHATML];
     }
     if (!strncmp(j, "mistral", 7) || HAS("[INST]")) {
         if (HAS("[SYSTEM_PROMPT]")) return k_templates[T_MISTRAL_V7];

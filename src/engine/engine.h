@@ -87,10 +87,20 @@ void ekv_prefill_detach(struct ekv_prefill *p);
 
 /* Decodes and encodes one image with the tower (vision_api.c): *out is a
  * malloc'd [*n_rows][n_embd_out] array owned by the caller. `index` names
- * an in-memory image in messages. ctx may be NULL. */
+ * an in-memory image in messages. ctx may be NULL. An Idefics3 (SmolVLM)
+ * tower tiles the image: *gx x *gy tiles then the overview, *tile_rows rows
+ * each, to be spliced with separator tokens (EKV_IDEFICS3_*); *gx = *gy =
+ * 0 for a tower whose rows are spliced as one block. */
 enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_context *ctx,
                                         const struct ekv_image_input *in, int32_t index, float **out,
-                                        int32_t *n_rows);
+                                        int32_t *n_rows, int *gx, int *gy, int32_t *tile_rows);
+
+/* Separator tokens an Idefics3 image of gx x gy tiles adds around its
+ * embeddings: "<fake_token_around_image><row_Y_col_X>" before each tile,
+ * "\n" after each row but the last, "\n\n<fake_token_around_image><global-img>"
+ * before the overview and "<fake_token_around_image>" after it (llama.cpp
+ * mtmd's layout, each a single token of the vocabulary). */
+static inline int64_t ekv_idefics3_n_sep(int gx, int gy) { return gx > 0 ? 2 * (int64_t)gx * gy + (gy - 1) + 4 : 0; }
 
 /* The input row of a token: its embedding, times the model's embd_scale
  * (Gemma). Image embeddings are used as given. */

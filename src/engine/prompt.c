@@ -9,16 +9,25 @@
  *
  * Layout: pieces[0] image[0] pieces[1] image[1] ... pieces[n_images]; the
  * segment list skips empty pieces and is rebuilt whenever a slot changes.
+ * An image is one block of embedding rows, or (Idefics3/SmolVLM) its tiles
+ * and overview with separator tokens between them, as llama.cpp's mtmd
+ * splices them; the separators belong to the image's span of positions.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
 #include "engine/engine.h"
+#include "model/vocab.h"
 
 struct prompt_image {
     float *embd;     /* [n_rows][n_embd], owned; NULL while unset */
-    int32_t n_rows;
+    int32_t n_rows;  /* embedding rows */
+    int32_t *sep;    /* separator tokens (Idefics3), owned; NULL for one block */
+    int32_t n_sep;
+    int gx, gy;      /* Idefics3 tiles (0 without separators) */
+    int32_t tile_rows;
 };
 
 struct ekv_prompt {
@@ -28,8 +37,8 @@ struct ekv_prompt {
     int32_t *piece_start;         /* [n_images + 2]: token offset of each piece, and the end */
     int32_t n_images;
     struct prompt_image *images;  /* [n_images] */
-    struct ekv_segment *segs;     /* [2 * n_images + 1] */
-    int32_t n_segs;
+    struct ekv_segment *segs;     /* [cap_segs] */
+    int32_t n_segs, cap_segs;
 };
 
 static const char *find_marker(const char *p, size_t n) {
@@ -61,16 +70,53 @@ static enum ekv_status tokenize_piece(struct ekv_prompt *p, const char *text, si
     return ekv_err(EKV_ERR_INTERNAL, "tokenizer asked for more room three times");
 }
 
-static void build_segments(struct ekv_prompt *p) {
+static int32_t image_segs(const struct prompt_image *im) { return im->sep ? 2 * im->gx * im->gy + 3 : 1; }
+static int32_t image_positions(const struct prompt_image *im) { return im->n_rows + im->n_sep; }
+
+/* An Idefics3 image's segments: per tile its separators (after a row's
+ * end, "\n" leads them) then its rows; the overview's opening separators,
+ * its rows, the closing separator. width: the model's n_embd. */
+static int32_t idefics3_segments(const struct prompt_image *im, size_t width, struct ekv_segment *out) {
+    int32_t ns = 0, t = 0;
+    const int n_tiles = im->gx * im->gy;
+    for (int tile = 0; tile <= n_tiles; tile++) {
+        const int32_t n_text = tile == n_tiles || (tile > 0 && tile % im->gx == 0) ? 3 : 2;
+        out[ns++] = (struct ekv_segment){.tokens = im->sep + t, .n = n_text, .tag = EKV_TAG_TEXT};
+        t += n_text;
+        out[ns++] = (struct ekv_segment){.embd = im->embd + (size_t)tile * (size_t)im->tile_rows * width,
+                                         .n = im->tile_rows, .tag = EKV_TAG_IMAGE};
+    }
+    out[ns++] = (struct ekv_segment){.tokens = im->sep + t, .n = 1, .tag = EKV_TAG_TEXT};
+    return ns;
+}
+
+static enum ekv_status build_segments(struct ekv_prompt *p) {
+    int32_t need = p->n_images + 1;
+    for (int32_t i = 0; i < p->n_images; i++) need += image_segs(&p->images[i]);
+    if (need > p->cap_segs) {
+        struct ekv_segment *ns = realloc(p->segs, (size_t)need * sizeof *ns);
+        if (!ns) {
+            p->n_segs = 0;
+            return ekv_err(EKV_ERR_NOMEM, "out of memory for %d prompt segments", (int)need);
+        }
+        p->segs = ns;
+        p->cap_segs = need;
+    }
     int32_t ns = 0;
+    const size_t width = (size_t)p->model->info.n_embd;
     for (int32_t i = 0; i <= p->n_images; i++) {
         int32_t a = p->piece_start[i], b = p->piece_start[i + 1];
         if (b > a) p->segs[ns++] = (struct ekv_segment){.tokens = p->tokens + a, .n = b - a, .tag = EKV_TAG_TEXT};
-        if (i < p->n_images)
-            p->segs[ns++] = (struct ekv_segment){.embd = p->images[i].embd, .n = p->images[i].n_rows,
-                                                 .tag = EKV_TAG_IMAGE};
+        if (i == p->n_images) break;
+        const struct prompt_image *im = &p->images[i];
+        if (!im->sep) {
+            p->segs[ns++] = (struct ekv_segment){.embd = im->embd, .n = im->n_rows, .tag = EKV_TAG_IMAGE};
+            continue;
+        }
+        ns += idefics3_segments(im, width, p->segs + ns);
     }
     p->n_segs = ns;
+    return EKV_OK;
 }
 
 enum ekv_status ekv_prompt_new(const struct ekv_model *model, const char *text, size_t len, bool add_bos,
@@ -91,6 +137,7 @@ enum ekv_status ekv_prompt_new(const struct ekv_model *model, const char *text, 
     p->piece_start = calloc((size_t)p->n_images + 2, sizeof *p->piece_start);
     p->images = calloc((size_t)p->n_images + 1, sizeof *p->images);
     p->segs = calloc(2 * (size_t)p->n_images + 1, sizeof *p->segs);
+    p->cap_segs = 2 * p->n_images + 1;
     if (!p->tokens || !p->piece_start || !p->images || !p->segs) s = ekv_err(EKV_ERR_NOMEM, "out of memory");
     const char *q = text, *end = text + len;
     for (int32_t i = 0; s == EKV_OK && i <= p->n_images; i++) {
@@ -104,14 +151,14 @@ enum ekv_status ekv_prompt_new(const struct ekv_model *model, const char *text, 
         return s;
     }
     p->piece_start[p->n_images + 1] = p->n_tokens;
-    build_segments(p);
+    (void)build_segments(p); /* plain slots: fits the capacity allocated above */
     *out = p;
     return EKV_OK;
 }
 
 void ekv_prompt_free(struct ekv_prompt *p) {
     if (!p) return;
-    for (int32_t i = 0; p->images && i < p->n_images; i++) free(p->images[i].embd);
+    for (int32_t i = 0; p->images && i < p->n_images; i++) free(p->images[i].embd), free(p->images[i].sep);
     free(p->images);
     free(p->tokens);
     free(p->piece_start);
@@ -126,12 +173,73 @@ void ekv_prompt_tokens(const struct ekv_prompt *p, int32_t *tokens) {
     if (p && tokens && p->n_tokens) memcpy(tokens, p->tokens, (size_t)p->n_tokens * sizeof *tokens);
 }
 
+static void clear_image(struct prompt_image *im) {
+    free(im->embd);
+    free(im->sep);
+    *im = (struct prompt_image){0};
+}
+
 static void clear_images(struct ekv_prompt *p) {
-    for (int32_t i = 0; i < p->n_images; i++) {
-        free(p->images[i].embd);
-        p->images[i] = (struct prompt_image){0};
+    for (int32_t i = 0; i < p->n_images; i++) clear_image(&p->images[i]);
+    (void)build_segments(p); /* no image: fewer segments than ever allocated */
+}
+
+/* The token whose text (special tokens included) is exactly `text`: the
+ * stored token of that text, else the lowest id that decodes to it (as
+ * llama.cpp's mtmd looks up its image separators, e.g. "\n" in a
+ * byte-level BPE vocabulary). */
+static enum ekv_status piece_token(const struct ekv_model *m, const char *text, int32_t *tok) {
+    const size_t tl = strlen(text);
+    char buf[64];
+    size_t got;
+    const int32_t hit = ekv_vocab_lookup(m->vocab, text, tl), n = ekv_vocab_n_tokens(m->vocab);
+    for (int32_t t = -1; t < n; t++) {
+        const int32_t id = t < 0 ? hit : t;
+        if (id >= 0 && ekv_token_to_piece(m, id, true, buf, sizeof buf, &got) == EKV_OK && got == tl &&
+            !memcmp(buf, text, tl)) {
+            *tok = id;
+            return EKV_OK;
+        }
     }
-    build_segments(p);
+    ekv_err_clear();
+    char shown[32];
+    size_t k = 0;
+    for (size_t i = 0; i < tl && k + 3 < sizeof shown; i++) {
+        if (text[i] == '\n') shown[k++] = '\\', shown[k++] = 'n';
+        else shown[k++] = text[i];
+    }
+    shown[k] = 0;
+    return ekv_err(EKV_ERR_UNSUPPORTED,
+                   "the language model's vocabulary has no token \"%s\", which an Idefics3 (SmolVLM) mmproj puts "
+                   "between image tiles: is this the language model that goes with the mmproj?",
+                   shown);
+}
+
+/* Fills im->sep for an Idefics3 image of gx x gy tiles (ekv_idefics3_n_sep). */
+static enum ekv_status idefics3_separators(const struct ekv_prompt *p, struct prompt_image *im) {
+    int32_t fake, nl, nl2, glob;
+    enum ekv_status s;
+    if ((s = piece_token(p->model, "<fake_token_around_image>", &fake)) ||
+        (s = piece_token(p->model, "\n", &nl)) || (s = piece_token(p->model, "\n\n", &nl2)) ||
+        (s = piece_token(p->model, "<global-img>", &glob)))
+        return s;
+    const int64_t n = ekv_idefics3_n_sep(im->gx, im->gy);
+    if (!(im->sep = malloc((size_t)n * sizeof *im->sep))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    int32_t k = 0;
+    for (int y = 0; y < im->gy; y++)
+        for (int x = 0; x < im->gx; x++) {
+            char rc[48];
+            snprintf(rc, sizeof rc, "<row_%d_col_%d>", y + 1, x + 1);
+            if (x == 0 && y > 0) im->sep[k++] = nl;
+            im->sep[k++] = fake;
+            if ((s = piece_token(p->model, rc, &im->sep[k++])) != EKV_OK) return s;
+        }
+    im->sep[k++] = nl2;
+    im->sep[k++] = fake;
+    im->sep[k++] = glob;
+    im->sep[k++] = fake;
+    im->n_sep = k;
+    return EKV_OK;
 }
 
 enum ekv_status ekv_prompt_set_images(struct ekv_prompt *p, const struct ekv_vision *v, struct ekv_context *ctx,
@@ -148,17 +256,22 @@ enum ekv_status ekv_prompt_set_images(struct ekv_prompt *p, const struct ekv_vis
     clear_images(p);
     for (int32_t i = 0; i < n; i++) {
         struct prompt_image *im = &p->images[i];
-        enum ekv_status s = ekv_vision_encode_input(v, ctx, &images[i], i, &im->embd, &im->n_rows);
+        enum ekv_status s = ekv_vision_encode_input(v, ctx, &images[i], i, &im->embd, &im->n_rows, &im->gx, &im->gy,
+                                                    &im->tile_rows);
         if (s == EKV_OK && ctx == NULL && ekv_vision_n_embd(v) != p->model->info.n_embd)
             s = ekv_err(EKV_ERR_INVALID_ARG, "the mmproj projects images to width %d but the language model's width is %d",
                         ekv_vision_n_embd(v), p->model->info.n_embd);
+        if (s == EKV_OK && im->gx > 0) s = idefics3_separators(p, im);
+        if (s == EKV_OK && (int64_t)im->n_rows + im->n_sep > INT32_MAX)
+            s = ekv_err(EKV_ERR_OVERFLOW, "image %d takes more than %d positions", (int)i, INT32_MAX);
         if (s != EKV_OK) {
             clear_images(p);
             return s;
         }
     }
-    build_segments(p);
-    return EKV_OK;
+    enum ekv_status s = build_segments(p);
+    if (s != EKV_OK) clear_images(p);
+    return s;
 }
 
 enum ekv_status ekv_prompt_set_image_embd(struct ekv_prompt *p, int32_t i, const float *embd, int32_t n_rows) {
@@ -173,16 +286,16 @@ enum ekv_status ekv_prompt_set_image_embd(struct ekv_prompt *p, int32_t i, const
     float *e = malloc(cells);
     if (!e) return ekv_err(EKV_ERR_NOMEM, "out of memory for image slot %d", (int)i);
     memcpy(e, embd, cells);
-    free(p->images[i].embd);
+    clear_image(&p->images[i]);
     p->images[i] = (struct prompt_image){.embd = e, .n_rows = n_rows};
-    build_segments(p);
+    (void)build_segments(p); /* a plain slot needs no more segments than the tiled one it replaces or the first allocation */
     return EKV_OK;
 }
 
 int64_t ekv_prompt_n_positions(const struct ekv_prompt *p) {
     if (!p) return 0;
     int64_t n = p->n_tokens;
-    for (int32_t i = 0; i < p->n_images; i++) n += p->images[i].n_rows;
+    for (int32_t i = 0; i < p->n_images; i++) n += image_positions(&p->images[i]);
     return n;
 }
 
@@ -191,9 +304,9 @@ enum ekv_status ekv_prompt_image_span(const struct ekv_prompt *p, int32_t i, int
         return ekv_err(EKV_ERR_INVALID_ARG, "image slot %d out of range: the prompt has %d", (int)i,
                        p ? (int)p->n_images : 0);
     int64_t pos = p->piece_start[i + 1];
-    for (int32_t j = 0; j < i; j++) pos += p->images[j].n_rows;
+    for (int32_t j = 0; j < i; j++) pos += image_positions(&p->images[j]);
     if (pos0) *pos0 = pos;
-    if (n_rows) *n_rows = p->images[i].n_rows;
+    if (n_rows) *n_rows = image_positions(&p->images[i]);
     return EKV_OK;
 }
 

@@ -37,7 +37,7 @@ void ekv_vision_free(struct ekv_vision *v) {
     free(v);
 }
 
-int32_t ekv_vision_n_tokens(const struct ekv_vision *v) { return v ? ekv_clip_n_patches(v->clip) : 0; }
+int32_t ekv_vision_n_tokens(const struct ekv_vision *v) { return v ? ekv_clip_n_tile_tokens(v->clip) : 0; }
 int32_t ekv_vision_n_embd(const struct ekv_vision *v) { return v ? ekv_clip_n_embd_out(v->clip) : 0; }
 
 static enum ekv_status check_width(const struct ekv_vision *v, const struct ekv_context *ctx) {
@@ -56,8 +56,8 @@ enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_co
     if (s != EKV_OK) return s;
     struct ekv_image img = {0};
     s = ekv_image_load_file(path, &img);
-    if (s == EKV_OK && ekv_clip_image_rows(v->clip, img.nx, img.ny) != ekv_clip_n_patches(v->clip))
-        s = ekv_err(EKV_ERR_UNSUPPORTED, "%s: this tower tiles images (anyres): its embeddings do not fit a buffer "
+    if (s == EKV_OK && ekv_clip_image_rows(v->clip, img.nx, img.ny) != ekv_clip_n_tile_tokens(v->clip))
+        s = ekv_err(EKV_ERR_UNSUPPORTED, "%s: this tower tiles images (anyres, idefics3): its embeddings do not fit a buffer "
                     "of ekv_vision_n_tokens rows; use ekv_prompt_set_images", path);
     if (s == EKV_OK) s = ekv_clip_encode_image(v->clip, ctx ? ctx->pool : NULL, &img, out);
     ekv_image_free(&img);
@@ -84,6 +84,9 @@ enum ekv_status ekv_vision_image_tokens(const struct ekv_vision *v, const struct
                                                            &nx, &ny);
     if (s != EKV_OK) return s;
     int64_t rows = ekv_clip_image_rows(v->clip, nx, ny);
+    int gx, gy;
+    ekv_clip_idefics3_grid(v->clip, nx, ny, &gx, &gy);
+    rows += ekv_idefics3_n_sep(gx, gy);
     if (rows <= 0 || rows > INT32_MAX)
         return ekv_err(EKV_ERR_INVALID_ARG, "image of %dx%d gives %lld embeddings", nx, ny, (long long)rows);
     *n_tokens = (int32_t)rows;
@@ -92,9 +95,11 @@ enum ekv_status ekv_vision_image_tokens(const struct ekv_vision *v, const struct
 
 enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_context *ctx,
                                         const struct ekv_image_input *in, int32_t index, float **out,
-                                        int32_t *n_rows) {
+                                        int32_t *n_rows, int *gx, int *gy, int32_t *tile_rows) {
     *out = NULL;
     *n_rows = 0;
+    *gx = *gy = 0;
+    *tile_rows = ekv_clip_n_tile_tokens(v->clip);
     char nb[64];
     const char *name = image_name(in, index, nb, sizeof nb);
     if (!in->path && (!in->data || in->size == 0))
@@ -105,6 +110,7 @@ enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_c
     s = in->path ? ekv_image_load_file(in->path, &img) : ekv_image_load_memory(in->data, in->size, name, &img);
     if (s != EKV_OK) return s;
     const int64_t rows = ekv_clip_image_rows(v->clip, img.nx, img.ny);
+    ekv_clip_idefics3_grid(v->clip, img.nx, img.ny, gx, gy);
     size_t cells = 0;
     float *e = NULL;
     if (rows <= 0 || rows > INT32_MAX ||

@@ -160,7 +160,8 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
         return ekv_error_set(EKV_ERR_INVALID_ARG, "%s has no answer, which ppl, kl, acc and hitrate need", name);
     char *prompt = NULL, *image = NULL;
     int32_t n_image = 0;
-    const char *tmpl = r->cfg.chat_template ? r->cfg.chat_template : it->image ? "llava-1.5" : NULL;
+    const char *own = it->image && !r->cfg.chat_template ? ekv_model_chat_template(r->model) : NULL;
+    const char *tmpl = r->cfg.chat_template ? r->cfg.chat_template : it->image ? (own ? own : "llava-1.5") : NULL;
     if (it->image) {
         const char *dir = r->cfg.image_dir;
         size_t need = strlen(it->image) + (dir ? strlen(dir) : 0) + 2;

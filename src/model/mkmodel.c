@@ -39,6 +39,8 @@ struct vit_preset {
     bool use_gelu;     /* false: quick-GELU (CLIP ViT-L) */
     const int32_t *pinpoints; /* LLaVA-1.6 anyres: width, height pairs, or NULL */
     int n_pinpoints;          /* values (twice the pairs) */
+    int scale_factor;         /* Idefics3/SmolVLM (SigLIP, pixel shuffle, one linear map); 0: LLaVA */
+    int longest_edge;         /* Idefics3: clip.vision.preproc_image_size */
 };
 
 /* Per-dimension RoPE factors a preset carries as tensors. */
@@ -83,6 +85,12 @@ struct lm_preset {
 #define TMPL_PHI3                                                                                             \
     "{% for message in messages %}{{ '<|' + message['role'] + '|>' + '\\n' + message['content'] + "         \
     "'<|end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+#define TMPL_SMOLVLM                                                                                          \
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'][0]"  \
+    "['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}"         \
+    "{% if line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}"       \
+    "{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}"                 \
+    "{{ 'Assistant:' }}{% endif %}"
 #define TMPL_GEMMA                                                                                            \
     "{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + role + '\\n' + "                    \
     "message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}"           \
@@ -94,6 +102,7 @@ static const struct lm_details k_mistral = {.sliding_window = 4096, .chat_templa
 static const struct lm_details k_phi3 = {.sliding_window = 262144, .fused_qkv = true, .fused_gate_up = true,
                                          .rf = RF_LONGROPE, .rope_orig_ctx = 4096, .rope_attn_factor = 1.1902380714238083f,
                                          .chat_template = TMPL_PHI3};
+static const struct lm_details k_smolvlm = {.chat_template = TMPL_SMOLVLM};
 static const struct lm_details k_gemma = {.head_dim = 256, .norm_jitter = true, .chat_template = TMPL_GEMMA};
 /* small models with the same details, for tests and agreement checks */
 static const struct lm_details k_tiny_llama3 = {.rf = RF_LLAMA3, .rope_orig_ctx = 8192, .norm_jitter = true,
@@ -104,17 +113,23 @@ static const struct lm_details k_tiny_phi3 = {.sliding_window = 0, .fused_qkv = 
                                               .rope_attn_factor = 1.1547005383792515f, .chat_template = TMPL_PHI3};
 static const struct lm_details k_tiny_gemma = {.head_dim = 64, .norm_jitter = true, .chat_template = TMPL_GEMMA};
 
-static const struct vit_preset k_vit_l14_336 = {336, 14, 1024, 24, 16, 4096, 1e-5f, 4096, 768, false, NULL, 0};
-static const struct vit_preset k_vit_tiny = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false, NULL, 0};
+static const struct vit_preset k_vit_l14_336 = {336, 14, 1024, 24, 16, 4096, 1e-5f, 4096, 768, false, NULL, 0, 0, 0};
+static const struct vit_preset k_vit_tiny = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false, NULL, 0, 0, 0};
 /* LLaVA-1.6's grid pinpoints (llava-v1.6-vicuna-7b's config) and a small grid for tests */
 static const int32_t k_pins_336[] = {336, 672, 672, 336, 672, 672, 1008, 336, 336, 1008};
 static const int32_t k_pins_56[] = {112, 56, 56, 112, 112, 112};
 static const struct vit_preset k_vit_l14_336_anyres = {336, 14, 1024, 24, 16, 4096, 1e-5f, 4096, 768, false,
-                                                        k_pins_336, 10};
-static const struct vit_preset k_vit_tiny_anyres = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false, k_pins_56, 6};
+                                                        k_pins_336, 10, 0, 0};
+static const struct vit_preset k_vit_tiny_anyres = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false, k_pins_56, 6, 0, 0};
+/* SmolVLM-256M's SigLIP (base, patch 16, 512 px) with scale factor 4 (64
+ * tokens a tile), longest edge 2048; and a small one (32 px tiles of 4
+ * tokens, up to 2 x 2 of them) for tests */
+static const struct vit_preset k_vit_siglip_512 = {512, 16, 768, 12, 12, 3072, 1e-6f, 0, 0, true, NULL, 0, 4, 2048};
+static const struct vit_preset k_vit_tiny_siglip = {32, 8, 64, 3, 4, 128, 1e-6f, 0, 0, true, NULL, 0, 2, 64};
 
 static const float k_clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
 static const float k_clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+static const float k_siglip_half[3] = {0.5f, 0.5f, 0.5f};
 
 static const struct lm_preset k_presets[] = {
     {"llava-1.5-7b", "llama", "LLaVA-1.5-7B (Vicuna-7B) + CLIP ViT-L/14-336 mmproj", 4096, 32, 32,
@@ -125,6 +140,12 @@ static const struct lm_preset k_presets[] = {
      32, 32, 32, 11008, 32000, 4096, 10000.0f, 1e-5f, false, false, &k_vit_l14_336_anyres, NULL},
     {"tiny-llava16", "llama", "tiny-vlm with anyres pinpoints 112x56, 56x112, 112x112, for tests", 64, 5, 8, 4, 172,
      512, 2048, 10000.0f, 1e-5f, false, false, &k_vit_tiny_anyres, NULL},
+    {"smolvlm-256m", "llama", "SmolVLM-256M-Instruct: SmolLM2-135M-shaped decoder + SigLIP-B/16-512 mmproj "
+     "(idefics3: 64 tokens a 512 px tile, up to 4 x 4 tiles and the overview)", 576, 30, 9, 3, 1536, 49280, 8192,
+     100000.0f, 1e-5f, false, true, &k_vit_siglip_512, &k_smolvlm},
+    {"tiny-smolvlm", "llama", "tiny-vlm's decoder + a 32 px SigLIP-style idefics3 mmproj (4 tokens a tile, up to "
+     "2 x 2 tiles and the overview), for tests", 64, 5, 8, 4, 172, 512, 2048, 10000.0f, 1e-5f, false, false,
+     &k_vit_tiny_siglip, &k_smolvlm},
     {"tinyllama-1.1b", "llama", "TinyLlama-1.1B", 2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f,
      1e-5f, false, false, NULL, NULL},
     {"smollm2-135m", "llama", "SmolLM2-135M (tied embeddings)", 576, 30, 9, 3, 1536, 49152, 8192,
@@ -345,12 +366,29 @@ struct mk_opts {
 
 #define TRY(expr) do { enum ekv_status s_ = (expr); if (s_ != EKV_OK) return s_; } while (0)
 
+/* SmolVLM's added tokens (its chat turns and image separators), put at
+ * the end of a generated vocabulary for the idefics3 presets; "\n\n" is a
+ * plain piece so that mtmd's separator lookup finds it as in SmolLM2's
+ * byte-level BPE vocabulary. */
+#define SMOLVLM_N_EXTRA (6 + 36)
+static void smolvlm_extra(int i, char *p, size_t n, int32_t *type) {
+    static const char *const fixed[6] = {"<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>",
+                                         "<image>", "<global-img>", "\n\n"};
+    *type = i == 5 ? 1 : 3;
+    if (i < 6) snprintf(p, n, "%s", fixed[i]);
+    else snprintf(p, n, "<row_%d_col_%d>", (i - 6) / 6 + 1, (i - 6) % 6 + 1);
+}
+
 /* A minimal SentencePiece vocabulary: <unk>, <s>, </s>, 256 byte tokens,
- * then "<tok_N>" pieces up to n_vocab. */
-static enum ekv_status gen_vocab(struct ekv_gguf_writer *w, int n_vocab) {
-    if (n_vocab < 3 + 256) return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: vocabulary of %d is too small", n_vocab);
+ * then "<tok_N>" pieces up to n_vocab; with `smolvlm`, SmolVLM's added
+ * tokens last, <end_of_utterance> the end of a turn and no BOS added (the
+ * template opens with <|im_start|>). */
+static enum ekv_status gen_vocab(struct ekv_gguf_writer *w, int n_vocab, bool smolvlm) {
+    const int n_extra = smolvlm ? SMOLVLM_N_EXTRA : 0;
+    if (n_vocab < 3 + 256 + n_extra)
+        return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: vocabulary of %d is too small", n_vocab);
     char **strs = calloc((size_t)n_vocab, sizeof *strs);
-    char *pool = malloc((size_t)n_vocab * 24);
+    char *pool = malloc((size_t)n_vocab * 32);
     float *scores = malloc((size_t)n_vocab * sizeof *scores);
     int32_t *types = malloc((size_t)n_vocab * sizeof *types);
     enum ekv_status s = EKV_OK;
@@ -359,22 +397,24 @@ static enum ekv_status gen_vocab(struct ekv_gguf_writer *w, int n_vocab) {
         goto out;
     }
     for (int i = 0; i < n_vocab; i++) {
-        char *p = pool + (size_t)i * 24;
+        char *p = pool + (size_t)i * 32;
         strs[i] = p;
         if (i == 0) { strcpy(p, "<unk>"); types[i] = 2; scores[i] = 0.0f; }
         else if (i == 1) { strcpy(p, "<s>"); types[i] = 3; scores[i] = 0.0f; }
         else if (i == 2) { strcpy(p, "</s>"); types[i] = 3; scores[i] = 0.0f; }
-        else if (i < 3 + 256) { snprintf(p, 24, "<0x%02X>", i - 3); types[i] = 6; scores[i] = 0.0f; }
-        else { snprintf(p, 24, "<tok_%d>", i); types[i] = 1; scores[i] = -(float)(i - 259); }
+        else if (i < 3 + 256) { snprintf(p, 32, "<0x%02X>", i - 3); types[i] = 6; scores[i] = 0.0f; }
+        else if (i >= n_vocab - n_extra) { smolvlm_extra(i - (n_vocab - n_extra), p, 32, &types[i]); scores[i] = 0.0f; }
+        else { snprintf(p, 32, "<tok_%d>", i); types[i] = 1; scores[i] = -(float)(i - 259); }
     }
+    const uint32_t eos = smolvlm ? (uint32_t)(n_vocab - n_extra + 1) : 2;
     if ((s = ekv_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
         (s = ekv_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, (uint64_t)n_vocab)) ||
         (s = ekv_gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, (uint64_t)n_vocab)) ||
         (s = ekv_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, (uint64_t)n_vocab)) ||
         (s = ekv_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0)) ||
         (s = ekv_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1)) ||
-        (s = ekv_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2)) ||
-        (s = ekv_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true)) ||
+        (s = ekv_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", eos)) ||
+        (s = ekv_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", !smolvlm)) ||
         (s = ekv_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false)))
         goto out;
 out:
@@ -530,22 +570,30 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
     TRY(ekv_gguf_writer_set_str(w, "general.architecture", "clip"));
     snprintf(name, sizeof name, "ekv-mkmodel %s mmproj (random weights)", p->name);
     TRY(ekv_gguf_writer_set_str(w, "general.name", name));
-    TRY(ekv_gguf_writer_set_str(w, "general.description", "image encoder for LLaVA"));
+    const bool idefics3 = v->scale_factor > 0;
+    TRY(ekv_gguf_writer_set_str(w, "general.description", idefics3 ? "image encoder for SmolVLM" : "image encoder for LLaVA"));
     TRY(ekv_gguf_writer_set_u32(w, "general.file_type", file_type_of(b->mat_type)));
     TRY(ekv_gguf_writer_set_bool(w, "clip.has_text_encoder", false));
     TRY(ekv_gguf_writer_set_bool(w, "clip.has_vision_encoder", true));
-    TRY(ekv_gguf_writer_set_bool(w, "clip.has_llava_projector", true));
-    TRY(ekv_gguf_writer_set_str(w, "clip.projector_type", "mlp"));
+    if (idefics3) {
+        TRY(ekv_gguf_writer_set_str(w, "clip.projector_type", "idefics3"));
+        TRY(ekv_gguf_writer_set_u32(w, "clip.vision.projector.scale_factor", (uint32_t)v->scale_factor));
+        TRY(ekv_gguf_writer_set_u32(w, "clip.vision.preproc_image_size", (uint32_t)v->longest_edge));
+    } else {
+        TRY(ekv_gguf_writer_set_bool(w, "clip.has_llava_projector", true));
+        TRY(ekv_gguf_writer_set_str(w, "clip.projector_type", "mlp"));
+    }
     TRY(ekv_gguf_writer_set_u32(w, "clip.vision.image_size", (uint32_t)v->image_size));
     TRY(ekv_gguf_writer_set_u32(w, "clip.vision.patch_size", (uint32_t)v->patch_size));
     TRY(ekv_gguf_writer_set_u32(w, "clip.vision.embedding_length", (uint32_t)v->n_embd));
     TRY(ekv_gguf_writer_set_u32(w, "clip.vision.feed_forward_length", (uint32_t)v->n_ff));
-    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.projection_dim", (uint32_t)v->proj_dim));
+    /* llama.cpp's converter writes the language model's width for SigLIP towers */
+    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.projection_dim", (uint32_t)(idefics3 ? p->n_embd : v->proj_dim)));
     TRY(ekv_gguf_writer_set_u32(w, "clip.vision.attention.head_count", (uint32_t)v->n_head));
     TRY(ekv_gguf_writer_set_f32(w, "clip.vision.attention.layer_norm_epsilon", v->eps));
     TRY(ekv_gguf_writer_set_u32(w, "clip.vision.block_count", (uint32_t)v->n_layer));
-    TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_mean", GGUF_TYPE_FLOAT32, k_clip_mean, 3));
-    TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_std", GGUF_TYPE_FLOAT32, k_clip_std, 3));
+    TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_mean", GGUF_TYPE_FLOAT32, idefics3 ? k_siglip_half : k_clip_mean, 3));
+    TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_std", GGUF_TYPE_FLOAT32, idefics3 ? k_siglip_half : k_clip_std, 3));
     TRY(ekv_gguf_writer_set_bool(w, "clip.use_gelu", v->use_gelu));
     if (v->pinpoints) {
         TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_grid_pinpoints", GGUF_TYPE_INT32, v->pinpoints,
@@ -554,17 +602,28 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
     }
 
     const int64_t E = v->n_embd, grid = v->image_size / v->patch_size;
-    TRY(add_mat(b, "mm.0.weight", E, v->n_mm, b->mat_type));
-    TRY(add_vec(b, "mm.0.bias", v->n_mm, INIT_NORMAL, 0.02f));
-    TRY(add_mat(b, "mm.2.weight", v->n_mm, p->n_embd, b->mat_type));
-    TRY(add_vec(b, "mm.2.bias", p->n_embd, INIT_NORMAL, 0.02f));
-    TRY(add_vec(b, "v.class_embd", E, INIT_NORMAL, 0.02f));
     int64_t pne[4] = {v->patch_size, v->patch_size, 3, E};
     TRY(add(b, "v.patch_embd.weight", 4, pne, small, INIT_NORMAL, 0.02f));
-    int64_t posne[2] = {E, grid * grid + 1};
-    TRY(add(b, "v.position_embd.weight", 2, posne, small, INIT_NORMAL, 0.02f));
-    TRY(add_vec(b, "v.pre_ln.weight", E, INIT_ONES_JITTER, 0.05f));
-    TRY(add_vec(b, "v.pre_ln.bias", E, INIT_NORMAL, 0.02f));
+    if (idefics3) {
+        /* SigLIP: patch bias, no class token, no pre-layernorm; post-layernorm; the
+         * connector's linear map from the shuffled width, no bias */
+        TRY(add_vec(b, "v.patch_embd.bias", E, INIT_NORMAL, 0.02f));
+        int64_t posne[2] = {E, grid * grid};
+        TRY(add(b, "v.position_embd.weight", 2, posne, small, INIT_NORMAL, 0.02f));
+        TRY(add_vec(b, "v.post_ln.weight", E, INIT_ONES_JITTER, 0.05f));
+        TRY(add_vec(b, "v.post_ln.bias", E, INIT_NORMAL, 0.02f));
+        TRY(add_mat(b, "mm.model.fc.weight", E * v->scale_factor * v->scale_factor, p->n_embd, b->mat_type));
+    } else {
+        TRY(add_mat(b, "mm.0.weight", E, v->n_mm, b->mat_type));
+        TRY(add_vec(b, "mm.0.bias", v->n_mm, INIT_NORMAL, 0.02f));
+        TRY(add_mat(b, "mm.2.weight", v->n_mm, p->n_embd, b->mat_type));
+        TRY(add_vec(b, "mm.2.bias", p->n_embd, INIT_NORMAL, 0.02f));
+        TRY(add_vec(b, "v.class_embd", E, INIT_NORMAL, 0.02f));
+        int64_t posne[2] = {E, grid * grid + 1};
+        TRY(add(b, "v.position_embd.weight", 2, posne, small, INIT_NORMAL, 0.02f));
+        TRY(add_vec(b, "v.pre_ln.weight", E, INIT_ONES_JITTER, 0.05f));
+        TRY(add_vec(b, "v.pre_ln.bias", E, INIT_NORMAL, 0.02f));
+    }
     for (int il = 0; il < v->n_layer; il++) {
 #define NM(fmt) (snprintf(name, sizeof name, "v.blk.%d." fmt, il), name)
         static const char *const att[4] = {"attn_k", "attn_v", "attn_q", "attn_out"};
@@ -577,11 +636,18 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
         }
         TRY(add_vec(b, NM("ln1.weight"), E, INIT_ONES_JITTER, 0.05f));
         TRY(add_vec(b, NM("ln1.bias"), E, INIT_NORMAL, 0.02f));
-        /* fc1 is "ffn_down" and fc2 "ffn_up" in llama.cpp's LLaVA converter. */
-        TRY(add_mat(b, NM("ffn_down.weight"), E, v->n_ff, b->mat_type));
-        TRY(add_vec(b, NM("ffn_down.bias"), v->n_ff, INIT_NORMAL, 0.02f));
-        TRY(add_mat(b, NM("ffn_up.weight"), v->n_ff, E, b->mat_type));
-        TRY(add_vec(b, NM("ffn_up.bias"), E, INIT_NORMAL, 0.02f));
+        /* fc1 is "ffn_down" and fc2 "ffn_up" in llama.cpp's LLaVA converter;
+         * its current converter (SigLIP) names them the other way round */
+        const char *fc1 = idefics3 ? "ffn_up" : "ffn_down", *fc2 = idefics3 ? "ffn_down" : "ffn_up";
+        char wn[96], bn[96];
+        snprintf(wn, sizeof wn, "v.blk.%d.%s.weight", il, fc1);
+        snprintf(bn, sizeof bn, "v.blk.%d.%s.bias", il, fc1);
+        TRY(add_mat(b, wn, E, v->n_ff, b->mat_type));
+        TRY(add_vec(b, bn, v->n_ff, INIT_NORMAL, 0.02f));
+        snprintf(wn, sizeof wn, "v.blk.%d.%s.weight", il, fc2);
+        snprintf(bn, sizeof bn, "v.blk.%d.%s.bias", il, fc2);
+        TRY(add_mat(b, wn, v->n_ff, E, b->mat_type));
+        TRY(add_vec(b, bn, E, INIT_NORMAL, 0.02f));
         TRY(add_vec(b, NM("ln2.weight"), E, INIT_ONES_JITTER, 0.05f));
         TRY(add_vec(b, NM("ln2.bias"), E, INIT_NORMAL, 0.02f));
 #undef NM
@@ -614,7 +680,7 @@ static enum ekv_status write_file(const struct lm_preset *p, bool mmproj, enum e
         if (vocab_path) {
             if ((s = ekv_gguf_open(vocab_path, &vf)) != EKV_OK) goto done;
             if ((s = copy_vocab(b.w, vf, vocab_path, &n_vocab)) != EKV_OK) goto done;
-        } else if ((s = gen_vocab(b.w, n_vocab)) != EKV_OK) {
+        } else if ((s = gen_vocab(b.w, n_vocab, p->vit && p->vit->scale_factor > 0)) != EKV_OK) {
             goto done;
         }
         s = build_lm(&b, p, n_vocab, o);

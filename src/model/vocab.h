@@ -55,6 +55,8 @@ const char *ekv_vocab_type_name(const struct ekv_vocab *v);
 /* Raw text of a token as stored in the vocabulary (NOT NUL-terminated;
  * SentencePiece spaces still U+2581); NULL if tok is out of range. */
 const char *ekv_vocab_token_text(const struct ekv_vocab *v, int32_t tok, size_t *len);
+/* Id of the token whose stored text is s[0..n), or -1. */
+int32_t ekv_vocab_lookup(const struct ekv_vocab *v, const char *s, size_t n);
 
 /* Tokenizes len bytes of text (need not be NUL-terminated or valid UTF-8).
  * add_special: prepend BOS (append EOS) as the vocabulary asks.

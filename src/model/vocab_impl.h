@@ -82,8 +82,6 @@ struct ekv_vocab {
     bool ignore_merges;         /* BPE: a word that is a token is taken whole (Llama-3) */
 };
 
-/* Id of the token whose text is s[0..n), or -1. */
-int32_t ekv_vocab_lookup(const struct ekv_vocab *v, const char *s, size_t n);
 /* Rank of the merge (a, b), or -1. */
 int32_t ekv_vocab_merge_rank(const struct ekv_vocab *v, const char *a, size_t an, const char *b, size_t bn);
 

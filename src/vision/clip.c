@@ -13,8 +13,11 @@
  *   v.blk.i.ffn_down.weight [E,F] + bias [F]  (the converter names CLIP's fc1 "ffn_down")
  *   v.blk.i.ffn_up.weight   [F,E] + bias [E]  (fc2); files with the names the
  *   other way round (newer converters) are recognised by shape.
- *   mm.0.weight [E,M] + bias [M], mm.2.weight [M,out] + bias [out]
- * v.post_ln is not used: LLaVA reads the second-to-last block's output.
+ *   mm.0.weight [E,M] + bias [M], mm.2.weight [M,out] + bias [out]  (projector "mlp")
+ *   v.post_ln.{weight,bias} [E], mm.model.fc.weight [E*s*s,out]  (projector
+ *   "idefics3", SigLIP: s = clip.vision.projector.scale_factor)
+ * LLaVA does not use v.post_ln: it reads the second-to-last block's output;
+ * Idefics3 runs every block, then v.post_ln, then the pixel shuffle.
  */
 #include "vision/clip.h"
 
@@ -55,6 +58,8 @@ struct ekv_clip {
     float *mm0_b;                /* [M] */
     struct ekv_weight mm2;       /* out rows of M */
     float *mm2_b;                /* [out] */
+    float *post_w, *post_b;      /* [E], Idefics3 */
+    struct ekv_weight fc;        /* Idefics3: out rows of E*s*s */
     float **owned;               /* float arrays to free */
     size_t n_owned, cap_owned;
     const char *path;            /* for messages, borrowed during load only */
@@ -267,17 +272,21 @@ static enum ekv_status load_hparams(struct ekv_clip *c) {
     if ((s = get_bool_opt(c, "clip.has_llava_projector", true, &has_llava)) != EKV_OK) return s;
     if (!has_vision)
         return ekv_err(EKV_ERR_UNSUPPORTED, "%s: clip.has_vision_encoder is false", c->path);
-    if (!has_llava)
-        return ekv_err(EKV_ERR_UNSUPPORTED,
-                       "%s: clip.has_llava_projector is false: ekv needs a LLaVA projector", c->path);
     struct ekv_gguf_str pt;
+    hp->proj = EKV_CLIP_PROJ_MLP;
     if (ekv_gguf_get_str(c->f, "clip.projector_type", &pt) == EKV_OK && !ekv_gguf_str_eq(pt, "mlp")) {
         char p[64];
         ekv_gguf_str_copy(pt, p, sizeof p);
-        return ekv_err(EKV_ERR_UNSUPPORTED,
-                       "%s: clip.projector_type '%s' is not supported (only 'mlp', LLaVA-1.5)",
-                       c->path, p);
+        if (!ekv_gguf_str_eq(pt, "idefics3"))
+            return ekv_err(EKV_ERR_UNSUPPORTED,
+                           "%s: clip.projector_type '%s' is not supported ('mlp': LLaVA-1.5/1.6; "
+                           "'idefics3': SmolVLM, Idefics3)",
+                           c->path, p);
+        hp->proj = EKV_CLIP_PROJ_IDEFICS3;
     }
+    if (!has_llava && hp->proj == EKV_CLIP_PROJ_MLP)
+        return ekv_err(EKV_ERR_UNSUPPORTED,
+                       "%s: clip.has_llava_projector is false: ekv needs a LLaVA projector", c->path);
     if ((s = get_bool_opt(c, "clip.use_gelu", false, &hp->use_gelu)) != EKV_OK) return s;
 
     if ((s = get_u32_range(c, "clip.vision.image_size", 1, CLIP_MAX_IMAGE, &hp->image_size)) ||
@@ -308,6 +317,31 @@ static enum ekv_status load_hparams(struct ekv_clip *c) {
             return ekv_err(EKV_ERR_FORMAT, "%s: clip.vision.image_std[%d] = %g is not positive",
                            c->path, i, (double)hp->image_std[i]);
 
+    int grid = hp->image_size / hp->patch_size;
+    hp->n_patches = grid * grid;
+    hp->scale_factor = 1;
+    hp->n_tile_tokens = hp->n_patches;
+    hp->longest_edge = 0;
+    if (hp->proj == EKV_CLIP_PROJ_IDEFICS3) {
+        /* every block runs (llama.cpp's SigLIP graph ignores feature layers) */
+        hp->n_layer_run = hp->n_layer;
+        if ((s = get_u32_range(c, "clip.vision.projector.scale_factor", 1, (uint32_t)grid, &hp->scale_factor)))
+            return s;
+        if (grid % hp->scale_factor)
+            return ekv_err(EKV_ERR_UNSUPPORTED,
+                           "%s: the %dx%d patch grid is not a multiple of clip.vision.projector.scale_factor %d",
+                           c->path, grid, grid, hp->scale_factor);
+        hp->n_tile_tokens = hp->n_patches / (hp->scale_factor * hp->scale_factor);
+        if (!ekv_gguf_find_kv(c->f, "clip.vision.preproc_image_size"))
+            return ekv_err(EKV_ERR_UNSUPPORTED,
+                           "%s: an idefics3 mmproj without clip.vision.preproc_image_size (the processor's "
+                           "longest edge; written by current convert_hf_to_gguf.py): re-convert the model",
+                           c->path);
+        if ((s = get_u32_range(c, "clip.vision.preproc_image_size", 1, CLIP_MAX_IMAGE * 4, &hp->longest_edge)))
+            return s;
+        return EKV_OK;
+    }
+
     /* Feature layer: hidden state k is the output of k blocks (0 = embeddings).
      * LLaVA-1.5 reads the second to last, which is the default. */
     hp->n_layer_run = hp->n_layer - 1;
@@ -328,9 +362,27 @@ static enum ekv_status load_hparams(struct ekv_clip *c) {
                            c->path, (int)fl, hp->n_layer);
         hp->n_layer_run = fl;
     }
-    int grid = hp->image_size / hp->patch_size;
-    hp->n_patches = grid * grid;
     return load_pinpoints(c);
+}
+
+/* Idefics3: v.post_ln and the connector's one linear map (no bias), whose
+ * input is the pixel-shuffled width E*s*s. */
+static enum ekv_status load_idefics3(struct ekv_clip *c) {
+    struct ekv_clip_hparams *hp = &c->hp;
+    const int64_t E = hp->n_embd, in = E * hp->scale_factor * hp->scale_factor;
+    enum ekv_status s;
+    if ((s = load_floats(c, "v.post_ln.weight", true, E, 1, &c->post_w)) != EKV_OK ||
+        (s = load_floats(c, "v.post_ln.bias", true, E, 1, &c->post_b)) != EKV_OK)
+        return s;
+    const struct ekv_gguf_tensor *fc = ekv_gguf_find_tensor(c->f, "mm.model.fc.weight");
+    if (!fc) return ekv_err(EKV_ERR_NOT_FOUND, "%s: tensor mm.model.fc.weight is missing", c->path);
+    if (fc->ne[1] < 1 || fc->ne[1] > CLIP_MAX_OUT)
+        return ekv_err(EKV_ERR_FORMAT, "%s: mm.model.fc.weight's output width %lld is out of range", c->path,
+                       (long long)fc->ne[1]);
+    hp->n_mm = 0;
+    hp->n_embd_out = (int)fc->ne[1];
+    int64_t ne[2] = {in, hp->n_embd_out};
+    return load_matrix(c, "mm.model.fc.weight", 2, ne, in, hp->n_embd_out, &c->fc);
 }
 
 static enum ekv_status load_tensors(struct ekv_clip *c) {
@@ -344,6 +396,9 @@ static enum ekv_status load_tensors(struct ekv_clip *c) {
     int64_t ne1[1] = {E};
     if ((s = find(c, "v.class_embd", false, 1, ne1, &t)) != EKV_OK) return s;
     hp->has_class = t != NULL;
+    if (hp->has_class && hp->proj == EKV_CLIP_PROJ_IDEFICS3)
+        return ekv_err(EKV_ERR_FORMAT, "%s: tensor v.class_embd in an idefics3 (SigLIP) tower, which has no class token",
+                       c->path);
     hp->n_pos = hp->n_patches + (hp->has_class ? 1 : 0);
     if (hp->has_class && (s = load_floats(c, "v.class_embd", true, E, 1, &c->cls)) != EKV_OK)
         return s;
@@ -405,6 +460,8 @@ static enum ekv_status load_tensors(struct ekv_clip *c) {
         if ((s = load_linear(c, wn, bn, F, E, &L->ff2, &L->ff2_b)) != EKV_OK) return s;
     }
 
+    if (hp->proj == EKV_CLIP_PROJ_IDEFICS3) return load_idefics3(c);
+
     /* Projector: widths come from the tensors, checked against each other. */
     if (ekv_gguf_find_tensor(c->f, "mm.3.weight"))
         return ekv_err(EKV_ERR_UNSUPPORTED,
@@ -454,6 +511,7 @@ void ekv_clip_free(struct ekv_clip *c) {
 
 const struct ekv_clip_hparams *ekv_clip_hparams(const struct ekv_clip *c) { return &c->hp; }
 int ekv_clip_n_patches(const struct ekv_clip *c) { return c->hp.n_patches; }
+int ekv_clip_n_tile_tokens(const struct ekv_clip *c) { return c->hp.n_tile_tokens; }
 int ekv_clip_n_embd_out(const struct ekv_clip *c) { return c->hp.n_embd_out; }
 
 void ekv_clip_anyres_grid(const struct ekv_clip *c, int nx, int ny, int *w, int *h) {
@@ -480,6 +538,11 @@ void ekv_clip_anyres_grid(const struct ekv_clip *c, int nx, int ny, int *w, int 
 
 int64_t ekv_clip_image_rows(const struct ekv_clip *c, int nx, int ny) {
     if (!c || nx <= 0 || ny <= 0) return 0;
+    if (c->hp.proj == EKV_CLIP_PROJ_IDEFICS3) {
+        int gx, gy;
+        ekv_clip_idefics3_grid(c, nx, ny, &gx, &gy);
+        return gx ? ((int64_t)gx * gy + 1) * c->hp.n_tile_tokens : 0;
+    }
     int w, h;
     ekv_clip_anyres_grid(c, nx, ny, &w, &h);
     const int64_t tiles = w ? (int64_t)(w / c->hp.image_size) * (h / c->hp.image_size) : 0;
@@ -629,6 +692,14 @@ done:
 enum ekv_status ekv_clip_project(const struct ekv_clip *c, struct ekv_pool *pool, const float *feat,
                                  float *out) {
     const size_t np = (size_t)c->hp.n_patches;
+    if (c->hp.proj == EKV_CLIP_PROJ_IDEFICS3) {
+        float *sh = alloc_floats(np, (size_t)c->hp.n_embd);
+        if (!sh) return ekv_err(EKV_ERR_NOMEM, "clip: pixel shuffle buffer");
+        ekv_clip_pixel_shuffle(feat, c->hp.image_size / c->hp.patch_size, c->hp.n_embd, c->hp.scale_factor, sh);
+        enum ekv_status s = linear(pool, &c->fc, NULL, sh, (size_t)c->hp.n_tile_tokens, out);
+        free(sh);
+        return s;
+    }
     float *mid = alloc_floats(np, (size_t)c->hp.n_mm);
     if (!mid) return ekv_err(EKV_ERR_NOMEM, "clip: projector buffer");
     enum ekv_status s = linear(pool, &c->mm0, c->mm0_b, feat, np, mid);
@@ -648,6 +719,10 @@ enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool
     if (!x) return ekv_err(EKV_ERR_NOMEM, "clip: hidden states");
     enum ekv_status s = ekv_clip_embed(c, pool, pixels, x);
     for (int il = 0; s == EKV_OK && il < hp->n_layer_run; il++) s = ekv_clip_block(c, pool, il, x);
+    if (s == EKV_OK && c->post_w)
+        for (size_t r = 0; r < (size_t)hp->n_pos; r++)
+            ekv_layernorm(x + r * (size_t)hp->n_embd, x + r * (size_t)hp->n_embd, c->post_w, c->post_b,
+                          (int64_t)hp->n_embd, hp->eps);
     if (s == EKV_OK) s = ekv_clip_project(c, pool, x + (hp->has_class ? hp->n_embd : 0), out);
     free(x);
     return s;
@@ -706,7 +781,9 @@ enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool 
     int W, H;
     ekv_clip_anyres_grid(c, img->nx, img->ny, &W, &H);
     enum ekv_status s;
-    if (W) {
+    if (c->hp.proj == EKV_CLIP_PROJ_IDEFICS3) {
+        s = ekv_clip_encode_idefics3(c, pool, img, pixels, out);
+    } else if (W) {
         s = encode_anyres(c, pool, img, W, H, pixels, out);
     } else if (c->hp.n_pinpoints) { /* small image: the overview alone, resized as the tiles' overview */
         struct ekv_image ov = {0};

@@ -1,11 +1,13 @@
 /*
- * clip.h — the vision tower of LLaVA-style models, loaded from an `mmproj`
- * GGUF in llama.cpp's CLIP layout (clip.* metadata, v.* encoder tensors,
- * mm.* projector tensors): ViT patch embedding, class token (absent in
- * SigLIP-style towers), position embeddings, pre-layernorm, transformer
- * blocks up to the feature layer LLaVA reads (the second to last unless
- * clip.vision.feature_layer says otherwise), and the LLaVA-1.5 projector
- * (Linear-GELU-Linear) into the language model's width.
+ * clip.h — the vision tower of LLaVA-style and Idefics3/SmolVLM models,
+ * loaded from an `mmproj` GGUF in llama.cpp's CLIP layout (clip.* metadata,
+ * v.* encoder tensors, mm.* projector tensors): ViT patch embedding, class
+ * token (absent in SigLIP-style towers), position embeddings, pre-layernorm,
+ * transformer blocks up to the feature layer LLaVA reads (the second to last
+ * unless clip.vision.feature_layer says otherwise), and the LLaVA-1.5
+ * projector (Linear-GELU-Linear) into the language model's width; or, for
+ * projector type "idefics3", every block, the post-layernorm, the pixel
+ * shuffle and one linear map (idefics3.c holds its tiling).
  *
  * The engine calls ekv_clip_load once, then ekv_clip_encode_* per image to
  * get n_patches rows of n_embd_out floats to splice into the prompt. A
@@ -25,6 +27,11 @@
 struct ekv_clip;
 
 #define EKV_CLIP_MAX_PINPOINTS 64
+
+/* The projector (clip.projector_type): LLaVA-1.5's Linear-GELU-Linear on
+ * the second-to-last block ("mlp"), or Idefics3/SmolVLM's pixel shuffle and
+ * one linear map after every block and the post-layernorm ("idefics3"). */
+enum ekv_clip_proj { EKV_CLIP_PROJ_MLP, EKV_CLIP_PROJ_IDEFICS3 };
 
 struct ekv_clip_hparams {
     int image_size;      /* input side in pixels (336 for CLIP ViT-L/14-336) */
@@ -48,6 +55,14 @@ struct ekv_clip_hparams {
      * image_size; 0 pairs for a fixed-size tower */
     int n_pinpoints;
     int pinpoints[EKV_CLIP_MAX_PINPOINTS][2];
+    enum ekv_clip_proj proj;
+    /* Idefics3: each scale_factor x scale_factor block of patches becomes one
+     * token (clip.vision.projector.scale_factor; 1 for mlp) */
+    int scale_factor;
+    int n_tile_tokens;   /* tokens one encoded image or tile becomes: n_patches / scale_factor^2 */
+    /* Idefics3: the image is resized so that its longer side is this
+     * (clip.vision.preproc_image_size), then cut into image_size tiles */
+    int longest_edge;
 };
 
 /* Loads and validates an mmproj GGUF; every shape is checked against the
@@ -56,8 +71,11 @@ enum ekv_status ekv_clip_load(const char *path, struct ekv_clip **out);
 void ekv_clip_free(struct ekv_clip *c);
 
 const struct ekv_clip_hparams *ekv_clip_hparams(const struct ekv_clip *c);
-/* Image tokens one image becomes, and the width of each. */
+/* Patches the tower sees in one image or tile ((image_size/patch_size)^2),
+ * the tokens each image or tile becomes (n_patches, or n_patches /
+ * scale_factor^2 for Idefics3), and the width of each token. */
 int ekv_clip_n_patches(const struct ekv_clip *c);
+int ekv_clip_n_tile_tokens(const struct ekv_clip *c);
 int ekv_clip_n_embd_out(const struct ekv_clip *c);
 
 /* Embedding rows an image of nx x ny pixels becomes: n_patches for a
@@ -73,16 +91,24 @@ int64_t ekv_clip_image_rows(const struct ekv_clip *c, int nx, int ny);
  * (0 when the overview is alone). */
 void ekv_clip_anyres_grid(const struct ekv_clip *c, int nx, int ny, int *w, int *h);
 
+/* Idefics3/SmolVLM tiling as llama.cpp's mtmd and the Hugging Face
+ * processor do it: the image resized (Lanczos, aspect kept) so its longer
+ * side is longest_edge and the shorter even, then up to whole tiles of
+ * image_size; *gx x *gy tiles (0 x 0 for other projectors or a bad size). */
+void ekv_clip_idefics3_grid(const struct ekv_clip *c, int nx, int ny, int *gx, int *gy);
+
 /* LLaVA-1.5 preprocessing with this tower's size, mean and std.
  * pixels: [3][image_size][image_size]. */
 enum ekv_status ekv_clip_preprocess(const struct ekv_clip *c, const struct ekv_image *img,
                                     float *pixels);
 
-/* Image embeddings: out [n_patches][n_embd_out], patches in row-major order.
+/* Image embeddings: out [n_tile_tokens][n_embd_out], row-major order.
  * pool may be NULL (single-threaded). */
 enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool *pool,
                                        const float *pixels, float *out);
-/* A whole image: out [ekv_clip_image_rows(img)][n_embd_out]. */
+/* A whole image: out [ekv_clip_image_rows(img)][n_embd_out]; LLaVA-1.6:
+ * overview then tiles; Idefics3: the tiles row by row, then the overview
+ * (the order they are spliced in). */
 enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool *pool,
                                       const struct ekv_image *img, float *out);
 enum ekv_status ekv_clip_encode_file(const struct ekv_clip *c, struct ekv_pool *pool,
@@ -96,8 +122,19 @@ enum ekv_status ekv_clip_embed(const struct ekv_clip *c, struct ekv_pool *pool,
 /* One encoder block il (0-based) in place on x: [n_pos][n_embd]:
  * x += attn(LN1(x)); x += MLP(LN2(x)). */
 enum ekv_status ekv_clip_block(const struct ekv_clip *c, struct ekv_pool *pool, int il, float *x);
-/* Projector on the patch rows: feat [n_patches][n_embd] -> out [n_patches][n_embd_out]. */
+/* Projector on the patch rows: feat [n_patches][n_embd] -> out
+ * [n_tile_tokens][n_embd_out] (Idefics3: feat is after the post-layernorm). */
 enum ekv_status ekv_clip_project(const struct ekv_clip *c, struct ekv_pool *pool,
                                  const float *feat, float *out);
+
+/* Idefics3's pixel shuffle: in [g*g][e] (a g x g grid of patches, row-major)
+ * -> out [(g/s)^2][e*s*s]: token (Y, X) holds patches (Y*s+dy, X*s+dx) for
+ * dy, then dx, in order. g must be a multiple of s. */
+void ekv_clip_pixel_shuffle(const float *in, int g, int e, int s, float *out);
+
+/* Idefics3 whole image into out (see ekv_clip_encode_image); pixels is a
+ * [3][image_size][image_size] scratch buffer. In idefics3.c. */
+enum ekv_status ekv_clip_encode_idefics3(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_image *img,
+                                         float *pixels, float *out);
 
 #endif

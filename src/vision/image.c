@@ -343,7 +343,6 @@ enum ekv_status ekv_image_pad_square(const struct ekv_image *src, const uint8_t 
  * to sum 1 and held in 22-bit fixed point; rows first, then columns, each
  * pass rounded to 8 bits. */
 #define RS_BITS 22
-#define RS_SUPPORT 2.0
 
 static double rs_cubic(double x) {
     const double a = -0.5;
@@ -352,6 +351,18 @@ static double rs_cubic(double x) {
     if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
     return 0.0;
 }
+
+/* Pillow's LANCZOS: sinc(x) sinc(x/3) on [-3, 3) (what Idefics3/SmolVLM's
+ * processor asks PIL for). */
+static double rs_sinc(double x) {
+    if (x == 0.0) return 1.0;
+    x *= 3.14159265358979323846;
+    return sin(x) / x;
+}
+
+static double rs_lanczos(double x) { return -3.0 <= x && x < 3.0 ? rs_sinc(x) * rs_sinc(x / 3.0) : 0.0; }
+
+static double rs_filter(enum ekv_resample f, double x) { return f == EKV_RESAMPLE_LANCZOS ? rs_lanczos(x) : rs_cubic(x); }
 
 /* Weights of one pass, in -> out pixels: taps [out][ksize] in fixed point,
  * first[out] and count[out] the input span each output pixel reads. */
@@ -366,9 +377,9 @@ static void rs_pass_free(struct rs_pass *p) {
     p->first = p->count = NULL, p->taps = NULL;
 }
 
-static enum ekv_status rs_pass_init(int in, int out, struct rs_pass *p) {
+static enum ekv_status rs_pass_init(enum ekv_resample f, int in, int out, struct rs_pass *p) {
     const double scale = (double)in / (double)out, fscale = scale < 1.0 ? 1.0 : scale;
-    const double support = RS_SUPPORT * fscale;
+    const double support = (f == EKV_RESAMPLE_LANCZOS ? 3.0 : 2.0) * fscale;
     p->ksize = (int)ceil(support) * 2 + 1;
     p->first = malloc((size_t)out * sizeof *p->first);
     p->count = malloc((size_t)out * sizeof *p->count);
@@ -384,7 +395,7 @@ static enum ekv_status rs_pass_init(int in, int out, struct rs_pass *p) {
         const int lo = EKV_MAX((int)(centre - support + 0.5), 0), hi = EKV_MIN((int)(centre + support + 0.5), in);
         const int n = hi - lo;
         double sum = 0.0;
-        for (int k = 0; k < n; k++) sum += w[k] = rs_cubic(((double)(k + lo) - centre + 0.5) / fscale);
+        for (int k = 0; k < n; k++) sum += w[k] = rs_filter(f, ((double)(k + lo) - centre + 0.5) / fscale);
         int32_t *t = p->taps + (size_t)o * (size_t)p->ksize;
         for (int k = 0; k < p->ksize; k++) {
             const double v = k < n && sum != 0.0 ? w[k] / sum * (double)(1 << RS_BITS) : 0.0;
@@ -421,8 +432,13 @@ static void rs_apply(const struct rs_pass *p, const uint8_t *src, int src_nx, ui
 
 enum ekv_status ekv_image_resize_bicubic(const struct ekv_image *src, int nx, int ny,
                                          struct ekv_image *out) {
+    return ekv_image_resize(src, nx, ny, EKV_RESAMPLE_BICUBIC, out);
+}
+
+enum ekv_status ekv_image_resize(const struct ekv_image *src, int nx, int ny, enum ekv_resample f,
+                                 struct ekv_image *out) {
     if (!src || !src->rgb || !out)
-        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_resize_bicubic: NULL argument");
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_resize: NULL argument");
     static const uint8_t black[3] = {0, 0, 0};
     struct ekv_image mid = {0};
     struct rs_pass px = {0}, py = {0};
@@ -434,14 +450,14 @@ enum ekv_status ekv_image_resize_bicubic(const struct ekv_image *src, int nx, in
         memcpy(out->rgb, src->rgb, (size_t)nx * (size_t)ny * 3);
         return EKV_OK;
     }
-    if (do_x && (s = rs_pass_init(src->nx, nx, &px)) == EKV_OK) {
+    if (do_x && (s = rs_pass_init(f, src->nx, nx, &px)) == EKV_OK) {
         if (!do_y) {
             rs_apply(&px, src->rgb, src->nx, out->rgb, nx, ny, true);
         } else if ((s = ekv_image_new(nx, src->ny, black, &mid)) == EKV_OK) {
             rs_apply(&px, src->rgb, src->nx, mid.rgb, nx, src->ny, true);
         }
     }
-    if (s == EKV_OK && do_y && (s = rs_pass_init(src->ny, ny, &py)) == EKV_OK) {
+    if (s == EKV_OK && do_y && (s = rs_pass_init(f, src->ny, ny, &py)) == EKV_OK) {
         const struct ekv_image *in = do_x ? &mid : src;
         rs_apply(&py, in->rgb, nx, out->rgb, nx, ny, false);
     }
@@ -450,6 +466,20 @@ enum ekv_status ekv_image_resize_bicubic(const struct ekv_image *src, int nx, in
     ekv_image_free(&mid);
     if (s != EKV_OK) ekv_image_free(out);
     return s;
+}
+
+enum ekv_status ekv_image_crop(const struct ekv_image *src, int x0, int y0, int nx, int ny, struct ekv_image *out) {
+    if (!src || !src->rgb || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_crop: NULL argument");
+    if (x0 < 0 || y0 < 0 || nx < 1 || ny < 1 || x0 > src->nx - nx || y0 > src->ny - ny)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_image_crop: %dx%d at (%d, %d) is outside the %dx%d image", nx, ny, x0,
+                       y0, src->nx, src->ny);
+    static const uint8_t black[3] = {0, 0, 0};
+    enum ekv_status s = ekv_image_new(nx, ny, black, out);
+    if (s != EKV_OK) return s;
+    for (int y = 0; y < ny; y++)
+        memcpy(out->rgb + (size_t)y * (size_t)nx * 3, src->rgb + ((size_t)(y0 + y) * (size_t)src->nx + (size_t)x0) * 3,
+               (size_t)nx * 3);
+    return EKV_OK;
 }
 
 void ekv_image_normalize(const struct ekv_image *src, const float mean[3], const float std[3],

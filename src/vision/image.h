@@ -58,6 +58,15 @@ enum ekv_status ekv_image_pad_square(const struct ekv_image *src, const uint8_t 
 enum ekv_status ekv_image_resize_bicubic(const struct ekv_image *src, int nx, int ny,
                                          struct ekv_image *out);
 
+/* The same resampling with Pillow's BICUBIC or LANCZOS (sinc(x) sinc(x/3),
+ * support 3) filter; Idefics3/SmolVLM resize with LANCZOS. */
+enum ekv_resample { EKV_RESAMPLE_BICUBIC, EKV_RESAMPLE_LANCZOS };
+enum ekv_status ekv_image_resize(const struct ekv_image *src, int nx, int ny, enum ekv_resample f,
+                                 struct ekv_image *out);
+
+/* The nx x ny rectangle at (x0, y0), which must lie inside src. */
+enum ekv_status ekv_image_crop(const struct ekv_image *src, int x0, int y0, int nx, int ny, struct ekv_image *out);
+
 /* (v / 255 - mean[c]) / std[c] into planar channels: out[c][y][x],
  * out has 3 * nx * ny floats. */
 void ekv_image_normalize(const struct ekv_image *src, const float mean[3], const float std[3],

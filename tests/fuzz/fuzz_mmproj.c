@@ -6,7 +6,8 @@
  * and types that parse but lie must be refused with an error, never read
  * past). A tower that loads and is small then encodes an image (a 3x2 PNG
  * and a JPEG of the committed image corpus: resize, pad, patches, the ViT
- * and the projector), so a shape the loader let through that the encoder
+ * and the projector; LLaVA-1.6 and Idefics3 tiling through the prompt
+ * object's encoder), so a shape the loader let through that the encoder
  * cannot take shows. The input goes to an anonymous in-memory file (memfd)
  * loaded by its /proc path. fuzz_replay.c replays the corpus in every build.
  */
@@ -20,8 +21,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "fuzz_memfd.h"
 #include "ekv.h"
+#include "engine/engine.h"
+#include "fuzz_memfd.h"
 
 void ekv_fuzz_cleanup(void) {}
 
@@ -31,8 +33,12 @@ static void encode(const struct ekv_vision *v, const char *image) {
     if (ekv_vision_image_tokens(v, &in, &n) != EKV_OK) return;
     const int64_t cells = (int64_t)n * ekv_vision_n_embd(v);
     if (n <= 0 || cells <= 0 || cells > (1 << 22)) return; /* a large tower would take seconds per input */
-    float *out = malloc((size_t)cells * sizeof *out);
-    if (out) (void)ekv_vision_encode_file(v, NULL, image, out);
+    float *out = NULL;
+    int32_t rows = 0, tile_rows = 0;
+    int gx = 0, gy = 0;
+    if (ekv_vision_encode_input(v, NULL, &in, 0, &out, &rows, &gx, &gy, &tile_rows) == EKV_OK &&
+        (int64_t)rows + ekv_idefics3_n_sep(gx, gy) != n)
+        __builtin_trap(); /* the count the prompt plans with must be what the encoder gives */
     free(out);
 }
 

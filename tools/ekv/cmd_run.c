@@ -162,7 +162,9 @@ static int run_parse(struct run *r, int argc, char **argv) {
 static bool run_build_prompt(struct run *r) {
     const struct cli_params *p = &r->p;
     const int n_images = p->images.n;
-    const char *tmpl = p->chat_template ? p->chat_template : n_images ? "llava-1.5" : "none";
+    /* with images: the model's own template (SmolVLM's), else LLaVA-1.5's */
+    const char *own = n_images && !p->chat_template ? ekv_model_chat_template(r->model) : NULL;
+    const char *tmpl = p->chat_template ? p->chat_template : n_images ? (own ? own : "llava-1.5") : "none";
     if (n_images && !strstr(r->prompt, EKV_IMAGE_MARKER)) {
         size_t ml = strlen(EKV_IMAGE_MARKER "\n"), pl = strlen(r->prompt);
         r->user_text = malloc((size_t)n_images * ml + pl + 1);

@@ -130,10 +130,10 @@ static const struct cli_opt k_opts[] = {
     {R, G_GEN, "--image", NULL, "FILE",
      "image (JPEG/PNG) spliced where the prompt says <image>, or before the text\n(needs --mmproj); repeat for "
      "several images (markers filled in order)", K_APPEND, OFF(images), 0, 0, NULL, NULL, "", false},
-    {R, G_GEN, "--chat-template", NULL, "T", "chat template (names below; default: llava-1.5 with --image, else none)", K_STR,
+    {R, G_GEN, "--chat-template", NULL, "T", "chat template (names below; default: with --image the model's own, else llava-1.5; none without)", K_STR,
      OFF(chat_template), 0, 0, check_template, NULL, "", false},
     {E, G_GEN, "--chat-template", NULL, "T",
-     "chat template (default: plain system + \"\\n\" + instruction;\nllava-1.5 for items with an image)", K_STR,
+     "chat template (default: plain system + \"\\n\" + instruction;\nthe model's own, else llava-1.5, for items with an image)", K_STR,
      OFF(chat_template), 0, 0, check_template, NULL, "", false},
     {S, G_GEN, "--chat-template", NULL, "T",
      "chat template of /v1/chat/completions (default: detected from the\nGGUF's tokenizer.chat_template, else none)",
