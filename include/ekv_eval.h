@@ -227,6 +227,9 @@ enum ekv_data_format { EKV_DATA_AUTO = 0, EKV_DATA_JSONL, EKV_DATA_TEXT };
  *   instruction | prompt | question | article | input   -> instruction (required)
  *   answer | reference | output | summary_gt | target   -> answer (optional)
  *   system, image                                        -> optional strings
+ *   images: an array of 1-16 image paths (instead of image), one per
+ *   <image> marker of the instruction (the first image alone goes before
+ *   the instruction when it has no marker)
  *   id | question_id (string or number)                  -> id (optional)
  * A text item carries its document in `text` and nothing else. */
 struct ekv_eval_item {
@@ -234,7 +237,9 @@ struct ekv_eval_item {
     char *system;       /* NULL if absent */
     char *instruction;  /* JSONL: never NULL; text: NULL */
     char *answer;       /* NULL if absent */
-    char *image;        /* NULL if absent (path as written in the file) */
+    char *image;        /* NULL if absent (path as written in the file); with "images", the first */
+    char **images;      /* [n_images] every image path as written (image is images[0]); NULL if none */
+    int32_t n_images;
     char *text;         /* text format: the document; JSONL: NULL */
     size_t line;        /* 1-based line of the item in the file */
     int32_t score_from; /* JSONL "score_from": answer tokens fed but not scored
@@ -426,9 +431,10 @@ struct ekv_eval_unit {
     int32_t n_tokens;
     int32_t n_prompt;    /* JSONL: prompt tokens; text: the first chunk (stride) */
     bool stream;         /* text window: streamed in stride chunks */
-    char *image;         /* JSONL: resolved image path, or NULL */
-    char *prompt_text;   /* JSONL with an image: the templated prompt holding its <image> marker */
-    int32_t n_image;     /* image embeddings; the prompt spans n_prompt + n_image positions */
+    char **images;       /* JSONL: [n_images] resolved image paths, or NULL */
+    int32_t n_images;
+    char *prompt_text;   /* JSONL with images: the templated prompt holding their <image> markers */
+    int32_t n_image;     /* image positions, all images; the prompt spans n_prompt + n_image positions */
     int32_t score_from;  /* JSONL: the first answer token scored (the item's "score_from") */
 };
 

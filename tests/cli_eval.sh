@@ -103,6 +103,21 @@ grep -q "^vlcache,f16,0.5,hit_rate," "$T/img/results.csv" && ok || bad "no hit r
   -n 8 --metric ppl,rouge,kl,hitrate --kv-policy full,vlcache,h2o --kv-budget 0.5,1 -o "$T/img1" --no-plot \
   --share 1 > /dev/null 2>&1
 cmp -s "$T/img/results.csv" "$T/img1/results.csv" && ok || bad "--share 1 and grouped cells differ (images)"
+# two images in one item ("images", one marker each): 2 x 16 image positions; VL-Cache at 1 is full;
+# a marker count that does not match the images is refused
+cat > "$T/img2.jsonl" <<'JSONL'
+{"id":"two","instruction":"Compare <image> with <image>.","answer":"The same person twice, in colour.","images":["astronaut_crop.jpg","astronaut_crop.png"]}
+JSONL
+"$EKV" eval -m "$T/vlm.gguf" --mmproj "$T/vlm-mmproj.gguf" --image-dir "$REPO/data/images" -f "$T/img2.jsonl" \
+  -n 4 --metric ppl,kl,hitrate --kv-policy full,vlcache --kv-budget 0.5,1 -o "$T/img2" --no-plot \
+  > /dev/null 2> "$T/img2.err"
+[ $? -eq 0 ] && ok || { bad "two-image eval failed"; cat "$T/img2.err" >&2; }
+fp=$(grep "^full,f16,1,ppl," "$T/img2/results.csv" | cut -d, -f5-); vp=$(grep "^vlcache,f16,1,ppl," "$T/img2/results.csv" | cut -d, -f5-)
+[ -n "$fp" ] && [ "$fp" = "$vp" ] && ok || bad "vlcache at 1 with two images: '$vp' vs '$fp'"
+sed 's/"images":\["astronaut_crop.jpg",/"images":["astronaut_crop.jpg","astronaut_crop.jpg",/' "$T/img2.jsonl" > "$T/img3.jsonl"
+"$EKV" eval -m "$T/vlm.gguf" --mmproj "$T/vlm-mmproj.gguf" --image-dir "$REPO/data/images" -f "$T/img3.jsonl" \
+  -n 4 --metric ppl -o "$T/img3" --no-plot > /dev/null 2> "$T/img3.err"
+[ $? -eq 1 ] && grep -q "2 <image> markers for 3 image" "$T/img3.err" && ok || bad "3 images for 2 markers: $(cat "$T/img3.err")"
 "$EKV" eval --share 0 -o "$T/bad" --no-plot > /dev/null 2> "$T/bad.err"
 [ $? -eq 1 ] && grep -q -- "--share" "$T/bad.err" && ok || bad "--share 0 must be refused"
 

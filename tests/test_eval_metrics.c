@@ -454,6 +454,30 @@ static void test_dataset_jsonl(void) {
     }
     ekv_dataset_free(&ds);
 
+    /* "images": several paths (image is the first); "image" fills both */
+    const char *pi = tmp_path("imgs.jsonl");
+    write_text(pi, "{\"instruction\":\"<image> vs <image>\",\"images\":[\"a.png\",\"b.png\"]}\n"
+                   "{\"instruction\":\"one\",\"image\":\"c.png\"}\n");
+    CHECK_OK(ekv_dataset_load(pi, &o, &ds));
+    CHECK(ds.n_items == 2);
+    if (ds.n_items == 2) {
+        CHECK(ds.items[0].n_images == 2 && !strcmp(ds.items[0].images[1], "b.png") &&
+              ds.items[0].image == ds.items[0].images[0] && !strcmp(ds.items[0].image, "a.png"));
+        CHECK(ds.items[1].n_images == 1 && !strcmp(ds.items[1].images[0], "c.png"));
+    }
+    ekv_dataset_free(&ds);
+    const char *bad_images[] = {"{\"instruction\":\"x\",\"image\":\"a\",\"images\":[\"b\"]}",
+                                "{\"instruction\":\"x\",\"images\":[]}", "{\"instruction\":\"x\",\"images\":\"a\"}",
+                                "{\"instruction\":\"x\",\"images\":[\"a\",3]}", "{\"instruction\":\"x\",\"images\":[\"\"]}",
+                                "{\"instruction\":\"x\",\"images\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\","
+                                "\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"]}"};
+    for (size_t k = 0; k < sizeof bad_images / sizeof bad_images[0]; k++) {
+        write_text(pi, bad_images[k]);
+        CHECK_MSG(ekv_dataset_load(pi, &o, &ds) == EKV_ERR_FORMAT && strstr(ekv_last_error(), "imgs.jsonl:1: ") &&
+                      strstr(ekv_last_error(), "image"),
+                  "bad images case %zu: %s", k, ekv_last_error());
+    }
+
     /* offset / limit count items (non-blank lines), not lines */
     o.offset = 2;
     o.limit = 2;

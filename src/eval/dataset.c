@@ -51,7 +51,8 @@ static void item_free(struct ekv_eval_item *it) {
     free(it->system);
     free(it->instruction);
     free(it->answer);
-    free(it->image);
+    for (int32_t i = 0; i < it->n_images; i++) free(it->images[i]);
+    free(it->images);
     free(it->text);
 }
 
@@ -178,6 +179,34 @@ static enum ekv_status get_field(const cJSON *obj, const char *const *keys, size
 /* "score_from": how many answer tokens are fed but not scored (a cue the
  * answer carries, so that the scored tokens are read through the compressed
  * cache); a whole number in [0, 1000000], 0 when absent. */
+#define EV_MAX_IMAGES 16
+
+/* "image": one path, or "images": an array of 1..16 paths (not both);
+ * it->image is the first. */
+static enum ekv_status get_images(const cJSON *obj, const char *where, struct ekv_eval_item *it) {
+    const cJSON *one = cJSON_GetObjectItemCaseSensitive(obj, "image");
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(obj, "images");
+    if (!one && !arr) return EKV_OK;
+    if (one && arr) return ekv_error_set(EKV_ERR_FORMAT, "%s: give \"image\" or \"images\", not both", where);
+    const int n = one ? 1 : cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : -1;
+    if (n < 1 || n > EV_MAX_IMAGES)
+        return ekv_error_set(EKV_ERR_FORMAT, "%s: field \"images\" must be an array of 1 to %d paths", where,
+                             EV_MAX_IMAGES);
+    if (!(it->images = calloc((size_t)n, sizeof *it->images)))
+        return ekv_error_set(EKV_ERR_NOMEM, "%s: no memory for the images", where);
+    for (int i = 0; i < n; i++) {
+        const cJSON *v = one ? one : cJSON_GetArrayItem(arr, i);
+        if (!cJSON_IsString(v) || !v->valuestring || !v->valuestring[0])
+            return ekv_error_set(EKV_ERR_FORMAT, "%s: %s must be a non-empty string", where,
+                                 one ? "field \"image\"" : "each of \"images\"");
+        if (!(it->images[i] = dup_n(v->valuestring, strlen(v->valuestring))))
+            return ekv_error_set(EKV_ERR_NOMEM, "%s: no memory for an image path", where);
+        it->n_images = i + 1;
+    }
+    it->image = it->images[0];
+    return EKV_OK;
+}
+
 static enum ekv_status get_score_from(const cJSON *obj, const char *where, int32_t *dst) {
     *dst = 0;
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "score_from");
@@ -268,9 +297,9 @@ static enum ekv_status parse_item(char *line, size_t n, const char *path, size_t
                      where);
         goto done;
     }
-    static const char *const sys_key[] = {"system"}, *const img_key[] = {"image"};
+    static const char *const sys_key[] = {"system"};
     st = get_field(obj, sys_key, 1, where, &it->system, NULL);
-    if (st == EKV_OK) st = get_field(obj, img_key, 1, where, &it->image, NULL);
+    if (st == EKV_OK) st = get_images(obj, where, it);
     if (st == EKV_OK) st = get_id(obj, where, &it->id);
     if (st == EKV_OK) st = get_score_from(obj, where, &it->score_from);
 done:

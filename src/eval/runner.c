@@ -87,21 +87,27 @@ static enum ekv_status tokenize_alloc(const struct ekv_model *m, const char *tex
 }
 
 /* A templated prompt as text tokens (copied out of an ekv_prompt: BOS
- * first, special-token text parsed) and the positions its image, if any,
- * takes; the template put one marker per image in the text. */
-static enum ekv_status templated_prompt_tokens(const struct ekv_eval_runner *r, const char *text, const char *image,
-                                           int32_t **toks, size_t *n, int32_t *n_image) {
+ * first, special-token text parsed) and the positions its images take
+ * together; the text holds one marker per image. */
+static enum ekv_status templated_prompt_tokens(const struct ekv_eval_runner *r, const char *text, char *const *images,
+                                               int32_t n_images, int32_t **toks, size_t *n, int32_t *n_image) {
     struct ekv_prompt *p = NULL;
     *toks = NULL;
     *n = 0;
     enum ekv_status s = ekv_prompt_new(r->model, text, strlen(text), true, &p);
     if (s != EKV_OK) return s;
     *n_image = 0;
-    if (ekv_prompt_n_images(p) != (image ? 1 : 0))
+    if (ekv_prompt_n_images(p) != n_images)
         s = ekv_error_set(EKV_ERR_INVALID_ARG, "the prompt has %d %s markers for %d image(s)", ekv_prompt_n_images(p),
-                    EKV_IMAGE_MARKER, image ? 1 : 0);
-    struct ekv_image_input img = {.path = image};
-    if (s == EKV_OK && image) s = ekv_vision_image_tokens(r->cfg.vision, &img, n_image);
+                    EKV_IMAGE_MARKER, (int)n_images);
+    for (int32_t i = 0; s == EKV_OK && i < n_images; i++) {
+        struct ekv_image_input img = {.path = images[i]};
+        int32_t k = 0;
+        s = ekv_vision_image_tokens(r->cfg.vision, &img, &k);
+        if (s == EKV_OK && k > INT32_MAX - *n_image)
+            s = ekv_error_set(EKV_ERR_OVERFLOW, "the images take more than %d positions", INT32_MAX);
+        if (s == EKV_OK) *n_image += k;
+    }
     if (s == EKV_OK && !(*toks = malloc(((size_t)ekv_prompt_n_tokens(p) + 1) * sizeof **toks)))
         s = ekv_error_set(EKV_ERR_NOMEM, "out of memory");
     if (s == EKV_OK) {
@@ -147,6 +153,44 @@ static const char *item_name(const struct ekv_eval_item *it, char *buf, size_t c
     return buf;
 }
 
+static void free_paths(char **p, int32_t n) {
+    for (int32_t i = 0; p && i < n; i++) free(p[i]);
+    free(p);
+}
+
+/* The item's image paths resolved against --image-dir (relative ones). */
+static enum ekv_status resolve_images(const struct ekv_eval_runner *r, const struct ekv_eval_item *it, char ***out) {
+    *out = NULL;
+    if (it->n_images == 0) return EKV_OK;
+    char **p = calloc((size_t)it->n_images, sizeof *p);
+    if (!p) return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
+    const char *dir = r->cfg.image_dir;
+    for (int32_t k = 0; k < it->n_images; k++) {
+        const char *im = it->images[k];
+        size_t need = strlen(im) + (dir ? strlen(dir) : 0) + 2;
+        if (!(p[k] = malloc(need))) {
+            free_paths(p, it->n_images);
+            return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
+        }
+        if (dir && im[0] != '/') snprintf(p[k], need, "%s/%s", dir, im);
+        else snprintf(p[k], need, "%s", im);
+    }
+    *out = p;
+    return EKV_OK;
+}
+
+/* The user text for an instruction without markers: one marker per image,
+ * each on its own line, then the instruction (as `ekv run` does); NULL when
+ * out of memory. */
+static char *user_text(const struct ekv_eval_item *it) {
+    const size_t ml = strlen(EKV_IMAGE_MARKER "\n"), il = strlen(it->instruction);
+    char *u = malloc((size_t)it->n_images * ml + il + 1);
+    if (!u) return NULL;
+    for (int32_t k = 0; k < it->n_images; k++) memcpy(u + (size_t)k * ml, EKV_IMAGE_MARKER "\n", ml);
+    memcpy(u + (size_t)it->n_images * ml, it->instruction, il + 1);
+    return u;
+}
+
 static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     const struct ekv_eval_item *it = &r->ds->items[i];
     const unsigned m = r->cfg.metrics;
@@ -158,32 +202,34 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
                        name, it->image);
     if ((m & (EKV_EV_TF_METRICS | EKV_METRIC_HITRATE)) && !it->answer)
         return ekv_error_set(EKV_ERR_INVALID_ARG, "%s has no answer, which ppl, kl, acc and hitrate need", name);
-    char *prompt = NULL, *image = NULL;
+    char *prompt = NULL, **image = NULL;
     int32_t n_image = 0;
-    const char *own = it->image && !r->cfg.chat_template ? ekv_model_chat_template(r->model) : NULL;
-    const char *tmpl = r->cfg.chat_template ? r->cfg.chat_template : it->image ? (own ? own : "llava-1.5") : NULL;
-    if (it->image) {
-        const char *dir = r->cfg.image_dir;
-        size_t need = strlen(it->image) + (dir ? strlen(dir) : 0) + 2;
-        if (!(image = malloc(need))) return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
-        if (dir && it->image[0] != '/') snprintf(image, need, "%s/%s", dir, it->image);
-        else snprintf(image, need, "%s", it->image);
-    }
+    const int32_t n_img = it->n_images;
+    const char *own = n_img && !r->cfg.chat_template ? ekv_model_chat_template(r->model) : NULL;
+    const char *tmpl = r->cfg.chat_template ? r->cfg.chat_template : n_img ? (own ? own : "llava-1.5") : NULL;
+    enum ekv_status rs = resolve_images(r, it, &image);
+    if (rs != EKV_OK) return rs;
     if (tmpl) {
         size_t n = 0;
-        enum ekv_status fs = ekv_chat_format(tmpl, it->system, it->instruction, it->image != NULL, NULL, 0, &n);
+        char *user = NULL;
+        enum ekv_status fs = EKV_OK;
+        if (n_img && !strstr(it->instruction, EKV_IMAGE_MARKER) && !(user = user_text(it)))
+            fs = ekv_error_set(EKV_ERR_NOMEM, "out of memory");
+        const char *ut = user ? user : it->instruction;
+        if (fs == EKV_OK) fs = ekv_chat_format(tmpl, it->system, ut, false, NULL, 0, &n);
         if (fs == EKV_OK && !(prompt = malloc(n + 1))) fs = ekv_error_set(EKV_ERR_NOMEM, "out of memory");
-        if (fs == EKV_OK) fs = ekv_chat_format(tmpl, it->system, it->instruction, it->image != NULL, prompt, n + 1, &n);
+        if (fs == EKV_OK) fs = ekv_chat_format(tmpl, it->system, ut, false, prompt, n + 1, &n);
+        free(user);
         if (fs != EKV_OK) {
             free(prompt);
-            free(image);
+            free_paths(image, n_img);
             return ekv_error_prefix(fs, "%s", name);
         }
     } else if (it->system) {
         size_t a = strlen(it->system), b = strlen(it->instruction);
         prompt = malloc(a + b + 2);
         if (!prompt) {
-            free(image);
+            free_paths(image, n_img);
             return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
         }
         memcpy(prompt, it->system, a);
@@ -192,7 +238,7 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     }
     int32_t *pt = NULL, *at = NULL;
     size_t np = 0, na = 0;
-    enum ekv_status s = tmpl ? templated_prompt_tokens(r, prompt, image, &pt, &np, &n_image)
+    enum ekv_status s = tmpl ? templated_prompt_tokens(r, prompt, image, n_img, &pt, &np, &n_image)
                               : tokenize_alloc(r->model, prompt ? prompt : it->instruction, true, &pt, &np);
     if (!image) {
         free(prompt);
@@ -202,7 +248,7 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     if (s != EKV_OK) {
         free(pt);
         free(at);
-        free(image);
+        free_paths(image, n_img);
         free(prompt);
         return ekv_error_prefix(s, "%s", name);
     }
@@ -229,7 +275,7 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     if (why) {
         free(pt);
         free(at);
-        free(image);
+        free_paths(image, n_img);
         free(prompt);
         return add_skip(r, "%s: %s", name, why);
     }
@@ -237,7 +283,7 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     if (!all) {
         free(pt);
         free(at);
-        free(image);
+        free_paths(image, n_img);
         free(prompt);
         return ekv_error_set(EKV_ERR_NOMEM, "out of memory");
     }
@@ -245,12 +291,13 @@ static enum ekv_status init_jsonl_item(struct ekv_eval_runner *r, size_t i) {
     free(at);
     s = add_unit(r, i, all, (int32_t)(np + na), (int32_t)np, false);
     if (s != EKV_OK) {
-        free(image);
+        free_paths(image, n_img);
         free(prompt);
         return s;
     }
     struct ekv_eval_unit *u = &r->units[r->n_units - 1];
-    u->image = image;
+    u->images = image;
+    u->n_images = n_img;
     u->prompt_text = prompt;
     u->n_image = n_image;
     u->score_from = it->score_from;
@@ -354,7 +401,7 @@ void ekv_eval_runner_free(struct ekv_eval_runner *r) {
     ekv_ev_ref_clear(r);
     for (size_t i = 0; i < r->n_units; i++) {
         free(r->units[i].tokens);
-        free(r->units[i].image);
+        free_paths(r->units[i].images, r->units[i].n_images);
         free(r->units[i].prompt_text);
     }
     ekv_prompt_free(r->prompt);
@@ -591,13 +638,15 @@ enum ekv_status ekv_eval_unit_prepare(struct ekv_eval_runner *r, size_t ui) {
     ekv_prompt_free(r->prompt);
     r->prompt = NULL;
     if (u->n_image > 0) {
-        struct ekv_image_input img = {.path = u->image};
+        struct ekv_image_input img[16];
+        if (u->n_images > 16) return ekv_error_set(EKV_ERR_INTERNAL, "eval: unit %zu has %d images", ui, (int)u->n_images);
+        for (int32_t k = 0; k < u->n_images; k++) img[k] = (struct ekv_image_input){.path = u->images[k]};
         s = ekv_prompt_new(r->model, u->prompt_text, strlen(u->prompt_text), true, &r->prompt);
-        if (s == EKV_OK) s = ekv_prompt_set_images(r->prompt, r->cfg.vision, r->ctx, &img, 1);
+        if (s == EKV_OK) s = ekv_prompt_set_images(r->prompt, r->cfg.vision, r->ctx, img, u->n_images);
         if (s == EKV_OK && (ekv_prompt_n_tokens(r->prompt) != u->n_prompt ||
                             ekv_prompt_n_positions(r->prompt) != ekv_ev_unit_positions(u)))
             s = ekv_error_set(EKV_ERR_INTERNAL, "eval: unit %zu: the prompt changed between tokenization and encoding", ui);
-        if (s != EKV_OK) return ekv_error_prefix(s, "image '%s'", u->image);
+        if (s != EKV_OK) return ekv_error_prefix(s, "image '%s'%s", u->images[0], u->n_images > 1 ? " (and others)" : "");
     }
     if (m & EKV_METRIC_KL) {
         r->n_scored = unit_n_scored(u);

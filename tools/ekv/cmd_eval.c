@@ -29,8 +29,8 @@ static const struct cli_help k_help = {
     "(\"Evaluation protocols\").",
     "metrics (--metric):\n"
     "  ppl     jsonl: prompt (BOS, then system + \"\\n\" + instruction, or the --chat-template template;\n"
-    "          an item with an image: the model's own template, else llava-1.5, the image at its\n"
-    "          <image> marker) prefilled and\n"
+    "          an item with images (\"image\" or \"images\"): the model's own template, else llava-1.5,\n"
+    "          each image at its <image> marker) prefilled and\n"
     "          compressed; answer (no BOS, no EOS) teacher-forced token by token with the decode-time\n"
     "          policy active; a-1 tokens scored per item (the first from the prefill logits, before\n"
     "          compression); PPL = exp(mean NLL) pooled over all tokens of all items. An item's\n"
