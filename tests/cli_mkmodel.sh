@@ -63,6 +63,20 @@ if "$EKV" mkmodel --preset tiny-smolvlm --type f16 --seed 3 -o "$TMP/sv.gguf" > 
     grep -q '"image_tokens":[[:space:]]*33' "$TMP/sv.json" && ok "tiny-smolvlm run: 33 image positions" \
         || bad "tiny-smolvlm run: $(cat "$TMP/sv.err")"
     "$EKV" info -m "$TMP/sv.gguf" 2>&1 | grep -q "smolvlm" && ok "smolvlm template detected" || bad "template not detected"
+    # every policy runs on it (one image, then two in one prompt); at budget 1 each equals the full cache
+    printf '%s\n' '{"id":"a","instruction":"Describe.","answer":"A person in a white suit.","image":"astronaut_crop.png"}' \
+        '{"id":"b","instruction":"Compare <image> with <image>.","answer":"The same picture.","images":["astronaut_crop.jpg","astronaut_crop.png"]}' \
+        > "$TMP/sv.jsonl"
+    pols=full,local,h2o,scissorhands,tova,roco,snapkv,pyramidkv,vlcache,random,elastic,elastic-v2,h2o+merge,snapkv+adakv
+    if "$EKV" eval -m "$TMP/sv.gguf" --mmproj "$TMP/sv.mmproj.gguf" --image-dir "$2/data/images" -f "$TMP/sv.jsonl" \
+        -n 4 --metric ppl,kl --kv-policy $pols --kv-budget 0.2,1 -o "$TMP/sve" --no-plot -t 1 > /dev/null 2> "$TMP/sve.err"; then
+        full=$(grep "^full,f16,1,ppl," "$TMP/sve/results.csv" | cut -d, -f5-)
+        n=$(grep -c ",f16,1,ppl,$full\$" "$TMP/sve/results.csv"); n2=$(grep -c ",f16,0.2,ppl," "$TMP/sve/results.csv")
+        [ -n "$full" ] && [ "$n" -eq 14 ] && [ "$n2" -eq 13 ] && ok "tiny-smolvlm: 13 policies at 0.2; at 1 all equal full" \
+            || bad "tiny-smolvlm eval: $n of 14 at budget 1 equal full, $n2 rows at 0.2"
+    else
+        bad "tiny-smolvlm eval: $(cat "$TMP/sve.err")"
+    fi
 else
     bad "tiny-smolvlm failed"
 fi
