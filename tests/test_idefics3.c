@@ -88,14 +88,14 @@ static void test_lanczos(void) {
  * each permute materialised. in: [g*g][e] -> out [(g/s)^2][e*s*s]. */
 static void hf_pixel_shuffle(const float *in, int g, int e, int s, float *out) {
     const int h = g, w = g, ws = w / s, hs = h / s, es = e * s, ess = e * s * s;
-    float *b = malloc(sizeof(float) * (size_t)g * g * e), *c = b; /* B [ws][h][es] */
+    float *b = malloc(sizeof(float) * (size_t)g * g * e); /* B [ws][h][es] */
     for (int j = 0; j < ws; j++)
         for (int i = 0; i < h; i++)
             for (int k = 0; k < es; k++) b[((size_t)j * h + i) * es + k] = in[((size_t)i * ws + j) * es + k];
-    /* reshape is a view of B's bytes: C [ws][hs][ess] = b; then out = C permuted to [hs][ws][ess] */
+    /* the reshape is a view of B's bytes, C [ws][hs][ess]; out = C permuted to [hs][ws][ess] */
     for (int i = 0; i < hs; i++)
         for (int j = 0; j < ws; j++)
-            for (int m = 0; m < ess; m++) out[((size_t)i * ws + j) * ess + m] = c[((size_t)j * hs + i) * ess + m];
+            for (int m = 0; m < ess; m++) out[((size_t)i * ws + j) * ess + m] = b[((size_t)j * hs + i) * ess + m];
     free(b);
 }
 

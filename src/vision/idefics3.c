@@ -20,10 +20,11 @@
 #include "core/util.h"
 #include "vision/clip.h"
 
-/* The first resize's size: the longer side longest_edge, the shorter
- * scaled, truncated, at least 1 (an extreme strip), then rounded up to even. */
-static void resized_size(const struct ekv_clip_hparams *hp, int nx, int ny, int *rw, int *rh) {
-    const int L = hp->longest_edge;
+/* The first resize's size (*rw x *rh: the longer side longest_edge, the
+ * shorter scaled, truncated, at least 1 (an extreme strip), then rounded up
+ * to even) and the tiles it is cut into (*gx x *gy). */
+static void layout(const struct ekv_clip_hparams *hp, int nx, int ny, int *rw, int *rh, int *gx, int *gy) {
+    const int L = hp->longest_edge, S = hp->image_size;
     const double aspect = (double)nx / (double)ny;
     if (nx >= ny) {
         *rw = L;
@@ -34,6 +35,8 @@ static void resized_size(const struct ekv_clip_hparams *hp, int nx, int ny, int 
         *rw = EKV_MAX((int)(L * aspect), 1);
         *rw += *rw % 2;
     }
+    *gx = (*rw + S - 1) / S;
+    *gy = (*rh + S - 1) / S;
 }
 
 void ekv_clip_idefics3_grid(const struct ekv_clip *c, int nx, int ny, int *gx, int *gy) {
@@ -41,9 +44,7 @@ void ekv_clip_idefics3_grid(const struct ekv_clip *c, int nx, int ny, int *gx, i
     const struct ekv_clip_hparams *hp = ekv_clip_hparams(c);
     if (hp->proj != EKV_CLIP_PROJ_IDEFICS3 || nx <= 0 || ny <= 0) return;
     int rw, rh;
-    resized_size(hp, nx, ny, &rw, &rh);
-    *gx = (rw + hp->image_size - 1) / hp->image_size;
-    *gy = (rh + hp->image_size - 1) / hp->image_size;
+    layout(hp, nx, ny, &rw, &rh, gx, gy);
 }
 
 void ekv_clip_pixel_shuffle(const float *in, int g, int e, int s, float *out) {
@@ -62,11 +63,10 @@ enum ekv_status ekv_clip_encode_idefics3(const struct ekv_clip *c, struct ekv_po
                                          float *pixels, float *out) {
     const struct ekv_clip_hparams *hp = ekv_clip_hparams(c);
     const int S = hp->image_size;
-    int gx, gy, rw, rh;
-    ekv_clip_idefics3_grid(c, img->nx, img->ny, &gx, &gy);
-    if (gx < 1 || gy < 1)
+    if (hp->proj != EKV_CLIP_PROJ_IDEFICS3 || img->nx <= 0 || img->ny <= 0)
         return ekv_err(EKV_ERR_INVALID_ARG, "idefics3: an image of %dx%d cannot be tiled", img->nx, img->ny);
-    resized_size(hp, img->nx, img->ny, &rw, &rh);
+    int gx, gy, rw, rh;
+    layout(hp, img->nx, img->ny, &rw, &rh, &gx, &gy);
     const size_t rows = (size_t)hp->n_tile_tokens * (size_t)hp->n_embd_out;
     struct ekv_image resized = {0}, refined = {0}, part = {0};
     enum ekv_status s = ekv_image_resize(img, rw, rh, EKV_RESAMPLE_LANCZOS, &resized);
