@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "vision/image.h"
 
 /* Pillow's resampling (Image.resize(BICUBIC) for the LLaVA processors,
  * LANCZOS for Idefics3's), written from its definition in double
@@ -220,3 +221,30 @@ double max_abs_diff_fd(const float *a, const double *b, size_t n, double *maxref
     return m;
 }
 
+
+void check_resize_vs_ref(bool lanczos, int nx, int ny, int ox, int oy, uint32_t seed) {
+    const uint8_t black[3] = {0, 0, 0};
+    const char *what = lanczos ? "lanczos" : "resize";
+    struct ekv_image src = {0}, got = {0};
+    CHECK_OK(ekv_image_new(nx, ny, black, &src));
+    if (!src.rgb) return;
+    uint32_t r = seed;
+    for (size_t i = 0; i < (size_t)nx * ny * 3; i++) r = r * 1103515245u + 12345u, src.rgb[i] = (uint8_t)(r >> 16);
+    uint8_t *want = malloc((size_t)ox * oy * 3);
+    ref_resize_filter(lanczos, src.rgb, nx, ny, want, ox, oy);
+    CHECK_OK(ekv_image_resize(&src, ox, oy, lanczos ? EKV_RESAMPLE_LANCZOS : EKV_RESAMPLE_BICUBIC, &got));
+    int maxd = 0;
+    size_t same = 0, n = (size_t)ox * oy * 3;
+    for (size_t i = 0; got.rgb && i < n; i++) {
+        const int d = abs((int)got.rgb[i] - (int)want[i]);
+        maxd = d > maxd ? d : maxd;
+        same += d == 0;
+    }
+    printf("%s %dx%d -> %dx%d: %zu of %zu values equal to the double reference, max diff %d\n", what, nx, ny, ox, oy,
+           same, n, maxd);
+    CHECK_MSG(got.rgb && maxd <= 1 && same >= n - n / 100, "%s %dx%d -> %dx%d: max diff %d, %zu of %zu equal", what, nx,
+              ny, ox, oy, maxd, same, n);
+    free(want);
+    ekv_image_free(&src);
+    ekv_image_free(&got);
+}

@@ -15,6 +15,9 @@
 /* Pillow's Image.resize: src nx x ny RGB -> dst ox x oy (bicubic, or Lanczos). */
 void ref_resize(const uint8_t *src, int nx, int ny, uint8_t *dst, int ox, int oy);
 void ref_resize_filter(bool lanczos, const uint8_t *src, int nx, int ny, uint8_t *dst, int ox, int oy);
+/* ekv_image_resize of a pseudo-random nx x ny image (LCG from seed) against
+ * the reference: at most one grey level apart, at least 99 % equal (CHECKs). */
+void check_resize_vs_ref(bool lanczos, int nx, int ny, int ox, int oy, uint32_t seed);
 
 /* An f32 tensor of the mmproj by name (a failed CHECK and NULL otherwise);
  * Tn formats the name with a block index. */
