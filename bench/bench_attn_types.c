@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
             for (int hk = 0; hk < G; hk++)
                 for (int j = 0; j < depth; j++) {
                     for (int c = 0; c < d; c++) k[c] = frand(), v[c] = frand();
-                    ekv_kv_head_append(kv, &kv->layers[il].heads[hk], k, v, j, 0);
+                    ekv_kv_head_append(kv, &kv->layers[il].heads[hk], k, v, j, 0, NULL);
                 }
             if (ekv_kv_flush(kv, il) != EKV_OK) return 1;
         }

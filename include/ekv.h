@@ -137,6 +137,10 @@ struct ekv_model_info {
                                     Gemma, else 1 */
     int32_t sliding_window;      /* <arch>.attention.sliding_window: a query sees the last
                                     sliding_window positions (itself included); 0 = all */
+    int32_t rope_sections[4];    /* M-RoPE (Qwen2-VL, arch "qwen2vl"): <arch>.rope.dimension_sections,
+                                    rotated pairs per position component (time, height, width,
+                                    extra); pair i uses the component of i mod their sum. All 0 =
+                                    one position per token (every other architecture) */
     uint64_t n_params;
     uint64_t weight_bytes;
     uint64_t kv_bytes_per_token; /* full-cache bytes per token (K+V, all layers) in the default
@@ -229,6 +233,7 @@ struct ekv_mkmodel_params {
     float rope_factor;        /* rope.scaling.factor to write (needs rope_scaling), 0: none */
     int32_t rope_orig_ctx;    /* rope.scaling.original_context_length, 0: none / the preset's */
     int32_t sliding_window;   /* attention.sliding_window, -1: the preset's */
+    int32_t n_layer_vision;   /* blocks of the vision tower (mmproj), 0: the preset's */
 };
 struct ekv_mkmodel_params ekv_mkmodel_default_params(void);
 
@@ -496,6 +501,13 @@ struct ekv_segment {
     const float *embd;
     int32_t n;
     enum ekv_tag tag;
+    /* M-RoPE models (ekv_model_info.rope_sections set): an image's rows laid
+     * out as grid_h rows of grid_w (grid_w * grid_h == n, row-major) take
+     * the positions (t, t + row, t + col) for (time, height, width), t the
+     * segment's first position, and the positions after the segment
+     * advance by max(grid_w, grid_h) instead of n (Qwen2-VL, llama.cpp's
+     * mtmd). 0 = one position per row, as text. Ignored by other models. */
+    int32_t grid_w, grid_h;
 };
 
 /* Input of one ekv_seq_eval call: segments in order. A prompt (is_prompt)
@@ -699,8 +711,9 @@ struct ekv_vision;
 enum ekv_status ekv_vision_load(const char *mmproj_path, struct ekv_vision **out);
 void ekv_vision_free(struct ekv_vision *v);
 /* Embeddings one image (or one tile of a tiling tower) becomes (576 for
- * CLIP ViT-L/14-336, 64 for SmolVLM's tiles) and their width (the language
- * model's n_embd). */
+ * CLIP ViT-L/14-336, 64 for SmolVLM's tiles; 0 for a Qwen2-VL tower, whose
+ * count depends on each image: ekv_vision_image_tokens) and their width
+ * (the language model's n_embd). */
 int32_t ekv_vision_n_tokens(const struct ekv_vision *v);
 int32_t ekv_vision_n_embd(const struct ekv_vision *v);
 /* Decodes (JPEG/PNG), preprocesses and encodes an image file into
@@ -720,7 +733,9 @@ struct ekv_image_input {
  * ekv_vision_n_tokens for a fixed-size tower, more for a LLaVA-1.6
  * "anyres" or an Idefics3/SmolVLM tower (tiles and an overview, depending
  * on the image's size; Idefics3 also puts separator tokens between the
- * tiles, counted here). Reads only the image's header. */
+ * tiles, counted here), or a Qwen2-VL tower (its grid at the image's own
+ * resolution and the <|vision_start|> <|vision_end|> pair around it).
+ * Reads only the image's header. */
 enum ekv_status ekv_vision_image_tokens(const struct ekv_vision *v, const struct ekv_image_input *img,
                                         int32_t *n_tokens);
 

@@ -81,6 +81,45 @@ else
     bad "tiny-smolvlm failed"
 fi
 
+# Qwen2-VL (M-RoPE decoder, qwen2vl_merger mmproj): the 320x200 photo at its own resolution is a
+# 20 x 13 grid (260 rows) between <|vision_start|> and <|vision_end|>; every policy runs on one image
+# and on two in one prompt (the second image's positions start after the first's grid), and at
+# budget 1 each equals the full cache.
+if "$EKV" mkmodel --preset tiny-qwen2vl --type f16 --seed 3 -o "$TMP/qv.gguf" > /dev/null; then
+    nonempty "$TMP/qv.mmproj.gguf"
+    "$EKV" run -m "$TMP/qv.gguf" --mmproj "$TMP/qv.mmproj.gguf" --image "$2/data/images/astronaut_crop.png" \
+        -p "Describe" -n 2 --temp 0 --json > "$TMP/qv.json" 2> "$TMP/qv.err"
+    grep -q '"image_tokens":[[:space:]]*262' "$TMP/qv.json" && ok "tiny-qwen2vl run: 262 image positions" \
+        || bad "tiny-qwen2vl run: $(cat "$TMP/qv.err")"
+    "$EKV" info -m "$TMP/qv.gguf" 2>&1 | grep -q "M-RoPE: pairs per position component time 2, height 3, width 3" \
+        && ok "qwen2vl: M-RoPE sections shown" || bad "qwen2vl: no M-RoPE line in ekv info"
+    printf '%s\n' '{"id":"a","instruction":"Describe.","answer":"A person in a white suit.","image":"astronaut_crop.png"}' \
+        '{"id":"b","instruction":"Compare <image> with <image>.","answer":"The same picture.","images":["astronaut_crop.jpg","astronaut_crop.png"]}' \
+        > "$TMP/qv.jsonl"
+    pols=full,local,h2o,scissorhands,tova,roco,snapkv,pyramidkv,vlcache,random,elastic,elastic-v2,h2o+merge,snapkv+adakv
+    pols="$pols,elastic-v2:key=rotate"
+    if "$EKV" eval -m "$TMP/qv.gguf" --mmproj "$TMP/qv.mmproj.gguf" --image-dir "$2/data/images" -f "$TMP/qv.jsonl" \
+        -n 4 --metric ppl,kl --kv-policy "$pols" --kv-budget 0.2,1 -o "$TMP/qve" --no-plot -t 1 > /dev/null 2> "$TMP/qve.err"; then
+        full=$(grep "^full,f16,1,ppl," "$TMP/qve/results.csv" | cut -d, -f5-)
+        n=$(grep -c ",f16,1,ppl,$full\$" "$TMP/qve/results.csv"); n2=$(grep -c ",f16,0.2,ppl," "$TMP/qve/results.csv")
+        [ -n "$full" ] && [ "$n" -eq 15 ] && [ "$n2" -eq 14 ] && ok "tiny-qwen2vl: 14 policies at 0.2; at 1 all equal full" \
+            || bad "tiny-qwen2vl eval: $n of 15 at budget 1 equal full, $n2 rows at 0.2"
+    else
+        bad "tiny-qwen2vl eval: $(cat "$TMP/qve.err")"
+    fi
+else
+    bad "tiny-qwen2vl failed"
+fi
+# Qwen2.5-VL (qwen2.5vl_merger: RMSNorm, SwiGLU, window attention): the same 262 positions
+if "$EKV" mkmodel --preset tiny-qwen2.5vl --type f16 --seed 3 -o "$TMP/q25.gguf" > /dev/null; then
+    "$EKV" run -m "$TMP/q25.gguf" --mmproj "$TMP/q25.mmproj.gguf" --image "$2/data/images/astronaut_crop.png" \
+        -p "Describe" -n 2 --temp 0 --kv-policy elastic-v2:key=rotate --kv-budget 0.2 --json > "$TMP/q25.json" 2> "$TMP/q25.err"
+    grep -q '"image_tokens":[[:space:]]*262' "$TMP/q25.json" && ok "tiny-qwen2.5vl run: 262 image positions" \
+        || bad "tiny-qwen2.5vl run: $(cat "$TMP/q25.err")"
+else
+    bad "tiny-qwen2.5vl failed"
+fi
+
 # Errors: status 1 and a message.
 expect_fail() {
     local what=$1 needle=$2; shift 2

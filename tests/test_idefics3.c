@@ -29,12 +29,6 @@
 static char g_dir[] = "/tmp/ekv_test_idefics3_XXXXXX";
 static char g_lm[256], g_mm[256];
 
-static int run_mkmodel(const char *args) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel %s > /dev/null", EKV_BINARY_DIR, args);
-    return system(cmd);
-}
-
 /* ---- Lanczos ---- */
 
 static void test_lanczos(void) {
@@ -365,7 +359,7 @@ static void test_vocab_without_separators(void) {
     snprintf(lm, sizeof lm, "%s/plain.gguf", g_dir);
     snprintf(mm, sizeof mm, "%s/plain.mmproj.gguf", g_dir);
     snprintf(args, sizeof args, "--preset tiny-vlm --type f32 --seed 3 -o '%s' --mmproj-out '%s'", lm, mm);
-    CHECK(run_mkmodel(args) == 0);
+    CHECK(tu_mkmodel(args) == 0);
     struct ekv_model *m = NULL;
     struct ekv_model_params mp = ekv_model_default_params();
     CHECK_OK(ekv_model_load(lm, &mp, &m));
@@ -469,7 +463,7 @@ int main(void) {
     snprintf(g_mm, sizeof g_mm, "%s/tiny.mmproj.gguf", g_dir);
     char args[1024];
     snprintf(args, sizeof args, "--preset tiny-smolvlm --type f32 --seed 3 -o '%s' --mmproj-out '%s'", g_lm, g_mm);
-    int rc = run_mkmodel(args);
+    int rc = tu_mkmodel(args);
     CHECK_MSG(rc == 0, "ekv mkmodel failed (%d); is %s/ekv built?", rc, EKV_BINARY_DIR);
     test_lanczos();
     test_pixel_shuffle();

@@ -116,7 +116,7 @@ static void fill(struct ekv_kv *kv, struct ekv_kv_head *h, int n, int pos_step) 
             k[c] = (float)(id * 10 + c);
             v[c] = -(float)(id * 10 + c);
         }
-        ekv_kv_head_append(kv, h, k, v, id * pos_step, (uint8_t)(id % 3));
+        ekv_kv_head_append(kv, h, k, v, id * pos_step, (uint8_t)(id % 3), NULL);
     }
 }
 
@@ -216,7 +216,7 @@ static void test_merge(void) {
     struct ekv_kv_head *h = &kv->layers[0].heads[0];
     for (int j = 0; j < 6; j++) {
         const float k[2] = {(float)j, (float)(2 * j)}, v[2] = {(float)-j, (float)(j * j)};
-        ekv_kv_head_append(kv, h, k, v, 10 + j, (uint8_t)j);
+        ekv_kv_head_append(kv, h, k, v, 10 + j, (uint8_t)j, NULL);
         h->colsum[j] = 0.5 * j;
         h->count[j] = j + 1;
         h->sumsq[j] = 0.25 * j;
@@ -273,7 +273,7 @@ static void test_merge(void) {
     CHECK_OK(ekv_kv_reserve(kv, 0, 2));
     fill(kv, h, 0, 1);
     const float z[2] = {0, 0};
-    ekv_kv_head_append(kv, h, z, z, 100, 0);
+    ekv_kv_head_append(kv, h, z, z, 100, 0, NULL);
     h->colsum[0] = 1;
     h->count[0] = 1;
     h->lastrow[0] = 1;
@@ -350,8 +350,8 @@ static void test_target(void) {
     CHECK_OK(ekv_kv_reserve(kv, 0, 64));
     struct ekv_kv_head *h0 = &kv->layers[0].heads[0], *h1 = &kv->layers[0].heads[1];
     const float z[2] = {0, 0};
-    for (int j = 0; j < 64; j++) ekv_kv_head_append(kv, h0, z, z, j, 0);
-    for (int j = 0; j < 30; j++) ekv_kv_head_append(kv, h1, z, z, j, 0);
+    for (int j = 0; j < 64; j++) ekv_kv_head_append(kv, h0, z, z, j, 0, NULL);
+    for (int j = 0; j < 30; j++) ekv_kv_head_append(kv, h1, z, z, j, 0, NULL);
     kv->n_seen = 64;
     CHECK(ekv_kv_target(kv, 0) == 13); /* ceil(12.8) */
     CHECK(ekv_kv_target(kv, 1) == 1);  /* layer 1 is empty */

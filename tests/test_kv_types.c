@@ -96,7 +96,7 @@ static void append_rows(struct ekv_kv *kv, int n, float *k, float *v) {
             k[j * d + c] = frand();
             v[j * d + c] = frand();
         }
-        ekv_kv_head_append(kv, h, k + j * d, v + j * d, h->len ? h->pos[h->len - 1] + 1 : 0, 0);
+        ekv_kv_head_append(kv, h, k + j * d, v + j * d, h->len ? h->pos[h->len - 1] + 1 : 0, 0, NULL);
     }
 }
 

@@ -24,6 +24,12 @@
  *     merges re-quantise, docs/policies.md "KIVI storage") within two quantisation steps
  *     of the channel's range (seen: one). An entry that reads back another token's row
  *     fails this for every type;
+ *   - M-RoPE (Qwen2-VL): the same drive with three RoPE positions per entry
+ *     (a 4 x 8 image grid in the prompt, text after it shifted back, decode
+ *     steps through rope_delta), plus elastic-v2 and snapkv+merge turning
+ *     merged keys by each component (key=rotate): after every forward each
+ *     entry still carries its own token's three positions, however the
+ *     policy compacted or merged the head;
  *   - sliding-window attention (Mistral, kv->swa_window) on every type: a
  *     decode row equals f32 attention over exactly the rows it may see
  *     (stored rows of the window, read back before the step, plus the new
@@ -70,6 +76,20 @@ static int protected_sinks(const char *name) {
     return 0;
 }
 
+/* M-RoPE mode: the prompt's tokens [IMG0, IMG0 + 32) are a 4 x 8 image
+ * grid; RoPE positions of token p (time, height, width). */
+static bool g_mrope;
+enum { IMG0 = 10, IMG_W = 8, IMG_H = 4, IMG_N = IMG_W * IMG_H, MDELTA = IMG_W - IMG_N };
+static void mrope_of(int64_t p, int32_t out[3]) {
+    if (p >= IMG0 && p < IMG0 + IMG_N) {
+        out[0] = IMG0;
+        out[1] = IMG0 + (int32_t)(p - IMG0) / IMG_W;
+        out[2] = IMG0 + (int32_t)(p - IMG0) % IMG_W;
+    } else {
+        out[0] = out[1] = out[2] = (int32_t)(p >= IMG0 + IMG_N ? p + MDELTA : p);
+    }
+}
+
 static struct ekv_kv *new_cache(const char *policy, double budget, struct combo c) {
     struct ekv_kv_params p = ekv_kv_default_params();
     p.policy = policy;
@@ -83,6 +103,9 @@ static struct ekv_kv *new_cache(const char *policy, double budget, struct combo 
     enum ekv_status s = ekv_kv_new(NL, NH, NKV, HD, &p, &kv);
     CHECK_MSG(s == EKV_OK, "%s on K %s / V %s: %s", policy, ekv_kv_type_name(c.k), ekv_kv_type_name(c.v),
               ekv_last_error());
+    if (s == EKV_OK && g_mrope) /* the keys' RoPE, as ekv_seq_new sets it: 16 pairs in sections 4/6/6 */
+        kv->rope = (struct ekv_rope_params){.dim = HD, .neox = true, .freq_base = 10000.0, .freq_scale = 1.0,
+                                            .attn_factor = 1.0, .sections = {4, 6, 6, 0}};
     return s == EKV_OK ? kv : NULL;
 }
 
@@ -97,6 +120,13 @@ static enum ekv_status forward(struct ekv_kv *kv, int stepi, float *out) {
                                   .prompt_len = PROMPT, .prompt_tags = ptags, .tags = ptags};
     else
         st = (struct ekv_kv_step){.pos0 = PROMPT + stepi - 1, .n_new = 1};
+    static int32_t mpos[PROMPT][3];
+    if (g_mrope && stepi == 0) {
+        for (int i = 0; i < PROMPT; i++) mrope_of(i, mpos[i]);
+        st.mpos = &mpos[0][0];
+    } else if (g_mrope) {
+        st.rope_delta = MDELTA; /* text past the image */
+    }
     static float q[PROMPT * NH * HD], k[PROMPT * NKV * HD], v[PROMPT * NKV * HD];
     enum ekv_status s = ekv_kv_begin(kv, &st);
     for (int il = 0; il < NL && s == EKV_OK; il++) {
@@ -232,6 +262,12 @@ static void drive_invariants(const char *name, struct combo c) {
                 }
                 if (!bad && fabs(wsum + (double)h->n_evicted - (double)kv->n_seen) > 1e-6)
                     bad = "weights + evicted != tokens seen";
+                for (int32_t j = 0; j < h->len && !bad && g_mrope; j++) {
+                    int32_t want[3];
+                    mrope_of(h->pos[j], want);
+                    if (!h->mpos || memcmp(h->mpos + 3 * (size_t)j, want, sizeof want))
+                        bad = "an entry lost its token's M-RoPE positions";
+                }
                 const int ns = protected_sinks(name);
                 for (int j = 0; j < ns && !bad && target > ns; j++)
                     if (h->len <= j || h->pos[j] != j) bad = "a protected first token was lost";
@@ -358,6 +394,18 @@ int main(void) {
         }
     }
     for (int ci = 0; ci < N_COMBOS; ci++) test_window(k_combos[ci]);
+    g_mrope = true;
+    static const char *const merging[] = {"elastic-v2:key=rotate", "snapkv+merge:merge_key=rotate"};
+    for (int ci = 0; ci < N_COMBOS; ci++) {
+        for (int i = 0; i < ekv_policy_count(); i++) {
+            const struct ekv_policy_ops *o = ekv_policy_at(i);
+            if (o->summary && !strncmp(o->summary, "stub:", 5)) continue;
+            drive_invariants(o->name, k_combos[ci]);
+            compare_full(o->name, k_combos[ci]);
+        }
+        for (size_t m = 0; m < sizeof merging / sizeof merging[0]; m++) drive_invariants(merging[m], k_combos[ci]);
+    }
+    g_mrope = false;
     printf("test_kv_types_policies: %d policies x %d storage combinations\n", n_pol, N_COMBOS);
     CHECK(n_pol >= 11);
     return test_finish("test_kv_types_policies");

@@ -66,7 +66,7 @@ static void append_entries(struct ekv_kv *kv, int il, int32_t pos0, int32_t n, c
             const float t = (float)(pos0 + i);
             float k[2] = {t, 2 * t}, v[2] = {-t, 100 + t};
             if (kv->head_dim == 1) v[0] = t;
-            ekv_kv_head_append(kv, h, k, v, pos0 + i, tags ? tags[pos0 + i] : EKV_TAG_TEXT);
+            ekv_kv_head_append(kv, h, k, v, pos0 + i, tags ? tags[pos0 + i] : EKV_TAG_TEXT, NULL);
         }
     }
 }

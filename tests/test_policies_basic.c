@@ -41,7 +41,7 @@ static struct ekv_kv *run_matrix(struct ekv_kv_params p) {
     struct ekv_kv_head *h = &kv->layers[0].heads[0];
     for (int t = 0; t < 8; t++) {
         float x = (float)t;
-        ekv_kv_head_append(kv, h, &x, &x, t, EKV_TAG_TEXT);
+        ekv_kv_head_append(kv, h, &x, &x, t, EKV_TAG_TEXT, NULL);
     }
     struct ekv_attn_stats st = {.flags = kv->stats, .colsum = h->colsum, .count = h->count, .sumsq = h->sumsq,
                                 .lastrow = h->lastrow, .winsum = h->winsum, .bincount = h->bincount};

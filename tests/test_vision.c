@@ -252,18 +252,12 @@ static void ref_project(struct ekv_gguf_file *f, const struct ekv_clip_hparams *
     free(mid);
 }
 
-static int run_mkmodel(const char *args) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel %s > /dev/null", EKV_BINARY_DIR, args);
-    return system(cmd);
-}
-
 static void test_vit(void) {
     char lm[256], mm[256], args[1024];
     snprintf(lm, sizeof lm, "%s/tiny.gguf", g_dir);
     snprintf(mm, sizeof mm, "%s/tiny-mmproj.gguf", g_dir);
     snprintf(args, sizeof args, "--preset tiny-vlm --type f32 --seed 7 -o '%s' --mmproj-out '%s'", lm, mm);
-    int rc = run_mkmodel(args);
+    int rc = tu_mkmodel(args);
     CHECK_MSG(rc == 0, "ekv mkmodel failed (%d); is %s/ekv built?", rc, EKV_BINARY_DIR);
     if (rc != 0) return;
 
@@ -403,7 +397,7 @@ static void test_quantized_towers(void) {
         snprintf(mm, sizeof mm, "%s/q_%s-mmproj.gguf", g_dir, types[ti]);
         snprintf(args, sizeof args, "--preset tiny-vlm --type %s --seed 11 -o '%s' --mmproj-out '%s'",
                  types[ti], lm, mm);
-        int rc = run_mkmodel(args);
+        int rc = tu_mkmodel(args);
         CHECK_MSG(rc == 0, "mkmodel --type %s failed", types[ti]);
         struct ekv_clip *c = NULL;
         if (rc != 0) continue;

@@ -25,6 +25,12 @@ static const char *dir_or(const char *env, const char *dflt) {
 }
 const char *tu_src(const char *rel) { return join(dir_or("EKV_TEST_SOURCE_DIR", EKV_SOURCE_DIR), rel); }
 const char *tu_bin(void) { return dir_or("EKV_TEST_BINARY_DIR", EKV_BINARY_DIR); }
+
+int tu_mkmodel(const char *args) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel %s > /dev/null", tu_bin(), args);
+    return system(cmd);
+}
 const char *tu_shared(const char *rel) { return join(EKV_SHARED_DIR, rel); }
 
 char *tu_read_file(const char *path, size_t *len) {

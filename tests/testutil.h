@@ -31,6 +31,9 @@ const char *tu_src(const char *rel);
 const char *tu_shared(const char *rel);
 /* The build folder (for the ekv binary). */
 const char *tu_bin(void);
+/* Runs `ekv mkmodel ARGS` from the build directory (output discarded);
+ * system()'s status. */
+int tu_mkmodel(const char *args);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL on failure. */
 char *tu_read_file(const char *path, size_t *len);
 int test_finish(const char *name);

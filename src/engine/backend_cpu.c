@@ -81,7 +81,13 @@ static enum ekv_status cpu_rope(struct ekv_context *ctx, struct ekv_fwd_part *pa
         for (int32_t i = 0; i < parts[p].n; i++) {
             int64_t r = parts[p].row0 + i;
             float *cs = ctx->rope_cs + (size_t)r * RD; /* the context's RoPE, scaling included */
-            ekv_rope_sincos_ext(&ctx->rope, rope0[p] + i, cs);
+            const int32_t *mp = parts[p].step.mpos;
+            if (mp) { /* M-RoPE: (time, height, width) of an image row, or text past an image */
+                const int64_t pos[4] = {mp[3 * i], mp[3 * i + 1], mp[3 * i + 2], 0};
+                ekv_rope_sincos_multi(&ctx->rope, pos, cs);
+            } else {
+                ekv_rope_sincos_ext(&ctx->rope, rope0[p] + i, cs);
+            }
             ekv_rope_apply(ctx->q + r * QD, in->n_head, (int)HD, RD, cs, in->rope_neox);
             ekv_rope_apply(ctx->k + r * KVD, in->n_head_kv, (int)HD, RD, cs, in->rope_neox);
         }

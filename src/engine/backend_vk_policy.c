@@ -644,7 +644,7 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
             struct ekv_kv_head *h = &L->heads[hk];
             for (int32_t i = 0; i < n; i++)
                 ekv_kv_head_append(kv, h, NULL, NULL, (int32_t)(step->pos0 + i),
-                                   step->tags ? step->tags[i] : (uint8_t)EKV_TAG_GENERATED);
+                                   step->tags ? step->tags[i] : (uint8_t)EKV_TAG_GENERATED, NULL);
             mx = EKV_MAX(mx, h->len);
         }
         m->maxlen[il] = mx;

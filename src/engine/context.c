@@ -128,6 +128,12 @@ enum ekv_status ekv_seq_new(struct ekv_context *ctx, const struct ekv_kv_params 
     }
     s->kv->swa_window = in->sliding_window;
     s->kv->rope = ctx->rope; /* the keys' RoPE, for policies that move keys between positions */
+    if (ekv_kv_mrope(s->kv) && s->kv->params.compat_ref) {
+        ekv_seq_free(s);
+        return ekv_err(EKV_ERR_UNSUPPORTED, "ekv_seq_new: --kv-compat ref renumbers positions one by one, which an "
+                                            "M-RoPE model (%s: three position components per token) cannot take",
+                       in->arch);
+    }
     if (ctx->gpu) {
         const char *why = NULL;
         if (ekv_vk_seq_supported(s, &why)) {
@@ -163,6 +169,7 @@ enum ekv_status ekv_seq_copy(const struct ekv_seq *src, struct ekv_seq **out) {
     if (!s) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     s->ctx = src->ctx;
     s->n_seen = src->n_seen;
+    s->rope_delta = src->rope_delta;
     st = ekv_kv_clone(src->kv, &s->kv);
     if (st == EKV_OK && src->gpu) st = ekv_vk_seq_copy(src->ctx->gpu, src->gpu, s, &s->gpu);
     if (st != EKV_OK) {
@@ -229,6 +236,45 @@ enum ekv_status ekv_input_check(const struct ekv_seq *seq, const struct ekv_inpu
     return EKV_OK;
 }
 
+enum ekv_status ekv_input_mpos(const struct ekv_seq *seq, const struct ekv_input *in, int32_t n, int32_t **mpos,
+                               int64_t *delta_end) {
+    *mpos = NULL;
+    *delta_end = seq->rope_delta;
+    if (!ekv_kv_mrope(seq->kv)) return EKV_OK;
+    bool grid = false;
+    for (int32_t i = 0; i < in->n_segs; i++) {
+        const struct ekv_segment *sg = &in->segs[i];
+        if (!sg->grid_w && !sg->grid_h) continue;
+        if (sg->grid_w < 1 || sg->grid_h < 1 || (int64_t)sg->grid_w * sg->grid_h != sg->n)
+            return ekv_err(EKV_ERR_INVALID_ARG, "input segment %d: an image grid of %d x %d for %d rows", (int)i,
+                           (int)sg->grid_w, (int)sg->grid_h, (int)sg->n);
+        grid = true;
+    }
+    if (!grid) return EKV_OK;
+    int32_t *m = malloc((size_t)n * 3 * sizeof *m);
+    if (!m) return ekv_err(EKV_ERR_NOMEM, "out of memory for the positions of %d rows", (int)n);
+    int64_t pos = seq->n_seen, delta = seq->rope_delta;
+    int32_t row = 0;
+    for (int32_t i = 0; i < in->n_segs; i++) {
+        const struct ekv_segment *sg = &in->segs[i];
+        const int64_t t = pos + delta;
+        for (int32_t j = 0; j < sg->n; j++, row++) {
+            if (sg->grid_w > 0) { /* llama.cpp mtmd: (t, t + row, t + col) */
+                m[3 * row] = (int32_t)t;
+                m[3 * row + 1] = (int32_t)(t + j / sg->grid_w);
+                m[3 * row + 2] = (int32_t)(t + j % sg->grid_w);
+            } else {
+                m[3 * row] = m[3 * row + 1] = m[3 * row + 2] = (int32_t)(t + j);
+            }
+        }
+        pos += sg->n;
+        if (sg->grid_w > 0) delta += (int64_t)EKV_MAX(sg->grid_w, sg->grid_h) - sg->n;
+    }
+    *mpos = m;
+    *delta_end = delta;
+    return EKV_OK;
+}
+
 enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, float *logits) {
     ekv_err_clear();
     int64_t total = 0;
@@ -239,6 +285,12 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
     const int32_t n = (int32_t)total;
     uint8_t *tags = malloc((size_t)n);
     if (!tags) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    int32_t *mpos = NULL;
+    int64_t delta_end = 0;
+    if ((s = ekv_input_mpos(seq, in, n, &mpos, &delta_end)) != EKV_OK) {
+        free(tags);
+        return ekv_err_prefix(s, "ekv_seq_eval");
+    }
     /* all tags first (policies see the whole prompt's modality layout) */
     int32_t at = 0;
     for (int32_t i = 0; i < in->n_segs; i++)
@@ -262,12 +314,16 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
         part.step.prompt_len = in->is_prompt ? n : 0;
         part.step.prompt_tags = in->is_prompt ? tags : NULL;
         part.step.tags = tags + off;
+        part.step.mpos = mpos ? mpos + 3 * (size_t)off : NULL;
+        part.step.rope_delta = seq->rope_delta;
         float *out = NULL;
         if (logits) out = in->logits_all ? logits + (size_t)off * V : (off + len == n ? logits : NULL);
         /* logits of every row, or of the last one */
         s = ekv_forward(ctx, &part, 1, len, in->logits_all ? 0 : len - 1, out);
         if (s == EKV_OK) seq->n_seen += len;
     }
+    if (s == EKV_OK) seq->rope_delta = delta_end;
+    free(mpos);
     free(tags);
     return s;
 }
@@ -331,7 +387,7 @@ enum ekv_status ekv_seq_eval_shared(struct ekv_seq *const *seqs, int32_t n, cons
     lead->kv->n_shadows = 0;
     free(kvs);
     for (int32_t i = 1; i < n; i++) {
-        if (s == EKV_OK) seqs[i]->n_seen = lead->n_seen;
+        if (s == EKV_OK) seqs[i]->n_seen = lead->n_seen, seqs[i]->rope_delta = lead->rope_delta;
         else seqs[i]->broken = true; /* its cache may hold part of the prompt */
     }
     if (s != EKV_OK) lead->broken = true;
@@ -392,6 +448,7 @@ enum ekv_status ekv_decode_batch(struct ekv_context *ctx, struct ekv_seq *const 
         parts[i].step.n_new = 1;
         parts[i].step.prompt_pos0 = seqs[i]->n_seen;
         parts[i].step.tags = &gen_tag;
+        parts[i].step.rope_delta = seqs[i]->rope_delta;
     }
     if (s == EKV_OK) s = ekv_forward(ctx, parts, n, n, 0, logits);
     if (s == EKV_OK)

@@ -40,6 +40,8 @@ struct ekv_seq {
     struct ekv_context *ctx;
     struct ekv_kv *kv;
     int64_t n_seen;  /* positions fed so far */
+    int64_t rope_delta; /* M-RoPE models: the next text row's RoPE position minus its position (<= 0:
+                           an image of n rows in a w x h grid takes max(w, h) positions) */
     struct ekv_prefill *prefill; /* a prompt being read in pieces (prefill.c), or NULL */
     bool broken;     /* a prompt was abandoned half read: layers hold different lengths */
     struct ekv_vk_seq *gpu; /* the device cache when the sequence runs on the context's GPU, else NULL */
@@ -79,6 +81,15 @@ enum ekv_status ekv_input_check(const struct ekv_seq *seq, const struct ekv_inpu
 enum ekv_status ekv_input_rows(const struct ekv_context *ctx, const struct ekv_input *in, int32_t skip, int32_t n,
                                float *x, uint8_t *tags);
 
+/* M-RoPE models (rope sections set) and an input with an image grid
+ * (struct ekv_segment's grid_w/grid_h): *mpos gets a malloc'd [n][3]
+ * array of every row's RoPE positions (time, height, width), owned by the
+ * caller, and *delta_end the sequence's rope_delta after the input.
+ * Otherwise *mpos = NULL and *delta_end = seq->rope_delta (rows are text).
+ * A grid that does not match its segment's rows is an error. */
+enum ekv_status ekv_input_mpos(const struct ekv_seq *seq, const struct ekv_input *in, int32_t n, int32_t **mpos,
+                               int64_t *delta_end);
+
 /* A sequence that can take a forward now (no prompt being read in pieces,
  * none abandoned); an error naming the function otherwise. */
 enum ekv_status ekv_seq_ready(const struct ekv_seq *seq, const char *fn);
@@ -90,10 +101,14 @@ void ekv_prefill_detach(struct ekv_prefill *p);
  * an in-memory image in messages. ctx may be NULL. An Idefics3 (SmolVLM)
  * tower tiles the image: *gx x *gy tiles then the overview, *tile_rows rows
  * each, to be spliced with separator tokens (EKV_IDEFICS3_*); *gx = *gy =
- * 0 for a tower whose rows are spliced as one block. */
+ * 0 for a tower whose rows are spliced as one block. A Qwen2-VL tower's
+ * rows are a *grid_w x *grid_h grid (M-RoPE positions, struct
+ * ekv_segment), spliced between <|vision_start|> and <|vision_end|>;
+ * *grid_w = *grid_h = 0 for other towers. */
 enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_context *ctx,
                                         const struct ekv_image_input *in, int32_t index, float **out,
-                                        int32_t *n_rows, int *gx, int *gy, int32_t *tile_rows);
+                                        int32_t *n_rows, int *gx, int *gy, int32_t *tile_rows, int *grid_w,
+                                        int *grid_h);
 
 /* Separator tokens an Idefics3 image of gx x gy tiles adds around its
  * embeddings: "<fake_token_around_image><row_Y_col_X>" before each tile,

@@ -39,7 +39,7 @@ size_t ekv_act_width(const struct ekv_model_info *in, enum ekv_act a) {
 int64_t ekv_forward_rope0(const struct ekv_fwd_part *part) {
     /* the true position unless the policy moves it (Elastic Cache's
      * reference mode: the compressed cache length, docs/policies.md "Positions and the reference mode") */
-    return ekv_kv_rope_pos(part->seq->kv, &part->step);
+    return ekv_kv_rope_pos(part->seq->kv, &part->step) + part->step.rope_delta;
 }
 
 enum ekv_status ekv_forward_layer(struct ekv_context *ctx, struct ekv_fwd_part *parts, int32_t n_parts,

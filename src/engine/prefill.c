@@ -37,6 +37,8 @@ struct ekv_prefill {
     int32_t block_len;     /* the policy's chunk, or n */
     float *x;              /* [n][n_embd] input embeddings, then each block's residual stream */
     uint8_t *tags;         /* [n] tags of the whole prompt */
+    int32_t *mpos;         /* [n][3] M-RoPE positions of the prompt's rows, or NULL (ekv_input_mpos) */
+    int64_t delta_end;     /* the sequence's rope_delta once the prompt is read */
     int64_t pos0;          /* position of the prompt's first row */
     int32_t b0, b1;        /* current block: prompt offsets [b0, b1) */
     int32_t layer;         /* layer being read in the current block */
@@ -71,7 +73,8 @@ enum ekv_status ekv_prefill_new(struct ekv_seq *seq, const struct ekv_input *in,
         ekv_prefill_free(p);
         return ekv_err(EKV_ERR_NOMEM, "out of memory for a prompt of %d positions", (int)total);
     }
-    if ((s = ekv_input_rows(seq->ctx, in, 0, p->n, p->x, p->tags)) != EKV_OK) {
+    if ((s = ekv_input_rows(seq->ctx, in, 0, p->n, p->x, p->tags)) != EKV_OK ||
+        (s = ekv_input_mpos(seq, in, p->n, &p->mpos, &p->delta_end)) != EKV_OK) {
         ekv_prefill_free(p);
         return s;
     }
@@ -97,6 +100,7 @@ void ekv_prefill_free(struct ekv_prefill *p) {
     }
     free(p->x);
     free(p->tags);
+    free(p->mpos);
     free(p);
 }
 
@@ -132,6 +136,8 @@ static enum ekv_status block_begin(struct ekv_prefill *p) {
     st->prompt_len = p->n;
     st->prompt_tags = p->tags;
     st->tags = p->tags + p->b0;
+    st->mpos = p->mpos ? p->mpos + 3 * (size_t)p->b0 : NULL;
+    st->rope_delta = seq->rope_delta;
     p->rope0 = ekv_forward_rope0(&p->part);
     enum ekv_status s = ekv_kv_begin(seq->kv, st);
     if (s != EKV_OK) return s;
@@ -155,6 +161,7 @@ static enum ekv_status read_unit(struct ekv_prefill *p) {
     sub.step.pos0 = p->part.step.pos0 + (p->row - p->b0);
     sub.step.n_new = n;
     sub.step.tags = p->tags + p->row;
+    sub.step.mpos = p->mpos ? p->mpos + 3 * (size_t)p->row : NULL;
     sub.step.defer = true; /* the policy acts once the whole block went through the layer */
     int64_t rope0 = p->rope0 + (p->row - p->b0);
     struct ekv_kv_part kvp;
@@ -184,6 +191,7 @@ static enum ekv_status layer_done(struct ekv_prefill *p, float *logits) {
     }
     p->done = true;
     seq->prefill = NULL;
+    seq->rope_delta = p->delta_end;
     if (!logits) return EKV_OK;
     struct ekv_context *ctx = seq->ctx;
     const size_t D = (size_t)ctx->model->info.n_embd;
@@ -217,12 +225,15 @@ static enum ekv_status gpu_chunk(struct ekv_prefill *p, float *logits) {
     part.step.prompt_len = p->n;
     part.step.prompt_tags = p->tags;
     part.step.tags = p->tags + p->row;
+    part.step.mpos = p->mpos ? p->mpos + 3 * (size_t)p->row : NULL;
+    part.step.rope_delta = seq->rope_delta;
     if ((s = ekv_forward(ctx, &part, 1, n, n - 1, last ? logits : NULL)) != EKV_OK) return s;
     seq->n_seen += n;
     p->row += n;
     if (last) {
         p->done = true;
         seq->prefill = NULL;
+        seq->rope_delta = p->delta_end;
     }
     return EKV_OK;
 }

@@ -11,7 +11,9 @@
  * segment list skips empty pieces and is rebuilt whenever a slot changes.
  * An image is one block of embedding rows, or (Idefics3/SmolVLM) its tiles
  * and overview with separator tokens between them, as llama.cpp's mtmd
- * splices them; the separators belong to the image's span of positions.
+ * splices them, or (Qwen2-VL) one block of grid_h x grid_w rows between
+ * <|vision_start|> and <|vision_end|>, the grid giving the rows' M-RoPE
+ * positions; the separators belong to the image's span of positions.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +30,7 @@ struct prompt_image {
     int32_t n_sep;
     int gx, gy;      /* Idefics3 tiles (0 without separators) */
     int32_t tile_rows;
+    int grid_w, grid_h; /* Qwen2-VL: the rows' M-RoPE grid; sep = {<|vision_start|>, <|vision_end|>} */
 };
 
 struct ekv_prompt {
@@ -70,7 +73,9 @@ static enum ekv_status tokenize_piece(struct ekv_prompt *p, const char *text, si
     return ekv_err(EKV_ERR_INTERNAL, "tokenizer asked for more room three times");
 }
 
-static int32_t image_segs(const struct prompt_image *im) { return im->sep ? 2 * im->gx * im->gy + 3 : 1; }
+static int32_t image_segs(const struct prompt_image *im) {
+    return im->grid_w > 0 ? 3 : im->sep ? 2 * im->gx * im->gy + 3 : 1;
+}
 static int32_t image_positions(const struct prompt_image *im) { return im->n_rows + im->n_sep; }
 
 /* An Idefics3 image's segments: per tile its separators (after a row's
@@ -109,6 +114,13 @@ static enum ekv_status build_segments(struct ekv_prompt *p) {
         if (b > a) p->segs[ns++] = (struct ekv_segment){.tokens = p->tokens + a, .n = b - a, .tag = EKV_TAG_TEXT};
         if (i == p->n_images) break;
         const struct prompt_image *im = &p->images[i];
+        if (im->grid_w > 0) { /* Qwen2-VL: bracketed grid */
+            p->segs[ns++] = (struct ekv_segment){.tokens = im->sep, .n = 1, .tag = EKV_TAG_TEXT};
+            p->segs[ns++] = (struct ekv_segment){.embd = im->embd, .n = im->n_rows, .tag = EKV_TAG_IMAGE,
+                                                 .grid_w = im->grid_w, .grid_h = im->grid_h};
+            p->segs[ns++] = (struct ekv_segment){.tokens = im->sep + 1, .n = 1, .tag = EKV_TAG_TEXT};
+            continue;
+        }
         if (!im->sep) {
             p->segs[ns++] = (struct ekv_segment){.embd = im->embd, .n = im->n_rows, .tag = EKV_TAG_IMAGE};
             continue;
@@ -188,7 +200,7 @@ static void clear_images(struct ekv_prompt *p) {
  * stored token of that text, else the lowest id that decodes to it (as
  * llama.cpp's mtmd looks up its image separators, e.g. "\n" in a
  * byte-level BPE vocabulary). */
-static enum ekv_status piece_token(const struct ekv_model *m, const char *text, int32_t *tok) {
+static enum ekv_status piece_token(const struct ekv_model *m, const char *text, const char *family, int32_t *tok) {
     const size_t tl = strlen(text);
     char buf[64];
     size_t got;
@@ -210,18 +222,19 @@ static enum ekv_status piece_token(const struct ekv_model *m, const char *text, 
     }
     shown[k] = 0;
     return ekv_err(EKV_ERR_UNSUPPORTED,
-                   "the language model's vocabulary has no token \"%s\", which an Idefics3 (SmolVLM) mmproj puts "
-                   "between image tiles: is this the language model that goes with the mmproj?",
-                   shown);
+                   "the language model's vocabulary has no token \"%s\", which %s mmproj puts around its images: "
+                   "is this the language model that goes with the mmproj?",
+                   shown, family);
 }
 
 /* Fills im->sep for an Idefics3 image of gx x gy tiles (ekv_idefics3_n_sep). */
 static enum ekv_status idefics3_separators(const struct ekv_prompt *p, struct prompt_image *im) {
     int32_t fake, nl, nl2, glob;
     enum ekv_status s;
-    if ((s = piece_token(p->model, "<fake_token_around_image>", &fake)) ||
-        (s = piece_token(p->model, "\n", &nl)) || (s = piece_token(p->model, "\n\n", &nl2)) ||
-        (s = piece_token(p->model, "<global-img>", &glob)))
+    const char *fam = "an Idefics3 (SmolVLM)";
+    if ((s = piece_token(p->model, "<fake_token_around_image>", fam, &fake)) ||
+        (s = piece_token(p->model, "\n", fam, &nl)) || (s = piece_token(p->model, "\n\n", fam, &nl2)) ||
+        (s = piece_token(p->model, "<global-img>", fam, &glob)))
         return s;
     const int64_t n = ekv_idefics3_n_sep(im->gx, im->gy);
     if (!(im->sep = malloc((size_t)n * sizeof *im->sep))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
@@ -232,7 +245,7 @@ static enum ekv_status idefics3_separators(const struct ekv_prompt *p, struct pr
             snprintf(rc, sizeof rc, "<row_%d_col_%d>", y + 1, x + 1);
             if (x == 0 && y > 0) im->sep[k++] = nl;
             im->sep[k++] = fake;
-            if ((s = piece_token(p->model, rc, &im->sep[k++])) != EKV_OK) return s;
+            if ((s = piece_token(p->model, rc, fam, &im->sep[k++])) != EKV_OK) return s;
         }
     im->sep[k++] = nl2;
     im->sep[k++] = fake;
@@ -240,6 +253,15 @@ static enum ekv_status idefics3_separators(const struct ekv_prompt *p, struct pr
     im->sep[k++] = fake;
     im->n_sep = k;
     return EKV_OK;
+}
+
+/* Fills im->sep for a Qwen2-VL image: <|vision_start|>, <|vision_end|>
+ * (llama.cpp mtmd's img_beg / img_end). */
+static enum ekv_status qwen2vl_brackets(const struct ekv_prompt *p, struct prompt_image *im) {
+    if (!(im->sep = malloc(2 * sizeof *im->sep))) return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    im->n_sep = 2;
+    enum ekv_status s = piece_token(p->model, "<|vision_start|>", "a Qwen2-VL", &im->sep[0]);
+    return s != EKV_OK ? s : piece_token(p->model, "<|vision_end|>", "a Qwen2-VL", &im->sep[1]);
 }
 
 enum ekv_status ekv_prompt_set_images(struct ekv_prompt *p, const struct ekv_vision *v, struct ekv_context *ctx,
@@ -257,11 +279,12 @@ enum ekv_status ekv_prompt_set_images(struct ekv_prompt *p, const struct ekv_vis
     for (int32_t i = 0; i < n; i++) {
         struct prompt_image *im = &p->images[i];
         enum ekv_status s = ekv_vision_encode_input(v, ctx, &images[i], i, &im->embd, &im->n_rows, &im->gx, &im->gy,
-                                                    &im->tile_rows);
+                                                    &im->tile_rows, &im->grid_w, &im->grid_h);
         if (s == EKV_OK && ctx == NULL && ekv_vision_n_embd(v) != p->model->info.n_embd)
             s = ekv_err(EKV_ERR_INVALID_ARG, "the mmproj projects images to width %d but the language model's width is %d",
                         ekv_vision_n_embd(v), p->model->info.n_embd);
         if (s == EKV_OK && im->gx > 0) s = idefics3_separators(p, im);
+        if (s == EKV_OK && im->grid_w > 0) s = qwen2vl_brackets(p, im);
         if (s == EKV_OK && (int64_t)im->n_rows + im->n_sep > INT32_MAX)
             s = ekv_err(EKV_ERR_OVERFLOW, "image %d takes more than %d positions", (int)i, INT32_MAX);
         if (s != EKV_OK) {

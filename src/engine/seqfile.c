@@ -72,6 +72,7 @@ static enum ekv_status build(const struct ekv_seq *seq, const int32_t *tokens, i
     ekv_wbuf_u32(&p, (uint32_t)nl);
     ekv_wbuf_put(&p, m->name, nl);
     ekv_wbuf_u64(&p, (uint64_t)seq->n_seen);
+    if (ekv_kv_mrope(kv)) ekv_wbuf_u64(&p, (uint64_t)seq->rope_delta); /* M-RoPE models only */
     put_section(w, SEC_SEQ, 0, &p);
     if (tokens) {
         p.n = 0;
@@ -210,7 +211,8 @@ static enum ekv_status check_header(const struct ekv_model *m, struct ekv_rbuf *
 
 /* The SEQ and TOKENS sections: checked, tokens copied out. */
 static enum ekv_status read_seq(const struct ekv_context *ctx, uint64_t fp, struct section *sq, struct section *tk,
-                                bool have_tokens, int64_t *n_seen, int32_t **tokens, int32_t *n_tokens) {
+                                bool have_tokens, int64_t *n_seen, int64_t *rope_delta, int32_t **tokens,
+                                int32_t *n_tokens) {
     const struct ekv_model *m = ctx->model;
     char name[129];
     const uint32_t nl = ekv_rbuf_u32(&sq->r);
@@ -220,6 +222,8 @@ static enum ekv_status read_seq(const struct ekv_context *ctx, uint64_t fp, stru
     for (uint32_t i = 0; i < nl; i++)
         if ((unsigned char)name[i] < 0x20) name[i] = '?';
     *n_seen = ekv_rbuf_i64(&sq->r);
+    const bool mrope = ctx->rope.sections[0] || ctx->rope.sections[1] || ctx->rope.sections[2];
+    *rope_delta = mrope ? ekv_rbuf_i64(&sq->r) : 0;
     if (sq->r.bad || sq->r.at != sq->r.n) return ekv_err(EKV_ERR_FORMAT, "SEQ: %zu bytes, malformed", sq->r.n);
     if (fp != m->fingerprint)
         return ekv_err(EKV_ERR_FORMAT, "saved for another model ('%s', fingerprint %016llx); this is '%s' (%016llx)",
@@ -227,6 +231,10 @@ static enum ekv_status read_seq(const struct ekv_context *ctx, uint64_t fp, stru
     if (*n_seen < 0 || *n_seen > ctx->params.n_ctx)
         return ekv_err(EKV_ERR_FORMAT, "the cache holds %lld positions, the context has %d", (long long)*n_seen,
                        ctx->params.n_ctx);
+    /* images only ever take fewer positions than rows: text goes on at or below its row */
+    if (*rope_delta > 0 || *rope_delta < -*n_seen)
+        return ekv_err(EKV_ERR_FORMAT, "SEQ: M-RoPE position offset %lld for %lld positions", (long long)*rope_delta,
+                       (long long)*n_seen);
     if (!have_tokens) return EKV_OK;
     const uint32_t nt = ekv_rbuf_u32(&tk->r);
     if (tk->r.bad || nt > (uint64_t)*n_seen || tk->r.n - tk->r.at != (size_t)nt * 4)
@@ -252,14 +260,15 @@ static enum ekv_status load(struct ekv_context *ctx, struct ekv_rbuf *r, struct 
     uint64_t fp = 0;
     enum ekv_status s = check_header(ctx->model, r, &n_sec, &fp);
     struct section sq = {0}, tk = {0}, sec = {0};
-    int64_t n_seen = 0;
+    int64_t n_seen = 0, rope_delta = 0;
     if (s == EKV_OK) s = want_section(r, &i, n_sec, SEC_SEQ, 0, &sq);
     const bool have_tokens = n_sec == (uint32_t)in->n_layer + 3;
     if (s == EKV_OK && have_tokens) s = want_section(r, &i, n_sec, SEC_TOKENS, 0, &tk);
-    if (s == EKV_OK) s = read_seq(ctx, fp, &sq, &tk, have_tokens, &n_seen, tokens, n_tokens);
+    if (s == EKV_OK) s = read_seq(ctx, fp, &sq, &tk, have_tokens, &n_seen, &rope_delta, tokens, n_tokens);
     if (s == EKV_OK) s = want_section(r, &i, n_sec, SEC_KV, 0, &sec);
     struct ekv_kv *kv = NULL;
     if (s == EKV_OK) s = ekv_kv_load_head(in->n_layer, in->n_head, in->n_head_kv, in->head_dim, &sec.r, &kv);
+    if (s == EKV_OK) kv->rope = ctx->rope; /* before the layers: M-RoPE entries carry three positions */
     if (s == EKV_OK && (sec.r.at != sec.r.n || kv->n_seen != n_seen))
         s = ekv_err(EKV_ERR_FORMAT, "KV: malformed (%zu bytes left, %lld tokens seen of %lld)", sec.r.n - sec.r.at,
                     (long long)kv->n_seen, (long long)n_seen);
@@ -283,6 +292,7 @@ static enum ekv_status load(struct ekv_context *ctx, struct ekv_rbuf *r, struct 
     }
     q->ctx = ctx;
     q->n_seen = n_seen;
+    q->rope_delta = rope_delta;
     q->kv = kv;
     kv->swa_window = in->sliding_window;
     kv->rope = ctx->rope;

@@ -57,8 +57,9 @@ enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_co
     struct ekv_image img = {0};
     s = ekv_image_load_file(path, &img);
     if (s == EKV_OK && ekv_clip_image_rows(v->clip, img.nx, img.ny) != ekv_clip_n_tile_tokens(v->clip))
-        s = ekv_err(EKV_ERR_UNSUPPORTED, "%s: this tower tiles images (anyres, idefics3): its embeddings do not fit a buffer "
-                    "of ekv_vision_n_tokens rows; use ekv_prompt_set_images", path);
+        s = ekv_err(EKV_ERR_UNSUPPORTED, "%s: this tower's rows depend on the image (anyres or idefics3 tiles, Qwen2-VL's "
+                    "own resolution): they do not fit a buffer of ekv_vision_n_tokens rows; use ekv_prompt_set_images",
+                    path);
     if (s == EKV_OK) s = ekv_clip_encode_image(v->clip, ctx ? ctx->pool : NULL, &img, out);
     ekv_image_free(&img);
     return s;
@@ -84,9 +85,11 @@ enum ekv_status ekv_vision_image_tokens(const struct ekv_vision *v, const struct
                                                            &nx, &ny);
     if (s != EKV_OK) return s;
     int64_t rows = ekv_clip_image_rows(v->clip, nx, ny);
-    int gx, gy;
+    int gx, gy, gw, gh;
     ekv_clip_idefics3_grid(v->clip, nx, ny, &gx, &gy);
     rows += ekv_idefics3_n_sep(gx, gy);
+    ekv_clip_qwen2vl_grid(v->clip, nx, ny, &gw, &gh);
+    if (gw > 0) rows += 2; /* <|vision_start|>, <|vision_end|> */
     if (rows <= 0 || rows > INT32_MAX)
         return ekv_err(EKV_ERR_INVALID_ARG, "image of %dx%d gives %lld embeddings", nx, ny, (long long)rows);
     *n_tokens = (int32_t)rows;
@@ -95,10 +98,11 @@ enum ekv_status ekv_vision_image_tokens(const struct ekv_vision *v, const struct
 
 enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_context *ctx,
                                         const struct ekv_image_input *in, int32_t index, float **out,
-                                        int32_t *n_rows, int *gx, int *gy, int32_t *tile_rows) {
+                                        int32_t *n_rows, int *gx, int *gy, int32_t *tile_rows, int *grid_w,
+                                        int *grid_h) {
     *out = NULL;
     *n_rows = 0;
-    *gx = *gy = 0;
+    *gx = *gy = *grid_w = *grid_h = 0;
     *tile_rows = ekv_clip_n_tile_tokens(v->clip);
     char nb[64];
     const char *name = image_name(in, index, nb, sizeof nb);
@@ -111,6 +115,7 @@ enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_c
     if (s != EKV_OK) return s;
     const int64_t rows = ekv_clip_image_rows(v->clip, img.nx, img.ny);
     ekv_clip_idefics3_grid(v->clip, img.nx, img.ny, gx, gy);
+    ekv_clip_qwen2vl_grid(v->clip, img.nx, img.ny, grid_w, grid_h);
     size_t cells = 0;
     float *e = NULL;
     if (rows <= 0 || rows > INT32_MAX ||

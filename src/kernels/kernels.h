@@ -172,6 +172,9 @@ struct ekv_rope_params {
     double attn_factor;        /* cos/sin multiplier (1 = none) */
     double corr_lo, corr_hi;   /* YaRN ramp, from ekv_rope_yarn_corr_dims */
     const float *freq_factors; /* [dim/2] divisors of theta, or NULL */
+    int sections[4];           /* M-RoPE (Qwen2-VL): pair i takes position component c where
+                                  i mod (sum of sections) falls in section c (time, height,
+                                  width, extra); all 0 = one position */
 };
 /* cs: [dim/2][2] = {cos, sin} for position pos. */
 void ekv_rope_sincos_ext(const struct ekv_rope_params *p, int64_t pos, float *cs);
@@ -183,6 +186,18 @@ void ekv_rope_sincos_ext(const struct ekv_rope_params *p, int64_t pos, float *cs
  * already carries attn_factor keeps it). delta 0 leaves x untouched; a
  * negative delta turns back. */
 void ekv_rope_shift_ext(const struct ekv_rope_params *p, int64_t delta, float *x, int n_heads, int head_dim);
+/* M-RoPE (llama.cpp's ggml_rope_multi, GGML_ROPE_TYPE_MROPE): as
+ * ekv_rope_sincos_ext, pair i at position pos[c] with c its section
+ * (p->sections); pos[3] is used by the fourth section. With no sections,
+ * or all four positions equal, it equals ekv_rope_sincos_ext(pos[0]) bit
+ * for bit. */
+void ekv_rope_sincos_multi(const struct ekv_rope_params *p, const int64_t pos[4], float *cs);
+/* ekv_rope_shift_ext with a delta per component: pair i turns by the angle
+ * of delta[c], c its section. */
+void ekv_rope_shift_multi(const struct ekv_rope_params *p, const int64_t delta[4], float *x, int n_heads,
+                          int head_dim);
+/* The section (0-3) of pair i under p->sections; 0 when there are none. */
+int ekv_rope_section(const struct ekv_rope_params *p, int i);
 /* YaRN's correction range: the pair indices whose rotation at the original
  * context makes beta_fast (lo, floored) and beta_slow (hi, ceiled) turns,
  * clamped to [0, dim - 1]. */

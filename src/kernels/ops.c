@@ -193,6 +193,38 @@ void ekv_rope_shift_ext(const struct ekv_rope_params *p, int64_t delta, float *x
     }
 }
 
+int ekv_rope_section(const struct ekv_rope_params *p, int i) {
+    const int s0 = p->sections[0], s1 = p->sections[1], s2 = p->sections[2];
+    const int sum = s0 + s1 + s2 + p->sections[3];
+    if (sum <= 0) return 0;
+    const int k = i % sum;
+    return k < s0 ? 0 : k < s0 + s1 ? 1 : k < s0 + s1 + s2 ? 2 : 3;
+}
+
+void ekv_rope_sincos_multi(const struct ekv_rope_params *p, const int64_t pos[4], float *cs) {
+    const int half = p->dim / 2;
+    double mscale = p->attn_factor;
+    if (p->ext_factor != 0.0) mscale *= 1.0 + 0.1 * log(1.0 / p->freq_scale);
+    for (int i = 0; i < half; i++) {
+        const double theta = rope_theta_ext(p, pos[ekv_rope_section(p, i)], i);
+        cs[2 * i] = (float)(cos(theta) * mscale);
+        cs[2 * i + 1] = (float)(sin(theta) * mscale);
+    }
+}
+
+void ekv_rope_shift_multi(const struct ekv_rope_params *p, const int64_t delta[4], float *x, int n_heads,
+                          int head_dim) {
+    const int dim = p->dim > head_dim ? head_dim : p->dim;
+    const int half = dim / 2;
+    for (int i = 0; i < half; i++) {
+        const int64_t d = delta[ekv_rope_section(p, i)];
+        if (d == 0) continue;
+        const double theta = rope_theta_ext(p, d, i);
+        rope_pair(x, n_heads, head_dim, p->neox ? i : 2 * i, p->neox ? i + half : 2 * i + 1, (float)cos(theta),
+                  (float)sin(theta));
+    }
+}
+
 /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
 void ekv_gelu(float *x, int64_t n) {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */

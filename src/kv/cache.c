@@ -59,7 +59,8 @@ static void account_sub(struct ekv_kv *kv, uint64_t bytes) {
 
 /* Bytes a head has allocated: per-entry arrays up to cap, and its stores. */
 static uint64_t head_alloc(const struct ekv_kv *kv, const struct ekv_kv_head *h) {
-    return (uint64_t)h->cap * (meta_entry_bytes() + stats_entry_bytes(head_stat_flags(h))) +
+    const size_t mpos = h->mpos ? 3 * sizeof(int32_t) : 0;
+    return (uint64_t)h->cap * (meta_entry_bytes() + mpos + stats_entry_bytes(head_stat_flags(h))) +
            ekv_store_alloc_bytes(&kv->fk, &h->ks) + ekv_store_alloc_bytes(&kv->fv, &h->vs);
 }
 
@@ -91,6 +92,7 @@ static enum ekv_status head_set_cap(struct ekv_kv *kv, struct ekv_kv_head *h, in
         }                                                   \
     } while (0)
     EKV_RESIZE(pos, n * sizeof(int32_t), true);
+    EKV_RESIZE(mpos, n * 3 * sizeof(int32_t), ekv_kv_mrope(kv));
     EKV_RESIZE(tag, n * sizeof(uint8_t), true);
     EKV_RESIZE(weight, n * sizeof(float), true);
     EKV_RESIZE(colsum, n * sizeof(double), false);
@@ -128,6 +130,7 @@ static void head_free(struct ekv_kv_head *h) {
     ekv_store_free(&h->ks);
     ekv_store_free(&h->vs);
     free(h->pos);
+    free(h->mpos);
     free(h->tag);
     free(h->weight);
     free(h->colsum);
@@ -335,7 +338,7 @@ static enum ekv_status head_clone(const struct ekv_kv *kv, const struct ekv_kv_h
     *dst = *src;
     dst->ks = (struct ekv_kv_store){0};
     dst->vs = (struct ekv_kv_store){0};
-    dst->pos = NULL, dst->tag = NULL, dst->weight = NULL, dst->colsum = NULL, dst->count = NULL;
+    dst->pos = NULL, dst->mpos = NULL, dst->tag = NULL, dst->weight = NULL, dst->colsum = NULL, dst->count = NULL;
     dst->sumsq = NULL, dst->lastrow = NULL, dst->winsum = NULL, dst->bincount = NULL;
     const size_t n = src->cap > 0 ? (size_t)src->cap : 1, len = (size_t)src->len;
     bool ok = true;
@@ -348,6 +351,11 @@ static enum ekv_status head_clone(const struct ekv_kv *kv, const struct ekv_kv_h
         }                                                                     \
     } while (0)
     EKV_DUP(pos);
+    if (src->mpos) { /* three per entry */
+        dst->mpos = malloc(n * 3 * sizeof *src->mpos);
+        if (dst->mpos) memcpy(dst->mpos, src->mpos, len * 3 * sizeof *src->mpos);
+        else ok = false;
+    }
     EKV_DUP(tag);
     EKV_DUP(weight);
     EKV_DUP(colsum);
@@ -507,7 +515,7 @@ enum ekv_status ekv_kv_head_alloc(struct ekv_kv *kv, struct ekv_kv_head *h, int3
 #undef EKV_STAT_ARRAY
 
 void ekv_kv_head_append(struct ekv_kv *kv, struct ekv_kv_head *h, const float *k, const float *v,
-                        int32_t pos, uint8_t tag) {
+                        int32_t pos, uint8_t tag, const int32_t *mpos) {
     if (h->len >= h->cap) return; /* caller did not reserve: nothing is written */
     const size_t j = (size_t)h->len;
     if (!kv->dev) {
@@ -517,6 +525,11 @@ void ekv_kv_head_append(struct ekv_kv *kv, struct ekv_kv_head *h, const float *k
         ekv_store_append(&kv->fv, &h->vs, h->len, v);
     }
     h->pos[j] = pos;
+    if (h->mpos) {
+        h->mpos[3 * j] = mpos ? mpos[0] : pos;
+        h->mpos[3 * j + 1] = mpos ? mpos[1] : pos;
+        h->mpos[3 * j + 2] = mpos ? mpos[2] : pos;
+    }
     h->tag[j] = tag;
     h->weight[j] = 1.0f;
     if (h->colsum) h->colsum[j] = 0.0;
@@ -534,6 +547,7 @@ static void head_move(struct ekv_kv_head *h, int32_t dst, int32_t src, int32_t n
 #define EKV_MOVE(a) \
     if (h->a) memmove(h->a + dst, h->a + src, (size_t)n * sizeof *h->a)
     EKV_MOVE(pos);
+    if (h->mpos) memmove(h->mpos + 3 * (size_t)dst, h->mpos + 3 * (size_t)src, (size_t)n * 3 * sizeof *h->mpos);
     EKV_MOVE(tag);
     EKV_MOVE(weight);
     EKV_MOVE(colsum);

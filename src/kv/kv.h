@@ -35,6 +35,8 @@ struct ekv_kv_head {
     struct ekv_kv_store ks;
     struct ekv_kv_store vs;
     int32_t *pos;     /* [cap] original positions, strictly increasing */
+    int32_t *mpos;    /* [cap][3] M-RoPE models (kv->rope.sections): the RoPE positions (time,
+                         height, width) the key was rotated at; NULL otherwise */
     uint8_t *tag;     /* [cap] enum ekv_tag */
     float *weight;    /* [cap] tokens this entry stands for (1 unless merged) */
     /* statistics, present when kv->stats has the flag (else NULL); all are
@@ -101,6 +103,11 @@ struct ekv_kv_step {
     int32_t prompt_len;        /* prompt: length of the whole prompt (all chunks) */
     const uint8_t *prompt_tags;/* prompt: [prompt_len] tags of the whole prompt */
     const uint8_t *tags;       /* [n_new] tags of the new positions */
+    const int32_t *mpos;       /* [n_new][3] M-RoPE models: the RoPE positions (time, height,
+                                  width) of the new rows; NULL = text rows, each at its
+                                  position + rope_delta in all three */
+    int64_t rope_delta;        /* M-RoPE models: RoPE position minus position of text rows
+                                  (<= 0 after images, struct ekv_segment's grid); else 0 */
     bool defer;                /* statistics only: the policy's layer hook does not run (a
                                   prompt read in pieces calls it once the whole block went
                                   through the layer: ekv_kv_layer_policy, engine/prefill.c) */
@@ -258,7 +265,12 @@ enum ekv_status ekv_kv_ensure_stats(struct ekv_kv *kv);
  * statistics start at zero, weight 1. With kv->dev, k and v are not read
  * (the device wrote the rows) and may be NULL. */
 void ekv_kv_head_append(struct ekv_kv *kv, struct ekv_kv_head *h, const float *k, const float *v,
-                        int32_t pos, uint8_t tag);
+                        int32_t pos, uint8_t tag, const int32_t *mpos);
+/* Whether the cache's keys carry M-RoPE (three position components per
+ * entry, h->mpos). */
+static inline bool ekv_kv_mrope(const struct ekv_kv *kv) {
+    return kv->rope.sections[0] || kv->rope.sections[1] || kv->rope.sections[2] || kv->rope.sections[3];
+}
 
 /* Keeps entries with keep[j] != 0 (j < h->len), in order; the rest are
  * evicted (counted in n_evicted by their weight). Shrinks capacity when

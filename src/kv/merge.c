@@ -140,7 +140,15 @@ static void group_sums(const struct ekv_kv *kv, const struct ekv_kv_head *h, con
         double w = h->weight[j];
         if (score && s->gsum[t] > 0) w *= score[j] > 0 ? score[j] : 0.0;
         const float *kj = s->K + (size_t)s->row[j] * d;
-        if (key == EKV_MERGE_KEY_ROTATE && h->pos[j] != h->pos[t]) { /* the member's key in the survivor's frame */
+        if (key == EKV_MERGE_KEY_ROTATE && h->mpos) { /* M-RoPE: each component from its own position */
+            const int32_t *a = h->mpos + 3 * (size_t)t, *b = h->mpos + 3 * (size_t)j;
+            const int64_t delta[4] = {(int64_t)a[0] - b[0], (int64_t)a[1] - b[1], (int64_t)a[2] - b[2], 0};
+            if (delta[0] || delta[1] || delta[2]) {
+                memcpy(s->tmp, kj, (size_t)d * sizeof *s->tmp);
+                ekv_rope_shift_multi(&kv->rope, delta, s->tmp, 1, d);
+                kj = s->tmp;
+            }
+        } else if (key == EKV_MERGE_KEY_ROTATE && h->pos[j] != h->pos[t]) { /* the member's key in the survivor's frame */
             memcpy(s->tmp, kj, (size_t)d * sizeof *s->tmp);
             ekv_rope_shift_ext(&kv->rope, (int64_t)h->pos[t] - h->pos[j], s->tmp, 1, d);
             kj = s->tmp;

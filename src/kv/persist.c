@@ -52,6 +52,13 @@ static void save_meta(const struct ekv_kv_head *h, struct ekv_wbuf *w) {
     for (int32_t j = 0; j < h->len && ones; j++) ones = h->weight[j] == 1.0f;
     ekv_wbuf_u8(w, ones ? 0 : 1);
     if (!ones) ekv_wbuf_f32s(w, h->weight, (size_t)h->len);
+    /* M-RoPE: each entry's three RoPE positions, as zigzag offsets from
+     * its position (0 for text) */
+    if (h->mpos)
+        for (int32_t j = 0; j < 3 * h->len; j++) {
+            const int64_t d = (int64_t)h->mpos[j] - h->pos[j / 3];
+            ekv_wbuf_varint(w, d >= 0 ? (uint64_t)d << 1 : (((uint64_t)(-d)) << 1) - 1);
+        }
 }
 
 /* What save_meta wrote, into the head's arrays (len entries allocated);
@@ -86,6 +93,15 @@ static enum ekv_status load_meta(const struct ekv_kv *kv, struct ekv_kv_head *h,
     } else {
         for (int32_t j = 0; j < len; j++) h->weight[j] = 1.0f;
     }
+    if (h->mpos)
+        for (int32_t j = 0; j < 3 * len; j++) {
+            const uint64_t z = ekv_rbuf_varint(r);
+            const int64_t d = (z & 1) ? -(int64_t)((z + 1) >> 1) : (int64_t)(z >> 1);
+            const int64_t q = (int64_t)h->pos[j / 3] + d;
+            if (r->bad || z > (1ull << 40) || q < 0 || q > INT32_MAX)
+                return ekv_err(EKV_ERR_FORMAT, "entry %d: M-RoPE position out of range or truncated", (int)(j / 3));
+            h->mpos[j] = (int32_t)q;
+        }
     return r->bad ? ekv_err(EKV_ERR_FORMAT, "truncated") : EKV_OK;
 }
 

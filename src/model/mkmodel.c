@@ -41,6 +41,10 @@ struct vit_preset {
     int n_pinpoints;          /* values (twice the pairs) */
     int scale_factor;         /* Idefics3/SmolVLM (SigLIP, pixel shuffle, one linear map); 0: LLaVA */
     int longest_edge;         /* Idefics3: clip.vision.preproc_image_size */
+    int spatial_merge;        /* Qwen2-VL: each merge x merge block of patches is one token (0: not Qwen2-VL) */
+    int wa_pattern;           /* Qwen2.5-VL: every wa_pattern-th block attends to the whole image, the
+                                 others within windows (clip.vision.n_wa_pattern); RMSNorm and SwiGLU.
+                                 0: Qwen2-VL (LayerNorm, quick-GELU MLP) */
 };
 
 /* Per-dimension RoPE factors a preset carries as tensors. */
@@ -58,11 +62,13 @@ struct lm_details {
     int rope_orig_ctx;        /* rope.scaling.original_context_length (0: none written) */
     float rope_attn_factor;   /* rope.scaling.attn_factor (0: none written) */
     const char *chat_template;/* tokenizer.chat_template, or NULL */
+    int rope_sections[4];     /* Qwen2-VL M-RoPE: rope.dimension_sections (time, height, width, extra
+                                 pairs); all 0 = one position per token */
 };
 
 struct lm_preset {
     const char *name;
-    const char *arch; /* "llama", "qwen2", "phi3" or "gemma" */
+    const char *arch; /* "llama", "qwen2", "qwen2vl", "phi3" or "gemma" */
     const char *desc;
     int n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     float rope_base, eps;
@@ -91,6 +97,16 @@ struct lm_preset {
     "{% if line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}"       \
     "{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}"                 \
     "{{ 'Assistant:' }}{% endif %}"
+/* Qwen2-VL-Instruct's template (ChatML; an image is
+ * <|vision_start|><|image_pad|><|vision_end|> in the user's turn) */
+#define TMPL_QWEN2VL                                                                                          \
+    "{% set image_count = namespace(value=0) %}{% for message in messages %}{% if loop.first and "          \
+    "message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"  \
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"      \
+    "<|im_end|>\n{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' %}"      \
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}{% endif %}" \
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"  \
+    "{% endif %}"
 #define TMPL_GEMMA                                                                                            \
     "{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + role + '\\n' + "                    \
     "message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}"           \
@@ -103,6 +119,10 @@ static const struct lm_details k_phi3 = {.sliding_window = 262144, .fused_qkv = 
                                          .rf = RF_LONGROPE, .rope_orig_ctx = 4096, .rope_attn_factor = 1.1902380714238083f,
                                          .chat_template = TMPL_PHI3};
 static const struct lm_details k_smolvlm = {.chat_template = TMPL_SMOLVLM};
+/* Qwen2-VL: M-RoPE over head_dim 128 (16 time, 24 height, 24 width pairs); the tiny one over 16 */
+static const struct lm_details k_qwen2vl = {.chat_template = TMPL_QWEN2VL, .rope_sections = {16, 24, 24, 0}};
+static const struct lm_details k_tiny_qwen2vl = {.norm_jitter = true, .chat_template = TMPL_QWEN2VL,
+                                                 .rope_sections = {2, 3, 3, 0}};
 static const struct lm_details k_gemma = {.head_dim = 256, .norm_jitter = true, .chat_template = TMPL_GEMMA};
 /* small models with the same details, for tests and agreement checks */
 static const struct lm_details k_tiny_llama3 = {.rf = RF_LLAMA3, .rope_orig_ctx = 8192, .norm_jitter = true,
@@ -113,19 +133,29 @@ static const struct lm_details k_tiny_phi3 = {.sliding_window = 0, .fused_qkv = 
                                               .rope_attn_factor = 1.1547005383792515f, .chat_template = TMPL_PHI3};
 static const struct lm_details k_tiny_gemma = {.head_dim = 64, .norm_jitter = true, .chat_template = TMPL_GEMMA};
 
-static const struct vit_preset k_vit_l14_336 = {336, 14, 1024, 24, 16, 4096, 1e-5f, 4096, 768, false, NULL, 0, 0, 0};
-static const struct vit_preset k_vit_tiny = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false, NULL, 0, 0, 0};
+static const struct vit_preset k_vit_l14_336 = {336, 14, 1024, 24, 16, 4096, 1e-5f, 4096, 768, false, NULL, 0, 0, 0, 0, 0};
+static const struct vit_preset k_vit_tiny = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false, NULL, 0, 0, 0, 0, 0};
 /* LLaVA-1.6's grid pinpoints (llava-v1.6-vicuna-7b's config) and a small grid for tests */
 static const int32_t k_pins_336[] = {336, 672, 672, 336, 672, 672, 1008, 336, 336, 1008};
 static const int32_t k_pins_56[] = {112, 56, 56, 112, 112, 112};
 static const struct vit_preset k_vit_l14_336_anyres = {336, 14, 1024, 24, 16, 4096, 1e-5f, 4096, 768, false,
-                                                        k_pins_336, 10, 0, 0};
-static const struct vit_preset k_vit_tiny_anyres = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false, k_pins_56, 6, 0, 0};
+                                                        k_pins_336, 10, 0, 0, 0, 0};
+static const struct vit_preset k_vit_tiny_anyres = {56, 14, 64, 3, 4, 128, 1e-5f, 64, 64, false, k_pins_56, 6, 0, 0, 0, 0};
 /* SmolVLM-256M's SigLIP (base, patch 16, 512 px) with scale factor 4 (64
  * tokens a tile), longest edge 2048; and a small one (32 px tiles of 4
  * tokens, up to 2 x 2 of them) for tests */
-static const struct vit_preset k_vit_siglip_512 = {512, 16, 768, 12, 12, 3072, 1e-6f, 0, 0, true, NULL, 0, 4, 2048};
-static const struct vit_preset k_vit_tiny_siglip = {32, 8, 64, 3, 4, 128, 1e-6f, 0, 0, true, NULL, 0, 2, 64};
+static const struct vit_preset k_vit_siglip_512 = {512, 16, 768, 12, 12, 3072, 1e-6f, 0, 0, true, NULL, 0, 4, 2048, 0, 0};
+static const struct vit_preset k_vit_tiny_siglip = {32, 8, 64, 3, 4, 128, 1e-6f, 0, 0, true, NULL, 0, 2, 64, 0, 0};
+/* Qwen2-VL-2B's tower (patch 14, two temporal conv halves, 2D RoPE, 2 x 2
+ * patch merger into an MLP of 4 x 1280) and a small one (patch 8) for tests;
+ * image_size is metadata only (the resolution is dynamic) */
+static const struct vit_preset k_vit_qwen2vl_2b = {560, 14, 1280, 32, 16, 5120, 1e-6f, 5120, 0, false, NULL, 0, 0, 0, 2, 0};
+static const struct vit_preset k_vit_tiny_qwen2vl = {64, 8, 64, 3, 4, 128, 1e-6f, 256, 0, false, NULL, 0, 0, 0, 2, 0};
+
+/* Qwen2.5-VL-3B's tower (32 blocks of 1280, SwiGLU MLP of 3420, full attention
+ * every 8th block, windows of 112 px elsewhere) and a small one for tests */
+static const struct vit_preset k_vit_qwen25vl_3b = {560, 14, 1280, 32, 16, 3420, 1e-6f, 5120, 0, false, NULL, 0, 0, 0, 2, 8};
+static const struct vit_preset k_vit_tiny_qwen25vl = {64, 8, 64, 3, 4, 128, 1e-6f, 256, 0, false, NULL, 0, 0, 0, 2, 2};
 
 static const float k_clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
 static const float k_clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
@@ -146,6 +176,17 @@ static const struct lm_preset k_presets[] = {
     {"tiny-smolvlm", "llama", "tiny-vlm's decoder + a 32 px SigLIP-style idefics3 mmproj (4 tokens a tile, up to "
      "2 x 2 tiles and the overview), for tests", 64, 5, 8, 4, 172, 512, 2048, 10000.0f, 1e-5f, false, false,
      &k_vit_tiny_siglip, &k_smolvlm},
+    {"qwen2-vl-2b", "qwen2vl", "Qwen2-VL-2B-Instruct: Qwen2-1.5B-shaped decoder with M-RoPE (sections 16/24/24) + "
+     "its ViT (patch 14, dynamic resolution, 2 x 2 merger)", 1536, 28, 12, 2, 8960, 151936, 32768, 1000000.0f, 1e-6f,
+     true, true, &k_vit_qwen2vl_2b, &k_qwen2vl},
+    {"tiny-qwen2vl", "qwen2vl", "a small Qwen2-VL (M-RoPE sections 2/3/3 of head_dim 16) + a patch-8 Qwen2-VL "
+     "tower, for tests", 64, 5, 4, 2, 172, 512, 2048, 10000.0f, 1e-6f, true, false, &k_vit_tiny_qwen2vl,
+     &k_tiny_qwen2vl},
+    {"qwen2.5-vl-3b", "qwen2vl", "Qwen2.5-VL-3B-Instruct: Qwen2.5-3B-shaped decoder with M-RoPE (sections "
+     "16/24/24) + its ViT (SwiGLU, RMSNorm, window attention, 2 x 2 merger)", 2048, 36, 16, 2, 11008, 151936, 128000,
+     1000000.0f, 1e-6f, true, true, &k_vit_qwen25vl_3b, &k_qwen2vl},
+    {"tiny-qwen2.5vl", "qwen2vl", "tiny-qwen2vl's decoder + a patch-8 Qwen2.5-VL tower (windowed blocks 0 and 2), "
+     "for tests", 64, 5, 4, 2, 172, 512, 2048, 10000.0f, 1e-6f, true, false, &k_vit_tiny_qwen25vl, &k_tiny_qwen2vl},
     {"tinyllama-1.1b", "llama", "TinyLlama-1.1B", 2048, 22, 32, 4, 5632, 32000, 2048, 10000.0f,
      1e-5f, false, false, NULL, NULL},
     {"smollm2-135m", "llama", "SmolLM2-135M (tied embeddings)", 576, 30, 9, 3, 1536, 49152, 8192,
@@ -357,6 +398,7 @@ static uint32_t file_type_of(enum ekv_dtype t) {
 /* Command-line changes to a preset (0 / NULL / -1: the preset's value). */
 struct mk_opts {
     int n_layer;
+    int n_layer_vision;       /* 0: the preset's */
     int n_ctx;
     const char *rope_scaling; /* "none", "linear", "yarn": writes rope.scaling.type */
     float rope_factor;        /* rope.scaling.factor */
@@ -379,12 +421,25 @@ static void smolvlm_extra(int i, char *p, size_t n, int32_t *type) {
     else snprintf(p, n, "<row_%d_col_%d>", (i - 6) / 6 + 1, (i - 6) % 6 + 1);
 }
 
+/* Qwen2-VL's added tokens (ChatML turns, the image brackets); <|im_end|>
+ * ends a turn. */
+#define QWEN2VL_N_EXTRA 6
+static void qwen2vl_extra(int i, char *p, size_t n, int32_t *type) {
+    static const char *const fixed[QWEN2VL_N_EXTRA] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                                                       "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"};
+    *type = 3;
+    snprintf(p, n, "%s", fixed[i]);
+}
+
+/* Which added tokens a generated vocabulary ends with. */
+enum vocab_extra { VX_NONE, VX_SMOLVLM, VX_QWEN2VL };
+
 /* A minimal SentencePiece vocabulary: <unk>, <s>, </s>, 256 byte tokens,
- * then "<tok_N>" pieces up to n_vocab; with `smolvlm`, SmolVLM's added
- * tokens last, <end_of_utterance> the end of a turn and no BOS added (the
- * template opens with <|im_start|>). */
-static enum ekv_status gen_vocab(struct ekv_gguf_writer *w, int n_vocab, bool smolvlm) {
-    const int n_extra = smolvlm ? SMOLVLM_N_EXTRA : 0;
+ * then "<tok_N>" pieces up to n_vocab; with extras, the family's added
+ * tokens last, its end-of-turn token the end of generation and no BOS
+ * added (the templates open with <|im_start|>). */
+static enum ekv_status gen_vocab(struct ekv_gguf_writer *w, int n_vocab, enum vocab_extra vx) {
+    const int n_extra = vx == VX_SMOLVLM ? SMOLVLM_N_EXTRA : vx == VX_QWEN2VL ? QWEN2VL_N_EXTRA : 0;
     if (n_vocab < 3 + 256 + n_extra)
         return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: vocabulary of %d is too small", n_vocab);
     char **strs = calloc((size_t)n_vocab, sizeof *strs);
@@ -403,10 +458,15 @@ static enum ekv_status gen_vocab(struct ekv_gguf_writer *w, int n_vocab, bool sm
         else if (i == 1) { strcpy(p, "<s>"); types[i] = 3; scores[i] = 0.0f; }
         else if (i == 2) { strcpy(p, "</s>"); types[i] = 3; scores[i] = 0.0f; }
         else if (i < 3 + 256) { snprintf(p, 32, "<0x%02X>", i - 3); types[i] = 6; scores[i] = 0.0f; }
-        else if (i >= n_vocab - n_extra) { smolvlm_extra(i - (n_vocab - n_extra), p, 32, &types[i]); scores[i] = 0.0f; }
+        else if (i >= n_vocab - n_extra) {
+            if (vx == VX_SMOLVLM) smolvlm_extra(i - (n_vocab - n_extra), p, 32, &types[i]);
+            else qwen2vl_extra(i - (n_vocab - n_extra), p, 32, &types[i]);
+            scores[i] = 0.0f;
+        }
         else { snprintf(p, 32, "<tok_%d>", i); types[i] = 1; scores[i] = -(float)(i - 259); }
     }
-    const uint32_t eos = smolvlm ? (uint32_t)(n_vocab - n_extra + 1) : 2;
+    /* <end_of_utterance> (SmolVLM), <|im_end|> (Qwen2-VL) */
+    const uint32_t eos = vx == VX_NONE ? 2u : (uint32_t)(n_vocab - n_extra + (vx == VX_SMOLVLM ? 1 : 2));
     if ((s = ekv_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
         (s = ekv_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)strs, (uint64_t)n_vocab)) ||
         (s = ekv_gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, (uint64_t)n_vocab)) ||
@@ -414,7 +474,7 @@ static enum ekv_status gen_vocab(struct ekv_gguf_writer *w, int n_vocab, bool sm
         (s = ekv_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0)) ||
         (s = ekv_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1)) ||
         (s = ekv_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", eos)) ||
-        (s = ekv_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", !smolvlm)) ||
+        (s = ekv_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", vx == VX_NONE)) ||
         (s = ekv_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false)))
         goto out;
 out:
@@ -504,6 +564,10 @@ static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, in
         SETU("attention.value_length", hd);
     }
     if (swa > 0) SETU("attention.sliding_window", swa);
+    if (d->rope_sections[0] || d->rope_sections[1] || d->rope_sections[2]) {
+        snprintf(key, sizeof key, "%s.rope.dimension_sections", a);
+        TRY(ekv_gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, d->rope_sections, 4));
+    }
     if (d->rf == RF_LONGROPE) {
         SETU("rope.scaling.original_context_length", o->rope_orig_ctx ? o->rope_orig_ctx : d->rope_orig_ctx);
         SETF("rope.scaling.attn_factor", d->rope_attn_factor);
@@ -560,9 +624,10 @@ static enum ekv_status build_lm(struct builder *b, const struct lm_preset *p, in
     return EKV_OK;
 }
 
-static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p) {
+static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p, const struct mk_opts *o) {
     struct ekv_gguf_writer *w = b->w;
     const struct vit_preset *v = p->vit;
+    const int n_vlayer = o->n_layer_vision ? o->n_layer_vision : v->n_layer;
     char name[160];
     /* Small tensors (patch and position embeddings) stay f16 as the
      * converter writes them; f32 when everything is f32. */
@@ -570,12 +635,22 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
     TRY(ekv_gguf_writer_set_str(w, "general.architecture", "clip"));
     snprintf(name, sizeof name, "ekv-mkmodel %s mmproj (random weights)", p->name);
     TRY(ekv_gguf_writer_set_str(w, "general.name", name));
-    const bool idefics3 = v->scale_factor > 0;
-    TRY(ekv_gguf_writer_set_str(w, "general.description", idefics3 ? "image encoder for SmolVLM" : "image encoder for LLaVA"));
+    const bool idefics3 = v->scale_factor > 0, qwen2vl = v->spatial_merge > 0, qwen25 = qwen2vl && v->wa_pattern > 0;
+    TRY(ekv_gguf_writer_set_str(w, "general.description", idefics3 ? "image encoder for SmolVLM"
+                                                          : qwen25 ? "image encoder for Qwen2.5-VL"
+                                                          : qwen2vl ? "image encoder for Qwen2-VL"
+                                                                    : "image encoder for LLaVA"));
     TRY(ekv_gguf_writer_set_u32(w, "general.file_type", file_type_of(b->mat_type)));
     TRY(ekv_gguf_writer_set_bool(w, "clip.has_text_encoder", false));
     TRY(ekv_gguf_writer_set_bool(w, "clip.has_vision_encoder", true));
-    if (idefics3) {
+    if (qwen2vl) {
+        TRY(ekv_gguf_writer_set_str(w, "clip.projector_type", qwen25 ? "qwen2.5vl_merger" : "qwen2vl_merger"));
+        TRY(ekv_gguf_writer_set_u32(w, "clip.vision.spatial_merge_size", (uint32_t)v->spatial_merge));
+        if (qwen25) { /* what the converter writes for Qwen2.5-VL: SiLU (SwiGLU) and the window pattern */
+            TRY(ekv_gguf_writer_set_bool(w, "clip.use_silu", true));
+            TRY(ekv_gguf_writer_set_u32(w, "clip.vision.n_wa_pattern", (uint32_t)v->wa_pattern));
+        }
+    } else if (idefics3) {
         TRY(ekv_gguf_writer_set_str(w, "clip.projector_type", "idefics3"));
         TRY(ekv_gguf_writer_set_u32(w, "clip.vision.projector.scale_factor", (uint32_t)v->scale_factor));
         TRY(ekv_gguf_writer_set_u32(w, "clip.vision.preproc_image_size", (uint32_t)v->longest_edge));
@@ -588,13 +663,13 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
     TRY(ekv_gguf_writer_set_u32(w, "clip.vision.embedding_length", (uint32_t)v->n_embd));
     TRY(ekv_gguf_writer_set_u32(w, "clip.vision.feed_forward_length", (uint32_t)v->n_ff));
     /* llama.cpp's converter writes the language model's width for SigLIP towers */
-    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.projection_dim", (uint32_t)(idefics3 ? p->n_embd : v->proj_dim)));
+    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.projection_dim", (uint32_t)(idefics3 || qwen2vl ? p->n_embd : v->proj_dim)));
     TRY(ekv_gguf_writer_set_u32(w, "clip.vision.attention.head_count", (uint32_t)v->n_head));
     TRY(ekv_gguf_writer_set_f32(w, "clip.vision.attention.layer_norm_epsilon", v->eps));
-    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.block_count", (uint32_t)v->n_layer));
+    TRY(ekv_gguf_writer_set_u32(w, "clip.vision.block_count", (uint32_t)n_vlayer));
     TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_mean", GGUF_TYPE_FLOAT32, idefics3 ? k_siglip_half : k_clip_mean, 3));
     TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_std", GGUF_TYPE_FLOAT32, idefics3 ? k_siglip_half : k_clip_std, 3));
-    TRY(ekv_gguf_writer_set_bool(w, "clip.use_gelu", v->use_gelu));
+    if (!qwen25) TRY(ekv_gguf_writer_set_bool(w, "clip.use_gelu", v->use_gelu));
     if (v->pinpoints) {
         TRY(ekv_gguf_writer_set_arr(w, "clip.vision.image_grid_pinpoints", GGUF_TYPE_INT32, v->pinpoints,
                                     (uint64_t)v->n_pinpoints));
@@ -604,7 +679,19 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
     const int64_t E = v->n_embd, grid = v->image_size / v->patch_size;
     int64_t pne[4] = {v->patch_size, v->patch_size, 3, E};
     TRY(add(b, "v.patch_embd.weight", 4, pne, small, INIT_NORMAL, 0.02f));
-    if (idefics3) {
+    if (qwen2vl) {
+        /* the Conv3D's two temporal halves (a still image feeds both), no
+         * bias, no class token, no position table (2D RoPE); the merger's
+         * LayerNorm, then its MLP over 2 x 2 patches */
+        TRY(add(b, "v.patch_embd.weight.1", 4, pne, small, INIT_NORMAL, 0.02f));
+        TRY(add_vec(b, "v.post_ln.weight", E, INIT_ONES_JITTER, 0.05f));
+        if (!qwen25) TRY(add_vec(b, "v.post_ln.bias", E, INIT_NORMAL, 0.02f)); /* RMSNorm: no bias */
+        const int64_t M = (int64_t)v->spatial_merge * v->spatial_merge;
+        TRY(add_mat(b, "mm.0.weight", E * M, v->n_mm, b->mat_type));
+        TRY(add_vec(b, "mm.0.bias", v->n_mm, INIT_NORMAL, 0.02f));
+        TRY(add_mat(b, "mm.2.weight", v->n_mm, p->n_embd, b->mat_type));
+        TRY(add_vec(b, "mm.2.bias", p->n_embd, INIT_NORMAL, 0.02f));
+    } else if (idefics3) {
         /* SigLIP: patch bias, no class token, no pre-layernorm; post-layernorm; the
          * connector's linear map from the shuffled width, no bias */
         TRY(add_vec(b, "v.patch_embd.bias", E, INIT_NORMAL, 0.02f));
@@ -624,7 +711,7 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
         TRY(add_vec(b, "v.pre_ln.weight", E, INIT_ONES_JITTER, 0.05f));
         TRY(add_vec(b, "v.pre_ln.bias", E, INIT_NORMAL, 0.02f));
     }
-    for (int il = 0; il < v->n_layer; il++) {
+    for (int il = 0; il < n_vlayer; il++) {
 #define NM(fmt) (snprintf(name, sizeof name, "v.blk.%d." fmt, il), name)
         static const char *const att[4] = {"attn_k", "attn_v", "attn_q", "attn_out"};
         for (int k = 0; k < 4; k++) {
@@ -635,10 +722,14 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
             TRY(add_vec(b, bn, E, INIT_NORMAL, 0.02f));
         }
         TRY(add_vec(b, NM("ln1.weight"), E, INIT_ONES_JITTER, 0.05f));
-        TRY(add_vec(b, NM("ln1.bias"), E, INIT_NORMAL, 0.02f));
+        if (!qwen25) TRY(add_vec(b, NM("ln1.bias"), E, INIT_NORMAL, 0.02f));
+        if (qwen25) { /* SwiGLU: the gate beside up, both with biases */
+            TRY(add_mat(b, NM("ffn_gate.weight"), E, v->n_ff, b->mat_type));
+            TRY(add_vec(b, NM("ffn_gate.bias"), v->n_ff, INIT_NORMAL, 0.02f));
+        }
         /* fc1 is "ffn_down" and fc2 "ffn_up" in llama.cpp's LLaVA converter;
          * its current converter (SigLIP) names them the other way round */
-        const char *fc1 = idefics3 ? "ffn_up" : "ffn_down", *fc2 = idefics3 ? "ffn_down" : "ffn_up";
+        const char *fc1 = idefics3 || qwen2vl ? "ffn_up" : "ffn_down", *fc2 = idefics3 || qwen2vl ? "ffn_down" : "ffn_up";
         char wn[96], bn[96];
         snprintf(wn, sizeof wn, "v.blk.%d.%s.weight", il, fc1);
         snprintf(bn, sizeof bn, "v.blk.%d.%s.bias", il, fc1);
@@ -649,7 +740,7 @@ static enum ekv_status build_mmproj(struct builder *b, const struct lm_preset *p
         TRY(add_mat(b, wn, v->n_ff, E, b->mat_type));
         TRY(add_vec(b, bn, E, INIT_NORMAL, 0.02f));
         TRY(add_vec(b, NM("ln2.weight"), E, INIT_ONES_JITTER, 0.05f));
-        TRY(add_vec(b, NM("ln2.bias"), E, INIT_NORMAL, 0.02f));
+        if (!qwen25) TRY(add_vec(b, NM("ln2.bias"), E, INIT_NORMAL, 0.02f));
 #undef NM
     }
     return EKV_OK;
@@ -664,7 +755,8 @@ static enum ekv_status write_file(const struct lm_preset *p, bool mmproj, enum e
     struct ekv_gguf_file *vf = NULL;
     enum ekv_status s = ekv_gguf_writer_new(&b.w);
     if (s != EKV_OK) return s;
-    b.cap = 64 + (size_t)(mmproj ? p->vit->n_layer : (o->n_layer ? o->n_layer : p->n_layer)) * 20;
+    b.cap = 64 + (size_t)(mmproj ? (o->n_layer_vision ? o->n_layer_vision : p->vit->n_layer)
+                                 : (o->n_layer ? o->n_layer : p->n_layer)) * 20;
     b.specs = calloc(b.cap, sizeof *b.specs);
     b.g = &g;
     b.seed = seed * 0x9e3779b97f4a7c15ull + (mmproj ? 0x5bd1e995u : 0);
@@ -674,13 +766,17 @@ static enum ekv_status write_file(const struct lm_preset *p, bool mmproj, enum e
         goto done;
     }
     if (mmproj) {
-        s = build_mmproj(&b, p);
+        s = build_mmproj(&b, p, o);
     } else {
         int n_vocab = p->n_vocab;
         if (vocab_path) {
             if ((s = ekv_gguf_open(vocab_path, &vf)) != EKV_OK) goto done;
             if ((s = copy_vocab(b.w, vf, vocab_path, &n_vocab)) != EKV_OK) goto done;
-        } else if ((s = gen_vocab(b.w, n_vocab, p->vit && p->vit->scale_factor > 0)) != EKV_OK) {
+        } else if ((s = gen_vocab(b.w, n_vocab,
+                                  !p->vit                        ? VX_NONE
+                                  : p->vit->scale_factor > 0     ? VX_SMOLVLM
+                                  : p->vit->spatial_merge > 0    ? VX_QWEN2VL
+                                                                 : VX_NONE)) != EKV_OK) {
             goto done;
         }
         s = build_lm(&b, p, n_vocab, o);
@@ -729,7 +825,9 @@ static enum ekv_status mk_check(const struct ekv_mkmodel_params *p, const char *
     const bool longrope = (*preset)->det && (*preset)->det->rf == RF_LONGROPE;
     if ((p->rope_factor > 0.0f || p->rope_orig_ctx > 0) && !p->rope_scaling && !longrope)
         return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: rope factor and original context need a rope scaling type");
-    if (p->n_layer < 0 || p->n_layer > 4096 || p->n_ctx < 0 || p->rope_orig_ctx < 0 || p->rope_factor < 0.0f)
+    if (p->n_layer_vision && !(*preset)->vit)
+        return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: preset %s has no vision tower (--vision-layers)", p->preset);
+    if (p->n_layer_vision < 0 || p->n_layer_vision > 4096 || p->n_layer < 0 || p->n_layer > 4096 || p->n_ctx < 0 || p->rope_orig_ctx < 0 || p->rope_factor < 0.0f)
         return ekv_err(EKV_ERR_INVALID_ARG, "mkmodel: n_layer %d, n_ctx %d, rope factor %g or original context %d "
                                             "out of range", (int)p->n_layer, (int)p->n_ctx, (double)p->rope_factor,
                        (int)p->rope_orig_ctx);
@@ -753,7 +851,7 @@ enum ekv_status ekv_mkmodel_write(const struct ekv_mkmodel_params *params, const
     }
     const struct mk_opts o = {.n_layer = params->n_layer, .n_ctx = params->n_ctx, .rope_scaling = params->rope_scaling,
                               .rope_factor = params->rope_factor, .rope_orig_ctx = params->rope_orig_ctx,
-                              .sliding_window = params->sliding_window};
+                              .sliding_window = params->sliding_window, .n_layer_vision = params->n_layer_vision};
     size_t nt = 0, nt_mm = 0;
     s = write_file(p, false, type, params->seed, params->vocab_path, path, &o, &nt);
     if (s == EKV_OK && p->vit) {

@@ -304,6 +304,31 @@ enum ekv_status ekv_model_finish(struct ekv_model *m) {
     return EKV_OK;
 }
 
+/* Qwen2-VL's M-RoPE sections (<arch>.rope.dimension_sections, 4 integers,
+ * llama.cpp reads them as int32 or uint32): each >= 0, some > 0, their sum
+ * at most rope_dim / 2 (the rotated pairs). */
+static enum ekv_status read_rope_sections(struct ekv_model *m, const char *path) {
+    char key[96];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", m->arch);
+    const struct ekv_gguf_value *v;
+    enum ekv_status s = ekv_gguf_get_arr(m->gguf, key, GGUF_TYPE_COUNT, &v);
+    if (s != EKV_OK) return ekv_err_prefix(s, "%s: an M-RoPE model (%s) needs its position sections", path, m->arch);
+    if ((v->v.arr.type != GGUF_TYPE_INT32 && v->v.arr.type != GGUF_TYPE_UINT32) || v->v.arr.n < 3 || v->v.arr.n > 4)
+        return ekv_err(EKV_ERR_FORMAT, "%s: %s must be 3 or 4 32-bit integers", path, key);
+    int64_t sum = 0;
+    for (uint64_t i = 0; i < v->v.arr.n; i++) {
+        int32_t x;
+        memcpy(&x, (const char *)v->v.arr.data + 4 * i, 4);
+        if (x < 0 || x > 4096) return ekv_err(EKV_ERR_FORMAT, "%s: %s[%d] = %d out of range", path, key, (int)i, x);
+        m->info.rope_sections[i] = x;
+        sum += x;
+    }
+    if (sum == 0 || sum > m->info.rope_dim / 2)
+        return ekv_err(EKV_ERR_FORMAT, "%s: %s sum to %lld pairs; the rotated dimensions (%d) have %d", path, key,
+                       (long long)sum, (int)m->info.rope_dim, (int)m->info.rope_dim / 2);
+    return EKV_OK;
+}
+
 enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
     enum ekv_status s = ekv_gguf_open(path, &m->gguf);
     if (s != EKV_OK) return s;
@@ -315,11 +340,13 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
     s = ekv_gguf_get_str(f, "general.architecture", &arch);
     if (s != EKV_OK) return ekv_err_prefix(s, "%s", path);
     ekv_gguf_str_copy(arch, m->arch, sizeof m->arch);
-    const bool qwen2 = !strcmp(m->arch, "qwen2"), phi3 = !strcmp(m->arch, "phi3"), gemma = !strcmp(m->arch, "gemma");
+    const bool qwen2vl = !strcmp(m->arch, "qwen2vl");
+    const bool qwen2 = qwen2vl || !strcmp(m->arch, "qwen2"), phi3 = !strcmp(m->arch, "phi3"),
+               gemma = !strcmp(m->arch, "gemma");
     if (strcmp(m->arch, "llama") && !qwen2 && !phi3 && !gemma)
         return ekv_err(EKV_ERR_UNSUPPORTED,
-                       "%s: architecture '%s' is not supported (supported: llama (also Mistral), qwen2, phi3, gemma)",
-                       path, m->arch);
+                       "%s: architecture '%s' is not supported (supported: llama (also Mistral), qwen2, qwen2vl, "
+                       "phi3, gemma)", path, m->arch);
     struct ekv_gguf_str name;
     if (ekv_gguf_get_str(f, "general.name", &name) == EKV_OK) ekv_gguf_str_copy(name, m->name, sizeof m->name);
 
@@ -351,7 +378,8 @@ enum ekv_status ekv_model_load_gguf(struct ekv_model *m, const char *path) {
     in->n_ff = (int32_t)n_ff;
     in->n_ctx_train = (int32_t)n_ctx;
     in->rope_dim = (int32_t)rope_dim;
-    in->rope_neox = qwen2 || phi3 || gemma; /* llama.cpp's LLAMA_ROPE_TYPE_NEOX for these */
+    in->rope_neox = qwen2 || phi3 || gemma; /* llama.cpp's LLAMA_ROPE_TYPE_NEOX for these (MROPE: halves too) */
+    if (qwen2vl && (s = read_rope_sections(m, path)) != EKV_OK) return s;
     in->ffn_gelu = gemma;
     in->embd_scale = gemma ? sqrtf((float)n_embd) : 1.0f;
 
@@ -457,6 +485,7 @@ void ekv_model_rope_params(const struct ekv_model *m, int32_t n_ctx, struct ekv_
     ekv_rope_yarn_corr_dims(p->dim, in->rope_orig_ctx, p->freq_base, in->yarn_beta_fast, in->yarn_beta_slow, cd);
     p->corr_lo = cd[0];
     p->corr_hi = cd[1];
+    memcpy(p->sections, in->rope_sections, sizeof p->sections);
     p->freq_factors = m->rope_freqs ? m->rope_freqs
                       : m->rope_long ? (n_ctx > in->rope_orig_ctx ? m->rope_long : m->rope_short)
                                      : NULL;

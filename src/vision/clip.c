@@ -16,10 +16,14 @@
  *   mm.0.weight [E,M] + bias [M], mm.2.weight [M,out] + bias [out]  (projector "mlp")
  *   v.post_ln.{weight,bias} [E], mm.model.fc.weight [E*s*s,out]  (projector
  *   "idefics3", SigLIP: s = clip.vision.projector.scale_factor)
+ *   v.patch_embd.weight.1 [P,P,3,E] (no bias, class token nor positions),
+ *   v.post_ln.{weight,bias} [E], mm.0.weight [4E,M] + bias, mm.2.weight
+ *   [M,out] + bias  (projector "qwen2vl_merger"; ffn_up is fc1 there)
  * LLaVA does not use v.post_ln: it reads the second-to-last block's output;
- * Idefics3 runs every block, then v.post_ln, then the pixel shuffle.
+ * Idefics3 runs every block, then v.post_ln, then the pixel shuffle; Qwen2-VL
+ * every block, then v.post_ln and the 2 x 2 merger (qwen2vl.c).
  */
-#include "vision/clip.h"
+#include "vision/clip_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -34,36 +38,6 @@
 #define CLIP_MAX_FF (1 << 18)
 #define CLIP_MAX_LAYER 1024
 #define CLIP_MAX_OUT (1 << 18)
-
-struct clip_layer {
-    float *ln1_w, *ln1_b, *ln2_w, *ln2_b;   /* [E] */
-    struct ekv_weight q, k, v, o;           /* E rows of E */
-    float *q_b, *k_b, *v_b, *o_b;           /* [E] */
-    struct ekv_weight ff1;                  /* F rows of E */
-    float *ff1_b;                           /* [F] */
-    struct ekv_weight ff2;                  /* E rows of F */
-    float *ff2_b;                           /* [E] */
-};
-
-struct ekv_clip {
-    struct ekv_gguf_file *f;
-    struct ekv_clip_hparams hp;
-    struct ekv_weight patch;     /* E rows of 3*P*P, columns in (channel, y, x) order */
-    float *patch_b;              /* [E] or NULL */
-    float *cls;                  /* [E] or NULL (SigLIP) */
-    float *pos;                  /* [N][E] */
-    float *pre_w, *pre_b;        /* [E] or NULL */
-    struct clip_layer *layers;   /* [n_layer] */
-    struct ekv_weight mm0;       /* M rows of E */
-    float *mm0_b;                /* [M] */
-    struct ekv_weight mm2;       /* out rows of M */
-    float *mm2_b;                /* [out] */
-    float *post_w, *post_b;      /* [E], Idefics3 */
-    struct ekv_weight fc;        /* Idefics3: out rows of E*s*s */
-    float **owned;               /* float arrays to free */
-    size_t n_owned, cap_owned;
-    const char *path;            /* for messages, borrowed during load only */
-};
 
 /* ------------------------------------------------------------------ */
 /* loading                                                              */
@@ -256,6 +230,51 @@ static enum ekv_status load_pinpoints(struct ekv_clip *c) {
     return EKV_OK;
 }
 
+/* Qwen2-VL: the tower runs at each image's resolution (no fixed patch
+ * count), every block, 2D RoPE over head_dim/2 pairs split between the
+ * patch row and column (so head_dim must be a multiple of 4), and a merger
+ * of 2 x 2 patches (the only size llama.cpp's graph builds). */
+static enum ekv_status load_qwen2vl_hparams(struct ekv_clip *c) {
+    struct ekv_clip_hparams *hp = &c->hp;
+    enum ekv_status s;
+    hp->n_patches = hp->n_pos = hp->n_tile_tokens = 0;
+    hp->n_layer_run = hp->n_layer;
+    if (hp->patch_size > 64)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "%s: clip.vision.patch_size = %d: at most 64 for dynamic resolution",
+                       c->path, hp->patch_size);
+    if ((hp->n_embd / hp->n_head) % 4)
+        return ekv_err(EKV_ERR_FORMAT,
+                       "%s: head size %d (embedding_length %d / head_count %d) is not a multiple of 4, which the "
+                       "2D RoPE needs",
+                       c->path, hp->n_embd / hp->n_head, hp->n_embd, hp->n_head);
+    hp->merge = 2;
+    if (ekv_gguf_find_kv(c->f, "clip.vision.spatial_merge_size") &&
+        (s = get_u32_range(c, "clip.vision.spatial_merge_size", 1, 64, &hp->merge)) != EKV_OK)
+        return s;
+    if (hp->merge != 2)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "%s: clip.vision.spatial_merge_size = %d: only 2 is supported", c->path,
+                       hp->merge);
+    int wa = 0;
+    if (ekv_gguf_find_kv(c->f, "clip.vision.n_wa_pattern") &&
+        (s = get_u32_range(c, "clip.vision.n_wa_pattern", 0, 4096, &wa)) != EKV_OK)
+        return s;
+    if (!hp->rms_norm) {
+        if (wa > 0)
+            return ekv_err(EKV_ERR_FORMAT, "%s: clip.vision.n_wa_pattern = %d in a qwen2vl_merger (Qwen2-VL) tower, "
+                                           "which has no window attention (qwen2.5vl_merger has)", c->path, wa);
+        return EKV_OK;
+    }
+    /* Qwen2.5-VL: windows of 112 px (llama.cpp's default; the converter writes no size) */
+    if (wa < 1)
+        return ekv_err(EKV_ERR_FORMAT, "%s: a qwen2.5vl_merger tower needs clip.vision.n_wa_pattern >= 1", c->path);
+    hp->wa_pattern = wa;
+    hp->win_tokens = 112 / hp->patch_size / hp->merge;
+    if (hp->win_tokens < 1)
+        return ekv_err(EKV_ERR_UNSUPPORTED, "%s: clip.vision.patch_size = %d: windows of 112 px need patches of at "
+                                            "most 56", c->path, hp->patch_size);
+    return EKV_OK;
+}
+
 static enum ekv_status load_hparams(struct ekv_clip *c) {
     struct ekv_clip_hparams *hp = &c->hp;
     enum ekv_status s;
@@ -277,17 +296,27 @@ static enum ekv_status load_hparams(struct ekv_clip *c) {
     if (ekv_gguf_get_str(c->f, "clip.projector_type", &pt) == EKV_OK && !ekv_gguf_str_eq(pt, "mlp")) {
         char p[64];
         ekv_gguf_str_copy(pt, p, sizeof p);
-        if (!ekv_gguf_str_eq(pt, "idefics3"))
+        if (ekv_gguf_str_eq(pt, "qwen2.5vl_merger")) { /* Qwen2-VL's layout with RMSNorm, SwiGLU, windows */
+            hp->proj = EKV_CLIP_PROJ_QWEN2VL;
+            hp->rms_norm = true;
+        } else if (ekv_gguf_str_eq(pt, "idefics3"))
+            hp->proj = EKV_CLIP_PROJ_IDEFICS3;
+        else if (ekv_gguf_str_eq(pt, "qwen2vl_merger"))
+            hp->proj = EKV_CLIP_PROJ_QWEN2VL;
+        else
             return ekv_err(EKV_ERR_UNSUPPORTED,
                            "%s: clip.projector_type '%s' is not supported ('mlp': LLaVA-1.5/1.6; "
-                           "'idefics3': SmolVLM, Idefics3)",
+                           "'idefics3': SmolVLM, Idefics3; 'qwen2vl_merger': Qwen2-VL)",
                            c->path, p);
-        hp->proj = EKV_CLIP_PROJ_IDEFICS3;
     }
     if (!has_llava && hp->proj == EKV_CLIP_PROJ_MLP)
         return ekv_err(EKV_ERR_UNSUPPORTED,
                        "%s: clip.has_llava_projector is false: ekv needs a LLaVA projector", c->path);
-    if ((s = get_bool_opt(c, "clip.use_gelu", false, &hp->use_gelu)) != EKV_OK) return s;
+    if ((s = get_bool_opt(c, "clip.use_gelu", false, &hp->use_gelu)) != EKV_OK ||
+        (s = get_bool_opt(c, "clip.use_silu", false, &hp->use_silu)) != EKV_OK)
+        return s;
+    if (hp->use_gelu && hp->use_silu)
+        return ekv_err(EKV_ERR_FORMAT, "%s: clip.use_gelu and clip.use_silu are both true", c->path);
 
     if ((s = get_u32_range(c, "clip.vision.image_size", 1, CLIP_MAX_IMAGE, &hp->image_size)) ||
         (s = get_u32_range(c, "clip.vision.patch_size", 1, (uint32_t)hp->image_size,
@@ -298,7 +327,7 @@ static enum ekv_status load_hparams(struct ekv_clip *c) {
                            &hp->n_head)) ||
         (s = get_u32_range(c, "clip.vision.block_count", 1, CLIP_MAX_LAYER, &hp->n_layer)))
         return s;
-    if (hp->image_size % hp->patch_size)
+    if (hp->proj != EKV_CLIP_PROJ_QWEN2VL && hp->image_size % hp->patch_size)
         return ekv_err(EKV_ERR_FORMAT, "%s: image_size %d is not a multiple of patch_size %d",
                        c->path, hp->image_size, hp->patch_size);
     if (hp->n_embd % hp->n_head)
@@ -322,6 +351,8 @@ static enum ekv_status load_hparams(struct ekv_clip *c) {
     hp->scale_factor = 1;
     hp->n_tile_tokens = hp->n_patches;
     hp->longest_edge = 0;
+    hp->merge = 0;
+    if (hp->proj == EKV_CLIP_PROJ_QWEN2VL) return load_qwen2vl_hparams(c);
     if (hp->proj == EKV_CLIP_PROJ_IDEFICS3) {
         /* every block runs (llama.cpp's SigLIP graph ignores feature layers) */
         hp->n_layer_run = hp->n_layer;
@@ -385,6 +416,38 @@ static enum ekv_status load_idefics3(struct ekv_clip *c) {
     return load_matrix(c, "mm.model.fc.weight", 2, ne, in, hp->n_embd_out, &c->fc);
 }
 
+/* Qwen2-VL: v.post_ln (the merger's LayerNorm) and the merger's MLP,
+ * whose input is 4 patches (4E) and whose output is the language model's
+ * width (clip.vision.projection_dim when the file has it). */
+static enum ekv_status load_qwen2vl(struct ekv_clip *c) {
+    struct ekv_clip_hparams *hp = &c->hp;
+    const int64_t E = hp->n_embd, in = E * hp->merge * hp->merge;
+    enum ekv_status s;
+    if ((s = load_floats(c, "v.post_ln.weight", true, E, 1, &c->post_w)) != EKV_OK ||
+        (s = load_floats(c, "v.post_ln.bias", !hp->rms_norm, E, 1, &c->post_b)) != EKV_OK)
+        return s;
+    const struct ekv_gguf_tensor *m0 = ekv_gguf_find_tensor(c->f, "mm.0.weight");
+    const struct ekv_gguf_tensor *m2 = ekv_gguf_find_tensor(c->f, "mm.2.weight");
+    if (!m0) return ekv_err(EKV_ERR_NOT_FOUND, "%s: tensor mm.0.weight is missing", c->path);
+    if (!m2) return ekv_err(EKV_ERR_NOT_FOUND, "%s: tensor mm.2.weight is missing", c->path);
+    if (m0->ne[1] < 1 || m0->ne[1] > CLIP_MAX_OUT || m2->ne[1] < 1 || m2->ne[1] > CLIP_MAX_OUT)
+        return ekv_err(EKV_ERR_FORMAT, "%s: merger widths %lld (mm.0.weight), %lld (mm.2.weight) are out of range",
+                       c->path, (long long)m0->ne[1], (long long)m2->ne[1]);
+    hp->n_mm = (int)m0->ne[1];
+    hp->n_embd_out = (int)m2->ne[1];
+    if (ekv_gguf_find_kv(c->f, "clip.vision.projection_dim")) {
+        int pd;
+        if ((s = get_u32_range(c, "clip.vision.projection_dim", 1, CLIP_MAX_OUT, &pd)) != EKV_OK) return s;
+        if (pd != hp->n_embd_out)
+            return ekv_err(EKV_ERR_FORMAT, "%s: tensor mm.2.weight maps to width %d but clip.vision.projection_dim is %d",
+                           c->path, hp->n_embd_out, pd);
+    }
+    if ((s = load_linear(c, "mm.0.weight", "mm.0.bias", in, hp->n_mm, &c->mm0, &c->mm0_b)) ||
+        (s = load_linear(c, "mm.2.weight", "mm.2.bias", hp->n_mm, hp->n_embd_out, &c->mm2, &c->mm2_b)))
+        return s;
+    return EKV_OK;
+}
+
 static enum ekv_status load_tensors(struct ekv_clip *c) {
     struct ekv_clip_hparams *hp = &c->hp;
     const int64_t E = hp->n_embd, F = hp->n_ff, P = hp->patch_size;
@@ -396,9 +459,9 @@ static enum ekv_status load_tensors(struct ekv_clip *c) {
     int64_t ne1[1] = {E};
     if ((s = find(c, "v.class_embd", false, 1, ne1, &t)) != EKV_OK) return s;
     hp->has_class = t != NULL;
-    if (hp->has_class && hp->proj == EKV_CLIP_PROJ_IDEFICS3)
-        return ekv_err(EKV_ERR_FORMAT, "%s: tensor v.class_embd in an idefics3 (SigLIP) tower, which has no class token",
-                       c->path);
+    if (hp->has_class && hp->proj != EKV_CLIP_PROJ_MLP)
+        return ekv_err(EKV_ERR_FORMAT, "%s: tensor v.class_embd in an %s tower, which has no class token", c->path,
+                       hp->proj == EKV_CLIP_PROJ_IDEFICS3 ? "idefics3 (SigLIP)" : "qwen2vl_merger");
     hp->n_pos = hp->n_patches + (hp->has_class ? 1 : 0);
     if (hp->has_class && (s = load_floats(c, "v.class_embd", true, E, 1, &c->cls)) != EKV_OK)
         return s;
@@ -407,8 +470,17 @@ static enum ekv_status load_tensors(struct ekv_clip *c) {
     if ((s = load_matrix(c, "v.patch_embd.weight", 4, pne, 3 * P * P, E, &c->patch)) != EKV_OK)
         return s;
     if ((s = load_floats(c, "v.patch_embd.bias", false, E, 1, &c->patch_b)) != EKV_OK) return s;
-    if ((s = load_floats(c, "v.position_embd.weight", true, E, hp->n_pos, &c->pos)) != EKV_OK)
+    if (hp->proj == EKV_CLIP_PROJ_QWEN2VL) {
+        /* the Conv3D's two temporal halves, no bias; positions come from the RoPE */
+        static const char *const extra[2] = {"v.patch_embd.bias", "v.position_embd.weight"};
+        for (int i = 0; i < 2; i++)
+            if (ekv_gguf_find_tensor(c->f, extra[i]))
+                return ekv_err(EKV_ERR_FORMAT, "%s: tensor %s in a qwen2vl_merger tower, which has none", c->path,
+                               extra[i]);
+        if ((s = load_matrix(c, "v.patch_embd.weight.1", 4, pne, 3 * P * P, E, &c->patch1)) != EKV_OK) return s;
+    } else if ((s = load_floats(c, "v.position_embd.weight", true, E, hp->n_pos, &c->pos)) != EKV_OK) {
         return s;
+    }
     if ((s = load_floats(c, "v.pre_ln.weight", false, E, 1, &c->pre_w)) != EKV_OK ||
         (s = load_floats(c, "v.pre_ln.bias", false, E, 1, &c->pre_b)) != EKV_OK)
         return s;
@@ -427,7 +499,7 @@ static enum ekv_status load_tensors(struct ekv_clip *c) {
             snprintf(name, sizeof name, "v.blk.%d.%s.weight", il, norms[k].part);
             if ((s = load_floats(c, name, true, E, 1, norms[k].w)) != EKV_OK) return s;
             snprintf(name, sizeof name, "v.blk.%d.%s.bias", il, norms[k].part);
-            if ((s = load_floats(c, name, true, E, 1, norms[k].b)) != EKV_OK) return s;
+            if ((s = load_floats(c, name, !hp->rms_norm, E, 1, norms[k].b)) != EKV_OK) return s; /* RMSNorm: none */
         }
         struct {
             const char *part;
@@ -450,6 +522,8 @@ static enum ekv_status load_tensors(struct ekv_clip *c) {
         snprintf(up, sizeof up, "v.blk.%d.ffn_up.weight", il);
         const struct ekv_gguf_tensor *td = ekv_gguf_find_tensor(c->f, dn);
         bool swapped = E != F && td && td->ne[0] == F && td->ne[1] == E;
+        if (hp->proj == EKV_CLIP_PROJ_QWEN2VL) /* written by the current converter: ffn_up is fc1 */
+            swapped = !(E != F && td && td->ne[0] == E && td->ne[1] == F);
         const char *first = swapped ? "ffn_up" : "ffn_down", *second = swapped ? "ffn_down" : "ffn_up";
         char wn[96], bn[96];
         snprintf(wn, sizeof wn, "v.blk.%d.%s.weight", il, first);
@@ -458,9 +532,16 @@ static enum ekv_status load_tensors(struct ekv_clip *c) {
         snprintf(wn, sizeof wn, "v.blk.%d.%s.weight", il, second);
         snprintf(bn, sizeof bn, "v.blk.%d.%s.bias", il, second);
         if ((s = load_linear(c, wn, bn, F, E, &L->ff2, &L->ff2_b)) != EKV_OK) return s;
+        snprintf(wn, sizeof wn, "v.blk.%d.ffn_gate.weight", il);
+        snprintf(bn, sizeof bn, "v.blk.%d.ffn_gate.bias", il);
+        if (hp->rms_norm != (ekv_gguf_find_tensor(c->f, wn) != NULL))
+            return ekv_err(EKV_ERR_FORMAT, "%s: tensor %s %s", c->path, wn,
+                           hp->rms_norm ? "is missing (Qwen2.5-VL's SwiGLU)" : "in a tower without a gated MLP");
+        if (hp->rms_norm && (s = load_linear(c, wn, bn, E, F, &L->ffg, &L->ffg_b)) != EKV_OK) return s;
     }
 
     if (hp->proj == EKV_CLIP_PROJ_IDEFICS3) return load_idefics3(c);
+    if (hp->proj == EKV_CLIP_PROJ_QWEN2VL) return load_qwen2vl(c);
 
     /* Projector: widths come from the tensors, checked against each other. */
     if (ekv_gguf_find_tensor(c->f, "mm.3.weight"))
@@ -538,6 +619,11 @@ void ekv_clip_anyres_grid(const struct ekv_clip *c, int nx, int ny, int *w, int 
 
 int64_t ekv_clip_image_rows(const struct ekv_clip *c, int nx, int ny) {
     if (!c || nx <= 0 || ny <= 0) return 0;
+    if (c->hp.proj == EKV_CLIP_PROJ_QWEN2VL) {
+        int gw, gh;
+        ekv_clip_qwen2vl_grid(c, nx, ny, &gw, &gh);
+        return (int64_t)gw * gh;
+    }
     if (c->hp.proj == EKV_CLIP_PROJ_IDEFICS3) {
         int gx, gy;
         ekv_clip_idefics3_grid(c, nx, ny, &gx, &gy);
@@ -553,7 +639,7 @@ int64_t ekv_clip_image_rows(const struct ekv_clip *c, int nx, int ny) {
 /* compute                                                              */
 /* ------------------------------------------------------------------ */
 
-static float *alloc_floats(size_t a, size_t b) {
+float *ekv_clip_alloc_floats(size_t a, size_t b) {
     size_t n, bytes;
     if (!ekv_mul_ok(a, b, &n) || !ekv_mul_ok(n, sizeof(float), &bytes)) return NULL;
     return malloc(bytes ? bytes : 1);
@@ -565,8 +651,8 @@ static void add_bias_rows(float *y, const float *b, size_t rows, size_t n) {
 }
 
 /* y = x W^T + b over `rows` rows. */
-static enum ekv_status linear(struct ekv_pool *pool, const struct ekv_weight *w, const float *b,
-                              const float *x, size_t rows, float *y) {
+enum ekv_status ekv_clip_linear(struct ekv_pool *pool, const struct ekv_weight *w, const float *b,
+                                const float *x, size_t rows, float *y) {
     enum ekv_status s = ekv_matmul(pool, w, x, (int64_t)rows, y);
     if (s == EKV_OK) add_bias_rows(y, b, rows, (size_t)w->ne1);
     return s;
@@ -582,12 +668,19 @@ enum ekv_status ekv_clip_preprocess(const struct ekv_clip *c, const struct ekv_i
                                       pixels);
 }
 
+/* The fixed-size stages have no meaning for a tower whose length depends on the image. */
+static enum ekv_status not_fixed(const char *fn) {
+    return ekv_err(EKV_ERR_INVALID_ARG, "%s: a qwen2vl_merger tower runs at each image's size: use "
+                   "ekv_clip_encode_image", fn);
+}
+
 enum ekv_status ekv_clip_embed(const struct ekv_clip *c, struct ekv_pool *pool, const float *pixels,
                                float *x) {
     const struct ekv_clip_hparams *hp = &c->hp;
+    if (hp->proj == EKV_CLIP_PROJ_QWEN2VL) return not_fixed("ekv_clip_embed");
     const size_t E = (size_t)hp->n_embd, P = (size_t)hp->patch_size, S = (size_t)hp->image_size;
     const size_t grid = S / P, np = (size_t)hp->n_patches, K = 3 * P * P;
-    float *cols = alloc_floats(np, K);
+    float *cols = ekv_clip_alloc_floats(np, K);
     if (!cols) return ekv_err(EKV_ERR_NOMEM, "clip: patch buffer");
     /* im2col: patch (py, px) row holds channel-major P x P blocks, the
      * layout of the convolution weight [E][3][P][P]. */
@@ -600,7 +693,7 @@ enum ekv_status ekv_clip_embed(const struct ekv_clip *c, struct ekv_pool *pool, 
                            P * sizeof(float));
         }
     float *patches = x + (hp->has_class ? E : 0);
-    enum ekv_status s = linear(pool, &c->patch, c->patch_b, cols, np, patches);
+    enum ekv_status s = ekv_clip_linear(pool, &c->patch, c->patch_b, cols, np, patches);
     free(cols);
     if (s != EKV_OK) return s;
     if (hp->has_class) memcpy(x, c->cls, E * sizeof(float));
@@ -617,6 +710,7 @@ struct attn_task {
     const float *q, *k, *v; /* [n][E] */
     float *out;             /* [n][E] */
     float *scratch;         /* [nth][n] */
+    const int32_t *win;     /* [n] window ids (a row sees its window only), or NULL */
     int n, E, n_head, dh;
     float scale;
 };
@@ -631,52 +725,92 @@ static void attn_rows(void *ctx, int ith, int nth) {
         for (int h = 0; h < a->n_head; h++) {
             const float *qv = a->q + t * E + (size_t)h * dh;
             for (size_t s = 0; s < n; s++)
-                sc[s] = ekv_dot_f32(qv, a->k + s * E + (size_t)h * dh, (int64_t)dh) * a->scale;
+                sc[s] = a->win && a->win[s] != a->win[t] ? -INFINITY
+                                                         : ekv_dot_f32(qv, a->k + s * E + (size_t)h * dh, (int64_t)dh) *
+                                                               a->scale;
             ekv_softmax(sc, (int64_t)n);
             float *o = a->out + t * E + (size_t)h * dh;
             memset(o, 0, dh * sizeof(float));
-            for (size_t s = 0; s < n; s++) ekv_axpy_f32(o, sc[s], a->v + s * E + (size_t)h * dh, (int64_t)dh);
+            for (size_t s = 0; s < n; s++)
+                if (sc[s] != 0.0f) ekv_axpy_f32(o, sc[s], a->v + s * E + (size_t)h * dh, (int64_t)dh);
         }
 }
 
 enum ekv_status ekv_clip_block(const struct ekv_clip *c, struct ekv_pool *pool, int il, float *x) {
+    if (c->hp.proj == EKV_CLIP_PROJ_QWEN2VL) return not_fixed("ekv_clip_block");
+    return ekv_clip_block_rows(c, pool, il, x, (size_t)c->hp.n_pos, NULL, NULL);
+}
+
+void ekv_clip_norm(const struct ekv_clip *c, float *out, const float *x, const float *w, const float *b) {
+    const int64_t E = c->hp.n_embd;
+    if (!c->hp.rms_norm) {
+        ekv_layernorm(out, x, w, b, E, c->hp.eps);
+        return;
+    }
+    ekv_rmsnorm(out, x, w, E, c->hp.eps);
+    if (b) ekv_add(out, b, E);
+}
+
+static void silu(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+enum ekv_status ekv_clip_block_rows(const struct ekv_clip *c, struct ekv_pool *pool, int il, float *x, size_t n,
+                                    const float *rope, const int32_t *win) {
     const struct ekv_clip_hparams *hp = &c->hp;
     if (il < 0 || il >= hp->n_layer)
         return ekv_err(EKV_ERR_INVALID_ARG, "ekv_clip_block: layer %d outside [0, %d)", il,
                        hp->n_layer);
     const struct clip_layer *L = &c->layers[il];
-    const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, n = (size_t)hp->n_pos;
+    const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff, dh = E / (size_t)hp->n_head;
     const int nth = ekv_pool_size(pool);
-    float *h = alloc_floats(n, E), *q = alloc_floats(n, E), *k = alloc_floats(n, E);
-    float *v = alloc_floats(n, E), *att = alloc_floats(n, E), *ff = alloc_floats(n, F);
-    float *scratch = alloc_floats((size_t)nth, n);
+    float *h = ekv_clip_alloc_floats(n, E), *q = ekv_clip_alloc_floats(n, E), *k = ekv_clip_alloc_floats(n, E);
+    float *v = ekv_clip_alloc_floats(n, E), *att = ekv_clip_alloc_floats(n, E), *ff = ekv_clip_alloc_floats(n, F);
+    float *scratch = ekv_clip_alloc_floats((size_t)nth, n);
     enum ekv_status s = EKV_OK;
     if (!h || !q || !k || !v || !att || !ff || !scratch) {
         s = ekv_err(EKV_ERR_NOMEM, "clip: block %d buffers", il);
         goto done;
     }
-    for (size_t r = 0; r < n; r++)
-        ekv_layernorm(h + r * E, x + r * E, L->ln1_w, L->ln1_b, (int64_t)E, hp->eps);
-    if ((s = linear(pool, &L->q, L->q_b, h, n, q)) || (s = linear(pool, &L->k, L->k_b, h, n, k)) ||
-        (s = linear(pool, &L->v, L->v_b, h, n, v)))
+    for (size_t r = 0; r < n; r++) ekv_clip_norm(c, h + r * E, x + r * E, L->ln1_w, L->ln1_b);
+    if ((s = ekv_clip_linear(pool, &L->q, L->q_b, h, n, q)) || (s = ekv_clip_linear(pool, &L->k, L->k_b, h, n, k)) ||
+        (s = ekv_clip_linear(pool, &L->v, L->v_b, h, n, v)))
         goto done;
-    struct attn_task at = {q, k, v, att, scratch, (int)n, (int)E, hp->n_head,
-                           (int)(E / (size_t)hp->n_head),
-                           1.0f / sqrtf((float)(E / (size_t)hp->n_head))};
+    for (size_t r = 0; rope && r < n; r++) {
+        ekv_rope_apply(q + r * E, hp->n_head, (int)dh, (int)dh, rope + r * dh, true);
+        ekv_rope_apply(k + r * E, hp->n_head, (int)dh, (int)dh, rope + r * dh, true);
+    }
+    struct attn_task at = {q, k, v, att, scratch, win, (int)n, (int)E, hp->n_head, (int)dh, 1.0f / sqrtf((float)dh)};
     if (nth > 1)
         ekv_pool_run(pool, attn_rows, &at);
     else
         attn_rows(&at, 0, 1);
-    if ((s = linear(pool, &L->o, L->o_b, att, n, h))) goto done;
+    if ((s = ekv_clip_linear(pool, &L->o, L->o_b, att, n, h))) goto done;
     ekv_add(x, h, (int64_t)(n * E));
-    for (size_t r = 0; r < n; r++)
-        ekv_layernorm(h + r * E, x + r * E, L->ln2_w, L->ln2_b, (int64_t)E, hp->eps);
-    if ((s = linear(pool, &L->ff1, L->ff1_b, h, n, ff))) goto done;
+    for (size_t r = 0; r < n; r++) ekv_clip_norm(c, h + r * E, x + r * E, L->ln2_w, L->ln2_b);
+    if (L->ffg.data) { /* SwiGLU: act(gate) * up, the activation on the gate (up into att, free now) */
+        if ((s = ekv_clip_linear(pool, &L->ffg, L->ffg_b, h, n, ff))) goto done;
+    } else if ((s = ekv_clip_linear(pool, &L->ff1, L->ff1_b, h, n, ff))) {
+        goto done;
+    }
     if (hp->use_gelu)
         ekv_gelu(ff, (int64_t)(n * F));
+    else if (hp->use_silu)
+        silu(ff, n * F);
     else
         quick_gelu(ff, n * F);
-    if ((s = linear(pool, &L->ff2, L->ff2_b, ff, n, h))) goto done;
+    if (L->ffg.data) {
+        float *up = ekv_clip_alloc_floats(n, F);
+        if (!up) {
+            s = ekv_err(EKV_ERR_NOMEM, "clip: block %d buffers", il);
+            goto done;
+        }
+        s = ekv_clip_linear(pool, &L->ff1, L->ff1_b, h, n, up);
+        for (size_t i = 0; s == EKV_OK && i < n * F; i++) ff[i] *= up[i];
+        free(up);
+        if (s != EKV_OK) goto done;
+    }
+    if ((s = ekv_clip_linear(pool, &L->ff2, L->ff2_b, ff, n, h))) goto done;
     ekv_add(x, h, (int64_t)(n * E));
 done:
     free(h);
@@ -692,20 +826,21 @@ done:
 enum ekv_status ekv_clip_project(const struct ekv_clip *c, struct ekv_pool *pool, const float *feat,
                                  float *out) {
     const size_t np = (size_t)c->hp.n_patches;
+    if (c->hp.proj == EKV_CLIP_PROJ_QWEN2VL) return not_fixed("ekv_clip_project");
     if (c->hp.proj == EKV_CLIP_PROJ_IDEFICS3) {
-        float *sh = alloc_floats(np, (size_t)c->hp.n_embd);
+        float *sh = ekv_clip_alloc_floats(np, (size_t)c->hp.n_embd);
         if (!sh) return ekv_err(EKV_ERR_NOMEM, "clip: pixel shuffle buffer");
         ekv_clip_pixel_shuffle(feat, c->hp.image_size / c->hp.patch_size, c->hp.n_embd, c->hp.scale_factor, sh);
-        enum ekv_status s = linear(pool, &c->fc, NULL, sh, (size_t)c->hp.n_tile_tokens, out);
+        enum ekv_status s = ekv_clip_linear(pool, &c->fc, NULL, sh, (size_t)c->hp.n_tile_tokens, out);
         free(sh);
         return s;
     }
-    float *mid = alloc_floats(np, (size_t)c->hp.n_mm);
+    float *mid = ekv_clip_alloc_floats(np, (size_t)c->hp.n_mm);
     if (!mid) return ekv_err(EKV_ERR_NOMEM, "clip: projector buffer");
-    enum ekv_status s = linear(pool, &c->mm0, c->mm0_b, feat, np, mid);
+    enum ekv_status s = ekv_clip_linear(pool, &c->mm0, c->mm0_b, feat, np, mid);
     if (s == EKV_OK) {
         ekv_gelu(mid, (int64_t)(np * (size_t)c->hp.n_mm));
-        s = linear(pool, &c->mm2, c->mm2_b, mid, np, out);
+        s = ekv_clip_linear(pool, &c->mm2, c->mm2_b, mid, np, out);
     }
     free(mid);
     return s;
@@ -715,7 +850,8 @@ enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool
                                        const float *pixels, float *out) {
     if (!c || !pixels || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_clip_encode: NULL argument");
     const struct ekv_clip_hparams *hp = &c->hp;
-    float *x = alloc_floats((size_t)hp->n_pos, (size_t)hp->n_embd);
+    if (hp->proj == EKV_CLIP_PROJ_QWEN2VL) return not_fixed("ekv_clip_encode_pixels");
+    float *x = ekv_clip_alloc_floats((size_t)hp->n_pos, (size_t)hp->n_embd);
     if (!x) return ekv_err(EKV_ERR_NOMEM, "clip: hidden states");
     enum ekv_status s = ekv_clip_embed(c, pool, pixels, x);
     for (int il = 0; s == EKV_OK && il < hp->n_layer_run; il++) s = ekv_clip_block(c, pool, il, x);
@@ -775,8 +911,9 @@ static enum ekv_status encode_anyres(const struct ekv_clip *c, struct ekv_pool *
 enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool *pool,
                                       const struct ekv_image *img, float *out) {
     if (!c || !img || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_clip_encode_image: NULL argument");
+    if (c->hp.proj == EKV_CLIP_PROJ_QWEN2VL) return ekv_clip_encode_qwen2vl(c, pool, img, out);
     size_t S = (size_t)c->hp.image_size;
-    float *pixels = alloc_floats(3 * S, S);
+    float *pixels = ekv_clip_alloc_floats(3 * S, S);
     if (!pixels) return ekv_err(EKV_ERR_NOMEM, "clip: pixel buffer");
     int W, H;
     ekv_clip_anyres_grid(c, img->nx, img->ny, &W, &H);

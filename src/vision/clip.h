@@ -7,7 +7,9 @@
  * unless clip.vision.feature_layer says otherwise), and the LLaVA-1.5
  * projector (Linear-GELU-Linear) into the language model's width; or, for
  * projector type "idefics3", every block, the post-layernorm, the pixel
- * shuffle and one linear map (idefics3.c holds its tiling).
+ * shuffle and one linear map (idefics3.c holds its tiling); or, for
+ * "qwen2vl_merger" (Qwen2-VL), a tower at the image's own resolution with
+ * 2D RoPE and a 2 x 2 patch merger (qwen2vl.c).
  *
  * The engine calls ekv_clip_load once, then ekv_clip_encode_* per image to
  * get n_patches rows of n_embd_out floats to splice into the prompt. A
@@ -29,14 +31,16 @@ struct ekv_clip;
 #define EKV_CLIP_MAX_PINPOINTS 64
 
 /* The projector (clip.projector_type): LLaVA-1.5's Linear-GELU-Linear on
- * the second-to-last block ("mlp"), or Idefics3/SmolVLM's pixel shuffle and
- * one linear map after every block and the post-layernorm ("idefics3"). */
-enum ekv_clip_proj { EKV_CLIP_PROJ_MLP, EKV_CLIP_PROJ_IDEFICS3 };
+ * the second-to-last block ("mlp"), Idefics3/SmolVLM's pixel shuffle and
+ * one linear map after every block and the post-layernorm ("idefics3"), or
+ * Qwen2-VL's merger: LayerNorm, each 2 x 2 block of patches concatenated,
+ * Linear-GELU-Linear ("qwen2vl_merger"). */
+enum ekv_clip_proj { EKV_CLIP_PROJ_MLP, EKV_CLIP_PROJ_IDEFICS3, EKV_CLIP_PROJ_QWEN2VL };
 
 struct ekv_clip_hparams {
-    int image_size;      /* input side in pixels (336 for CLIP ViT-L/14-336) */
+    int image_size;      /* input side in pixels (336 for CLIP ViT-L/14-336; Qwen2-VL: metadata only) */
     int patch_size;      /* 14 */
-    int n_patches;       /* (image_size / patch_size)^2 */
+    int n_patches;       /* (image_size / patch_size)^2; 0 for Qwen2-VL (it depends on the image) */
     int n_pos;           /* n_patches + 1 with a class token, else n_patches */
     int n_embd;          /* ViT width (1024) */
     int n_ff;            /* ViT MLP width (4096) */
@@ -46,6 +50,7 @@ struct ekv_clip_hparams {
     float eps;           /* LayerNorm epsilon */
     bool has_class;      /* class token present (CLIP) or not (SigLIP) */
     bool use_gelu;       /* encoder MLP: GELU (true) or quick-GELU x*sigmoid(1.702x) */
+    bool use_silu;       /* encoder MLP: SiLU (clip.use_silu; never with use_gelu) */
     int n_mm;            /* projector hidden width (mm.0 rows) */
     int n_embd_out;      /* projector output = language model width */
     float image_mean[3];
@@ -59,10 +64,21 @@ struct ekv_clip_hparams {
     /* Idefics3: each scale_factor x scale_factor block of patches becomes one
      * token (clip.vision.projector.scale_factor; 1 for mlp) */
     int scale_factor;
-    int n_tile_tokens;   /* tokens one encoded image or tile becomes: n_patches / scale_factor^2 */
+    int n_tile_tokens;   /* tokens one encoded image or tile becomes: n_patches / scale_factor^2 (0: Qwen2-VL) */
     /* Idefics3: the image is resized so that its longer side is this
      * (clip.vision.preproc_image_size), then cut into image_size tiles */
     int longest_edge;
+    /* Qwen2-VL: each merge x merge block of patches becomes one token
+     * (clip.vision.spatial_merge_size, 2); 0 for other projectors */
+    int merge;
+    /* Qwen2.5-VL (projector "qwen2.5vl_merger"): blocks il with (il + 1) %
+     * wa_pattern != 0 attend within windows of win_tokens x win_tokens merged
+     * tokens (112 px, llama.cpp's default), the others over the whole image
+     * (clip.vision.n_wa_pattern); RMSNorm instead of LayerNorm; a SwiGLU MLP
+     * (v.blk.N.ffn_gate). 0 / false for Qwen2-VL and the others. */
+    int wa_pattern;
+    int win_tokens;
+    bool rms_norm;
 };
 
 /* Loads and validates an mmproj GGUF; every shape is checked against the
@@ -80,7 +96,8 @@ int ekv_clip_n_embd_out(const struct ekv_clip *c);
 
 /* Embedding rows an image of nx x ny pixels becomes: n_patches for a
  * fixed-size tower; with anyres grid pinpoints, the overview image plus
- * one tile per grid cell, n_patches each. 0 for a non-positive size. */
+ * one tile per grid cell, n_patches each; Qwen2-VL: gw * gh of
+ * ekv_clip_qwen2vl_grid. 0 for a non-positive size. */
 int64_t ekv_clip_image_rows(const struct ekv_clip *c, int nx, int ny);
 
 /* Anyres tiling as llama.cpp's LLaVA-1.6 path does it (mtmd's llava_uhd
@@ -97,6 +114,16 @@ void ekv_clip_anyres_grid(const struct ekv_clip *c, int nx, int ny, int *w, int 
  * image_size; *gx x *gy tiles (0 x 0 for other projectors or a bad size). */
 void ekv_clip_idefics3_grid(const struct ekv_clip *c, int nx, int ny, int *gx, int *gy);
 
+/* Qwen2-VL's dynamic resolution as llama.cpp's mtmd computes it (the
+ * Hugging Face processor's smart_resize with align = patch_size * merge,
+ * 8 to 4096 tokens): the image is resized (aspect kept, centred on black)
+ * to *tw x *th pixels, multiples of align. 0 x 0 for other projectors or
+ * a bad size. */
+void ekv_clip_qwen2vl_size(const struct ekv_clip *c, int nx, int ny, int *tw, int *th);
+/* The merged token grid of an nx x ny image: *gw = tw / align columns,
+ * *gh = th / align rows; 0 x 0 for other projectors or a bad size. */
+void ekv_clip_qwen2vl_grid(const struct ekv_clip *c, int nx, int ny, int *gw, int *gh);
+
 /* LLaVA-1.5 preprocessing with this tower's size, mean and std.
  * pixels: [3][image_size][image_size]. */
 enum ekv_status ekv_clip_preprocess(const struct ekv_clip *c, const struct ekv_image *img,
@@ -108,7 +135,7 @@ enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool
                                        const float *pixels, float *out);
 /* A whole image: out [ekv_clip_image_rows(img)][n_embd_out]; LLaVA-1.6:
  * overview then tiles; Idefics3: the tiles row by row, then the overview
- * (the order they are spliced in). */
+ * (the order they are spliced in); Qwen2-VL: the merged grid row by row. */
 enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool *pool,
                                       const struct ekv_image *img, float *out);
 enum ekv_status ekv_clip_encode_file(const struct ekv_clip *c, struct ekv_pool *pool,
@@ -136,5 +163,17 @@ void ekv_clip_pixel_shuffle(const float *in, int g, int e, int s, float *out);
  * [3][image_size][image_size] scratch buffer. In idefics3.c. */
 enum ekv_status ekv_clip_encode_idefics3(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_image *img,
                                          float *pixels, float *out);
+
+/* Qwen2-VL whole image into out [gw * gh][n_embd_out] (see
+ * ekv_clip_encode_image). In qwen2vl.c. */
+enum ekv_status ekv_clip_encode_qwen2vl(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_image *img,
+                                        float *out);
+/* Qwen2-VL's tower on preprocessed pixels [3][H][W]: W and H multiples of
+ * align = patch_size * merge, at most EKV_CLIP_QWEN2VL_MAX_TOKENS merged
+ * tokens (else EKV_ERR_INVALID_ARG); out [(H/align) * (W/align)][n_embd_out],
+ * the merged grid row by row. */
+#define EKV_CLIP_QWEN2VL_MAX_TOKENS 16384
+enum ekv_status ekv_clip_encode_qwen2vl_pixels(const struct ekv_clip *c, struct ekv_pool *pool, const float *pixels,
+                                               int W, int H, float *out);
 
 #endif

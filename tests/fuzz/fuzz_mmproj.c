@@ -35,9 +35,9 @@ static void encode(const struct ekv_vision *v, const char *image) {
     if (n <= 0 || cells <= 0 || cells > (1 << 22)) return; /* a large tower would take seconds per input */
     float *out = NULL;
     int32_t rows = 0, tile_rows = 0;
-    int gx = 0, gy = 0;
-    if (ekv_vision_encode_input(v, NULL, &in, 0, &out, &rows, &gx, &gy, &tile_rows) == EKV_OK &&
-        (int64_t)rows + ekv_idefics3_n_sep(gx, gy) != n)
+    int gx = 0, gy = 0, gw = 0, gh = 0;
+    if (ekv_vision_encode_input(v, NULL, &in, 0, &out, &rows, &gx, &gy, &tile_rows, &gw, &gh) == EKV_OK &&
+        (int64_t)rows + ekv_idefics3_n_sep(gx, gy) + (gw > 0 ? 2 : 0) != n)
         __builtin_trap(); /* the count the prompt plans with must be what the encoder gives */
     free(out);
 }

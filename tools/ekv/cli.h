@@ -122,6 +122,7 @@ struct cli_params {
     const char *preset, *output, *mmproj_out, *weight_type, *vocab;
     uint64_t weight_seed;
     long mk_n_layer;             /* 0 = the preset's */
+    long mk_n_layer_vision;      /* 0 = the preset's */
     const char *rope_scaling;    /* rope.scaling.type to write, or NULL */
     double rope_scale;           /* rope.scaling.factor to write, 0 = none */
     long rope_orig_ctx;          /* 0 = none (longrope presets: theirs) */

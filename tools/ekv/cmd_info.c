@@ -113,6 +113,10 @@ static int cmd_info_main(int argc, char **argv) {
         if (mi.rope_long_short)
             printf(", long/short factors (long used when the context exceeds %d)", mi.rope_orig_ctx);
         printf("\n");
+        if (mi.rope_sections[0] || mi.rope_sections[1] || mi.rope_sections[2])
+            printf("  M-RoPE: pairs per position component time %d, height %d, width %d, extra %d (images take a "
+                   "grid of positions)\n", mi.rope_sections[0], mi.rope_sections[1], mi.rope_sections[2],
+                   mi.rope_sections[3]);
         if (mi.sliding_window > 0) printf("  attention: sliding window of %d positions\n", mi.sliding_window);
         else printf("  attention: full causal\n");
         printf("  layout: %s, %s, %s feed-forward%s\n", mi.fused_qkv ? "fused attn_qkv" : "attn_q/k/v",

@@ -43,6 +43,7 @@ static int cmd_main(int argc, char **argv) {
     mp.seed = cp.weight_seed;
     mp.vocab_path = cp.vocab;
     mp.n_layer = (int32_t)cp.mk_n_layer;
+    mp.n_layer_vision = (int32_t)cp.mk_n_layer_vision;
     mp.n_ctx = (int32_t)cp.n_ctx;
     mp.rope_scaling = cp.rope_scaling;
     mp.rope_factor = (float)cp.rope_scale;

@@ -259,6 +259,8 @@ static const struct cli_opt k_opts[] = {
      OFF(weight_seed), 0, 0, NULL, NULL, NULL, false},
     {M, G_MKMODEL, "--n-layer", NULL, "N", "blocks to write (small test models of a real width)", K_LONG,
      OFF(mk_n_layer), 1, 4096, NULL, NULL, "the preset's", false},
+    {M, G_MKMODEL, "--vision-layers", NULL, "N", "blocks of the vision tower to write (mmproj of a real width, fewer blocks)",
+     K_LONG, OFF(mk_n_layer_vision), 1, 4096, NULL, NULL, "the preset's", false},
     {M, G_MKMODEL, "-c, --ctx-size", NULL, "N", "context_length to write", K_LONG, OFF(n_ctx), 1, 1L << 24, NULL,
      NULL, "the preset's", false},
     {M, G_MKMODEL, "--rope-scaling", NULL, "T", "write rope.scaling.type T: none, linear or yarn", K_STR,
