@@ -16,8 +16,8 @@
  *    0.008 and greedy leaves mtmd's at step 6 on a smaller image);
  *  - one prompt read in pieces (ekv_prefill_step, 7 rows a unit) equals one
  *    ekv_seq_eval bit for bit, and so do a copy and a saved-and-loaded
- *    cache decoding on; a compressed cache (elastic-v2 key=rotate, snapkv)
- *    runs;
+ *    cache decoding on; the saved file cut short is refused; compressed
+ *    caches (elastic-v2 key=rotate, snapkv, ...) run;
  *  - refusals: --kv-compat ref, sections that do not fit the rotated pairs.
  */
 #include <math.h>
@@ -237,6 +237,15 @@ static void test_pieces_copy_save(struct fixture *f) {
     CHECK_MSG(!memcmp(ta, td, sizeof ta) && !memcmp(La, Ld, (size_t)V * 4), "saved and loaded cache differs");
     const struct ekv_kv_head *ha = &a->kv->layers[0].heads[0], *hd = &d->kv->layers[0].heads[0];
     CHECK(ha->len == hd->len && hd->mpos && !memcmp(ha->mpos, hd->mpos, (size_t)ha->len * 3 * sizeof *ha->mpos));
+    /* the file cut anywhere (about 400 places) is refused, never half loaded */
+    int bad_cuts = 0;
+    for (size_t cut = 0; cut < blob_n; cut += 1 + blob_n / 400) {
+        struct ekv_seq *e = NULL;
+        const enum ekv_status st = ekv_seq_load_mem(f->ctx, blob, cut, &e, NULL, NULL);
+        if (st != EKV_ERR_FORMAT || e) bad_cuts++;
+        ekv_seq_free(e);
+    }
+    CHECK_MSG(bad_cuts == 0, "%d cuts of a saved M-RoPE cache were not refused as malformed", bad_cuts);
 out:
     free(blob);
     ekv_seq_free(a);
