@@ -323,6 +323,8 @@ enum ekv_status ekv_seq_eval(struct ekv_seq *seq, const struct ekv_input *in, fl
         if (s == EKV_OK) seq->n_seen += len;
     }
     if (s == EKV_OK) seq->rope_delta = delta_end;
+    else if (mpos && seq->n_seen > prompt_pos0)
+        seq->broken = true; /* part of an input with an image read: where the next row's positions start is undefined */
     free(mpos);
     free(tags);
     return s;

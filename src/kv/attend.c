@@ -23,6 +23,7 @@
 
 #include "core/util.h"
 #include "kernels/kvquant.h"
+#include "kernels/quant.h"
 #include "kv/kv.h"
 #include "kv/policies_adv.h"
 
@@ -151,8 +152,42 @@ static void shadow_row(struct attend_task *s, int hk, int64_t pos, int32_t lo, i
     ekv_attn_row_stats(kv->head_dim, probs, R, n_keys - lo, &st);
 }
 
-/* probs: [R][len] scratch followed by the row buffer [EKV_ATTN_ROWS][head_dim]
- * and, with kv->logit_bias, [len] floats for the entries' logit biases. */
+/* A prompt's rows read the same stored rows again and again (row i reads
+ * all rows before it): for a forward of at least WIDEN_ROWS rows a head
+ * whose keys or values are not f32 is decoded to f32 once, and every row
+ * reads the f32 copy. Decoding is exact and the kernels compute each score
+ * and output from the decoded floats either way, in the same order, so the
+ * bits do not change (prefill == decode, test_batch_invariance). Floats of
+ * scratch it needs for head h (0: rows read as stored). */
+#define WIDEN_ROWS 8
+#define WIDEN_MAX_BYTES ((size_t)16 << 20) /* per thread: 16K entries of head_dim 128 */
+static size_t widen_floats(const struct attend_task *t, const struct ekv_kv_head *h) {
+    const struct ekv_kv *kv = t->kv;
+    if (t->step->n_new < WIDEN_ROWS || kv->dev || (kv->fk.type == EKV_KV_F32 && kv->fv.type == EKV_KV_F32))
+        return 0;
+    const size_t n = 2 * (size_t)h->len * (size_t)kv->head_dim;
+    return n * sizeof(float) <= WIDEN_MAX_BYTES ? n : 0;
+}
+
+/* *v (first 0) decoded into dst [v->n][d] and replaced by an f32 view of
+ * it (its logit bias kept). */
+static void widen(struct ekv_kv_view *v, float *dst) {
+    struct ekv_kv_cursor cur = {0, 0, 0};
+    const size_t d = (size_t)v->d;
+    for (int32_t j0 = 0; j0 < v->n; j0 += EKV_ATTN_ROWS) {
+        const int32_t j1 = EKV_MIN(v->n, j0 + EKV_ATTN_ROWS);
+        float *to = dst + (size_t)j0 * d;
+        const float *got = ekv_kv_view_block(v, j0, j1, to, &cur, ekv_kernels_simd());
+        if (got != to) memcpy(to, got, (size_t)(j1 - j0) * d * sizeof(float));
+    }
+    *v = (struct ekv_kv_view){.type = EKV_KV_F32, .d = v->d, .n = v->n, .nq = v->n,
+                              .data = (const uint8_t *)(const void *)dst, .row_bytes = d * sizeof(float),
+                              .bias = v->bias};
+}
+
+/* probs: [R][len] scratch followed by the row buffer [EKV_ATTN_ROWS][head_dim],
+ * with kv->logit_bias [len] floats for the entries' logit biases, and
+ * widen_floats() floats for the decoded keys and values. */
 static void attend_head(struct attend_task *t, int hk, float *probs) {
     const struct ekv_kv *kv = t->kv;
     struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
@@ -163,9 +198,15 @@ static void attend_head(struct attend_task *t, int hk, float *probs) {
     double sparse_zero = 0.0, sparse_total = 0.0;
     struct ekv_attn_stats st = head_stats(h, &sparse_zero, &sparse_total, t->sparsity_p);
     struct ekv_kv_view kview = ekv_store_view(&kv->fk, &h->ks, h->len);
-    const struct ekv_kv_view vview = ekv_store_view(&kv->fv, &h->vs, h->len);
-    float *rowbuf = probs + (size_t)R * (size_t)(h->len ? h->len : 1);
+    struct ekv_kv_view vview = ekv_store_view(&kv->fv, &h->vs, h->len);
+    const size_t len1 = (size_t)(h->len ? h->len : 1);
+    float *rowbuf = probs + (size_t)R * len1;
     if (kv->logit_bias) kview.bias = weight_bias(h, rowbuf + (size_t)EKV_ATTN_ROWS * (size_t)d);
+    if (widen_floats(t, h)) {
+        float *kf = rowbuf + (size_t)EKV_ATTN_ROWS * (size_t)d + (kv->logit_bias ? len1 : 0);
+        widen(&kview, kf);
+        widen(&vview, kf + (size_t)h->len * (size_t)d);
+    }
     for (int32_t i = 0; i < n_new; i++) {
         const int64_t pos = t->step->pos0 + i;
         st.flags = t->row_flags | (pos >= kv->win_start ? t->win_flags : 0u);
@@ -200,7 +241,8 @@ static float *probs_scratch(struct attend_task *t, int ith, int hk) {
     const int R = kv->n_head / kv->n_head_kv;
     const struct ekv_kv_head *h = &kv->layers[t->il].heads[hk];
     const size_t len = (size_t)(h->len ? h->len : 1);
-    const size_t n = (size_t)R * len + (size_t)EKV_ATTN_ROWS * (size_t)kv->head_dim + (kv->logit_bias ? len : 0);
+    const size_t n = (size_t)R * len + (size_t)EKV_ATTN_ROWS * (size_t)kv->head_dim + (kv->logit_bias ? len : 0) +
+                     widen_floats(t, h);
     return ekv_pool_scratch(t->pool, ith, n * sizeof(float));
 }
 
