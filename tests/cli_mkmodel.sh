@@ -110,12 +110,22 @@ if "$EKV" mkmodel --preset tiny-qwen2vl --type f16 --seed 3 -o "$TMP/qv.gguf" > 
 else
     bad "tiny-qwen2vl failed"
 fi
-# Qwen2.5-VL (qwen2.5vl_merger: RMSNorm, SwiGLU, window attention): the same 262 positions
+# Qwen2.5-VL (qwen2.5vl_merger: RMSNorm, SwiGLU, window attention): the same 262 positions, and
+# every policy on the same items (at budget 1 each equal to the full cache)
 if "$EKV" mkmodel --preset tiny-qwen2.5vl --type f16 --seed 3 -o "$TMP/q25.gguf" > /dev/null; then
     "$EKV" run -m "$TMP/q25.gguf" --mmproj "$TMP/q25.mmproj.gguf" --image "$2/data/images/astronaut_crop.png" \
         -p "Describe" -n 2 --temp 0 --kv-policy elastic-v2:key=rotate --kv-budget 0.2 --json > "$TMP/q25.json" 2> "$TMP/q25.err"
     grep -q '"image_tokens":[[:space:]]*262' "$TMP/q25.json" && ok "tiny-qwen2.5vl run: 262 image positions" \
         || bad "tiny-qwen2.5vl run: $(cat "$TMP/q25.err")"
+    if "$EKV" eval -m "$TMP/q25.gguf" --mmproj "$TMP/q25.mmproj.gguf" --image-dir "$2/data/images" -f "$TMP/qv.jsonl" \
+        -n 4 --metric ppl,kl --kv-policy "$pols" --kv-budget 0.2,1 -o "$TMP/q25e" --no-plot -t 1 > /dev/null 2> "$TMP/q25e.err"; then
+        full=$(grep "^full,f16,1,ppl," "$TMP/q25e/results.csv" | cut -d, -f5-)
+        n=$(grep -c ",f16,1,ppl,$full\$" "$TMP/q25e/results.csv"); n2=$(grep -c ",f16,0.2,ppl," "$TMP/q25e/results.csv")
+        [ -n "$full" ] && [ "$n" -eq 15 ] && [ "$n2" -eq 14 ] && ok "tiny-qwen2.5vl: 14 policies at 0.2; at 1 all equal full" \
+            || bad "tiny-qwen2.5vl eval: $n of 15 at budget 1 equal full, $n2 rows at 0.2"
+    else
+        bad "tiny-qwen2.5vl eval: $(cat "$TMP/q25e.err")"
+    fi
 else
     bad "tiny-qwen2.5vl failed"
 fi
