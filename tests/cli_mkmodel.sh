@@ -54,6 +54,29 @@ else
     bad "smollm2-135m failed"
 fi
 
+# every_policy NAME PREFIX POLICIES: `ekv eval` of the two image items (one image, then two in one
+# prompt) on PREFIX.gguf + PREFIX.mmproj.gguf with every policy at budgets 0.2 and 1; at budget 1
+# each must equal the full cache, and every policy but full must give a row at 0.2.
+every_policy() {
+    local name=$1 pre=$2 pols=$3 k
+    k=$(echo "$pols" | tr ',' '\n' | wc -l)
+    if "$EKV" eval -m "$pre.gguf" --mmproj "$pre.mmproj.gguf" --image-dir "$IMGDIR" -f "$TMP/items.jsonl" \
+        -n 4 --metric ppl,kl --kv-policy "$pols" --kv-budget 0.2,1 -o "$pre.eval" --no-plot -t 1 > /dev/null 2> "$pre.eval.err"; then
+        full=$(grep "^full,f16,1,ppl," "$pre.eval/results.csv" | cut -d, -f5-)
+        n=$(grep -c ",f16,1,ppl,$full\$" "$pre.eval/results.csv"); n2=$(grep -c ",f16,0.2,ppl," "$pre.eval/results.csv")
+        [ -n "$full" ] && [ "$n" -eq "$k" ] && [ "$n2" -eq $((k - 1)) ] \
+            && ok "$name: $((k - 1)) policies at 0.2; at 1 all equal full" \
+            || bad "$name eval: $n of $k at budget 1 equal full, $n2 rows at 0.2"
+    else
+        bad "$name eval: $(cat "$pre.eval.err")"
+    fi
+}
+IMGDIR="$2/data/images"
+printf '%s\n' '{"id":"a","instruction":"Describe.","answer":"A person in a white suit.","image":"astronaut_crop.png"}' \
+    '{"id":"b","instruction":"Compare <image> with <image>.","answer":"The same picture.","images":["astronaut_crop.jpg","astronaut_crop.png"]}' \
+    > "$TMP/items.jsonl"
+POLS=full,local,h2o,scissorhands,tova,roco,snapkv,pyramidkv,vlcache,random,elastic,elastic-v2,h2o+merge,snapkv+adakv
+
 # SmolVLM (idefics3 mmproj): ekv run picks the model's own chat template (smolvlm) with an image,
 # and the 320x200 photo becomes 2 x 2 tiles + the overview of 4 rows each with 13 separators.
 if "$EKV" mkmodel --preset tiny-smolvlm --type f16 --seed 3 -o "$TMP/sv.gguf" > /dev/null; then
@@ -63,20 +86,7 @@ if "$EKV" mkmodel --preset tiny-smolvlm --type f16 --seed 3 -o "$TMP/sv.gguf" > 
     grep -q '"image_tokens":[[:space:]]*33' "$TMP/sv.json" && ok "tiny-smolvlm run: 33 image positions" \
         || bad "tiny-smolvlm run: $(cat "$TMP/sv.err")"
     "$EKV" info -m "$TMP/sv.gguf" 2>&1 | grep -q "smolvlm" && ok "smolvlm template detected" || bad "template not detected"
-    # every policy runs on it (one image, then two in one prompt); at budget 1 each equals the full cache
-    printf '%s\n' '{"id":"a","instruction":"Describe.","answer":"A person in a white suit.","image":"astronaut_crop.png"}' \
-        '{"id":"b","instruction":"Compare <image> with <image>.","answer":"The same picture.","images":["astronaut_crop.jpg","astronaut_crop.png"]}' \
-        > "$TMP/sv.jsonl"
-    pols=full,local,h2o,scissorhands,tova,roco,snapkv,pyramidkv,vlcache,random,elastic,elastic-v2,h2o+merge,snapkv+adakv
-    if "$EKV" eval -m "$TMP/sv.gguf" --mmproj "$TMP/sv.mmproj.gguf" --image-dir "$2/data/images" -f "$TMP/sv.jsonl" \
-        -n 4 --metric ppl,kl --kv-policy $pols --kv-budget 0.2,1 -o "$TMP/sve" --no-plot -t 1 > /dev/null 2> "$TMP/sve.err"; then
-        full=$(grep "^full,f16,1,ppl," "$TMP/sve/results.csv" | cut -d, -f5-)
-        n=$(grep -c ",f16,1,ppl,$full\$" "$TMP/sve/results.csv"); n2=$(grep -c ",f16,0.2,ppl," "$TMP/sve/results.csv")
-        [ -n "$full" ] && [ "$n" -eq 14 ] && [ "$n2" -eq 13 ] && ok "tiny-smolvlm: 13 policies at 0.2; at 1 all equal full" \
-            || bad "tiny-smolvlm eval: $n of 14 at budget 1 equal full, $n2 rows at 0.2"
-    else
-        bad "tiny-smolvlm eval: $(cat "$TMP/sve.err")"
-    fi
+    every_policy tiny-smolvlm "$TMP/sv" "$POLS"
 else
     bad "tiny-smolvlm failed"
 fi
@@ -93,20 +103,7 @@ if "$EKV" mkmodel --preset tiny-qwen2vl --type f16 --seed 3 -o "$TMP/qv.gguf" > 
         || bad "tiny-qwen2vl run: $(cat "$TMP/qv.err")"
     "$EKV" info -m "$TMP/qv.gguf" 2>&1 | grep -q "M-RoPE: pairs per position component time 2, height 3, width 3" \
         && ok "qwen2vl: M-RoPE sections shown" || bad "qwen2vl: no M-RoPE line in ekv info"
-    printf '%s\n' '{"id":"a","instruction":"Describe.","answer":"A person in a white suit.","image":"astronaut_crop.png"}' \
-        '{"id":"b","instruction":"Compare <image> with <image>.","answer":"The same picture.","images":["astronaut_crop.jpg","astronaut_crop.png"]}' \
-        > "$TMP/qv.jsonl"
-    pols=full,local,h2o,scissorhands,tova,roco,snapkv,pyramidkv,vlcache,random,elastic,elastic-v2,h2o+merge,snapkv+adakv
-    pols="$pols,elastic-v2:key=rotate"
-    if "$EKV" eval -m "$TMP/qv.gguf" --mmproj "$TMP/qv.mmproj.gguf" --image-dir "$2/data/images" -f "$TMP/qv.jsonl" \
-        -n 4 --metric ppl,kl --kv-policy "$pols" --kv-budget 0.2,1 -o "$TMP/qve" --no-plot -t 1 > /dev/null 2> "$TMP/qve.err"; then
-        full=$(grep "^full,f16,1,ppl," "$TMP/qve/results.csv" | cut -d, -f5-)
-        n=$(grep -c ",f16,1,ppl,$full\$" "$TMP/qve/results.csv"); n2=$(grep -c ",f16,0.2,ppl," "$TMP/qve/results.csv")
-        [ -n "$full" ] && [ "$n" -eq 15 ] && [ "$n2" -eq 14 ] && ok "tiny-qwen2vl: 14 policies at 0.2; at 1 all equal full" \
-            || bad "tiny-qwen2vl eval: $n of 15 at budget 1 equal full, $n2 rows at 0.2"
-    else
-        bad "tiny-qwen2vl eval: $(cat "$TMP/qve.err")"
-    fi
+    every_policy tiny-qwen2vl "$TMP/qv" "$POLS,elastic-v2:key=rotate"
 else
     bad "tiny-qwen2vl failed"
 fi
@@ -117,15 +114,7 @@ if "$EKV" mkmodel --preset tiny-qwen2.5vl --type f16 --seed 3 -o "$TMP/q25.gguf"
         -p "Describe" -n 2 --temp 0 --kv-policy elastic-v2:key=rotate --kv-budget 0.2 --json > "$TMP/q25.json" 2> "$TMP/q25.err"
     grep -q '"image_tokens":[[:space:]]*262' "$TMP/q25.json" && ok "tiny-qwen2.5vl run: 262 image positions" \
         || bad "tiny-qwen2.5vl run: $(cat "$TMP/q25.err")"
-    if "$EKV" eval -m "$TMP/q25.gguf" --mmproj "$TMP/q25.mmproj.gguf" --image-dir "$2/data/images" -f "$TMP/qv.jsonl" \
-        -n 4 --metric ppl,kl --kv-policy "$pols" --kv-budget 0.2,1 -o "$TMP/q25e" --no-plot -t 1 > /dev/null 2> "$TMP/q25e.err"; then
-        full=$(grep "^full,f16,1,ppl," "$TMP/q25e/results.csv" | cut -d, -f5-)
-        n=$(grep -c ",f16,1,ppl,$full\$" "$TMP/q25e/results.csv"); n2=$(grep -c ",f16,0.2,ppl," "$TMP/q25e/results.csv")
-        [ -n "$full" ] && [ "$n" -eq 15 ] && [ "$n2" -eq 14 ] && ok "tiny-qwen2.5vl: 14 policies at 0.2; at 1 all equal full" \
-            || bad "tiny-qwen2.5vl eval: $n of 15 at budget 1 equal full, $n2 rows at 0.2"
-    else
-        bad "tiny-qwen2.5vl eval: $(cat "$TMP/q25e.err")"
-    fi
+    every_policy tiny-qwen2.5vl "$TMP/q25" "$POLS,elastic-v2:key=rotate"
 else
     bad "tiny-qwen2.5vl failed"
 fi

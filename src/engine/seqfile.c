@@ -222,8 +222,7 @@ static enum ekv_status read_seq(const struct ekv_context *ctx, uint64_t fp, stru
     for (uint32_t i = 0; i < nl; i++)
         if ((unsigned char)name[i] < 0x20) name[i] = '?';
     *n_seen = ekv_rbuf_i64(&sq->r);
-    const bool mrope = ctx->rope.sections[0] || ctx->rope.sections[1] || ctx->rope.sections[2];
-    *rope_delta = mrope ? ekv_rbuf_i64(&sq->r) : 0;
+    *rope_delta = ekv_rope_is_multi(&ctx->rope) ? ekv_rbuf_i64(&sq->r) : 0;
     if (sq->r.bad || sq->r.at != sq->r.n) return ekv_err(EKV_ERR_FORMAT, "SEQ: %zu bytes, malformed", sq->r.n);
     if (fp != m->fingerprint)
         return ekv_err(EKV_ERR_FORMAT, "saved for another model ('%s', fingerprint %016llx); this is '%s' (%016llx)",

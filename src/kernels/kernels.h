@@ -196,6 +196,10 @@ void ekv_rope_sincos_multi(const struct ekv_rope_params *p, const int64_t pos[4]
  * of delta[c], c its section. */
 void ekv_rope_shift_multi(const struct ekv_rope_params *p, const int64_t delta[4], float *x, int n_heads,
                           int head_dim);
+/* Whether p has M-RoPE sections (positions of three or four components). */
+static inline bool ekv_rope_is_multi(const struct ekv_rope_params *p) {
+    return p->sections[0] || p->sections[1] || p->sections[2] || p->sections[3];
+}
 /* The section (0-3) of pair i under p->sections; 0 when there are none. */
 int ekv_rope_section(const struct ekv_rope_params *p, int i);
 /* YaRN's correction range: the pair indices whose rotation at the original

@@ -269,7 +269,7 @@ void ekv_kv_head_append(struct ekv_kv *kv, struct ekv_kv_head *h, const float *k
 /* Whether the cache's keys carry M-RoPE (three position components per
  * entry, h->mpos). */
 static inline bool ekv_kv_mrope(const struct ekv_kv *kv) {
-    return kv->rope.sections[0] || kv->rope.sections[1] || kv->rope.sections[2] || kv->rope.sections[3];
+    return ekv_rope_is_multi(&kv->rope);
 }
 
 /* Keeps entries with keep[j] != 0 (j < h->len), in order; the rest are
