@@ -29,6 +29,8 @@
  *   positions on the device decide what a row sees);
  * - out of device memory mid-run (injected): the sequence whose cache must
  *   grow fails cleanly and can go on, another one goes on undisturbed;
+ * - M-RoPE (tiny-qwen2vl, an image grid between text): rotation by three
+ *   positions per row, the same mpos per entry and kept sets as the CPU;
  * - what stays on the CPU (KIVI with a compressing policy) is refused with
  *   a reason on a named device;
  * - copies (ekv_seq_copy) of full and compressed device caches go on as
@@ -95,6 +97,22 @@ static struct ekv_kv_params kv_params(const char *policy, double budget, enum ek
     kp.budget = budget;
     kp.type_k = kp.type_v = t;
     return kp;
+}
+
+/* An image for M-RoPE models (test_mrope): when set, a prompt is text
+ * toks[0, 8), these g_img_w x g_img_h rows, then text toks[8, n). */
+static const float *g_img;
+static int32_t g_img_w, g_img_h;
+
+/* Reads a prompt of n tokens (and g_img when set), last row's logits. */
+static enum ekv_status prompt_in(struct ekv_seq *s, const int32_t *toks, int32_t n, float *logits) {
+    if (!g_img) return ekv_seq_prefill(s, toks, n, logits);
+    const struct ekv_segment seg[3] = {
+        {.tokens = toks, .n = 8, .tag = EKV_TAG_TEXT},
+        {.embd = g_img, .n = g_img_w * g_img_h, .tag = EKV_TAG_IMAGE, .grid_w = g_img_w, .grid_h = g_img_h},
+        {.tokens = toks + 8, .n = n - 8, .tag = EKV_TAG_TEXT}};
+    const struct ekv_input in = {.segs = seg, .n_segs = 3, .is_prompt = true};
+    return ekv_seq_eval(s, &in, logits);
 }
 
 /* Relative difference of two arrays (max |a - b| / max |b|). */
@@ -191,7 +209,9 @@ static int heads_differ(const struct ekv_kv *a, const struct ekv_kv *b) {
             if (ha->len != hb->len) bad++;
             else if (ha->len > 0) /* (a full cache on the device keeps no entries on the host: len 0) */
                 bad += memcmp(ha->pos, hb->pos, sizeof(int32_t) * (size_t)ha->len) != 0 ||
-                       memcmp(ha->weight, hb->weight, sizeof(float) * (size_t)ha->len) != 0;
+                       memcmp(ha->weight, hb->weight, sizeof(float) * (size_t)ha->len) != 0 ||
+                       (!ha->mpos) != (!hb->mpos) ||
+                       (ha->mpos && memcmp(ha->mpos, hb->mpos, 3 * sizeof(int32_t) * (size_t)ha->len) != 0);
         }
     return bad;
 }
@@ -242,9 +262,9 @@ static void run_case_n(const struct ekv_model *m, struct ekv_context *cg, struct
     CHECK(ekv_seq_on_device(sg));
     const int32_t V = m->info.n_vocab;
     float *lg = malloc(sizeof(float) * V), *lc = malloc(sizeof(float) * V), *lf = malloc(sizeof(float) * V);
-    CHECK_OK(ekv_seq_prefill(sg, g_toks, n_prompt, lg));
-    CHECK_OK(ekv_seq_prefill(sc, g_toks, n_prompt, lc));
-    if (sf) CHECK_OK(ekv_seq_prefill(sf, g_toks, n_prompt, lf));
+    CHECK_OK(prompt_in(sg, g_toks, n_prompt, lg));
+    CHECK_OK(prompt_in(sc, g_toks, n_prompt, lc));
+    if (sf) CHECK_OK(prompt_in(sf, g_toks, n_prompt, lf));
     /* the device cache follows what is kept (backend_vk_policy.c: after a forward at most the longest
      * head + twice the slack, 64 entries + --kv-recompress; a long prompt kept at 0.2 shrinks it) */
     const int32_t cap_prompt = sg->gpu->cap;
@@ -317,6 +337,10 @@ static void run_case_n(const struct ekv_model *m, struct ekv_context *cg, struct
     CHECK_MSG(fabs(ppl_g / ppl_c - 1.0) <= 0.005, "%s %.1f %s: ppl %.5f vs CPU %.5f", pol, budget,
               ekv_kv_type_name(t), ppl_g, ppl_c);
     if (sf) CHECK_MSG(same_full, "%s at budget 1.0 differs from the full cache on the GPU", pol);
+    /* M-RoPE (test_mrope): an image row turned by the wrong position moves the logits far past this */
+    if (g_img && t == EKV_KV_F32)
+        CHECK_MSG(maxv > 0 && maxd <= 1e-4 * maxv, "%s %.1f: logits differ from the CPU's by %.3g of %.3g", pol, budget,
+                  maxd, maxv);
     /* merges by the weighted mean run on the device: only a policy that
      * reads rows itself (elastic-v2:key=rotate) reads heads back */
     if (!strstr(pol, "key=rotate"))
@@ -477,8 +501,8 @@ static void same_stats_case(const struct ekv_model *m, struct ekv_context *cg, s
     sc->kv->layer_hook = feed_load, sc->kv->layer_hook_user = &f;
     const int32_t V = m->info.n_vocab;
     float *l = malloc(sizeof(float) * V);
-    CHECK_OK(ekv_seq_prefill(sg, toks, N_PROMPT, l));
-    CHECK_OK(ekv_seq_prefill(sc, toks, N_PROMPT, l));
+    CHECK_OK(prompt_in(sg, toks, N_PROMPT, l));
+    CHECK_OK(prompt_in(sc, toks, N_PROMPT, l));
     int bad = heads_differ(sg->kv, sc->kv) != 0;
     for (int step = 0; step < 12; step++) {
         CHECK_OK(ekv_seq_decode(sg, toks[N_PROMPT + step], l));
@@ -767,6 +791,51 @@ static void test_swa(void) {
     remove(path);
 }
 
+/* Qwen2-VL's M-RoPE (tiny-qwen2vl): a prompt with a 6 x 4 image grid
+ * between text, GPU beside CPU — the device rotates each row by its
+ * (time, height, width) positions (the host's {cos, sin} rows), the host
+ * cache records the same three positions per entry as the CPU's, full and
+ * compressing policies (elastic-v2 turning merged keys per component)
+ * keep the same sets, logits close (f32: 1e-4 of the largest). */
+static void test_mrope(void) {
+    char path[96], mm[112], cmd[512];
+    snprintf(path, sizeof path, "/tmp/ekv-test-gpu-policy-mrope-%ld.gguf", (long)getpid());
+    snprintf(mm, sizeof mm, "/tmp/ekv-test-gpu-policy-mrope-%ld.mmproj.gguf", (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-qwen2vl --type f32 --seed 4 -o '%s' > /dev/null 2>&1",
+             tu_bin(), path);
+    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    struct ekv_model *m = NULL;
+    CHECK_OK(ekv_model_load(path, NULL, &m));
+    if (!m) return;
+    CHECK(m->info.rope_sections[0] > 0);
+    int32_t toks[N_PROMPT + N_STEPS + 1];
+    for (int32_t i = 0; i < N_PROMPT + N_STEPS + 1; i++) toks[i] = 1 + (i * 53 + 7) % (m->info.n_vocab - 1);
+    const int32_t W = 6, Hh = 4, E = m->info.n_embd;
+    float *img = malloc(sizeof(float) * (size_t)W * Hh * E);
+    uint64_t x = 42;
+    for (int32_t i = 0; img && i < W * Hh * E; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        img[i] = (float)((double)(x >> 40) / (double)(1ull << 24) - 0.5);
+    }
+    g_img = img, g_img_w = W, g_img_h = Hh;
+    struct ekv_context *cg = gt_ctx_on(m, g_dev, 256), *cc = gt_ctx_on(m, "cpu", 256);
+    static const char *pols[] = {"h2o", "snapkv", "local", "elastic-v2:key=rotate", "tova+merge:merge_key=rotate"};
+    for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc && img; pi++) {
+        run_case(m, cg, cc, toks, pols[pi], 0.3, EKV_KV_F32);
+        run_case(m, cg, cc, toks, pols[pi], 0.5, EKV_KV_F16);
+    }
+    if (cg && cc && img) {
+        run_case(m, cg, cc, toks, "h2o", 1.0, EKV_KV_F32); /* == the full cache bit for bit, close to the CPU */
+        same_stats_case(m, cg, cc, toks, "elastic-v2:key=rotate", EKV_KV_F32);
+    }
+    g_img = NULL;
+    gt_check_validation(cg);
+    ekv_context_free(cg), ekv_context_free(cc);
+    free(img);
+    ekv_model_free(m);
+    remove(path), remove(mm);
+}
+
 static void test_refused(void) {
     const struct ekv_model *m = g_mb;
     struct ekv_context *cx = m ? gt_ctx_on(m, g_dev, 256) : NULL;
@@ -880,6 +949,7 @@ int main(void) {
     if (only("oom")) test_oom(m);
     if (only("record")) test_record(m);
     if (only("swa")) test_swa();
+    if (only("mrope")) test_mrope();
     if (only("refused")) test_refused();
     if (only("copy")) test_copy();
     ekv_model_free(g_mb);

@@ -498,8 +498,16 @@ static enum ekv_status vk_rope(struct ekv_context *ctx, struct ekv_fwd_part *par
     if (!g->cs_done && RD > 0) {
         float *cs = g->cs.host;
         for (int32_t p = 0; p < n_parts; p++)
-            for (int32_t i = 0; i < parts[p].n; i++)
-                ekv_rope_sincos_ext(&ctx->rope, rope0[p] + i, cs + (size_t)(parts[p].row0 + i) * RD);
+            for (int32_t i = 0; i < parts[p].n; i++) {
+                float *row = cs + (size_t)(parts[p].row0 + i) * RD;
+                const int32_t *mp = parts[p].step.mpos;
+                if (mp) { /* M-RoPE: an image row's (time, height, width), or text past an image */
+                    const int64_t pos[4] = {mp[3 * i], mp[3 * i + 1], mp[3 * i + 2], 0};
+                    ekv_rope_sincos_multi(&ctx->rope, pos, row);
+                } else {
+                    ekv_rope_sincos_ext(&ctx->rope, rope0[p] + i, row);
+                }
+            }
     }
     g->cs_done = true;
     return EKV_OK;

@@ -82,10 +82,6 @@ static bool compressing(const struct ekv_seq *seq) {
 
 bool ekv_vk_seq_supported(const struct ekv_seq *seq, const char **why) {
     const struct ekv_kv *kv = seq->kv;
-    if (ekv_kv_mrope(kv)) {
-        *why = "M-RoPE (Qwen2-VL: three position components per token) runs on the CPU in this version";
-        return false;
-    }
     if (compressing(seq) && !ekv_vk_mg_supported(seq, why)) return false;
     if (!compressing(seq) && kv->params.max_tokens > 0) {
         *why = "a cap on cache entries (--kv-tokens) runs on the CPU in this version";
