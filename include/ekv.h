@@ -717,7 +717,12 @@ void ekv_vision_free(struct ekv_vision *v);
 int32_t ekv_vision_n_tokens(const struct ekv_vision *v);
 int32_t ekv_vision_n_embd(const struct ekv_vision *v);
 /* Decodes (JPEG/PNG), preprocesses and encodes an image file into
- * out [n_tokens][n_embd] (caller-owned), using ctx's threads (ctx may be NULL). */
+ * out [n_tokens][n_embd] (caller-owned). With a context on a GPU the tower
+ * runs there when it can (LLaVA's: CLIP with the mlp projector; its
+ * weights then stay on the device until the context meets another tower or
+ * is freed), else on ctx's threads (ctx may be NULL: one thread). A context
+ * runs one thing at a time: do not encode with it while another thread
+ * evaluates with it. */
 enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_context *ctx, const char *path,
                                        float *out);
 

@@ -15,7 +15,9 @@
  *   f16 and a KIVI cache in one forward), a prompt in two pieces == one
  *   piece, a prompt read by ekv_prefill_* == one piece (bit for bit);
  * - faults: no GPU for `vulkan`, a bad index, a bad spec, a cap on a full
- *   cache's entries (CPU only). Compressing policies: test_gpu_policy.c.
+ *   cache's entries (CPU only). Compressing policies: test_gpu_policy.c;
+ * - the vision tower on the device (LLaVA-1.5, each LLaVA-1.6 tile, the
+ *   project's ekv-ref-vlm) against the CPU's tower.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -987,6 +989,79 @@ static void test_faults(void) {
 
 /* EKV_GPU_TEST_ONLY=name[,name...] runs only those parts (when looking into
  * one; ctest runs them all) */
+/* One image through the tower on the device of cg and on the CPU
+ * (ekv_vision_encode_input, as a prompt's image slot is filled): max |gpu -
+ * cpu| / max |cpu| over every row, or -1 when either failed. */
+static double tower_diff(const struct ekv_vision *v, struct ekv_context *cg, const char *image, int32_t *rows) {
+    const struct ekv_image_input in = {.path = image};
+    float *eg = NULL, *ec = NULL;
+    int32_t ng = 0, nc = 0, tr;
+    int gx, gy, gw, gh;
+    CHECK_OK(ekv_vision_encode_input(v, cg, &in, 0, &eg, &ng, &gx, &gy, &tr, &gw, &gh));
+    CHECK_OK(ekv_vision_encode_input(v, NULL, &in, 0, &ec, &nc, &gx, &gy, &tr, &gw, &gh));
+    double md = -1.0, mv = 0.0;
+    if (eg && ec && ng == nc && ng > 0) {
+        md = 0.0;
+        const size_t n = (size_t)ng * (size_t)ekv_vision_n_embd(v);
+        for (size_t i = 0; i < n; i++) md = fmax(md, fabs(eg[i] - ec[i])), mv = fmax(mv, fabs(ec[i]));
+        md = mv > 0 ? md / mv : md;
+    }
+    *rows = ng;
+    free(eg), free(ec);
+    return md;
+}
+
+/* The vision tower on the device (backend_vk_clip.c) against the CPU's:
+ * tiny-vlm (LLaVA-1.5 layout: class token, pre-norm, quick GELU, mlp
+ * projector), tiny-llava16 (the overview and each anyres tile), and the
+ * project's ekv-ref-vlm (real weights) on a scene of its dev set. Bound
+ * 1e-5 of the largest embedding (the sums run in other orders; measured on
+ * lavapipe: printed). The tower must have run on the device (its weights
+ * in the context's tower table). */
+static void test_vision(void) {
+    static const char *const presets[] = {"tiny-vlm", "tiny-llava16"};
+    for (size_t pi = 0; pi < 3; pi++) {
+        char path[128], mm[140], cmd[512];
+        if (pi < 2) {
+            snprintf(path, sizeof path, "/tmp/ekv-test-gpu-%ld-vision%d.gguf", (long)getpid(), (int)pi);
+            snprintf(mm, sizeof mm, "/tmp/ekv-test-gpu-%ld-vision%d.mmproj.gguf", (long)getpid(), (int)pi);
+            snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset %s --type f32 -o '%s' > /dev/null 2>&1", tu_bin(),
+                     presets[pi], path);
+            CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+        } else {
+            snprintf(path, sizeof path, "%s", tu_shared("models/ekv-ref-vlm-lm-f16.gguf"));
+            snprintf(mm, sizeof mm, "%s", tu_shared("models/ekv-ref-vlm-mmproj-f16.gguf"));
+            FILE *f = fopen(mm, "rb");
+            if (!f) {
+                printf("vision: ekv-ref-vlm skipped: ../shared absent\n");
+                continue;
+            }
+            fclose(f);
+        }
+        struct ekv_model *m = NULL;
+        struct ekv_vision *v = NULL;
+        CHECK_OK(ekv_model_load(path, NULL, &m));
+        CHECK_OK(ekv_vision_load(mm, &v));
+        struct ekv_context *cg = m ? gt_ctx_on(m, g_dev, 256) : NULL;
+        if (cg && v) {
+            const char *img = pi < 2 ? tu_src("data/images/astronaut_crop.png")
+                                     : tu_shared("data/scenes/dev/images/dev_0000.png");
+            int32_t rows = 0;
+            const double d = tower_diff(v, cg, img, &rows);
+            const char *label = pi < 2 ? presets[pi] : "ekv-ref-vlm";
+            printf("vision tower %s: %d rows, max |gpu - cpu| / max |cpu| %.3g, %d tensors on the device\n", label,
+                   (int)rows, d, (int)cg->gpu->ct.n);
+            CHECK_MSG(d >= 0 && d <= 1e-5, "%s: the device's tower differs by %.3g", label, d);
+            CHECK_MSG(cg->gpu->ct.n > 0, "%s: the tower did not run on the device", label);
+            gt_check_validation(cg);
+        }
+        ekv_context_free(cg);
+        ekv_vision_free(v);
+        ekv_model_free(m);
+        if (pi < 2) remove(path), remove(mm);
+    }
+}
+
 static bool only(const char *name) {
     const char *e = getenv("EKV_GPU_TEST_ONLY");
     return !e || !*e || strstr(e, name) != NULL;
@@ -1023,6 +1098,7 @@ int main(void) {
     if (only("batch")) test_batch_invariance();
     if (only("pieces")) test_prefill_pieces();
     if (only("faults")) test_faults();
+    if (only("vision")) test_vision();
     if (only("profile")) test_profile();
     if (!only("ref28m")) return test_finish("test_gpu");
     /* F16, the model's own format: the CPU converts activations to f16 for F16

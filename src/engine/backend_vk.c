@@ -41,10 +41,16 @@ static int cmp_tensor(const void *a, const void *b) {
     return x->key < y->key ? -1 : x->key > y->key;
 }
 
-static const struct ekv_vk_tensor *find(const struct ekv_vk_ctx *g, const void *key) {
+static const struct ekv_vk_tensor *tab_find(const struct ekv_vk_ttab *tt, const void *key) {
     struct ekv_vk_tensor k = {.key = key};
-    if (g->n_t == 0) return NULL;
-    return bsearch(&k, g->t, (size_t)g->n_t, sizeof *g->t, cmp_tensor);
+    if (tt->n == 0) return NULL;
+    return bsearch(&k, tt->t, (size_t)tt->n, sizeof *tt->t, cmp_tensor);
+}
+
+/* A weight of the model, else of the vision tower. */
+static const struct ekv_vk_tensor *find(const struct ekv_vk_ctx *g, const void *key) {
+    const struct ekv_vk_tensor *t = tab_find(&g->wt, key);
+    return t ? t : tab_find(&g->ct, key);
 }
 
 /* matvec.comp's weight types, in the order of enum ekv_vk_mv_type */
@@ -58,7 +64,8 @@ static enum ekv_vk_mv_type mv_type(enum ekv_dtype t) {
     return (enum ekv_vk_mv_type)i;
 }
 
-static bool type_on_gpu(enum ekv_dtype t) { return mv_type(t) != EKV_VK_W_COUNT; }
+bool ekv_vk_weight_type_ok(enum ekv_dtype t) { return mv_type(t) != EKV_VK_W_COUNT; }
+static bool type_on_gpu(enum ekv_dtype t) { return ekv_vk_weight_type_ok(t); }
 
 /* The matrices of a layer the forward multiplies by. */
 enum { EKV_VK_LAYER_MATS = 7 };
@@ -74,35 +81,46 @@ static size_t kquant_src_bytes(enum ekv_dtype t) { return t == EKV_Q6_K ? 210 : 
 /* During upload the table is unsorted (find() needs it sorted: upload_model
  * sorts it once at the end); a tensor shared by two weights (tied output) is
  * uploaded once. */
-static bool have_tensor(const struct ekv_vk_ctx *g, const void *key) {
-    for (int32_t i = 0; i < g->n_t; i++)
-        if (g->t[i].key == key) return true;
+static bool have_tensor(const struct ekv_vk_ttab *tt, const void *key) {
+    for (int32_t i = 0; i < tt->n; i++)
+        if (tt->t[i].key == key) return true;
     return false;
 }
 
-static struct ekv_vk_tensor *add_tensor(struct ekv_vk_ctx *g, const void *key) {
-    if (g->n_t == g->cap_t) {
-        int32_t cap = g->cap_t ? g->cap_t * 2 : 64;
-        struct ekv_vk_tensor *t = realloc(g->t, (size_t)cap * sizeof *t);
+static struct ekv_vk_tensor *add_tensor(struct ekv_vk_ttab *tt, const void *key) {
+    if (tt->n == tt->cap) {
+        int32_t cap = tt->cap ? tt->cap * 2 : 64;
+        struct ekv_vk_tensor *t = realloc(tt->t, (size_t)cap * sizeof *t);
         if (!t) return NULL;
-        g->t = t;
-        g->cap_t = cap;
+        tt->t = t;
+        tt->cap = cap;
     }
-    struct ekv_vk_tensor *t = &g->t[g->n_t++];
+    struct ekv_vk_tensor *t = &tt->t[tt->n++];
     memset(t, 0, sizeof *t);
     t->key = key;
     return t;
 }
 
-static enum ekv_status upload_vector(struct ekv_vk_ctx *g, const float *v, int64_t n, const char *what) {
-    if (!v || have_tensor(g, v)) return EKV_OK;
-    struct ekv_vk_tensor *t = add_tensor(g, v);
+void ekv_vk_ttab_sort(struct ekv_vk_ttab *tt) {
+    if (tt->n > 1) qsort(tt->t, (size_t)tt->n, sizeof *tt->t, cmp_tensor);
+}
+
+void ekv_vk_ttab_free(struct ekv_vk *vk, struct ekv_vk_ttab *tt) {
+    for (int32_t i = 0; i < tt->n; i++) ekv_vk_buf_free(vk, &tt->t[i].buf);
+    free(tt->t);
+    memset(tt, 0, sizeof *tt);
+}
+
+enum ekv_status ekv_vk_ttab_vector(struct ekv_vk *vk, struct ekv_vk_ttab *tt, const float *v, int64_t n,
+                                   const char *what) {
+    if (!v || have_tensor(tt, v)) return EKV_OK;
+    struct ekv_vk_tensor *t = add_tensor(tt, v);
     if (!t) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     t->type = EKV_F32;
     t->ne0 = n;
     t->ne1 = 1;
-    enum ekv_status s = ekv_vk_buf_new(g->vk, (size_t)n * sizeof(float), false, what, &t->buf);
-    if (s == EKV_OK) s = ekv_vk_upload(g->vk, &t->buf, 0, v, (size_t)n * sizeof(float));
+    enum ekv_status s = ekv_vk_buf_new(vk, (size_t)n * sizeof(float), false, what, &t->buf);
+    if (s == EKV_OK) s = ekv_vk_upload(vk, &t->buf, 0, v, (size_t)n * sizeof(float));
     return s;
 }
 
@@ -144,8 +162,9 @@ static enum ekv_status pad_kquant(const struct ekv_weight *w, uint8_t *dst) {
     return EKV_OK;
 }
 
-static enum ekv_status upload_weight(struct ekv_vk_ctx *g, const struct ekv_weight *w, const char *what) {
-    if (have_tensor(g, w->data)) return EKV_OK;
+enum ekv_status ekv_vk_ttab_weight(struct ekv_vk *vk, struct ekv_vk_ttab *tt, const struct ekv_weight *w,
+                                   const char *what) {
+    if (have_tensor(tt, w->data)) return EKV_OK;
     if (!type_on_gpu(w->type))
         return ekv_err(EKV_ERR_UNSUPPORTED, "%s: weight type %s has no GPU shader yet", what,
                        ekv_dtype_name(w->type));
@@ -166,28 +185,28 @@ static enum ekv_status upload_weight(struct ekv_vk_ctx *g, const struct ekv_weig
     size_t dst_row = el_row;
     if (ne0p != w->ne0 && (!ekv_dtype_row_bytes(w->type, ne0p, &dst_row) || !ekv_mul_ok(dst_row, (size_t)w->ne1, &bytes)))
         return ekv_err(EKV_ERR_OVERFLOW, "%s: %lld x %lld is too large", what, (long long)w->ne1, (long long)w->ne0);
-    struct ekv_vk_tensor *t = add_tensor(g, w->data);
+    struct ekv_vk_tensor *t = add_tensor(tt, w->data);
     if (!t) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     t->type = w->type;
     t->ne0 = ne0p;
     t->ne1 = w->ne1;
     t->q_off = q_off;
-    enum ekv_status s = ekv_vk_buf_new(g->vk, bytes, false, what, &t->buf);
+    enum ekv_status s = ekv_vk_buf_new(vk, bytes, false, what, &t->buf);
     if (s == EKV_OK) {
         if (quant || kquant) {
             uint8_t *tmp = malloc(bytes);
             if (!tmp) s = ekv_err(EKV_ERR_NOMEM, "%s: out of host memory for %zu bytes", what, bytes);
             if (s == EKV_OK) s = quant ? split_quant(w, tmp, q_off) : pad_kquant(w, tmp);
-            if (s == EKV_OK) s = ekv_vk_upload(g->vk, &t->buf, 0, tmp, bytes);
+            if (s == EKV_OK) s = ekv_vk_upload(vk, &t->buf, 0, tmp, bytes);
             free(tmp);
         } else if (w->row_bytes == el_row && dst_row == el_row) {
-            s = ekv_vk_upload(g->vk, &t->buf, 0, w->data, bytes);
+            s = ekv_vk_upload(vk, &t->buf, 0, w->data, bytes);
         } else {
             uint8_t *row = calloc(1, dst_row);
             if (!row) s = ekv_err(EKV_ERR_NOMEM, "out of memory");
             for (int64_t r = 0; r < w->ne1 && s == EKV_OK; r++) {
                 memcpy(row, (const char *)w->data + (size_t)r * w->row_bytes, el_row);
-                s = ekv_vk_upload(g->vk, &t->buf, (size_t)r * dst_row, row, dst_row);
+                s = ekv_vk_upload(vk, &t->buf, (size_t)r * dst_row, row, dst_row);
             }
             free(row);
         }
@@ -231,16 +250,16 @@ static enum ekv_status upload_model(struct ekv_vk_ctx *g, const struct ekv_model
         snprintf(what, sizeof what, "layer %d weights", (int)l);
         const struct ekv_weight *ws[EKV_VK_LAYER_MATS];
         layer_mats(L, ws);
-        for (int i = 0; i < EKV_VK_LAYER_MATS && s == EKV_OK; i++) s = upload_weight(g, ws[i], what);
-        if (s == EKV_OK) s = upload_vector(g, L->attn_norm, D, what);
-        if (s == EKV_OK) s = upload_vector(g, L->ffn_norm, D, what);
-        if (s == EKV_OK) s = upload_vector(g, L->bq, QD, what);
-        if (s == EKV_OK) s = upload_vector(g, L->bk, KVD, what);
-        if (s == EKV_OK) s = upload_vector(g, L->bv, KVD, what);
+        for (int i = 0; i < EKV_VK_LAYER_MATS && s == EKV_OK; i++) s = ekv_vk_ttab_weight(g->vk, &g->wt, ws[i], what);
+        if (s == EKV_OK) s = ekv_vk_ttab_vector(g->vk, &g->wt, L->attn_norm, D, what);
+        if (s == EKV_OK) s = ekv_vk_ttab_vector(g->vk, &g->wt, L->ffn_norm, D, what);
+        if (s == EKV_OK) s = ekv_vk_ttab_vector(g->vk, &g->wt, L->bq, QD, what);
+        if (s == EKV_OK) s = ekv_vk_ttab_vector(g->vk, &g->wt, L->bk, KVD, what);
+        if (s == EKV_OK) s = ekv_vk_ttab_vector(g->vk, &g->wt, L->bv, KVD, what);
     }
-    if (s == EKV_OK) s = upload_vector(g, m->output_norm, D, "output norm");
-    if (s == EKV_OK) s = upload_weight(g, &m->output, "output (classifier)");
-    qsort(g->t, (size_t)g->n_t, sizeof *g->t, cmp_tensor);
+    if (s == EKV_OK) s = ekv_vk_ttab_vector(g->vk, &g->wt, m->output_norm, D, "output norm");
+    if (s == EKV_OK) s = ekv_vk_ttab_weight(g->vk, &g->wt, &m->output, "output (classifier)");
+    ekv_vk_ttab_sort(&g->wt);
     return s;
 }
 
@@ -345,8 +364,8 @@ void ekv_vk_ctx_free(struct ekv_vk_ctx *g) {
     free_scratch(g);
     ekv_vk_buf_free(g->vk, &g->logits);
     ekv_vk_kv_free_scratch(g);
-    for (int32_t i = 0; i < g->n_t; i++) ekv_vk_buf_free(g->vk, &g->t[i].buf);
-    free(g->t);
+    ekv_vk_ttab_free(g->vk, &g->wt);
+    ekv_vk_ttab_free(g->vk, &g->ct);
     ekv_vk_close(g->vk);
     free(g);
 }
@@ -467,6 +486,12 @@ static enum ekv_status matvec(struct ekv_context *ctx, const struct ekv_weight *
     (with_barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_matvec_pipe(mv_type(t->type), m, shape), &pc,
                                                            sizeof pc, grid_rows((t->ne1 + per_wg - 1) / per_wg), gy, 1);
     return EKV_OK;
+}
+
+enum ekv_status ekv_vk_ctx_matvec(struct ekv_context *ctx, const struct ekv_weight *w, uint64_t x, uint32_t x_stride,
+                                  uint64_t y, uint32_t y_stride, const float *bias, bool acc, int32_t n_rows,
+                                  bool with_barrier) {
+    return matvec(ctx, w, x, x_stride, y, y_stride, bias, acc, n_rows, with_barrier);
 }
 
 static enum ekv_status vk_matmul(struct ekv_context *ctx, const struct ekv_weight *const *w, const float *const *bias,

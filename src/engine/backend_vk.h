@@ -45,10 +45,20 @@ struct ekv_vk_seq {
     struct ekv_vk_mg *mg;       /* a compressing policy's state (backend_vk_policy.c), NULL for full */
 };
 
+/* Tensors on the device, found by their host pointer (sorted by key once
+ * filled). */
+struct ekv_vk_ttab {
+    struct ekv_vk_tensor *t;  /* [n] */
+    int32_t n, cap;
+};
+
 struct ekv_vk_ctx {
     struct ekv_vk *vk;
-    struct ekv_vk_tensor *t;  /* [n_t] sorted by key */
-    int32_t n_t, cap_t;
+    struct ekv_vk_ttab wt;    /* the language model's weights */
+    /* the vision tower's weights (backend_vk_clip.c): those of one tower at
+     * a time, the one with clip_id (ekv_clip_id; 0 = none) */
+    struct ekv_vk_ttab ct;
+    uint64_t clip_id;
     struct ekv_vk_buf act[EKV_ACT_COUNT];
     struct ekv_vk_buf gate, up; /* [rows][ff_stride], the columns past n_ff zero */
     struct ekv_vk_buf xin;      /* host-visible [rows][n_embd] input rows */
@@ -93,6 +103,39 @@ static inline struct ekv_vk_ctx *ekv_vk_of(struct ekv_context *ctx) { return ctx
 static inline uint64_t ekv_vk_act_addr(struct ekv_context *ctx, enum ekv_act a, int32_t row0) {
     return ekv_vk_of(ctx)->act[a].addr + (uint64_t)row0 * ekv_act_width(&ctx->model->info, a) * sizeof(float);
 }
+
+/* ---- backend_vk.c: tensors and products, for backend_vk_clip.c ---- */
+
+/* Uploads a weight (in the layout matvec.comp reads: F32/F16/BF16 rows
+ * padded with zeros to a multiple of 8, Q8_0/Q4_0 split, K-quants padded)
+ * or an f32 vector of n into table tt, once per host pointer; the table
+ * needs ekv_vk_ttab_sort before lookups. */
+enum ekv_status ekv_vk_ttab_weight(struct ekv_vk *vk, struct ekv_vk_ttab *tt, const struct ekv_weight *w,
+                                   const char *what);
+enum ekv_status ekv_vk_ttab_vector(struct ekv_vk *vk, struct ekv_vk_ttab *tt, const float *v, int64_t n,
+                                   const char *what);
+void ekv_vk_ttab_sort(struct ekv_vk_ttab *tt);
+/* Frees every tensor of tt and its array (tt empty after). */
+void ekv_vk_ttab_free(struct ekv_vk *vk, struct ekv_vk_ttab *tt);
+/* Whether matvec.comp has a variant for weights of type t. */
+bool ekv_vk_weight_type_ok(enum ekv_dtype t);
+/* Records y[r] (+)= W x[r] (+ bias) for n_rows rows (strides in floats, x
+ * 16-byte aligned, W and bias uploaded to either table); with_barrier:
+ * the next dispatch waits for it. */
+enum ekv_status ekv_vk_ctx_matvec(struct ekv_context *ctx, const struct ekv_weight *w, uint64_t x, uint32_t x_stride,
+                                  uint64_t y, uint32_t y_stride, const float *bias, bool acc, int32_t n_rows,
+                                  bool with_barrier);
+
+/* ---- backend_vk_clip.c: the vision tower on the device ---- */
+
+struct ekv_clip;
+/* Whether this context's device can run tower c (NULL) or why not. */
+const char *ekv_vk_clip_unsupported(const struct ekv_context *ctx, const struct ekv_clip *c);
+/* ekv_clip_encode_pixels on the device of ctx (user: the context): the
+ * pixels [3][S][S] of one image or tile to out [n_tile_tokens][n_embd_out].
+ * The tower's weights are uploaded on first use and stay until another
+ * tower is used or the context is freed. */
+enum ekv_status ekv_vk_clip_pixels(void *user, const struct ekv_clip *c, const float *pixels, float *out);
 
 /* ---- backend_vk_kv.c ---- */
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "core/util.h"
+#include "engine/backend_vk.h"
 #include "engine/engine.h"
 #include "vision/clip.h"
 
@@ -48,6 +49,15 @@ static enum ekv_status check_width(const struct ekv_vision *v, const struct ekv_
     return EKV_OK;
 }
 
+/* The tower on the context's GPU when it has one and the tower runs there
+ * (backend_vk_clip.c), else on its worker threads. */
+static enum ekv_status encode(const struct ekv_vision *v, struct ekv_context *ctx, const struct ekv_image *img,
+                              float *out) {
+    const struct ekv_clip_exec gpu = {.pixels = ekv_vk_clip_pixels, .user = ctx};
+    const bool on_gpu = ctx && ctx->gpu && !ekv_vk_clip_unsupported(ctx, v->clip);
+    return ekv_clip_encode_image_with(v->clip, ctx ? ctx->pool : NULL, img, on_gpu ? &gpu : NULL, out);
+}
+
 enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_context *ctx, const char *path,
                                        float *out) {
     ekv_err_clear();
@@ -60,7 +70,7 @@ enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_co
         s = ekv_err(EKV_ERR_UNSUPPORTED, "%s: this tower's rows depend on the image (anyres or idefics3 tiles, Qwen2-VL's "
                     "own resolution): they do not fit a buffer of ekv_vision_n_tokens rows; use ekv_prompt_set_images",
                     path);
-    if (s == EKV_OK) s = ekv_clip_encode_image(v->clip, ctx ? ctx->pool : NULL, &img, out);
+    if (s == EKV_OK) s = encode(v, ctx, &img, out);
     ekv_image_free(&img);
     return s;
 }
@@ -125,7 +135,7 @@ enum ekv_status ekv_vision_encode_input(const struct ekv_vision *v, struct ekv_c
                     ekv_clip_n_embd_out(v->clip));
     else if (!(e = malloc(cells)))
         s = ekv_err(EKV_ERR_NOMEM, "%s: out of memory for %lld image embeddings", name, (long long)rows);
-    if (s == EKV_OK) s = ekv_clip_encode_image(v->clip, ctx ? ctx->pool : NULL, &img, e);
+    if (s == EKV_OK) s = encode(v, ctx, &img, e);
     ekv_image_free(&img);
     if (s != EKV_OK) {
         free(e);

@@ -111,7 +111,10 @@ list(APPEND EKV_VK_PIPES
   "kv_merge_f32|kv_merge.comp|ST=KV_F32"
   "kv_merge_f16|kv_merge.comp|ST=KV_F16"
   "kv_merge_q8_0|kv_merge.comp|ST=KV_Q8_0"
-  "kv_merge_q4_0|kv_merge.comp|ST=KV_Q4_0")
+  "kv_merge_q4_0|kv_merge.comp|ST=KV_Q4_0"
+  "layernorm|layernorm.comp|"
+  "clip_attn|clip_attn.comp|"
+  "ew|ew.comp|")
 
 # Extra defines for every shader, for measuring a variant side by side
 # (e.g. -DEKV_VK_SHADER_DEFS=NAME in a second build directory, with an

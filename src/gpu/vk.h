@@ -54,7 +54,11 @@ enum ekv_vk_pipe {
     EKV_VK_KV_COMPACT = EKV_VK_ATTN_STATS_FIRST + 4,
     /* kv_merge.comp per row type: ekv_vk_kv_merge_pipe() */
     EKV_VK_KV_MERGE_FIRST,
-    EKV_VK_PIPE_COUNT = EKV_VK_KV_MERGE_FIRST + 4
+    /* the vision tower (backend_vk_clip.c) */
+    EKV_VK_LAYERNORM = EKV_VK_KV_MERGE_FIRST + 4,
+    EKV_VK_CLIP_ATTN,
+    EKV_VK_EW,
+    EKV_VK_PIPE_COUNT
 };
 
 /* Weight types of matvec.comp, in pipeline order. */

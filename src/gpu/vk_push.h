@@ -45,6 +45,11 @@ struct ekv_vk_pc_attn_stats {
 struct ekv_vk_pc_kv_merge { uint64_t base, stage, table, members; uint32_t H, C, D, rw, srw; };
 struct ekv_vk_pc_kv_compact { uint64_t runs, pre, segs, scr; uint32_t n_runs, phase; };
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
+struct ekv_vk_pc_layernorm { uint64_t x, w, b, y; uint32_t n, rows; float eps; };
+struct ekv_vk_pc_clip_attn { uint64_t q, k, v, o; uint32_t n, E, dh; float scale; };
+struct ekv_vk_pc_ew { uint64_t y, a; uint32_t n, op; };
+/* ekv_vk_pc_ew.op */
+enum { EKV_VK_EW_ADD = 0, EKV_VK_EW_GELU, EKV_VK_EW_QUICK_GELU, EKV_VK_EW_SILU };
 
 
 #endif

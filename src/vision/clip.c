@@ -26,6 +26,7 @@
 #include "vision/clip_impl.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -577,6 +578,8 @@ enum ekv_status ekv_clip_load(const char *path, struct ekv_clip **out) {
         ekv_clip_free(c);
         return s;
     }
+    static atomic_uint_fast64_t next_id;
+    c->id = (uint64_t)atomic_fetch_add(&next_id, 1) + 1;
     *out = c;
     return EKV_OK;
 }
@@ -591,6 +594,7 @@ void ekv_clip_free(struct ekv_clip *c) {
 }
 
 const struct ekv_clip_hparams *ekv_clip_hparams(const struct ekv_clip *c) { return &c->hp; }
+uint64_t ekv_clip_id(const struct ekv_clip *c) { return c->id; }
 int ekv_clip_n_patches(const struct ekv_clip *c) { return c->hp.n_patches; }
 int ekv_clip_n_tile_tokens(const struct ekv_clip *c) { return c->hp.n_tile_tokens; }
 int ekv_clip_n_embd_out(const struct ekv_clip *c) { return c->hp.n_embd_out; }
@@ -864,12 +868,19 @@ enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool
     return s;
 }
 
+/* One image or tile's pixels by ex, or here. */
+static enum ekv_status encode_px(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_clip_exec *ex,
+                                 const float *pixels, float *out) {
+    if (ex && ex->pixels) return ex->pixels(ex->user, c, pixels, out);
+    return ekv_clip_encode_pixels(c, pool, pixels, out);
+}
+
 /* LLaVA-1.6 tiling: the overview (the image resized to S x S, aspect not
  * kept), then the image resized into the chosen resolution (aspect kept,
  * centred on black, sizes rounded up) cut into S x S tiles, row by row;
  * each encoded on its own, n_patches rows each. */
-static enum ekv_status encode_anyres(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_image *img,
-                                     int W, int H, float *pixels, float *out) {
+static enum ekv_status encode_anyres(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_clip_exec *ex,
+                                     const struct ekv_image *img, int W, int H, float *pixels, float *out) {
     const struct ekv_clip_hparams *hp = &c->hp;
     const int S = hp->image_size;
     const size_t rows = (size_t)hp->n_patches * (size_t)hp->n_embd_out;
@@ -878,7 +889,7 @@ static enum ekv_status encode_anyres(const struct ekv_clip *c, struct ekv_pool *
     enum ekv_status s = ekv_image_resize_bicubic(img, S, S, &ov);
     if (s == EKV_OK) {
         ekv_image_normalize(&ov, hp->image_mean, hp->image_std, pixels);
-        s = ekv_clip_encode_pixels(c, pool, pixels, out);
+        s = encode_px(c, pool, ex, pixels, out);
     }
     const float sw = (float)W / (float)img->nx, sh = (float)H / (float)img->ny, sc = sw < sh ? sw : sh;
     int fw = (int)ceilf((float)img->nx * sc), fh = (int)ceilf((float)img->ny * sc);
@@ -899,7 +910,7 @@ static enum ekv_status encode_anyres(const struct ekv_clip *c, struct ekv_pool *
                 memcpy(tile.rgb + (size_t)y * S * 3, canvas.rgb + ((size_t)(ty * S + y) * W + (size_t)tx * S) * 3,
                        (size_t)S * 3);
             ekv_image_normalize(&tile, hp->image_mean, hp->image_std, pixels);
-            s = ekv_clip_encode_pixels(c, pool, pixels, out + k * rows);
+            s = encode_px(c, pool, ex, pixels, out + k * rows);
         }
     ekv_image_free(&ov);
     ekv_image_free(&fit);
@@ -910,6 +921,11 @@ static enum ekv_status encode_anyres(const struct ekv_clip *c, struct ekv_pool *
 
 enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool *pool,
                                       const struct ekv_image *img, float *out) {
+    return ekv_clip_encode_image_with(c, pool, img, NULL, out);
+}
+
+enum ekv_status ekv_clip_encode_image_with(const struct ekv_clip *c, struct ekv_pool *pool,
+                                           const struct ekv_image *img, const struct ekv_clip_exec *ex, float *out) {
     if (!c || !img || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_clip_encode_image: NULL argument");
     if (c->hp.proj == EKV_CLIP_PROJ_QWEN2VL) return ekv_clip_encode_qwen2vl(c, pool, img, out);
     size_t S = (size_t)c->hp.image_size;
@@ -921,18 +937,18 @@ enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool 
     if (c->hp.proj == EKV_CLIP_PROJ_IDEFICS3) {
         s = ekv_clip_encode_idefics3(c, pool, img, pixels, out);
     } else if (W) {
-        s = encode_anyres(c, pool, img, W, H, pixels, out);
+        s = encode_anyres(c, pool, ex, img, W, H, pixels, out);
     } else if (c->hp.n_pinpoints) { /* small image: the overview alone, resized as the tiles' overview */
         struct ekv_image ov = {0};
         s = ekv_image_resize_bicubic(img, (int)S, (int)S, &ov);
         if (s == EKV_OK) {
             ekv_image_normalize(&ov, c->hp.image_mean, c->hp.image_std, pixels);
-            s = ekv_clip_encode_pixels(c, pool, pixels, out);
+            s = encode_px(c, pool, ex, pixels, out);
         }
         ekv_image_free(&ov);
     } else {
         s = ekv_clip_preprocess(c, img, pixels);
-        if (s == EKV_OK) s = ekv_clip_encode_pixels(c, pool, pixels, out);
+        if (s == EKV_OK) s = encode_px(c, pool, ex, pixels, out);
     }
     free(pixels);
     return s;

@@ -138,6 +138,20 @@ enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool
  * (the order they are spliced in); Qwen2-VL: the merged grid row by row. */
 enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool *pool,
                                       const struct ekv_image *img, float *out);
+/* Who encodes the pixels of one image or tile of a fixed-size tower (the
+ * mlp projector: LLaVA-1.5, each tile and overview of LLaVA-1.6) in
+ * ekv_clip_encode_image_with: pixels(user, c, pixels, out) does what
+ * ekv_clip_encode_pixels does (a GPU backend); NULL = ekv_clip_encode_pixels.
+ * Other towers ignore it. */
+struct ekv_clip_exec {
+    enum ekv_status (*pixels)(void *user, const struct ekv_clip *c, const float *pixels, float *out);
+    void *user;
+};
+enum ekv_status ekv_clip_encode_image_with(const struct ekv_clip *c, struct ekv_pool *pool,
+                                           const struct ekv_image *img, const struct ekv_clip_exec *ex, float *out);
+/* A number no other tower loaded in this process has (never 0): what a
+ * device's copy of the weights is kept under. */
+uint64_t ekv_clip_id(const struct ekv_clip *c);
 enum ekv_status ekv_clip_encode_file(const struct ekv_clip *c, struct ekv_pool *pool,
                                      const char *path, float *out);
 

@@ -41,6 +41,7 @@ struct ekv_clip {
     float **owned;               /* float arrays to free */
     size_t n_owned, cap_owned;
     const char *path;            /* for messages, borrowed during load only */
+    uint64_t id;                 /* ekv_clip_id */
 };
 
 /* a * b floats, NULL when the size overflows or malloc fails */
