@@ -100,8 +100,18 @@ struct ekv_vk_mg {
     size_t n_pairs, cap_pairs;
     struct mg_mean *means;     /* merges the device averages */
     size_t n_means, cap_means;
-    uint32_t *members;         /* [2 * n_members] entry, weight (float bits) */
+    uint32_t *members;         /* [3 * n_members] entry, weight (float bits), rotation row (MG_NONE: none) */
     size_t n_members, cap_members;
+    /* key=rotate: the {cos, sin} rows members' keys turn by ([n_rot][rot_w] f32,
+     * ekv_rope_shift_cs), one per distinct delta (rot_keys [n_rot][3], found
+     * through rot_hash [rot_hcap] of row + 1, 0 empty) */
+    float *rots;
+    size_t n_rot, cap_rot;
+    int64_t *rot_keys;
+    size_t cap_rot_keys;
+    uint32_t *rot_hash;
+    size_t rot_hcap;
+    uint32_t rot_w;
     uint32_t *stage[4];        /* [rows][srw[side]] words; side 2: the biases (side 3, positions: never staged) */
     size_t n_stage[4], cap_stage[4];
     uint32_t srw[4], rw[4], sph[4];

@@ -16,6 +16,7 @@
 #include "core/util.h"
 #include "engine/backend_vk_mg.h"
 #include "gpu/vk_push.h"
+#include "kernels/kernels.h"
 #include "kernels/kvquant.h"
 
 /* ---- rows between the device's layout and floats ---- */
@@ -75,7 +76,7 @@ enum ekv_status ekv_vk_mg_buf_fit(struct ekv_vk *vk, struct ekv_vk_buf *b, size_
 /* Words one sequence's plans take in the plan buffer (merges' table and
  * members; its segments and runs: flush_compact) and in the stage. */
 static void flush_words(const struct ekv_vk_mg *m, size_t *plan_w, size_t *stage_w) {
-    *plan_w = 4 * m->n_means + 2 * m->n_members;
+    *plan_w = 4 * m->n_means + 3 * m->n_members + m->n_rot * m->rot_w;
     *stage_w = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
 }
 
@@ -90,13 +91,14 @@ static size_t flush_segs(const struct ekv_vk_mg *m) { return m->n_plans ? 4 * (s
 static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
     struct ekv_vk_ctx *g = m->g;
     const struct ekv_vk_seq *s = m->s;
-    const size_t mtab0 = plan0, mem0 = mtab0 + 4 * m->n_means;
+    const size_t mtab0 = plan0, mem0 = mtab0 + 4 * m->n_means, rot0 = mem0 + 3 * m->n_members;
     const size_t st_off[3] = {stage0, stage0 + m->n_stage[0], stage0 + m->n_stage[0] + m->n_stage[1]};
     uint32_t *w = g->plan.host;
     uint32_t *sw = g->stage.host;
     for (int side = 0; side < 3; side++)
         if (m->n_stage[side]) memcpy(sw + st_off[side], m->stage[side], m->n_stage[side] * 4);
-    if (m->n_members) memcpy(w + mem0, m->members, 2 * m->n_members * 4);
+    if (m->n_members) memcpy(w + mem0, m->members, 3 * m->n_members * 4);
+    if (m->n_rot) memcpy(w + rot0, m->rots, m->n_rot * m->rot_w * 4);
     size_t t = 0;
     for (int32_t il = 0; il < s->n_layer && m->n_means; il++)
         for (int side = 0; side < 2; side++) {
@@ -112,8 +114,9 @@ static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
             const struct ekv_vk_side *sd = mg_side_of(m, side);
             struct ekv_vk_pc_kv_merge pc = {
                 .base = sd->buf[il].addr, .stage = g->stage.addr + st_off[side] * 4,
-                .table = g->plan.addr + (mtab0 + 4 * t0) * 4, .members = g->plan.addr + mem0 * 4, .H = s->H,
-                .C = (uint32_t)s->cap, .D = s->D, .rw = m->rw[side], .srw = m->srw[side]};
+                .table = g->plan.addr + (mtab0 + 4 * t0) * 4, .members = g->plan.addr + mem0 * 4,
+                .rots = g->plan.addr + rot0 * 4, .H = s->H, .C = (uint32_t)s->cap, .D = s->D, .rw = m->rw[side],
+                .srw = m->srw[side], .rd = m->rot_w, .neox = m->seq->kv->rope.neox ? 1u : 0u};
             ekv_vk_dispatch(g->vk, ekv_vk_kv_merge_pipe(sd->type), &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
         }
 }
@@ -219,6 +222,8 @@ static void flush_reset(struct ekv_vk_mg *m) {
     m->n_pairs = 0;
     m->n_means = 0;
     m->n_members = 0;
+    m->n_rot = 0;
+    if (m->rot_hash) memset(m->rot_hash, 0, m->rot_hcap * sizeof *m->rot_hash);
     m->n_stage[0] = m->n_stage[1] = m->n_stage[2] = 0;
     memset(m->pending, 0, (size_t)m->s->n_layer * m->s->H);
 }
@@ -447,9 +452,64 @@ static enum ekv_status stage_blank(struct ekv_vk_mg *m, int side, uint32_t *code
     return EKV_OK;
 }
 
+/* The rotation row that turns a key by delta (key=rotate), added once per
+ * distinct delta of this flush; *row its index. */
+static enum ekv_status rot_row(struct ekv_vk_mg *m, const int64_t delta[3], uint32_t *row) {
+    if (m->n_rot + 1 > m->rot_hcap / 2) { /* grow and rehash (load <= 1/2) */
+        const size_t nc = m->rot_hcap ? 2 * m->rot_hcap : 1024;
+        uint32_t *nh = calloc(nc, sizeof *nh);
+        if (!nh) return ekv_err(EKV_ERR_NOMEM, "out of memory for key rotations");
+        for (size_t r = 0; r < m->n_rot; r++) {
+            const int64_t *k = m->rot_keys + 3 * r;
+            size_t i = (size_t)(((uint64_t)k[0] * 0x9E3779B97F4A7C15ull ^ (uint64_t)k[1] * 0xC2B2AE3D27D4EB4Full ^
+                                 (uint64_t)k[2] * 0x165667B19E3779F9ull) >> 17) & (nc - 1);
+            while (nh[i]) i = (i + 1) & (nc - 1);
+            nh[i] = (uint32_t)r + 1;
+        }
+        free(m->rot_hash);
+        m->rot_hash = nh;
+        m->rot_hcap = nc;
+    }
+    size_t i = (size_t)(((uint64_t)delta[0] * 0x9E3779B97F4A7C15ull ^ (uint64_t)delta[1] * 0xC2B2AE3D27D4EB4Full ^
+                         (uint64_t)delta[2] * 0x165667B19E3779F9ull) >> 17) & (m->rot_hcap - 1);
+    for (; m->rot_hash[i]; i = (i + 1) & (m->rot_hcap - 1)) {
+        const int64_t *k = m->rot_keys + 3 * (m->rot_hash[i] - 1);
+        if (k[0] == delta[0] && k[1] == delta[1] && k[2] == delta[2]) {
+            *row = m->rot_hash[i] - 1;
+            return EKV_OK;
+        }
+    }
+    const struct ekv_kv *kv = m->seq->kv;
+    m->rot_w = (uint32_t)(2 * ((kv->rope.dim < kv->head_dim ? kv->rope.dim : kv->head_dim) / 2));
+    enum ekv_status st = ekv_vk_mg_grow((void **)&m->rots, &m->cap_rot, (m->n_rot + 1) * m->rot_w + 1, sizeof(float));
+    if (st == EKV_OK) st = ekv_vk_mg_grow((void **)&m->rot_keys, &m->cap_rot_keys, 3 * (m->n_rot + 1), sizeof(int64_t));
+    if (st != EKV_OK) return st;
+    const int64_t d4[4] = {delta[0], delta[1], delta[2], 0};
+    (void)ekv_rope_shift_cs(&kv->rope, d4, kv->head_dim, m->rots + m->n_rot * m->rot_w);
+    memcpy(m->rot_keys + 3 * m->n_rot, delta, 3 * sizeof *delta);
+    m->rot_hash[i] = (uint32_t)m->n_rot + 1;
+    *row = (uint32_t)m->n_rot++;
+    return EKV_OK;
+}
+
+/* Member j's key rotation into survivor t (MG_NONE: none needed). */
+static enum ekv_status member_rot(struct ekv_vk_mg *m, const struct ekv_kv_head *h, int32_t t, int32_t j, uint32_t *row) {
+    *row = MG_NONE;
+    int64_t d[3];
+    if (h->mpos) {
+        for (int c = 0; c < 3; c++) d[c] = (int64_t)h->mpos[3 * (size_t)t + c] - h->mpos[3 * (size_t)j + c];
+    } else {
+        d[0] = (int64_t)h->pos[t] - h->pos[j];
+        d[1] = d[2] = 0;
+    }
+    if (!d[0] && !d[1] && !d[2]) return EKV_OK;
+    return rot_row(m, d, row);
+}
+
 static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const int32_t *into, const float *w,
-                                 const float *const *k_of, const float *const *v_of) {
+                                 unsigned flags, const float *const *k_of, const float *const *v_of) {
     struct ekv_vk_mg *m = user;
+    const struct ekv_kv_head *h = &m->seq->kv->layers[il].heads[hk]; /* positions before the merge */
     enum ekv_status st = head_touch(m, il, hk);
     /* members of each survivor: itself first, then the entries that join it in index order */
     int32_t *cnt = calloc((size_t)(len ? len : 1), sizeof *cnt), *start = malloc((size_t)(len ? len : 1) * sizeof *start);
@@ -469,6 +529,8 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
     }
     for (int side = 0; side < 2 && st == EKV_OK; side++) {
         const float *const *of = side ? v_of : k_of;
+        const bool keep_rows = side == 0 && (flags & EKV_KV_DEV_K_KEEP); /* key=anchor */
+        const bool rotate = side == 0 && (flags & EKV_KV_DEV_K_ROTATE);
         const size_t first = m->n_pairs;
         uint32_t e = 0;
         for (int32_t j = 0; j < len && st == EKV_OK; j++) {
@@ -476,18 +538,21 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
             uint32_t src = (uint32_t)j;
             if (of && of[j]) {
                 st = stage_row(m, side, of[j], &src);
-            } else if (!of && cnt[j] > 0) { /* a mean of 1 + cnt[j] rows, on the device */
+            } else if (!of && !keep_rows && cnt[j] > 0) { /* a mean of 1 + cnt[j] rows, on the device */
                 st = stage_blank(m, side, &src);
                 const uint32_t nmem = (uint32_t)cnt[j] + 1;
-                if (st == EKV_OK) st = ekv_vk_mg_grow((void **)&m->members, &m->cap_members, m->n_members + nmem, 8);
+                if (st == EKV_OK) st = ekv_vk_mg_grow((void **)&m->members, &m->cap_members, m->n_members + nmem, 12);
                 if (st == EKV_OK) st = ekv_vk_mg_grow((void **)&m->means, &m->cap_means, m->n_means + 1, sizeof *m->means);
                 if (st != EKV_OK) break;
                 m->means[m->n_means++] = (struct mg_mean){.il = il, .hk = hk, .side = side, .row = src & ~MG_HI,
                                                           .first = (uint32_t)m->n_members, .n = nmem};
-                for (uint32_t i = 0; i < nmem; i++) {
+                for (uint32_t i = 0; i < nmem && st == EKV_OK; i++) {
                     const int32_t mj = list[start[j] + (int32_t)i];
-                    m->members[2 * m->n_members] = (uint32_t)mj;
-                    memcpy(&m->members[2 * m->n_members + 1], &w[mj], 4);
+                    uint32_t rot = MG_NONE;
+                    if (rotate) st = member_rot(m, h, j, mj, &rot);
+                    m->members[3 * m->n_members] = (uint32_t)mj;
+                    memcpy(&m->members[3 * m->n_members + 1], &w[mj], 4);
+                    m->members[3 * m->n_members + 2] = rot;
                     m->n_members++;
                 }
             }
@@ -496,8 +561,16 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
         }
         if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
     }
+    /* the biases: a survivor that members joined has a new weight (h->weight
+     * holds the new ones already), the others keep theirs; w may be a rule's
+     * member weights, so the changed ones are marked here (NaN differs) */
+    float *wold = st == EKV_OK && m->bias ? malloc((size_t)(len ? len : 1) * sizeof *wold) : NULL;
+    if (st == EKV_OK && m->bias && !wold) st = ekv_err(EKV_ERR_NOMEM, "out of memory for a merge of %d entries", (int)len);
+    for (int32_t j = 0; wold && j < len; j++) wold[j] = into[j] == j && cnt[j] > 0 ? NAN : h->weight[j];
     free(cnt), free(start), free(list);
-    return st == EKV_OK ? plan_bias(m, il, hk, len, NULL, into, w) : st;
+    if (st == EKV_OK) st = plan_bias(m, il, hk, len, NULL, into, wold);
+    free(wold);
+    return st;
 }
 
 static enum ekv_status dev_write(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n,

@@ -33,10 +33,12 @@
  *     are the codes the CPU cache would hold).
  * Weighted means of merged entries (ekv_kv_head_merge: Elastic Cache,
  * elastic-v2's default key=mean) are computed on the device too
- * (kv_merge.comp, before the compaction in the same submission). A policy
- * that reads rows itself (elastic-v2's key=rotate, value=attn; Elastic's
- * reference mode) gets them read back, a head at a time (kept until the head
- * changes).
+ * (kv_merge.comp, before the compaction in the same submission), the
+ * merging rules of elastic-v2 and +merge too (key=rotate: each member's key
+ * turned to its survivor's position there; key=anchor; value=attn's member
+ * weights: ekv_kv_head_merge_rule). A policy that reads rows itself
+ * (Elastic's reference mode, +merge's merge_to=key similarity) gets them
+ * read back, a head at a time (kept until the head changes).
  *
  * The buffers hold `cap` entries per (layer, KV head), the host cache's
  * lengths say how many are in use. cap follows what is kept, as the CPU's
@@ -306,6 +308,9 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     free(m->pairs);
     free(m->means);
     free(m->members);
+    free(m->rots);
+    free(m->rot_keys);
+    free(m->rot_hash);
     free(m->stage[0]);
     free(m->stage[1]);
     free(m->rc_k);

@@ -42,7 +42,7 @@ struct ekv_vk_pc_attn_stats {
     float scale, sparsity_p;
     uint32_t window, pos0;
 };
-struct ekv_vk_pc_kv_merge { uint64_t base, stage, table, members; uint32_t H, C, D, rw, srw; };
+struct ekv_vk_pc_kv_merge { uint64_t base, stage, table, members, rots; uint32_t H, C, D, rw, srw, rd, neox; };
 struct ekv_vk_pc_kv_compact { uint64_t runs, pre, segs, scr; uint32_t n_runs, phase; };
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
 struct ekv_vk_pc_layernorm { uint64_t x, w, b, y; uint32_t n, rows; float eps; };

@@ -192,6 +192,12 @@ void ekv_rope_shift_ext(const struct ekv_rope_params *p, int64_t delta, float *x
  * or all four positions equal, it equals ekv_rope_sincos_ext(pos[0]) bit
  * for bit. */
 void ekv_rope_sincos_multi(const struct ekv_rope_params *p, const int64_t pos[4], float *cs);
+/* The {cos, sin} of each rotated pair that ekv_rope_shift_ext (delta[0]) or,
+ * for M-RoPE parameters, ekv_rope_shift_multi (delta per component) turns
+ * by, into cs [2 * pairs]: the same numbers those functions use, and {1, 0}
+ * for a pair they leave alone (a zero delta). Returns 2 * pairs (the pairs
+ * of min(p->dim, head_dim)). For a device that turns keys itself. */
+int ekv_rope_shift_cs(const struct ekv_rope_params *p, const int64_t delta[4], int head_dim, float *cs);
 /* ekv_rope_shift_ext with a delta per component: pair i turns by the angle
  * of delta[c], c its section. */
 void ekv_rope_shift_multi(const struct ekv_rope_params *p, const int64_t delta[4], float *x, int n_heads,

@@ -212,6 +212,19 @@ void ekv_rope_sincos_multi(const struct ekv_rope_params *p, const int64_t pos[4]
     }
 }
 
+int ekv_rope_shift_cs(const struct ekv_rope_params *p, const int64_t delta[4], int head_dim, float *cs) {
+    const int dim = p->dim > head_dim ? head_dim : p->dim;
+    const int half = dim / 2;
+    const bool multi = ekv_rope_is_multi(p);
+    for (int i = 0; i < half; i++) {
+        const int64_t d = multi ? delta[ekv_rope_section(p, i)] : delta[0];
+        const double theta = d ? rope_theta_ext(p, d, i) : 0.0;
+        cs[2 * i] = d ? (float)cos(theta) : 1.0f;
+        cs[2 * i + 1] = d ? (float)sin(theta) : 0.0f;
+    }
+    return 2 * half;
+}
+
 void ekv_rope_shift_multi(const struct ekv_rope_params *p, const int64_t delta[4], float *x, int n_heads,
                           int head_dim) {
     const int dim = p->dim > head_dim ? head_dim : p->dim;

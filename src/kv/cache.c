@@ -595,14 +595,14 @@ static void head_where(const struct ekv_kv *kv, const struct ekv_kv_head *h, int
  * re-pack KIVI key groups) reports it. */
 static enum ekv_status head_compact(struct ekv_kv *kv, struct ekv_kv_head *h, const uint8_t *keep,
                                     const float *const *k_of, const float *const *v_of, const int32_t *into,
-                                    const float *w0) {
+                                    const float *w0, unsigned flags) {
     const uint64_t before = head_alloc(kv, h);
     enum ekv_status s = EKV_OK, s2 = EKV_OK;
     if (kv->dev) {
         int il, hk;
         head_where(kv, h, &il, &hk);
         if (il < 0) s = ekv_err(EKV_ERR_INVALID_ARG, "kv cache: the head is not one of this cache's");
-        else if (into) s = kv->dev->merge(kv->dev->user, il, hk, h->len, into, w0, k_of, v_of);
+        else if (into) s = kv->dev->merge(kv->dev->user, il, hk, h->len, into, w0, flags, k_of, v_of);
         else s = kv->dev->compact(kv->dev->user, il, hk, h->len, keep, k_of, v_of);
     } else {
         s = ekv_store_compact(&kv->fk, &h->ks, h->len, keep, k_of);
@@ -627,7 +627,7 @@ enum ekv_status ekv_kv_head_keep(struct ekv_kv *kv, struct ekv_kv_head *h, const
     double dropped = 0.0; /* weights are whole numbers of tokens: any order of sums is exact */
     for (int32_t j = ekv_keep_next(keep, 0, h->len, false); j < h->len; j = ekv_keep_next(keep, j + 1, h->len, false))
         dropped += h->weight[j];
-    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL, NULL, NULL);
+    enum ekv_status s = head_compact(kv, h, keep, NULL, NULL, NULL, NULL, 0);
     h->n_evicted += (int64_t)llround(dropped);
     head_maybe_shrink(kv, h);
     return s;
@@ -802,8 +802,9 @@ static enum ekv_status merge_accumulate(const struct ekv_kv *kv, const struct ek
     return EKV_OK;
 }
 
-enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into,
-                                      const float *k_set, const float *v_set) {
+/* ekv_kv_head_merge_set, and with wm (a device only) ekv_kv_head_merge_dev. */
+static enum ekv_status merge_impl(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into, const float *k_set,
+                                  const float *v_set, const float *wm, unsigned flags) {
     if (!kv || !h || (!into && h->len > 0)) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_merge: NULL argument");
     const int32_t len = h->len;
     const size_t d = (size_t)kv->head_dim;
@@ -844,7 +845,7 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
         }
     }
     double merged = 0.0, dropped = 0.0;
-    if (w0) memcpy(w0, h->weight, (size_t)len * sizeof *w0);
+    if (w0) memcpy(w0, wm ? wm : h->weight, (size_t)len * sizeof *w0);
     for (int32_t j = 0; j < len; j++) { /* survivors' own weights first, as in merge_accumulate */
         if (into[j] == j && slot[j] >= 0) {
             wsum[slot[j]] += h->weight[j];
@@ -894,9 +895,9 @@ enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, 
     }
     if (dev_mean) /* rows given by the caller only; the device averages the other sides */
         s = head_compact(kv, h, keep, row_of && k_set ? row_of : NULL, row_of && v_set ? row_of + nl : NULL,
-                         n_targets > 0 ? into : NULL, w0);
+                         n_targets > 0 ? into : NULL, w0, flags);
     else
-        s = head_compact(kv, h, keep, row_of, row_of ? row_of + nl : NULL, NULL, NULL);
+        s = head_compact(kv, h, keep, row_of, row_of ? row_of + nl : NULL, NULL, NULL, 0);
     h->n_merged += (int64_t)llround(merged);
     h->n_evicted += (int64_t)llround(dropped);
     head_maybe_shrink(kv, h);
@@ -910,6 +911,18 @@ out:
     free(row_of);
     free(w0);
     return s;
+}
+
+enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into,
+                                      const float *k_set, const float *v_set) {
+    return merge_impl(kv, h, into, k_set, v_set, NULL, 0);
+}
+
+enum ekv_status ekv_kv_head_merge_dev(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into, const float *wm,
+                                      unsigned flags) {
+    if (!kv || !kv->dev || !kv->dev->merge || !wm)
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_merge_dev: a cache on a device that merges, and weights");
+    return merge_impl(kv, h, into, NULL, NULL, wm, flags);
 }
 
 enum ekv_status ekv_kv_head_merge(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into) {

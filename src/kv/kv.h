@@ -82,16 +82,23 @@ struct ekv_kv_dev {
     /* A merge (ekv_kv_head_merge's into[] convention): as compact with
      * keep[j] = (into[j] == j), and every kept entry t that others join gets
      * on each side without rows given (k_of / v_of NULL) the mean of its own
-     * and its members' rows weighted by w[] (the weights before the merge),
-     * computed by the device. Optional: NULL = the means are computed here
-     * from rows read back. */
+     * and its members' rows weighted by w[] (the weights before the merge,
+     * or a merging rule's member weights: ekv_kv_head_merge_rule), computed
+     * by the device. flags (EKV_KV_DEV_*): K_KEEP, the survivors keep their
+     * own keys (key=anchor); K_ROTATE, each member's key is first turned by
+     * RoPE from its position (the head's pos, or mpos under M-RoPE) to its
+     * survivor's (key=rotate: ekv_rope_shift_cs's angles). Optional: NULL =
+     * the means are computed here from rows read back. */
     enum ekv_status (*merge)(void *user, int il, int hk, int32_t len, const int32_t *into, const float *w,
-                             const float *const *k_of, const float *const *v_of);
+                             unsigned flags, const float *const *k_of, const float *const *v_of);
     /* Overwrites rows idx[0..n) (distinct, valid) with k / v [n][head_dim]
      * (NULL: that side unchanged). */
     enum ekv_status (*write)(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n,
                              const float *k, const float *v);
 };
+
+/* struct ekv_kv_dev merge flags */
+enum { EKV_KV_DEV_K_KEEP = 1, EKV_KV_DEV_K_ROTATE = 2 };
 
 /* What the current forward is. */
 struct ekv_kv_step {
@@ -294,6 +301,12 @@ enum ekv_status ekv_kv_head_merge(struct ekv_kv *kv, struct ekv_kv_head *h, cons
  * that side. Weights, statistics and counters as ekv_kv_head_merge. */
 enum ekv_status ekv_kv_head_merge_set(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into,
                                       const float *k_set, const float *v_set);
+/* A merge whose means a device computes (kv->dev->merge): member weights
+ * wm[len] (the mean of a side is sum wm[j] x row j / sum wm[j] over a
+ * survivor and its members) and flags EKV_KV_DEV_*; the survivors' weights,
+ * statistics and counters as ekv_kv_head_merge. For merge.c's rules. */
+enum ekv_status ekv_kv_head_merge_dev(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into, const float *wm,
+                                      unsigned flags);
 
 /* A boolean option value of a policy spec: 1/on/true or 0/off/false into
  * *out; false for anything else (src/kv/policy.c). */

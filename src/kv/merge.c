@@ -163,6 +163,31 @@ static void group_sums(const struct ekv_kv *kv, const struct ekv_kv_head *h, con
     }
 }
 
+/* The rule on a device that merges (kv->dev->merge): the member weights
+ * group_sums would use, and the key rule as flags; the device averages
+ * (turning members' keys itself under ROTATE), nothing is read back. */
+static enum ekv_status merge_rule_dev(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into,
+                                      enum ekv_merge_key key, const double *score) {
+    const int32_t T = h->len;
+    float *wm = malloc((size_t)T * sizeof *wm);
+    double *gsum = score ? calloc((size_t)T, sizeof *gsum) : NULL;
+    if (!wm || (score && !gsum)) {
+        free(wm), free(gsum);
+        return ekv_err(EKV_ERR_NOMEM, "merge: weights of %d entries", (int)T);
+    }
+    for (int32_t j = 0; score && j < T; j++)
+        if (into[j] >= 0 && score[j] > 0) gsum[into[j]] += score[j];
+    for (int32_t j = 0; j < T; j++) {
+        double w = h->weight[j];
+        if (score && into[j] >= 0 && gsum[into[j]] > 0) w *= score[j] > 0 ? score[j] : 0.0;
+        wm[j] = (float)w;
+    }
+    const unsigned flags = key == EKV_MERGE_KEY_ROTATE ? EKV_KV_DEV_K_ROTATE : key == EKV_MERGE_KEY_ANCHOR ? EKV_KV_DEV_K_KEEP : 0;
+    const enum ekv_status st = ekv_kv_head_merge_dev(kv, h, into, wm, flags);
+    free(wm), free(gsum);
+    return st;
+}
+
 enum ekv_status ekv_kv_head_merge_rule(struct ekv_kv *kv, struct ekv_kv_head *h, const int32_t *into,
                                        enum ekv_merge_key key, const double *score) {
     if (!kv || !h || (!into && h->len > 0)) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_merge_rule: NULL argument");
@@ -176,6 +201,7 @@ enum ekv_status ekv_kv_head_merge_rule(struct ekv_kv *kv, struct ekv_kv_head *h,
         if (into[j] < -1 || into[j] >= T || (into[j] >= 0 && into[into[j]] != into[j]))
             return ekv_err(EKV_ERR_INVALID_ARG, "ekv_kv_head_merge_rule: entry %d joins %d, which is not a surviving "
                                                 "entry", (int)j, (int)into[j]);
+    if (kv->dev && kv->dev->merge) return merge_rule_dev(kv, h, into, key, score);
     struct merge_scratch s;
     if (!scratch_alloc(&s, (size_t)T, (size_t)d)) {
         scratch_free(&s);

@@ -7,7 +7,11 @@
 // mean, quantised as the side's type (-DST=; the quantisers are the CPU's,
 // kvq_quant.glsl), into a stage row, from which kv_compact.comp then puts
 // it in place. Run before the compaction of the same plans, so every
-// member is read where it was.
+// member is read where it was. A member (entry, weight, rotation row) with
+// a rotation row (key=rotate) has its key turned first: pair (i0, i1) of
+// the first rd channels (NeoX halves or adjacent pairs, as the model's
+// RoPE) by the {cos, sin} of rots[row][2 i], the CPU's
+// ekv_rope_shift_ext / _multi angles (ekv_rope_shift_cs on the host).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
@@ -18,9 +22,28 @@
 #include "kvq_quant.glsl"
 layout(local_size_x = 64) in;
 layout(push_constant) uniform P {
-    U32 base; U32 stage; U32 table; U32 members;
-    uint H; uint C; uint D; uint rw; uint srw;
+    U32 base; U32 stage; U32 table; U32 members; F32 rots;
+    uint H; uint C; uint D; uint rw; uint srw; uint rd; uint neox;
 } pc;
+
+// channel c of entry j's key turned by rotation row r (c < rd)
+float turned(const KvSide s, uint hk, uint j, uint c, uint r) {
+    const uint half_ = pc.rd / 2u;
+    uint i, i0, i1;
+    if (pc.neox != 0u) {
+        i = c < half_ ? c : c - half_;
+        i0 = i, i1 = i + half_;
+    } else {
+        i = c / 2u;
+        i0 = 2u * i, i1 = 2u * i + 1u;
+    }
+    const float cs = pc.rots.d[r * pc.rd + 2u * i], sn = pc.rots.d[r * pc.rd + 2u * i + 1u];
+    const float a = kv_elem(ST, false, s, hk, j, i0), b = kv_elem(ST, false, s, hk, j, i1);
+    precise float x;
+    if (c == i0) x = a * cs - b * sn;
+    else x = a * sn + b * cs;
+    return x;
+}
 shared float sx[256];
 
 void main() {
@@ -31,9 +54,10 @@ void main() {
     for (uint c = tid; c < D; c += 64u) {
         float acc = 0.0, ws = 0.0;
         for (uint i = 0u; i < n; i++) {
-            const uint j = pc.members.d[2u * (first + i)];
-            const float w = uintBitsToFloat(pc.members.d[2u * (first + i) + 1u]);
-            acc += w * kv_elem(ST, false, s, hk, j, c);
+            const uint j = pc.members.d[3u * (first + i)];
+            const float w = uintBitsToFloat(pc.members.d[3u * (first + i) + 1u]);
+            const uint r = pc.members.d[3u * (first + i) + 2u];
+            acc += w * (r != 0xffffffffu && c < pc.rd ? turned(s, hk, j, c, r) : kv_elem(ST, false, s, hk, j, c));
             ws += w;
         }
         sx[c] = acc / ws;
