@@ -6,7 +6,7 @@
  *    bit; each pair takes its section's component (llama.cpp's
  *    ggml_rope_multi rule, wrapping when the sections cover fewer pairs);
  *    turning a key by per-component deltas lands where rotating it there
- *    directly does;
+ *    directly does; ekv_rope_shift_cs's pairs turn it the same, bit for bit;
  *  - the prompt: the image's rows cached with (t, t + row, t + col), text
  *    after it shifted back by rows - max(grid), the next position equal to
  *    mtmd's n_pos; a grid that does not match its rows refused;
@@ -83,6 +83,27 @@ static void test_kernels(void) {
     float md = 0;
     for (int i = 0; i < 32; i++) md = fmaxf(md, fabsf(x[i] - y[i]));
     CHECK_MSG(md < 1e-5f, "shift by deltas vs rotation at the target: %g", md);
+    /* ekv_rope_shift_cs (what a device turns merged keys by): its pairs applied
+     * as a - b s, a s + b c give ekv_rope_shift_multi / _ext bit for bit */
+    struct ekv_rope_params plain = p;
+    memset(plain.sections, 0, sizeof plain.sections);
+    for (int mode = 0; mode < 4; mode++) {
+        struct ekv_rope_params q = mode < 2 ? p : plain;
+        q.neox = mode % 2 == 0;
+        const int64_t d4[4] = {mode < 2 ? 17 : -23, -5, 0, 0};
+        float want[16], got[16], c2[16];
+        for (int i = 0; i < 16; i++) want[i] = got[i] = cosf(0.91f * (float)i) - 0.2f;
+        if (mode < 2) ekv_rope_shift_multi(&q, d4, want, 1, 16);
+        else ekv_rope_shift_ext(&q, d4[0], want, 1, 16);
+        CHECK(ekv_rope_shift_cs(&q, d4, 16, c2) == 16);
+        for (int i = 0; i < 8; i++) {
+            const int i0 = q.neox ? i : 2 * i, i1 = q.neox ? i + 8 : 2 * i + 1;
+            const float a0 = got[i0], b0 = got[i1];
+            got[i0] = a0 * c2[2 * i] - b0 * c2[2 * i + 1];
+            got[i1] = a0 * c2[2 * i + 1] + b0 * c2[2 * i];
+        }
+        CHECK_MSG(!memcmp(want, got, sizeof want), "ekv_rope_shift_cs, mode %d", mode);
+    }
 }
 
 /* ---- the model ---- */
