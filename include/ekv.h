@@ -716,6 +716,17 @@ void ekv_vision_free(struct ekv_vision *v);
  * (the language model's n_embd). */
 int32_t ekv_vision_n_tokens(const struct ekv_vision *v);
 int32_t ekv_vision_n_embd(const struct ekv_vision *v);
+/* Where the tower runs from now on, whatever context encodes with it:
+ * "cpu" (or NULL: the context's threads, or the context's GPU when the
+ * context is on one), "auto" (the first GPU, else as "cpu") or "vulkan" /
+ * "vulkan:N" (a device of the tower's own: a clear error when there is
+ * none or the tower cannot run there — only LLaVA's CLIP with the mlp
+ * projector does in this version). A device of its own holds the tower's
+ * weights and lets threads without a context (a server's request threads)
+ * encode on the GPU, one at a time. */
+enum ekv_status ekv_vision_set_device(struct ekv_vision *v, const char *device);
+/* The tower's own device ("vulkan:0 (NVIDIA H100 ...)"), or "cpu" without one. */
+const char *ekv_vision_device(const struct ekv_vision *v);
 /* Decodes (JPEG/PNG), preprocesses and encodes an image file into
  * out [n_tokens][n_embd] (caller-owned). With a context on a GPU the tower
  * runs there when it can (LLaVA's: CLIP with the mlp projector; its

@@ -8,7 +8,8 @@
 # the API key (401; /health open), admission by --kv-mem (a request that
 # only fits compressed), and on ekv-ref-28m (../shared) 503 + Retry-After
 # when the queue is full and a client that hangs up having its job
-# cancelled and its cache freed at once; the server on a GPU (lavapipe).
+# cancelled and its cache freed at once; the server on a GPU (lavapipe),
+# images encoded there too.
 # Every server must exit 0 on SIGTERM.
 # usage: cli_serve.sh EKV REPO SHARED
 set -u
@@ -515,6 +516,35 @@ if start_server gpu -m models/stories260K.gguf --device "$GDEV" -c 512 -t 2 --pr
     stop_server gpumem && ok || bad "GPU --kv-mem server exit"
   else
     bad "the --kv-mem server does not start on $GDEV"
+  fi
+  # images with the server on a GPU: the request threads encode on a device handle of the
+  # tower's own (the banner says where), three image chats at once (taking turns on the
+  # device) each equal to the CPU server's answer; tiny-vlm's random weights make this a
+  # check of the path (the tower's numbers against the CPU's: test_gpu "vision")
+  "$EKV" mkmodel --preset tiny-vlm --type f32 --seed 5 -o "$T/vlm.gguf" > /dev/null 2>&1 || bad "mkmodel tiny-vlm"
+  printf '%s' '{"messages": [{"role": "user", "content": [{"type": "text", "text": "Describe"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,'"$(base64 -w0 data/images/astronaut_crop.png)"'"}}]}], "max_tokens": 8, "temperature": 0}' > "$T/vreq.json"
+  vpost() { curl -s -o "$1" -w '%{http_code}' -H 'Content-Type: application/json' "$URL/v1/chat/completions" --data-binary @"$T/vreq.json"; }
+  vwant=""
+  if start_server vcpu -m "$T/vlm.gguf" --mmproj "$T/vlm.mmproj.gguf" --device cpu -c 512 -t 2; then
+    code=$(vpost "$T/vc")
+    vwant=$(jget choices.0.message.content < "$T/vc")
+    [ "$code" = 200 ] && ok || bad "CPU server, image chat: $code $(head -c 300 "$T/vc")"
+    stop_server vcpu || bad "CPU vision server exit"
+  fi
+  if start_server vgpu -m "$T/vlm.gguf" --mmproj "$T/vlm.mmproj.gguf" --device "$GDEV" -c 512 -t 2; then
+    grep -q "vision tower on vulkan" "$T/vgpu.err" && ok || bad "banner: the vision tower on the device: $(tail -1 "$T/vgpu.err")"
+    vp=()
+    for i in 1 2 3; do vpost "$T/vg$i" > "$T/vg$i.code" & vp+=($!); done
+    wait "${vp[@]}"
+    vsame=0
+    for i in 1 2 3; do
+      [ "$(cat "$T/vg$i.code")" = 200 ] && [ "$(jget choices.0.message.content < "$T/vg$i")" = "$vwant" ] \
+        && [ "$(jget usage.prompt_tokens < "$T/vg$i")" = "$(jget usage.prompt_tokens < "$T/vc")" ] && vsame=$((vsame + 1))
+    done
+    [ -n "$vwant" ] && [ "$vsame" = 3 ] && ok || bad "GPU vision server: $vsame of 3 image chats equal the CPU's '$vwant'"
+    stop_server vgpu && ok || bad "GPU vision server exit"
+  else
+    bad "the vision server does not start on $GDEV"
   fi
   SRV_ENV=()
 else

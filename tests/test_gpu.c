@@ -1050,16 +1050,53 @@ static void test_vision(void) {
             const double d = tower_diff(v, cg, img, &rows);
             const char *label = pi < 2 ? presets[pi] : "ekv-ref-vlm";
             printf("vision tower %s: %d rows, max |gpu - cpu| / max |cpu| %.3g, %d tensors on the device\n", label,
-                   (int)rows, d, (int)cg->gpu->ct.n);
+                   (int)rows, d, (int)cg->gpu->tower.ct.n);
             CHECK_MSG(d >= 0 && d <= 1e-5, "%s: the device's tower differs by %.3g", label, d);
-            CHECK_MSG(cg->gpu->ct.n > 0, "%s: the tower did not run on the device", label);
+            CHECK_MSG(cg->gpu->tower.ct.n > 0, "%s: the tower did not run on the device", label);
             gt_check_validation(cg);
+            if (pi == 1) { /* a device of the tower's own, encoding without a context (the server's way) */
+                CHECK_OK(ekv_vision_set_device(v, g_dev));
+                CHECK(strstr(ekv_vision_device(v), "vulkan") != NULL);
+                const struct ekv_image_input in = {.path = img};
+                float *eo = NULL, *ec = NULL;
+                int32_t no = 0, nc = 0, tr;
+                int gx, gy, gw, gh;
+                CHECK_OK(ekv_vision_encode_input(v, NULL, &in, 0, &eo, &no, &gx, &gy, &tr, &gw, &gh));
+                CHECK_OK(ekv_vision_set_device(v, "cpu"));
+                CHECK(!strcmp(ekv_vision_device(v), "cpu"));
+                CHECK_OK(ekv_vision_encode_input(v, NULL, &in, 0, &ec, &nc, &gx, &gy, &tr, &gw, &gh));
+                double md = 0, mv = 0;
+                for (size_t i = 0; eo && ec && no == nc && i < (size_t)no * (size_t)ekv_vision_n_embd(v); i++)
+                    md = fmax(md, fabs(eo[i] - ec[i])), mv = fmax(mv, fabs(ec[i]));
+                printf("vision tower %s on a device of its own: max |gpu - cpu| / max |cpu| %.3g\n", label,
+                       mv > 0 ? md / mv : md);
+                /* the CPU's result again would be 0: nonzero shows the device ran it */
+                CHECK_MSG(eo && ec && no == nc && md > 0 && md <= 1e-5 * mv, "%s on its own device: %.3g of %.3g", label,
+                          md, mv);
+                free(eo), free(ec);
+                CHECK(ekv_vision_set_device(v, "gpu0") == EKV_ERR_INVALID_ARG && strstr(ekv_last_error(), "gpu0"));
+            }
         }
         ekv_context_free(cg);
         ekv_vision_free(v);
         ekv_model_free(m);
         if (pi < 2) remove(path), remove(mm);
     }
+    /* a tower the device cannot run (Idefics3's): refused on a named device, the CPU under auto */
+    char path[128], mm[140], cmd[512];
+    snprintf(path, sizeof path, "/tmp/ekv-test-gpu-%ld-smol.gguf", (long)getpid());
+    snprintf(mm, sizeof mm, "/tmp/ekv-test-gpu-%ld-smol.mmproj.gguf", (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-smolvlm --type f32 -o '%s' > /dev/null 2>&1", tu_bin(), path);
+    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    struct ekv_vision *v = NULL;
+    CHECK_OK(ekv_vision_load(mm, &v));
+    if (v) {
+        CHECK(ekv_vision_set_device(v, g_dev) == EKV_ERR_UNSUPPORTED && strstr(ekv_last_error(), "mlp projector"));
+        CHECK_OK(ekv_vision_set_device(v, "auto"));
+        CHECK(!strcmp(ekv_vision_device(v), "cpu"));
+    }
+    ekv_vision_free(v);
+    remove(path), remove(mm);
 }
 
 static bool only(const char *name) {

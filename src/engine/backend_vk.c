@@ -47,11 +47,10 @@ static const struct ekv_vk_tensor *tab_find(const struct ekv_vk_ttab *tt, const 
     return bsearch(&k, tt->t, (size_t)tt->n, sizeof *tt->t, cmp_tensor);
 }
 
-/* A weight of the model, else of the vision tower. */
-static const struct ekv_vk_tensor *find(const struct ekv_vk_ctx *g, const void *key) {
-    const struct ekv_vk_tensor *t = tab_find(&g->wt, key);
-    return t ? t : tab_find(&g->ct, key);
-}
+const struct ekv_vk_tensor *ekv_vk_ttab_find(const struct ekv_vk_ttab *tt, const void *key) { return tab_find(tt, key); }
+
+/* A weight of the model. */
+static const struct ekv_vk_tensor *find(const struct ekv_vk_ctx *g, const void *key) { return tab_find(&g->wt, key); }
 
 /* matvec.comp's weight types, in the order of enum ekv_vk_mv_type */
 static const enum ekv_dtype k_mv_types[EKV_VK_W_COUNT] = {EKV_F32,  EKV_F16,  EKV_BF16, EKV_Q8_0,
@@ -348,6 +347,7 @@ enum ekv_status ekv_vk_ctx_new(struct ekv_context *ctx, const char *spec, struct
         return ekv_err(EKV_ERR_NOMEM, "out of memory");
     }
     g->vk = vk;
+    g->tower.vk = vk; /* the vision tower on the context's device (backend_vk_clip.c) */
     s = prepare_pipelines(g, ctx->model);
     if (s == EKV_OK) s = upload_model(g, ctx->model);
     if (s == EKV_OK) s = reserve_rows(g, &ctx->model->info, 8);
@@ -365,7 +365,7 @@ void ekv_vk_ctx_free(struct ekv_vk_ctx *g) {
     ekv_vk_buf_free(g->vk, &g->logits);
     ekv_vk_kv_free_scratch(g);
     ekv_vk_ttab_free(g->vk, &g->wt);
-    ekv_vk_ttab_free(g->vk, &g->ct);
+    ekv_vk_tower_release(&g->tower);
     ekv_vk_close(g->vk);
     free(g);
 }
@@ -465,6 +465,12 @@ static enum ekv_status matvec(struct ekv_context *ctx, const struct ekv_weight *
     if (!t) return ekv_err(EKV_ERR_INTERNAL, "weight not on the device");
     const struct ekv_vk_tensor *b = bias ? find(g, bias) : NULL;
     if (bias && !b) return ekv_err(EKV_ERR_INTERNAL, "bias not on the device");
+    return ekv_vk_matvec_rec(g->vk, t, b, x, x_stride, y, y_stride, acc, n_rows, with_barrier);
+}
+
+enum ekv_status ekv_vk_matvec_rec(struct ekv_vk *vk, const struct ekv_vk_tensor *t, const struct ekv_vk_tensor *b,
+                                  uint64_t x, uint32_t x_stride, uint64_t y, uint32_t y_stride, bool acc,
+                                  int32_t n_rows, bool with_barrier) {
     struct ekv_vk_pc_matvec pc = {.w = t->buf.addr + t->q_off, .s = t->buf.addr, .x = x, .y = y, .b = b ? b->buf.addr : 0,
                            .ne0 = (uint32_t)t->ne0, .ne1 = (uint32_t)t->ne1, .n = (uint32_t)n_rows,
                            .x_stride = x_stride, .y_stride = y_stride,
@@ -481,17 +487,11 @@ static enum ekv_status matvec(struct ekv_context *ctx, const struct ekv_weight *
                                                                    : EKV_VK_MV_DECODE;
     const uint32_t gy = (uint32_t)((n_rows + EKV_VK_MATVEC_NT - 1) / EKV_VK_MATVEC_NT);
     /* rows per workgroup: (128 / (32 / M)) groups of RM (1, or 4 in the prompt shape) */
-    const uint32_t m = ekv_vk_matvec_m(g->vk);
+    const uint32_t m = ekv_vk_matvec_m(vk);
     const int64_t per_wg = (int64_t)(128 / (32 / m)) * (shape == EKV_VK_MV_PROMPT && m == 1 ? 4 : 1);
-    (with_barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(g->vk, ekv_vk_matvec_pipe(mv_type(t->type), m, shape), &pc,
+    (with_barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb)(vk, ekv_vk_matvec_pipe(mv_type(t->type), m, shape), &pc,
                                                            sizeof pc, grid_rows((t->ne1 + per_wg - 1) / per_wg), gy, 1);
     return EKV_OK;
-}
-
-enum ekv_status ekv_vk_ctx_matvec(struct ekv_context *ctx, const struct ekv_weight *w, uint64_t x, uint32_t x_stride,
-                                  uint64_t y, uint32_t y_stride, const float *bias, bool acc, int32_t n_rows,
-                                  bool with_barrier) {
-    return matvec(ctx, w, x, x_stride, y, y_stride, bias, acc, n_rows, with_barrier);
 }
 
 static enum ekv_status vk_matmul(struct ekv_context *ctx, const struct ekv_weight *const *w, const float *const *bias,

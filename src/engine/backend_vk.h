@@ -52,13 +52,20 @@ struct ekv_vk_ttab {
     int32_t n, cap;
 };
 
+/* The vision tower on a device (backend_vk_clip.c): a context's device, or
+ * one opened for the tower alone (ekv_vision_set_device), and the weights of
+ * one tower at a time, the one with clip_id (ekv_clip_id; 0 = none). */
+struct ekv_vk_tower {
+    struct ekv_vk *vk;
+    bool own;                 /* vk was opened for the tower (closed with it) */
+    struct ekv_vk_ttab ct;
+    uint64_t clip_id;
+};
+
 struct ekv_vk_ctx {
     struct ekv_vk *vk;
     struct ekv_vk_ttab wt;    /* the language model's weights */
-    /* the vision tower's weights (backend_vk_clip.c): those of one tower at
-     * a time, the one with clip_id (ekv_clip_id; 0 = none) */
-    struct ekv_vk_ttab ct;
-    uint64_t clip_id;
+    struct ekv_vk_tower tower; /* images encoded with this context (vk: the context's) */
     struct ekv_vk_buf act[EKV_ACT_COUNT];
     struct ekv_vk_buf gate, up; /* [rows][ff_stride], the columns past n_ff zero */
     struct ekv_vk_buf xin;      /* host-visible [rows][n_embd] input rows */
@@ -115,27 +122,36 @@ enum ekv_status ekv_vk_ttab_weight(struct ekv_vk *vk, struct ekv_vk_ttab *tt, co
 enum ekv_status ekv_vk_ttab_vector(struct ekv_vk *vk, struct ekv_vk_ttab *tt, const float *v, int64_t n,
                                    const char *what);
 void ekv_vk_ttab_sort(struct ekv_vk_ttab *tt);
+/* The tensor uploaded from host pointer key (a sorted table), or NULL. */
+const struct ekv_vk_tensor *ekv_vk_ttab_find(const struct ekv_vk_ttab *tt, const void *key);
 /* Frees every tensor of tt and its array (tt empty after). */
 void ekv_vk_ttab_free(struct ekv_vk *vk, struct ekv_vk_ttab *tt);
 /* Whether matvec.comp has a variant for weights of type t. */
 bool ekv_vk_weight_type_ok(enum ekv_dtype t);
-/* Records y[r] (+)= W x[r] (+ bias) for n_rows rows (strides in floats, x
- * 16-byte aligned, W and bias uploaded to either table); with_barrier:
- * the next dispatch waits for it. */
-enum ekv_status ekv_vk_ctx_matvec(struct ekv_context *ctx, const struct ekv_weight *w, uint64_t x, uint32_t x_stride,
-                                  uint64_t y, uint32_t y_stride, const float *bias, bool acc, int32_t n_rows,
-                                  bool with_barrier);
+/* Records y[r] (+)= W x[r] (+ b) for n_rows rows of weight t (and bias b,
+ * or NULL) on vk (strides in floats, x 16-byte aligned); with_barrier: the
+ * next dispatch waits for it. */
+enum ekv_status ekv_vk_matvec_rec(struct ekv_vk *vk, const struct ekv_vk_tensor *t, const struct ekv_vk_tensor *b,
+                                  uint64_t x, uint32_t x_stride, uint64_t y, uint32_t y_stride, bool acc,
+                                  int32_t n_rows, bool with_barrier);
 
 /* ---- backend_vk_clip.c: the vision tower on the device ---- */
 
 struct ekv_clip;
-/* Whether this context's device can run tower c (NULL) or why not. */
-const char *ekv_vk_clip_unsupported(const struct ekv_context *ctx, const struct ekv_clip *c);
-/* ekv_clip_encode_pixels on the device of ctx (user: the context): the
+/* Why tower c cannot run on a device in this version (NULL: it can). */
+const char *ekv_vk_tower_unsupported(const struct ekv_clip *c);
+/* ekv_clip_encode_pixels on a device (user: a struct ekv_vk_tower): the
  * pixels [3][S][S] of one image or tile to out [n_tile_tokens][n_embd_out].
  * The tower's weights are uploaded on first use and stay until another
- * tower is used or the context is freed. */
-enum ekv_status ekv_vk_clip_pixels(void *user, const struct ekv_clip *c, const float *pixels, float *out);
+ * tower is used or the tower state is released. One caller at a time per
+ * device (a context's: its owner; one of its own: ekv_vision's lock). */
+enum ekv_status ekv_vk_tower_pixels(void *user, const struct ekv_clip *c, const float *pixels, float *out);
+/* A device of its own for a vision tower: spec as ekv_vk_open ("auto":
+ * *out NULL and EKV_OK when there is no GPU). Freed by ekv_vk_tower_free. */
+enum ekv_status ekv_vk_tower_open(const char *spec, struct ekv_vk_tower **out);
+void ekv_vk_tower_free(struct ekv_vk_tower *t);
+/* Frees the tower's weights on the device (a context's tower state). */
+void ekv_vk_tower_release(struct ekv_vk_tower *t);
 
 /* ---- backend_vk_kv.c ---- */
 

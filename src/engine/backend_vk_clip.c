@@ -18,9 +18,12 @@
  * (Idefics3, Qwen2-VL, RMSNorm or SwiGLU blocks) run on the CPU:
  * ekv_vk_clip_unsupported says why.
  *
- * The tower's weights are uploaded on the first image into their own
- * table (struct ekv_vk_ctx ct), keyed by ekv_clip_id, and replaced when a
- * context meets another tower.
+ * The device is a context's (images encoded with a GPU context) or one
+ * opened for the tower alone (ekv_vision_set_device: the server's request
+ * threads encode there, one at a time, beside the engine's context). The
+ * tower's weights are uploaded on the first image into the tower state's
+ * own table (struct ekv_vk_tower), keyed by ekv_clip_id, and replaced when
+ * it meets another tower.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -35,8 +38,7 @@
 
 static int64_t pad8(int64_t n) { return (n + 7) & ~(int64_t)7; }
 
-const char *ekv_vk_clip_unsupported(const struct ekv_context *ctx, const struct ekv_clip *c) {
-    if (!ctx || !ctx->gpu) return "the context runs on the CPU";
+const char *ekv_vk_tower_unsupported(const struct ekv_clip *c) {
     const struct ekv_clip_hparams *hp = &c->hp;
     if (hp->proj != EKV_CLIP_PROJ_MLP) return "only the mlp projector's tower (LLaVA) runs on the GPU in this version";
     if (hp->rms_norm) return "RMSNorm towers run on the CPU in this version";
@@ -60,7 +62,7 @@ const char *ekv_vk_clip_unsupported(const struct ekv_context *ctx, const struct 
 }
 
 /* Uploads tower c's weights into g->ct (replacing another tower's). */
-static enum ekv_status upload_tower(struct ekv_vk_ctx *g, const struct ekv_clip *c) {
+static enum ekv_status upload_tower(struct ekv_vk_tower *g, const struct ekv_clip *c) {
     if (g->clip_id == ekv_clip_id(c)) return EKV_OK;
     ekv_vk_ttab_free(g->vk, &g->ct);
     g->clip_id = 0;
@@ -96,11 +98,17 @@ static enum ekv_status upload_tower(struct ekv_vk_ctx *g, const struct ekv_clip 
 }
 
 /* Device address of a vector uploaded to the tower's table (0: none). */
-static uint64_t vec_addr(const struct ekv_vk_ctx *g, const float *v) {
-    if (!v) return 0;
-    for (int32_t i = 0; i < g->ct.n; i++)
-        if (g->ct.t[i].key == v) return g->ct.t[i].buf.addr;
-    return 0;
+static uint64_t vec_addr(const struct ekv_vk_tower *g, const float *v) {
+    const struct ekv_vk_tensor *t = v ? ekv_vk_ttab_find(&g->ct, v) : NULL;
+    return t ? t->buf.addr : 0;
+}
+
+/* y (+)= W x (+ b) over n rows, W and b from the tower's table. */
+static enum ekv_status mv(struct ekv_vk_tower *g, const struct ekv_weight *w, uint64_t x, uint32_t xs, uint64_t y,
+                          uint32_t ys, const float *b, bool acc, int64_t n, bool barrier) {
+    const struct ekv_vk_tensor *t = ekv_vk_ttab_find(&g->ct, w->data), *bt = b ? ekv_vk_ttab_find(&g->ct, b) : NULL;
+    if (!t || (b && !bt)) return ekv_err(EKV_ERR_INTERNAL, "a vision tower weight is not on the device");
+    return ekv_vk_matvec_rec(g->vk, t, bt, x, xs, y, ys, acc, (int32_t)n, barrier);
 }
 
 /* The activations of one image or tile. */
@@ -139,14 +147,14 @@ static uint32_t groups(int64_t n, int64_t per) {
     return (uint32_t)(g < 1 ? 1 : g > 65535 ? 65535 : g);
 }
 
-static void layernorm(struct ekv_vk_ctx *g, uint64_t x, const float *w, const float *b, uint64_t y, int64_t rows,
+static void layernorm(struct ekv_vk_tower *g, uint64_t x, const float *w, const float *b, uint64_t y, int64_t rows,
                       int64_t n, float eps) {
     struct ekv_vk_pc_layernorm pc = {.x = x, .w = vec_addr(g, w), .b = vec_addr(g, b), .y = y, .n = (uint32_t)n,
                                      .rows = (uint32_t)rows, .eps = eps};
     ekv_vk_dispatch(g->vk, EKV_VK_LAYERNORM, &pc, sizeof pc, groups(rows, 1), 1, 1);
 }
 
-static void ew(struct ekv_vk_ctx *g, uint64_t y, uint64_t a, int64_t n, uint32_t op) {
+static void ew(struct ekv_vk_tower *g, uint64_t y, uint64_t a, int64_t n, uint32_t op) {
     struct ekv_vk_pc_ew pc = {.y = y, .a = a, .n = (uint32_t)n, .op = op};
     ekv_vk_dispatch(g->vk, EKV_VK_EW, &pc, sizeof pc, groups(n, 256), 1, 1);
 }
@@ -156,27 +164,26 @@ static uint32_t act_op(const struct ekv_clip_hparams *hp) {
 }
 
 /* One block on x (the recording is open). */
-static enum ekv_status record_block(struct ekv_context *ctx, const struct ekv_clip *c, int il, struct tower_bufs *t) {
-    struct ekv_vk_ctx *g = ctx->gpu;
+static enum ekv_status record_block(struct ekv_vk_tower *g, const struct ekv_clip *c, int il, struct tower_bufs *t) {
     const struct ekv_clip_hparams *hp = &c->hp;
     const struct clip_layer *L = &c->layers[il];
     const int64_t n = hp->n_pos, E = hp->n_embd, dh = E / hp->n_head;
     const uint64_t x = t->b[B_X].addr, h = t->b[B_H].addr, att = t->b[B_ATT].addr, ff = t->b[B_FF].addr;
     const uint32_t e = (uint32_t)E, f8 = (uint32_t)t->F8;
     layernorm(g, x, L->ln1_w, L->ln1_b, h, n, E, hp->eps);
-    enum ekv_status s = ekv_vk_ctx_matvec(ctx, &L->q, h, e, t->b[B_Q].addr, e, L->q_b, false, (int32_t)n, false);
-    if (s == EKV_OK) s = ekv_vk_ctx_matvec(ctx, &L->k, h, e, t->b[B_K].addr, e, L->k_b, false, (int32_t)n, false);
-    if (s == EKV_OK) s = ekv_vk_ctx_matvec(ctx, &L->v, h, e, t->b[B_V].addr, e, L->v_b, false, (int32_t)n, true);
+    enum ekv_status s = mv(g, &L->q, h, e, t->b[B_Q].addr, e, L->q_b, false, n, false);
+    if (s == EKV_OK) s = mv(g, &L->k, h, e, t->b[B_K].addr, e, L->k_b, false, n, false);
+    if (s == EKV_OK) s = mv(g, &L->v, h, e, t->b[B_V].addr, e, L->v_b, false, n, true);
     if (s != EKV_OK) return s;
     struct ekv_vk_pc_clip_attn pa = {.q = t->b[B_Q].addr, .k = t->b[B_K].addr, .v = t->b[B_V].addr, .o = att,
                                      .n = (uint32_t)n, .E = e, .dh = (uint32_t)dh,
                                      .scale = 1.0f / sqrtf((float)dh)};
     ekv_vk_dispatch(g->vk, EKV_VK_CLIP_ATTN, &pa, sizeof pa, (uint32_t)n, (uint32_t)hp->n_head, 1);
-    if ((s = ekv_vk_ctx_matvec(ctx, &L->o, att, e, x, e, L->o_b, true, (int32_t)n, true))) return s;
+    if ((s = mv(g, &L->o, att, e, x, e, L->o_b, true, n, true))) return s;
     layernorm(g, x, L->ln2_w, L->ln2_b, h, n, E, hp->eps);
-    if ((s = ekv_vk_ctx_matvec(ctx, &L->ff1, h, e, ff, f8, L->ff1_b, false, (int32_t)n, true))) return s;
+    if ((s = mv(g, &L->ff1, h, e, ff, f8, L->ff1_b, false, n, true))) return s;
     ew(g, ff, 0, n * t->F8, act_op(hp)); /* the pad columns stay 0: act(0) = 0 */
-    return ekv_vk_ctx_matvec(ctx, &L->ff2, ff, f8, x, e, L->ff2_b, true, (int32_t)n, true);
+    return mv(g, &L->ff2, ff, f8, x, e, L->ff2_b, true, n, true);
 }
 
 /* Patch rows of the pixels [3][S][S]: row (py, px) holds channel-major P x P
@@ -193,36 +200,34 @@ static void im2col(const struct ekv_clip_hparams *hp, const float *pixels, float
         }
 }
 
-static enum ekv_status record_tower(struct ekv_context *ctx, const struct ekv_clip *c, struct tower_bufs *t) {
-    struct ekv_vk_ctx *g = ctx->gpu;
+static enum ekv_status record_tower(struct ekv_vk_tower *g, const struct ekv_clip *c, struct tower_bufs *t) {
     const struct ekv_clip_hparams *hp = &c->hp;
     const int64_t np = hp->n_patches, n = hp->n_pos, E = hp->n_embd, cls = hp->has_class ? 1 : 0;
     const uint64_t x = t->b[B_X].addr;
     ekv_vk_fill(g->vk, &t->b[B_FF], 0, t->b[B_FF].bytes & ~(size_t)3, 0); /* the pad columns of the MLP rows */
     if (t->M8 != hp->n_mm) ekv_vk_fill(g->vk, &t->b[B_MID], 0, t->b[B_MID].bytes & ~(size_t)3, 0);
-    enum ekv_status s = ekv_vk_ctx_matvec(ctx, &c->patch, t->b[B_COLS].addr, (uint32_t)t->K8,
+    enum ekv_status s = mv(g, &c->patch, t->b[B_COLS].addr, (uint32_t)t->K8,
                                           x + (uint64_t)(cls * E) * sizeof(float), (uint32_t)E, c->patch_b, false,
-                                          (int32_t)np, true);
+                                          np, true);
     if (s != EKV_OK) return s;
     ew(g, x, vec_addr(g, c->pos), n * E, EKV_VK_EW_ADD);
     if (c->pre_w) layernorm(g, x, c->pre_w, c->pre_b, x, n, E, hp->eps);
-    for (int il = 0; il < hp->n_layer_run && s == EKV_OK; il++) s = record_block(ctx, c, il, t);
+    for (int il = 0; il < hp->n_layer_run && s == EKV_OK; il++) s = record_block(g, c, il, t);
     if (s != EKV_OK) return s;
     if (c->post_w) layernorm(g, x, c->post_w, c->post_b, x, n, E, hp->eps);
     const uint32_t m8 = (uint32_t)t->M8, eo = (uint32_t)hp->n_embd_out;
-    s = ekv_vk_ctx_matvec(ctx, &c->mm0, x + (uint64_t)(cls * E) * sizeof(float), (uint32_t)E, t->b[B_MID].addr, m8,
-                          c->mm0_b, false, (int32_t)np, true);
+    s = mv(g, &c->mm0, x + (uint64_t)(cls * E) * sizeof(float), (uint32_t)E, t->b[B_MID].addr, m8,
+                          c->mm0_b, false, np, true);
     if (s != EKV_OK) return s;
     ew(g, t->b[B_MID].addr, 0, np * t->M8, EKV_VK_EW_GELU);
-    return ekv_vk_ctx_matvec(ctx, &c->mm2, t->b[B_MID].addr, m8, t->b[B_OUT].addr, eo, c->mm2_b, false, (int32_t)np,
+    return mv(g, &c->mm2, t->b[B_MID].addr, m8, t->b[B_OUT].addr, eo, c->mm2_b, false, np,
                              true);
 }
 
-enum ekv_status ekv_vk_clip_pixels(void *user, const struct ekv_clip *c, const float *pixels, float *out) {
-    struct ekv_context *ctx = user;
-    const char *why = ekv_vk_clip_unsupported(ctx, c);
+enum ekv_status ekv_vk_tower_pixels(void *user, const struct ekv_clip *c, const float *pixels, float *out) {
+    struct ekv_vk_tower *g = user;
+    const char *why = ekv_vk_tower_unsupported(c);
     if (why) return ekv_err(EKV_ERR_UNSUPPORTED, "vision tower on the GPU: %s", why);
-    struct ekv_vk_ctx *g = ctx->gpu;
     const struct ekv_clip_hparams *hp = &c->hp;
     enum ekv_status s = upload_tower(g, c);
     if (s != EKV_OK) return ekv_err_prefix(s, "%s: the vision tower's weights", ekv_vk_name(g->vk));
@@ -236,7 +241,7 @@ enum ekv_status ekv_vk_clip_pixels(void *user, const struct ekv_clip *c, const f
         s = ekv_vk_begin(g->vk);
     }
     if (s == EKV_OK) {
-        s = record_tower(ctx, c, &t);
+        s = record_tower(g, c, &t);
         if (s == EKV_OK) s = ekv_vk_submit(g->vk);
         else ekv_vk_abort(g->vk);
     }
@@ -244,4 +249,38 @@ enum ekv_status ekv_vk_clip_pixels(void *user, const struct ekv_clip *c, const f
         memcpy(out, t.b[B_OUT].host, (size_t)hp->n_patches * (size_t)hp->n_embd_out * sizeof(float));
     bufs_free(g->vk, &t);
     return s;
+}
+
+enum ekv_status ekv_vk_tower_open(const char *spec, struct ekv_vk_tower **out) {
+    *out = NULL;
+    struct ekv_vk *vk = NULL;
+    enum ekv_status s = ekv_vk_open(spec, &vk);
+    if (s != EKV_OK || !vk) return s; /* auto and no GPU: the CPU */
+    if (ekv_vk_matvec_m(vk) == 0) {
+        ekv_vk_close(vk);
+        return ekv_err(EKV_ERR_UNSUPPORTED, "device %s: subgroups of %u invocations (the matvec shader needs 8 or more)",
+                       spec, ekv_vk_subgroup_size(vk));
+    }
+    struct ekv_vk_tower *t = calloc(1, sizeof *t);
+    if (!t) {
+        ekv_vk_close(vk);
+        return ekv_err(EKV_ERR_NOMEM, "out of memory");
+    }
+    t->vk = vk;
+    t->own = true;
+    *out = t;
+    return EKV_OK;
+}
+
+void ekv_vk_tower_release(struct ekv_vk_tower *t) {
+    if (!t || !t->vk) return;
+    ekv_vk_ttab_free(t->vk, &t->ct);
+    t->clip_id = 0;
+}
+
+void ekv_vk_tower_free(struct ekv_vk_tower *t) {
+    if (!t) return;
+    ekv_vk_tower_release(t);
+    if (t->own) ekv_vk_close(t->vk);
+    free(t);
 }

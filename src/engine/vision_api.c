@@ -5,8 +5,10 @@
  * so front ends never touch internal headers. The prompt object
  * (prompt.c) calls ekv_vision_encode_input for each of its image slots.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/util.h"
 #include "engine/backend_vk.h"
@@ -15,6 +17,10 @@
 
 struct ekv_vision {
     struct ekv_clip *clip;
+    /* a device of its own (ekv_vision_set_device), or NULL; encodings on
+     * it take turns under mu */
+    struct ekv_vk_tower *tower;
+    pthread_mutex_t mu;
 };
 
 enum ekv_status ekv_vision_load(const char *path, struct ekv_vision **out) {
@@ -24,6 +30,10 @@ enum ekv_status ekv_vision_load(const char *path, struct ekv_vision **out) {
     struct ekv_vision *v = calloc(1, sizeof *v);
     if (!v) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     enum ekv_status s = ekv_clip_load(path, &v->clip);
+    if (s == EKV_OK && pthread_mutex_init(&v->mu, NULL) != 0) {
+        ekv_clip_free(v->clip);
+        s = ekv_err(EKV_ERR_NOMEM, "%s: cannot create a lock", path);
+    }
     if (s != EKV_OK) {
         free(v);
         return s;
@@ -34,8 +44,38 @@ enum ekv_status ekv_vision_load(const char *path, struct ekv_vision **out) {
 
 void ekv_vision_free(struct ekv_vision *v) {
     if (!v) return;
+    ekv_vk_tower_free(v->tower);
+    pthread_mutex_destroy(&v->mu);
     ekv_clip_free(v->clip);
     free(v);
+}
+
+enum ekv_status ekv_vision_set_device(struct ekv_vision *v, const char *device) {
+    ekv_err_clear();
+    if (!v) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_vision_set_device: no vision tower");
+    const char *spec = device && *device ? device : "cpu";
+    if (strcmp(spec, "cpu") && strcmp(spec, "auto") && strncmp(spec, "vulkan", 6))
+        return ekv_err(EKV_ERR_INVALID_ARG, "vision device '%s': auto, cpu, vulkan or vulkan:N", spec);
+    struct ekv_vk_tower *t = NULL;
+    if (strcmp(spec, "cpu") != 0) {
+        const char *why = ekv_vk_tower_unsupported(v->clip);
+        if (why && strcmp(spec, "auto") == 0) why = NULL, spec = "cpu"; /* auto: the CPU runs it */
+        if (why) return ekv_err(EKV_ERR_UNSUPPORTED, "vision device %s: %s", spec, why);
+    }
+    if (strcmp(spec, "cpu") != 0) {
+        enum ekv_status s = ekv_vk_tower_open(spec, &t);
+        if (s != EKV_OK) return ekv_err_prefix(s, "vision device %s", spec);
+    }
+    pthread_mutex_lock(&v->mu);
+    struct ekv_vk_tower *old = v->tower;
+    v->tower = t;
+    pthread_mutex_unlock(&v->mu);
+    ekv_vk_tower_free(old);
+    return EKV_OK;
+}
+
+const char *ekv_vision_device(const struct ekv_vision *v) {
+    return v && v->tower ? ekv_vk_name(v->tower->vk) : "cpu";
 }
 
 int32_t ekv_vision_n_tokens(const struct ekv_vision *v) { return v ? ekv_clip_n_tile_tokens(v->clip) : 0; }
@@ -49,13 +89,24 @@ static enum ekv_status check_width(const struct ekv_vision *v, const struct ekv_
     return EKV_OK;
 }
 
-/* The tower on the context's GPU when it has one and the tower runs there
- * (backend_vk_clip.c), else on its worker threads. */
-static enum ekv_status encode(const struct ekv_vision *v, struct ekv_context *ctx, const struct ekv_image *img,
+/* The tower on its own device (ekv_vision_set_device), else on the
+ * context's GPU when it has one and the tower runs there
+ * (backend_vk_clip.c), else on the context's worker threads. */
+static enum ekv_status encode(const struct ekv_vision *cv, struct ekv_context *ctx, const struct ekv_image *img,
                               float *out) {
-    const struct ekv_clip_exec gpu = {.pixels = ekv_vk_clip_pixels, .user = ctx};
-    const bool on_gpu = ctx && ctx->gpu && !ekv_vk_clip_unsupported(ctx, v->clip);
-    return ekv_clip_encode_image_with(v->clip, ctx ? ctx->pool : NULL, img, on_gpu ? &gpu : NULL, out);
+    struct ekv_vision *v = (struct ekv_vision *)cv; /* the lock only */
+    struct ekv_pool *pool = ctx ? ctx->pool : NULL;
+    pthread_mutex_lock(&v->mu);
+    if (v->tower) {
+        const struct ekv_clip_exec ex = {.pixels = ekv_vk_tower_pixels, .user = v->tower};
+        const enum ekv_status s = ekv_clip_encode_image_with(v->clip, pool, img, &ex, out);
+        pthread_mutex_unlock(&v->mu);
+        return s;
+    }
+    pthread_mutex_unlock(&v->mu);
+    const struct ekv_clip_exec gpu = {.pixels = ekv_vk_tower_pixels, .user = ctx && ctx->gpu ? &ctx->gpu->tower : NULL};
+    const bool on_gpu = ctx && ctx->gpu && !ekv_vk_tower_unsupported(v->clip);
+    return ekv_clip_encode_image_with(v->clip, pool, img, on_gpu ? &gpu : NULL, out);
 }
 
 enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_context *ctx, const char *path,

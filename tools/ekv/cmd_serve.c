@@ -70,6 +70,15 @@ static bool serve_setup(struct srv *srv, const struct cli_params *p) {
     enum ekv_status s = ekv_kv_project(srv->model, &c->kv, 1, 1, &pr);
     if (s != EKV_OK) return cli_fail(CMD, s), false;
     if (p->mmproj && (s = ekv_vision_load(p->mmproj, &srv->vision)) != EKV_OK) return cli_fail(CMD, s), false;
+    /* on a GPU the request threads encode images there too, on a device handle of the
+     * tower's own (one image at a time; the engine's context is the engine thread's) */
+    if (srv->vision && strcmp(ekv_context_device(srv->ctx), "cpu") != 0) {
+        s = ekv_vision_set_device(srv->vision, q.device);
+        if (s == EKV_ERR_UNSUPPORTED)
+            fprintf(stderr, "ekv serve: the vision tower runs on the CPU: %s\n", ekv_last_error());
+        else if (s != EKV_OK)
+            return cli_fail(CMD, s), false;
+    }
     if (pthread_mutex_init(&srv->mu, NULL) || pthread_cond_init(&srv->engine_cv, NULL)) {
         fprintf(stderr, "ekv serve: error: cannot create locks\n");
         return false;
@@ -89,13 +98,13 @@ static void serve_banner(const struct srv *srv, const struct cli_params *p, int 
     fprintf(stderr,
             "ekv serve: %s (%s, %d layers, context %d, %.1f KiB of KV per token), device %s, %d threads, template %s\n"
             "ekv serve: default policy %s at budget %g; --kv-mem %s%.1f MiB, --parallel %d, --queue %ld, "
-            "prefill %d tokens per step, prefix cache %.1f MiB%s%s%s\n",
+            "prefill %d tokens per step, prefix cache %.1f MiB%s%s%s%s\n",
             c->model_id, srv->mi.arch, srv->mi.n_layer, c->n_ctx, srv->mi.kv_bytes_per_token / 1024.0,
             ekv_context_device(srv->ctx), c->n_threads,
             c->chat_template, c->kv_policy, c->kv.budget, c->kv_mem ? "" : "unlimited, ", c->kv_mem / 1048576.0,
             c->parallel, c->queue, c->prefill_chunk, c->prefix_cache / 1048576.0,
             c->slot_save_path ? ", slots saved in " : "", c->slot_save_path ? c->slot_save_path : "",
-            srv->vision ? ", vision tower loaded" : "");
+            srv->vision ? ", vision tower on " : "", srv->vision ? ekv_vision_device(srv->vision) : "");
     /* the one line tests and scripts wait for (stdout, flushed) */
     printf("ekv serve: listening on http://%s:%d\n", p->host, port);
     fflush(stdout);
