@@ -66,13 +66,19 @@ static int32_t g_toks_b[N_PROMPT + N_STEPS + 1];
 
 static struct ekv_model *g_mb; /* model_b, made once for the parts that use it (main) */
 
-static struct ekv_model *model_b(char *path, size_t cap) {
+/* `ekv mkmodel ARGS` into /tmp/ekv-test-gpu-policy-TAG-PID.gguf (path), loaded. */
+static struct ekv_model *mk_model(const char *args, const char *tag, char *path, size_t cap) {
     char cmd[512];
-    snprintf(path, cap, "/tmp/ekv-test-gpu-policy-%ld.gguf", (long)getpid());
-    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-llama3 --type f32 -o '%s' > /dev/null 2>&1", tu_bin(), path);
+    snprintf(path, cap, "/tmp/ekv-test-gpu-policy-%s-%ld.gguf", tag, (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel %s -o '%s' > /dev/null 2>&1", tu_bin(), args, path);
     CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
     struct ekv_model *m = NULL;
     CHECK_OK(ekv_model_load(path, NULL, &m));
+    return m;
+}
+
+static struct ekv_model *model_b(char *path, size_t cap) {
+    struct ekv_model *m = mk_model("--preset tiny-llama3 --type f32", "b", path, cap);
     for (int32_t i = 0; m && i < N_PROMPT + N_STEPS + 1; i++) g_toks_b[i] = 1 + (i * 37 + 11) % (m->info.n_vocab - 1);
     return m;
 }
@@ -777,13 +783,8 @@ static void copy_case(const struct ekv_model *m, struct ekv_context *cx, const i
  * with the same statistics. */
 static void test_swa(void) {
     static const char *pols[] = {"local", "h2o", "tova", "snapkv", "vlcache", "elastic", "elastic-v2"};
-    char path[96], cmd[512];
-    snprintf(path, sizeof path, "/tmp/ekv-test-gpu-policy-swa-%ld.gguf", (long)getpid());
-    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-mistral --sliding-window 24 --type f32 -o '%s' > /dev/null 2>&1",
-             tu_bin(), path);
-    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
-    struct ekv_model *m = NULL;
-    CHECK_OK(ekv_model_load(path, NULL, &m));
+    char path[96];
+    struct ekv_model *m = mk_model("--preset tiny-mistral --sliding-window 24 --type f32", "swa", path, sizeof path);
     if (!m) return;
     CHECK(m->info.sliding_window == 24);
     int32_t toks[N_PROMPT + N_STEPS + 1];
@@ -809,15 +810,13 @@ static void test_swa(void) {
  * compressing policies (elastic-v2 turning merged keys per component)
  * keep the same sets, logits close (f32: 1e-4 of the largest). */
 static void test_mrope(void) {
-    char path[96], mm[112], cmd[512];
-    snprintf(path, sizeof path, "/tmp/ekv-test-gpu-policy-mrope-%ld.gguf", (long)getpid());
+    char path[96], mm[112];
+    struct ekv_model *m = mk_model("--preset tiny-qwen2vl --type f32 --seed 4", "mrope", path, sizeof path);
     snprintf(mm, sizeof mm, "/tmp/ekv-test-gpu-policy-mrope-%ld.mmproj.gguf", (long)getpid());
-    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-qwen2vl --type f32 --seed 4 -o '%s' > /dev/null 2>&1",
-             tu_bin(), path);
-    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
-    struct ekv_model *m = NULL;
-    CHECK_OK(ekv_model_load(path, NULL, &m));
-    if (!m) return;
+    if (!m) {
+        remove(mm);
+        return;
+    }
     CHECK(m->info.rope_sections[0] > 0);
     int32_t toks[N_PROMPT + N_STEPS + 1];
     for (int32_t i = 0; i < N_PROMPT + N_STEPS + 1; i++) toks[i] = 1 + (i * 53 + 7) % (m->info.n_vocab - 1);
