@@ -727,6 +727,9 @@ int32_t ekv_vision_n_embd(const struct ekv_vision *v);
 enum ekv_status ekv_vision_set_device(struct ekv_vision *v, const char *device);
 /* The tower's own device ("vulkan:0 (NVIDIA H100 ...)"), or "cpu" without one. */
 const char *ekv_vision_device(const struct ekv_vision *v);
+/* Where images encoded with context ctx (may be NULL) run: the tower's own
+ * device, else the context's GPU when the tower runs there, else "cpu". */
+const char *ekv_vision_encodes_on(const struct ekv_vision *v, const struct ekv_context *ctx);
 /* Decodes (JPEG/PNG), preprocesses and encodes an image file into
  * out [n_tokens][n_embd] (caller-owned). With a context on a GPU the tower
  * runs there when it can (LLaVA's: CLIP with the mlp projector; its

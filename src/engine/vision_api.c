@@ -78,6 +78,13 @@ const char *ekv_vision_device(const struct ekv_vision *v) {
     return v && v->tower ? ekv_vk_name(v->tower->vk) : "cpu";
 }
 
+const char *ekv_vision_encodes_on(const struct ekv_vision *v, const struct ekv_context *ctx) {
+    if (!v) return "cpu";
+    if (v->tower) return ekv_vk_name(v->tower->vk);
+    if (ctx && ctx->gpu && !ekv_vk_tower_unsupported(v->clip)) return ekv_context_device(ctx);
+    return "cpu";
+}
+
 int32_t ekv_vision_n_tokens(const struct ekv_vision *v) { return v ? ekv_clip_n_tile_tokens(v->clip) : 0; }
 int32_t ekv_vision_n_embd(const struct ekv_vision *v) { return v ? ekv_clip_n_embd_out(v->clip) : 0; }
 

@@ -205,7 +205,8 @@ static bool run_encode_images(struct run *r) {
         r->n_img += rows;
         fprintf(stderr, "ekv run: image %s: %d image tokens\n", p->images.s[i], rows);
     }
-    fprintf(stderr, "ekv run: %d image(s) encoded in %.3f s\n", p->images.n, r->t_img);
+    fprintf(stderr, "ekv run: %d image(s) encoded in %.3f s on %s\n", p->images.n, r->t_img,
+            ekv_vision_encodes_on(r->vision, r->ctx));
     return true;
 }
 
