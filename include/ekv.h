@@ -720,8 +720,8 @@ int32_t ekv_vision_n_embd(const struct ekv_vision *v);
  * "cpu" (or NULL: the context's threads, or the context's GPU when the
  * context is on one), "auto" (the first GPU, else as "cpu") or "vulkan" /
  * "vulkan:N" (a device of the tower's own: a clear error when there is
- * none or the tower cannot run there — only LLaVA's CLIP with the mlp
- * projector does in this version). A device of its own holds the tower's
+ * none or the tower cannot run there — LLaVA's CLIP and Qwen2-VL's
+ * towers do, Idefics3's does not in this version). A device of its own holds the tower's
  * weights and lets threads without a context (a server's request threads)
  * encode on the GPU, one at a time. */
 enum ekv_status ekv_vision_set_device(struct ekv_vision *v, const char *device);

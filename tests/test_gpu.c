@@ -1013,16 +1013,19 @@ static double tower_diff(const struct ekv_vision *v, struct ekv_context *cg, con
 
 /* The vision tower on the device (backend_vk_clip.c) against the CPU's:
  * tiny-vlm (LLaVA-1.5 layout: class token, pre-norm, quick GELU, mlp
- * projector), tiny-llava16 (the overview and each anyres tile), and the
- * project's ekv-ref-vlm (real weights) on a scene of its dev set. Bound
+ * projector), tiny-llava16 (the overview and each anyres tile),
+ * tiny-qwen2vl (two patch kernels, 2D RoPE, 2 x 2 merger) and
+ * tiny-qwen2.5vl (RMSNorm, SwiGLU, windowed blocks) at the image's own
+ * size, and the project's ekv-ref-vlm (real weights) on a scene of its
+ * dev set. Bound
  * 1e-5 of the largest embedding (the sums run in other orders; measured on
  * lavapipe: printed). The tower must have run on the device (its weights
  * in the context's tower table). */
 static void test_vision(void) {
-    static const char *const presets[] = {"tiny-vlm", "tiny-llava16"};
-    for (size_t pi = 0; pi < 3; pi++) {
+    static const char *const presets[] = {"tiny-vlm", "tiny-llava16", "tiny-qwen2vl", "tiny-qwen2.5vl", NULL};
+    for (size_t pi = 0; pi < 5; pi++) {
         char path[128], mm[140], cmd[512];
-        if (pi < 2) {
+        if (presets[pi]) {
             snprintf(path, sizeof path, "/tmp/ekv-test-gpu-%ld-vision%d.gguf", (long)getpid(), (int)pi);
             snprintf(mm, sizeof mm, "/tmp/ekv-test-gpu-%ld-vision%d.mmproj.gguf", (long)getpid(), (int)pi);
             snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset %s --type f32 -o '%s' > /dev/null 2>&1", tu_bin(),
@@ -1044,11 +1047,11 @@ static void test_vision(void) {
         CHECK_OK(ekv_vision_load(mm, &v));
         struct ekv_context *cg = m ? gt_ctx_on(m, g_dev, 256) : NULL;
         if (cg && v) {
-            const char *img = pi < 2 ? tu_src("data/images/astronaut_crop.png")
-                                     : tu_shared("data/scenes/dev/images/dev_0000.png");
+            const char *img = presets[pi] ? tu_src("data/images/astronaut_crop.png")
+                                          : tu_shared("data/scenes/dev/images/dev_0000.png");
             int32_t rows = 0;
             const double d = tower_diff(v, cg, img, &rows);
-            const char *label = pi < 2 ? presets[pi] : "ekv-ref-vlm";
+            const char *label = presets[pi] ? presets[pi] : "ekv-ref-vlm";
             printf("vision tower %s: %d rows, max |gpu - cpu| / max |cpu| %.3g, %d tensors on the device\n", label,
                    (int)rows, d, (int)cg->gpu->tower.ct.n);
             CHECK_MSG(d >= 0 && d <= 1e-5, "%s: the device's tower differs by %.3g", label, d);
@@ -1080,7 +1083,7 @@ static void test_vision(void) {
         ekv_context_free(cg);
         ekv_vision_free(v);
         ekv_model_free(m);
-        if (pi < 2) remove(path), remove(mm);
+        if (presets[pi]) remove(path), remove(mm);
     }
     /* a tower the device cannot run (Idefics3's): refused on a named device, the CPU under auto */
     char path[128], mm[140], cmd[512];

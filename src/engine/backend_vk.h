@@ -140,12 +140,14 @@ enum ekv_status ekv_vk_matvec_rec(struct ekv_vk *vk, const struct ekv_vk_tensor 
 struct ekv_clip;
 /* Why tower c cannot run on a device in this version (NULL: it can). */
 const char *ekv_vk_tower_unsupported(const struct ekv_clip *c);
-/* ekv_clip_encode_pixels on a device (user: a struct ekv_vk_tower): the
- * pixels [3][S][S] of one image or tile to out [n_tile_tokens][n_embd_out].
- * The tower's weights are uploaded on first use and stay until another
- * tower is used or the tower state is released. One caller at a time per
- * device (a context's: its owner; one of its own: ekv_vision's lock). */
-enum ekv_status ekv_vk_tower_pixels(void *user, const struct ekv_clip *c, const float *pixels, float *out);
+/* ekv_clip_encode_pixels (W = H = image_size) or, for a Qwen2-VL tower,
+ * ekv_clip_encode_qwen2vl_pixels (W x H) on a device (user: a struct
+ * ekv_vk_tower; struct ekv_clip_exec's signature). The tower's weights are
+ * uploaded on first use and stay until another tower is used or the tower
+ * state is released. One caller at a time per device (a context's: its
+ * owner; one of its own: ekv_vision's lock). */
+enum ekv_status ekv_vk_tower_pixels(void *user, const struct ekv_clip *c, const float *pixels, int W, int H,
+                                    float *out);
 /* A device of its own for a vision tower: spec as ekv_vk_open ("auto":
  * *out NULL and EKV_OK when there is no GPU). Freed by ekv_vk_tower_free. */
 enum ekv_status ekv_vk_tower_open(const char *spec, struct ekv_vk_tower **out);

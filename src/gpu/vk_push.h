@@ -45,11 +45,11 @@ struct ekv_vk_pc_attn_stats {
 struct ekv_vk_pc_kv_merge { uint64_t base, stage, table, members, rots; uint32_t H, C, D, rw, srw, rd, neox; };
 struct ekv_vk_pc_kv_compact { uint64_t runs, pre, segs, scr; uint32_t n_runs, phase; };
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
-struct ekv_vk_pc_layernorm { uint64_t x, w, b, y; uint32_t n, rows; float eps; };
-struct ekv_vk_pc_clip_attn { uint64_t q, k, v, o; uint32_t n, E, dh; float scale; };
-struct ekv_vk_pc_ew { uint64_t y, a; uint32_t n, op; };
+struct ekv_vk_pc_layernorm { uint64_t x, w, b, y; uint32_t n, rows; float eps; uint32_t rms; };
+struct ekv_vk_pc_clip_attn { uint64_t q, k, v, o, win; uint32_t n, E, dh; float scale; uint32_t t0; };
+struct ekv_vk_pc_ew { uint64_t y, a; uint32_t n, op, dh, E; };
 /* ekv_vk_pc_ew.op */
-enum { EKV_VK_EW_ADD = 0, EKV_VK_EW_GELU, EKV_VK_EW_QUICK_GELU, EKV_VK_EW_SILU };
+enum { EKV_VK_EW_ADD = 0, EKV_VK_EW_GELU, EKV_VK_EW_QUICK_GELU, EKV_VK_EW_SILU, EKV_VK_EW_ROPE };
 
 
 #endif

@@ -871,7 +871,7 @@ enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool
 /* One image or tile's pixels by ex, or here. */
 static enum ekv_status encode_px(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_clip_exec *ex,
                                  const float *pixels, float *out) {
-    if (ex && ex->pixels) return ex->pixels(ex->user, c, pixels, out);
+    if (ex && ex->pixels) return ex->pixels(ex->user, c, pixels, c->hp.image_size, c->hp.image_size, out);
     return ekv_clip_encode_pixels(c, pool, pixels, out);
 }
 
@@ -927,7 +927,7 @@ enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool 
 enum ekv_status ekv_clip_encode_image_with(const struct ekv_clip *c, struct ekv_pool *pool,
                                            const struct ekv_image *img, const struct ekv_clip_exec *ex, float *out) {
     if (!c || !img || !out) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_clip_encode_image: NULL argument");
-    if (c->hp.proj == EKV_CLIP_PROJ_QWEN2VL) return ekv_clip_encode_qwen2vl(c, pool, img, out);
+    if (c->hp.proj == EKV_CLIP_PROJ_QWEN2VL) return ekv_clip_encode_qwen2vl(c, pool, img, ex, out);
     size_t S = (size_t)c->hp.image_size;
     float *pixels = ekv_clip_alloc_floats(3 * S, S);
     if (!pixels) return ekv_err(EKV_ERR_NOMEM, "clip: pixel buffer");

@@ -138,13 +138,14 @@ enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool
  * (the order they are spliced in); Qwen2-VL: the merged grid row by row. */
 enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool *pool,
                                       const struct ekv_image *img, float *out);
-/* Who encodes the pixels of one image or tile of a fixed-size tower (the
- * mlp projector: LLaVA-1.5, each tile and overview of LLaVA-1.6) in
- * ekv_clip_encode_image_with: pixels(user, c, pixels, out) does what
- * ekv_clip_encode_pixels does (a GPU backend); NULL = ekv_clip_encode_pixels.
- * Other towers ignore it. */
+/* Who encodes the pixels of one image or tile in
+ * ekv_clip_encode_image_with: pixels(user, c, pixels, W, H, out) does what
+ * ekv_clip_encode_pixels does for a fixed-size tower (the mlp projector:
+ * LLaVA-1.5, each tile and overview of LLaVA-1.6; W = H = image_size) and
+ * ekv_clip_encode_qwen2vl_pixels for a Qwen2-VL tower (W x H its smart-resized
+ * size) — a GPU backend; NULL = those functions. Idefics3 ignores it. */
 struct ekv_clip_exec {
-    enum ekv_status (*pixels)(void *user, const struct ekv_clip *c, const float *pixels, float *out);
+    enum ekv_status (*pixels)(void *user, const struct ekv_clip *c, const float *pixels, int W, int H, float *out);
     void *user;
 };
 enum ekv_status ekv_clip_encode_image_with(const struct ekv_clip *c, struct ekv_pool *pool,
@@ -181,7 +182,7 @@ enum ekv_status ekv_clip_encode_idefics3(const struct ekv_clip *c, struct ekv_po
 /* Qwen2-VL whole image into out [gw * gh][n_embd_out] (see
  * ekv_clip_encode_image). In qwen2vl.c. */
 enum ekv_status ekv_clip_encode_qwen2vl(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_image *img,
-                                        float *out);
+                                        const struct ekv_clip_exec *ex, float *out);
 /* Qwen2-VL's tower on preprocessed pixels [3][H][W]: W and H multiples of
  * align = patch_size * merge, at most EKV_CLIP_QWEN2VL_MAX_TOKENS merged
  * tokens (else EKV_ERR_INVALID_ARG); out [(H/align) * (W/align)][n_embd_out],

@@ -57,6 +57,13 @@ enum ekv_status ekv_clip_linear(struct ekv_pool *pool, const struct ekv_weight *
  * only (Qwen2.5-VL's windowed blocks). */
 enum ekv_status ekv_clip_block_rows(const struct ekv_clip *c, struct ekv_pool *pool, int il, float *x, size_t n,
                                     const float *rope, const int32_t *win);
+/* A Qwen2-VL tower's inputs for W x H pixels [3][H][W] (n = (W/P) (H/P)
+ * patches in the merged order): cols [n][kstride] the patches in the conv
+ * weight's (channel, ky, kx) order, zeros past 3 P P; cs [n][d] (d the head
+ * size) the 2D RoPE's {cos, sin} pairs, or NULL; win [n] each patch's
+ * window (Qwen2.5-VL), or NULL. Shared by the CPU tower and the GPU's. */
+void ekv_clip_qwen2vl_inputs(const struct ekv_clip *c, const float *pixels, int W, int H, float *cols, size_t kstride,
+                             float *cs, int32_t *win);
 /* LayerNorm, or RMSNorm for a Qwen2.5-VL tower (b may be NULL there). */
 void ekv_clip_norm(const struct ekv_clip *c, float *out, const float *x, const float *w, const float *b);
 

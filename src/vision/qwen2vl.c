@@ -143,6 +143,24 @@ static void window_ids(size_t n, size_t bw, size_t w, int32_t *win) {
     }
 }
 
+void ekv_clip_qwen2vl_inputs(const struct ekv_clip *c, const float *pixels, int Wi, int Hi, float *cols, size_t kstride,
+                             float *cs, int32_t *win) {
+    const struct ekv_clip_hparams *hp = &c->hp;
+    const size_t W = (size_t)Wi, H = (size_t)Hi, P = (size_t)hp->patch_size, px = W / P, n = px * (H / P), K = 3 * P * P;
+    /* im2col in the conv weight's (channel, ky, kx) order */
+    for (size_t t = 0; cols && t < n; t++) {
+        size_t py, pxx;
+        token_patch(t, px, &py, &pxx);
+        float *dst = cols + t * kstride;
+        for (size_t ch = 0; ch < 3; ch++)
+            for (size_t ky = 0; ky < P; ky++)
+                memcpy(dst + (ch * P + ky) * P, pixels + ch * W * H + (py * P + ky) * W + pxx * P, P * sizeof(float));
+        if (kstride > K) memset(dst + K, 0, (kstride - K) * sizeof(float));
+    }
+    if (cs) rope_table(n, px, hp->n_embd / hp->n_head, cs);
+    if (win) window_ids(n, px / 2, (size_t)hp->win_tokens, win);
+}
+
 /* x [n][E] = conv(W0) + conv(W1) of each patch, rows in the merged order;
  * then v.pre_ln when the file has one. */
 static enum ekv_status embed(const struct ekv_clip *c, struct ekv_pool *pool, const float *pixels, size_t W,
@@ -155,15 +173,7 @@ static enum ekv_status embed(const struct ekv_clip *c, struct ekv_pool *pool, co
         s = ekv_err(EKV_ERR_NOMEM, "qwen2vl: patch buffers for %zu patches", n);
         goto done;
     }
-    /* im2col in the conv weight's (channel, ky, kx) order */
-    for (size_t t = 0; t < n; t++) {
-        size_t py, pxx;
-        token_patch(t, px, &py, &pxx);
-        float *dst = cols + t * K;
-        for (size_t ch = 0; ch < 3; ch++)
-            for (size_t ky = 0; ky < P; ky++)
-                memcpy(dst + (ch * P + ky) * P, pixels + ch * W * H + (py * P + ky) * W + pxx * P, P * sizeof(float));
-    }
+    ekv_clip_qwen2vl_inputs(c, pixels, (int)W, (int)H, cols, K, NULL, NULL);
     if ((s = ekv_clip_linear(pool, &c->patch, NULL, cols, n, x)) != EKV_OK ||
         (s = ekv_clip_linear(pool, &c->patch1, NULL, cols, n, x1)) != EKV_OK)
         goto done;
@@ -212,12 +222,11 @@ enum ekv_status ekv_clip_encode_qwen2vl_pixels(const struct ekv_clip *c, struct 
         s = ekv_err(EKV_ERR_NOMEM, "qwen2vl: hidden states of %zu patches", n);
         goto done;
     }
-    rope_table(n, px, (int)d, cs);
     if (hp->wa_pattern > 0 && !(win = malloc(n * sizeof *win))) {
         s = ekv_err(EKV_ERR_NOMEM, "qwen2vl: window ids of %zu patches", n);
         goto done;
     }
-    if (win) window_ids(n, px / 2, (size_t)hp->win_tokens, win);
+    ekv_clip_qwen2vl_inputs(c, pixels, W, H, NULL, 0, cs, win);
     s = embed(c, pool, pixels, (size_t)W, (size_t)H, x);
     for (int il = 0; s == EKV_OK && il < hp->n_layer_run; il++) {
         const bool windowed = hp->wa_pattern > 0 && (il + 1) % hp->wa_pattern != 0;
@@ -232,7 +241,7 @@ done:
 }
 
 enum ekv_status ekv_clip_encode_qwen2vl(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_image *img,
-                                        float *out) {
+                                        const struct ekv_clip_exec *ex, float *out) {
     int tw, th;
     ekv_clip_qwen2vl_size(c, img->nx, img->ny, &tw, &th);
     if (!tw)
@@ -241,7 +250,8 @@ enum ekv_status ekv_clip_encode_qwen2vl(const struct ekv_clip *c, struct ekv_poo
     float *pixels = ekv_clip_alloc_floats((size_t)3 * (size_t)tw, (size_t)th);
     if (!pixels) return ekv_err(EKV_ERR_NOMEM, "qwen2vl: pixel buffer of %dx%d", tw, th);
     enum ekv_status s = preprocess(c, img, tw, th, pixels);
-    if (s == EKV_OK) s = ekv_clip_encode_qwen2vl_pixels(c, pool, pixels, tw, th, out);
+    if (s == EKV_OK && ex && ex->pixels) s = ex->pixels(ex->user, c, pixels, tw, th, out);
+    else if (s == EKV_OK) s = ekv_clip_encode_qwen2vl_pixels(c, pool, pixels, tw, th, out);
     free(pixels);
     return s;
 }

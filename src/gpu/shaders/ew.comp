@@ -1,13 +1,27 @@
 #version 450
-// ew.comp — elementwise steps of the vision tower over n floats of y:
+// ew.comp — elementwise steps of the vision tower over n items of y:
 // op 0: y += a (the position embeddings), 1: the tanh GELU (ekv_gelu),
-// 2: quick GELU, y / (1 + exp(-1.702 y)), 3: SiLU, y / (1 + exp(-y)).
+// 2: quick GELU, y / (1 + exp(-1.702 y)), 3: SiLU, y / (1 + exp(-y));
+// op 4: RoPE on rows of E = heads x dh (Qwen2-VL's 2D RoPE, as
+// ekv_rope_apply with NeoX halves): item i is (row, head, pair k < dh/2),
+// elements k and k + dh/2 of the head turned by a[row][k] = {cos, sin}
+// (a: [rows][dh/2][2]); n = rows x heads x dh/2.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = 256) in;
-layout(push_constant) uniform P { F32 y; F32 a; uint n; uint op; } pc;
+layout(push_constant) uniform P { F32 y; F32 a; uint n; uint op; uint dh; uint E; } pc;
 void main() {
     for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += gl_NumWorkGroups.x * gl_WorkGroupSize.x) {
+        if (pc.op == 4u) {
+            const uint half_ = pc.dh / 2u, k = i % half_, hr = i / half_, H = pc.E / pc.dh;
+            const uint row = hr / H, h = hr % H, o = row * pc.E + h * pc.dh;
+            const float c = pc.a.d[(row * half_ + k) * 2u], s = pc.a.d[(row * half_ + k) * 2u + 1u];
+            const float x0 = pc.y.d[o + k], x1 = pc.y.d[o + k + half_];
+            precise float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+            pc.y.d[o + k] = r0;
+            pc.y.d[o + k + half_] = r1;
+            continue;
+        }
         const float v = pc.y.d[i];
         float r;
         if (pc.op == 0u) r = v + pc.a.d[i];
