@@ -41,16 +41,14 @@ static int cmp_tensor(const void *a, const void *b) {
     return x->key < y->key ? -1 : x->key > y->key;
 }
 
-static const struct ekv_vk_tensor *tab_find(const struct ekv_vk_ttab *tt, const void *key) {
+const struct ekv_vk_tensor *ekv_vk_ttab_find(const struct ekv_vk_ttab *tt, const void *key) {
     struct ekv_vk_tensor k = {.key = key};
     if (tt->n == 0) return NULL;
     return bsearch(&k, tt->t, (size_t)tt->n, sizeof *tt->t, cmp_tensor);
 }
 
-const struct ekv_vk_tensor *ekv_vk_ttab_find(const struct ekv_vk_ttab *tt, const void *key) { return tab_find(tt, key); }
-
 /* A weight of the model. */
-static const struct ekv_vk_tensor *find(const struct ekv_vk_ctx *g, const void *key) { return tab_find(&g->wt, key); }
+static const struct ekv_vk_tensor *find(const struct ekv_vk_ctx *g, const void *key) { return ekv_vk_ttab_find(&g->wt, key); }
 
 /* matvec.comp's weight types, in the order of enum ekv_vk_mv_type */
 static const enum ekv_dtype k_mv_types[EKV_VK_W_COUNT] = {EKV_F32,  EKV_F16,  EKV_BF16, EKV_Q8_0,
@@ -64,7 +62,6 @@ static enum ekv_vk_mv_type mv_type(enum ekv_dtype t) {
 }
 
 bool ekv_vk_weight_type_ok(enum ekv_dtype t) { return mv_type(t) != EKV_VK_W_COUNT; }
-static bool type_on_gpu(enum ekv_dtype t) { return ekv_vk_weight_type_ok(t); }
 
 /* The matrices of a layer the forward multiplies by. */
 enum { EKV_VK_LAYER_MATS = 7 };
@@ -164,7 +161,7 @@ static enum ekv_status pad_kquant(const struct ekv_weight *w, uint8_t *dst) {
 enum ekv_status ekv_vk_ttab_weight(struct ekv_vk *vk, struct ekv_vk_ttab *tt, const struct ekv_weight *w,
                                    const char *what) {
     if (have_tensor(tt, w->data)) return EKV_OK;
-    if (!type_on_gpu(w->type))
+    if (!ekv_vk_weight_type_ok(w->type))
         return ekv_err(EKV_ERR_UNSUPPORTED, "%s: weight type %s has no GPU shader yet", what,
                        ekv_dtype_name(w->type));
     size_t el_row = 0, bytes = 0, q_off = 0;
@@ -225,14 +222,14 @@ static enum ekv_status check_types(const struct ekv_model *m) {
         if (widths[i] % 8)
             return ekv_err(EKV_ERR_UNSUPPORTED, "activation rows of %lld values (not a multiple of 8) have no GPU shader",
                            (long long)widths[i]);
-    if (!type_on_gpu(m->output.type))
+    if (!ekv_vk_weight_type_ok(m->output.type))
         return ekv_err(EKV_ERR_UNSUPPORTED, "output: weight type %s has no GPU shader yet", ekv_dtype_name(m->output.type));
     for (int32_t l = 0; l < in->n_layer; l++) {
         const struct ekv_layer_weights *L = &m->layers[l];
         const struct ekv_weight *ws[EKV_VK_LAYER_MATS];
         layer_mats(L, ws);
         for (int i = 0; i < EKV_VK_LAYER_MATS; i++)
-            if (!type_on_gpu(ws[i]->type))
+            if (!ekv_vk_weight_type_ok(ws[i]->type))
                 return ekv_err(EKV_ERR_UNSUPPORTED, "layer %d: weight type %s has no GPU shader yet", (int)l,
                                ekv_dtype_name(ws[i]->type));
     }

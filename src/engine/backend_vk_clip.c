@@ -238,20 +238,6 @@ static enum ekv_status record_block(struct ekv_vk_tower *g, const struct ekv_cli
     return mv(g, &L->ff2, ff, f8, x, e, L->ff2_b, true, n, true);
 }
 
-/* Patch rows of LLaVA's pixels [3][S][S]: row (py, px) holds channel-major
- * P x P blocks (the convolution weight's layout), K8 floats with zeros past 3 P P. */
-static void im2col(const struct ekv_clip_hparams *hp, const float *pixels, float *cols, int64_t K8) {
-    const size_t P = (size_t)hp->patch_size, S = (size_t)hp->image_size, grid = S / P;
-    for (size_t py = 0; py < grid; py++)
-        for (size_t px = 0; px < grid; px++) {
-            float *dst = cols + (py * grid + px) * (size_t)K8;
-            memset(dst, 0, (size_t)K8 * sizeof(float));
-            for (size_t ch = 0; ch < 3; ch++)
-                for (size_t ky = 0; ky < P; ky++)
-                    memcpy(dst + (ch * P + ky) * P, pixels + ch * S * S + (py * P + ky) * S + px * P, P * sizeof(float));
-        }
-}
-
 static enum ekv_status record_tower(struct ekv_vk_tower *g, const struct ekv_clip *c, struct tower_run *t) {
     const struct ekv_clip_hparams *hp = &c->hp;
     const int64_t E = t->E, cls = hp->has_class ? 1 : 0;
@@ -297,7 +283,7 @@ enum ekv_status ekv_vk_tower_pixels(void *user, const struct ekv_clip *c, const 
         if (is_qwen(c))
             ekv_clip_qwen2vl_inputs(c, pixels, W, H, t.b[B_COLS].host, (size_t)t.K8, t.b[B_CS].host, t.b[B_WIN].host);
         else
-            im2col(hp, pixels, t.b[B_COLS].host, t.K8);
+            ekv_clip_patch_rows(c, pixels, t.b[B_COLS].host, (size_t)t.K8);
         s = ekv_vk_begin(g->vk);
     }
     if (s == EKV_OK) {

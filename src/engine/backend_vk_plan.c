@@ -452,6 +452,12 @@ static enum ekv_status stage_blank(struct ekv_vk_mg *m, int side, uint32_t *code
     return EKV_OK;
 }
 
+/* Slot of a delta in a rotation hash of cap (a power of two) slots. */
+static size_t rot_slot(const int64_t d[3], size_t cap) {
+    return (size_t)(((uint64_t)d[0] * 0x9E3779B97F4A7C15ull ^ (uint64_t)d[1] * 0xC2B2AE3D27D4EB4Full ^
+                     (uint64_t)d[2] * 0x165667B19E3779F9ull) >> 17) & (cap - 1);
+}
+
 /* The rotation row that turns a key by delta (key=rotate), added once per
  * distinct delta of this flush; *row its index. */
 static enum ekv_status rot_row(struct ekv_vk_mg *m, const int64_t delta[3], uint32_t *row) {
@@ -460,9 +466,7 @@ static enum ekv_status rot_row(struct ekv_vk_mg *m, const int64_t delta[3], uint
         uint32_t *nh = calloc(nc, sizeof *nh);
         if (!nh) return ekv_err(EKV_ERR_NOMEM, "out of memory for key rotations");
         for (size_t r = 0; r < m->n_rot; r++) {
-            const int64_t *k = m->rot_keys + 3 * r;
-            size_t i = (size_t)(((uint64_t)k[0] * 0x9E3779B97F4A7C15ull ^ (uint64_t)k[1] * 0xC2B2AE3D27D4EB4Full ^
-                                 (uint64_t)k[2] * 0x165667B19E3779F9ull) >> 17) & (nc - 1);
+            size_t i = rot_slot(m->rot_keys + 3 * r, nc);
             while (nh[i]) i = (i + 1) & (nc - 1);
             nh[i] = (uint32_t)r + 1;
         }
@@ -470,8 +474,7 @@ static enum ekv_status rot_row(struct ekv_vk_mg *m, const int64_t delta[3], uint
         m->rot_hash = nh;
         m->rot_hcap = nc;
     }
-    size_t i = (size_t)(((uint64_t)delta[0] * 0x9E3779B97F4A7C15ull ^ (uint64_t)delta[1] * 0xC2B2AE3D27D4EB4Full ^
-                         (uint64_t)delta[2] * 0x165667B19E3779F9ull) >> 17) & (m->rot_hcap - 1);
+    size_t i = rot_slot(delta, m->rot_hcap);
     for (; m->rot_hash[i]; i = (i + 1) & (m->rot_hcap - 1)) {
         const int64_t *k = m->rot_keys + 3 * (m->rot_hash[i] - 1);
         if (k[0] == delta[0] && k[1] == delta[1] && k[2] == delta[2]) {

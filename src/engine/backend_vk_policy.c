@@ -647,11 +647,10 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
         int32_t mx = 0;
         for (int32_t hk = 0; hk < H; hk++) {
             struct ekv_kv_head *h = &L->heads[hk];
-            for (int32_t i = 0; i < n; i++) { /* M-RoPE positions as attend.c records them */
-                const int32_t rp = (int32_t)(step->pos0 + i + step->rope_delta), text[3] = {rp, rp, rp};
+            for (int32_t i = 0; i < n; i++) {
+                int32_t buf[3];
                 ekv_kv_head_append(kv, h, NULL, NULL, (int32_t)(step->pos0 + i),
-                                   step->tags ? step->tags[i] : (uint8_t)EKV_TAG_GENERATED,
-                                   step->mpos ? step->mpos + 3 * (size_t)i : text);
+                                   step->tags ? step->tags[i] : (uint8_t)EKV_TAG_GENERATED, ekv_kv_step_mpos(step, i, buf));
             }
             mx = EKV_MAX(mx, h->len);
         }

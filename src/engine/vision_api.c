@@ -57,12 +57,9 @@ enum ekv_status ekv_vision_set_device(struct ekv_vision *v, const char *device) 
     if (strcmp(spec, "cpu") && strcmp(spec, "auto") && strncmp(spec, "vulkan", 6))
         return ekv_err(EKV_ERR_INVALID_ARG, "vision device '%s': auto, cpu, vulkan or vulkan:N", spec);
     struct ekv_vk_tower *t = NULL;
-    if (strcmp(spec, "cpu") != 0) {
-        const char *why = ekv_vk_tower_unsupported(v->clip);
-        if (why && strcmp(spec, "auto") == 0) why = NULL, spec = "cpu"; /* auto: the CPU runs it */
-        if (why) return ekv_err(EKV_ERR_UNSUPPORTED, "vision device %s: %s", spec, why);
-    }
-    if (strcmp(spec, "cpu") != 0) {
+    const char *why = strcmp(spec, "cpu") ? ekv_vk_tower_unsupported(v->clip) : NULL;
+    if (why && strcmp(spec, "auto") != 0) return ekv_err(EKV_ERR_UNSUPPORTED, "vision device %s: %s", spec, why);
+    if (strcmp(spec, "cpu") && !why) { /* (auto with a tower the GPU cannot run: the CPU) */
         enum ekv_status s = ekv_vk_tower_open(spec, &t);
         if (s != EKV_OK) return ekv_err_prefix(s, "vision device %s", spec);
     }
@@ -78,11 +75,17 @@ const char *ekv_vision_device(const struct ekv_vision *v) {
     return v && v->tower ? ekv_vk_name(v->tower->vk) : "cpu";
 }
 
+/* The device that encodes for ctx: the tower's own, else the context's
+ * GPU when the tower runs there, else none (the CPU). Read under v->mu for
+ * the tower's own. */
+static struct ekv_vk_tower *tower_for(const struct ekv_vision *v, struct ekv_context *ctx) {
+    if (v->tower) return v->tower;
+    return ctx && ctx->gpu && !ekv_vk_tower_unsupported(v->clip) ? &ctx->gpu->tower : NULL;
+}
+
 const char *ekv_vision_encodes_on(const struct ekv_vision *v, const struct ekv_context *ctx) {
-    if (!v) return "cpu";
-    if (v->tower) return ekv_vk_name(v->tower->vk);
-    if (ctx && ctx->gpu && !ekv_vk_tower_unsupported(v->clip)) return ekv_context_device(ctx);
-    return "cpu";
+    const struct ekv_vk_tower *t = v ? tower_for(v, (struct ekv_context *)ctx) : NULL;
+    return t ? ekv_vk_name(t->vk) : "cpu";
 }
 
 int32_t ekv_vision_n_tokens(const struct ekv_vision *v) { return v ? ekv_clip_n_tile_tokens(v->clip) : 0; }
@@ -96,24 +99,20 @@ static enum ekv_status check_width(const struct ekv_vision *v, const struct ekv_
     return EKV_OK;
 }
 
-/* The tower on its own device (ekv_vision_set_device), else on the
- * context's GPU when it has one and the tower runs there
+/* The tower on its own device (ekv_vision_set_device; one caller at a
+ * time), else on the context's GPU when the tower runs there
  * (backend_vk_clip.c), else on the context's worker threads. */
 static enum ekv_status encode(const struct ekv_vision *cv, struct ekv_context *ctx, const struct ekv_image *img,
                               float *out) {
     struct ekv_vision *v = (struct ekv_vision *)cv; /* the lock only */
-    struct ekv_pool *pool = ctx ? ctx->pool : NULL;
     pthread_mutex_lock(&v->mu);
-    if (v->tower) {
-        const struct ekv_clip_exec ex = {.pixels = ekv_vk_tower_pixels, .user = v->tower};
-        const enum ekv_status s = ekv_clip_encode_image_with(v->clip, pool, img, &ex, out);
-        pthread_mutex_unlock(&v->mu);
-        return s;
-    }
-    pthread_mutex_unlock(&v->mu);
-    const struct ekv_clip_exec gpu = {.pixels = ekv_vk_tower_pixels, .user = ctx && ctx->gpu ? &ctx->gpu->tower : NULL};
-    const bool on_gpu = ctx && ctx->gpu && !ekv_vk_tower_unsupported(v->clip);
-    return ekv_clip_encode_image_with(v->clip, pool, img, on_gpu ? &gpu : NULL, out);
+    struct ekv_vk_tower *t = tower_for(v, ctx);
+    const bool own = t && t == v->tower; /* held while it encodes; a context's device is its owner's to serialise */
+    if (!own) pthread_mutex_unlock(&v->mu);
+    const struct ekv_clip_exec ex = {.pixels = ekv_vk_tower_pixels, .user = t};
+    const enum ekv_status s = ekv_clip_encode_image_with(v->clip, ctx ? ctx->pool : NULL, img, t ? &ex : NULL, out);
+    if (own) pthread_mutex_unlock(&v->mu);
+    return s;
 }
 
 enum ekv_status ekv_vision_encode_file(const struct ekv_vision *v, struct ekv_context *ctx, const char *path,

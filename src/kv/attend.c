@@ -292,9 +292,9 @@ static enum ekv_status layer_prepare(struct ekv_kv *kv, struct ekv_pool *pool, i
         const uint8_t tag = step->tags ? step->tags[i] : (uint8_t)EKV_TAG_GENERATED;
         for (int hk = 0; hk < G; hk++) {
             const size_t off = ((size_t)i * (size_t)G + (size_t)hk) * d;
-            const int32_t p = (int32_t)(step->pos0 + i), rp = (int32_t)(step->pos0 + i + step->rope_delta);
-            const int32_t text[3] = {rp, rp, rp};
-            ekv_kv_head_append(kv, &L->heads[hk], k + off, v + off, p, tag, step->mpos ? step->mpos + 3 * i : text);
+            int32_t buf[3];
+            ekv_kv_head_append(kv, &L->heads[hk], k + off, v + off, (int32_t)(step->pos0 + i), tag,
+                               ekv_kv_step_mpos(step, i, buf));
         }
     }
     t->scale = 1.0f / sqrtf((float)kv->head_dim);

@@ -120,6 +120,15 @@ struct ekv_kv_step {
                                   through the layer: ekv_kv_layer_policy, engine/prefill.c) */
 };
 
+/* The RoPE positions of new row i of a step (what an M-RoPE cache records
+ * per entry): the step's mpos row, or for text all three pos0 + i +
+ * rope_delta, written to buf. */
+static inline const int32_t *ekv_kv_step_mpos(const struct ekv_kv_step *st, int32_t i, int32_t buf[3]) {
+    if (st->mpos) return st->mpos + 3 * (size_t)i;
+    buf[0] = buf[1] = buf[2] = (int32_t)(st->pos0 + i + st->rope_delta);
+    return buf;
+}
+
 struct ekv_policy_ops {
     const char *name;
     const char *summary;      /* one line for --help */

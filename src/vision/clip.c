@@ -678,24 +678,29 @@ static enum ekv_status not_fixed(const char *fn) {
                    "ekv_clip_encode_image", fn);
 }
 
-enum ekv_status ekv_clip_embed(const struct ekv_clip *c, struct ekv_pool *pool, const float *pixels,
-                               float *x) {
-    const struct ekv_clip_hparams *hp = &c->hp;
-    if (hp->proj == EKV_CLIP_PROJ_QWEN2VL) return not_fixed("ekv_clip_embed");
-    const size_t E = (size_t)hp->n_embd, P = (size_t)hp->patch_size, S = (size_t)hp->image_size;
-    const size_t grid = S / P, np = (size_t)hp->n_patches, K = 3 * P * P;
-    float *cols = ekv_clip_alloc_floats(np, K);
-    if (!cols) return ekv_err(EKV_ERR_NOMEM, "clip: patch buffer");
+void ekv_clip_patch_rows(const struct ekv_clip *c, const float *pixels, float *cols, size_t kstride) {
+    const size_t P = (size_t)c->hp.patch_size, S = (size_t)c->hp.image_size, grid = S / P, K = 3 * P * P;
     /* im2col: patch (py, px) row holds channel-major P x P blocks, the
      * layout of the convolution weight [E][3][P][P]. */
     for (size_t py = 0; py < grid; py++)
         for (size_t px = 0; px < grid; px++) {
-            float *dst = cols + (py * grid + px) * K;
+            float *dst = cols + (py * grid + px) * kstride;
             for (size_t ch = 0; ch < 3; ch++)
                 for (size_t ky = 0; ky < P; ky++)
                     memcpy(dst + (ch * P + ky) * P, pixels + ch * S * S + (py * P + ky) * S + px * P,
                            P * sizeof(float));
+            if (kstride > K) memset(dst + K, 0, (kstride - K) * sizeof(float));
         }
+}
+
+enum ekv_status ekv_clip_embed(const struct ekv_clip *c, struct ekv_pool *pool, const float *pixels,
+                               float *x) {
+    const struct ekv_clip_hparams *hp = &c->hp;
+    if (hp->proj == EKV_CLIP_PROJ_QWEN2VL) return not_fixed("ekv_clip_embed");
+    const size_t E = (size_t)hp->n_embd, P = (size_t)hp->patch_size, np = (size_t)hp->n_patches, K = 3 * P * P;
+    float *cols = ekv_clip_alloc_floats(np, K);
+    if (!cols) return ekv_err(EKV_ERR_NOMEM, "clip: patch buffer");
+    ekv_clip_patch_rows(c, pixels, cols, K);
     float *patches = x + (hp->has_class ? E : 0);
     enum ekv_status s = ekv_clip_linear(pool, &c->patch, c->patch_b, cols, np, patches);
     free(cols);

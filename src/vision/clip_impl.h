@@ -57,6 +57,10 @@ enum ekv_status ekv_clip_linear(struct ekv_pool *pool, const struct ekv_weight *
  * only (Qwen2.5-VL's windowed blocks). */
 enum ekv_status ekv_clip_block_rows(const struct ekv_clip *c, struct ekv_pool *pool, int il, float *x, size_t n,
                                     const float *rope, const int32_t *win);
+/* A fixed-size tower's patch rows of pixels [3][S][S]: row (py, px) holds
+ * the channel-major P x P block (the conv weight's layout), kstride floats
+ * a row, zeros past 3 P P. Shared by the CPU tower and the GPU's. */
+void ekv_clip_patch_rows(const struct ekv_clip *c, const float *pixels, float *cols, size_t kstride);
 /* A Qwen2-VL tower's inputs for W x H pixels [3][H][W] (n = (W/P) (H/P)
  * patches in the merged order): cols [n][kstride] the patches in the conv
  * weight's (channel, ky, kx) order, zeros past 3 P P; cs [n][d] (d the head
