@@ -33,6 +33,7 @@
 #include "gpu/vk_push.h"
 #include "kernels/kvquant.h"
 #include "kernels/quant.h"
+#include "vision/clip.h"
 #include <unistd.h>
 #include "gputest.h"
 #include "testutil.h"
@@ -1016,14 +1017,17 @@ static double tower_diff(const struct ekv_vision *v, struct ekv_context *cg, con
  * projector), tiny-llava16 (the overview and each anyres tile),
  * tiny-qwen2vl (two patch kernels, 2D RoPE, 2 x 2 merger) and
  * tiny-qwen2.5vl (RMSNorm, SwiGLU, windowed blocks) at the image's own
- * size, and the project's ekv-ref-vlm (real weights) on a scene of its
+ * size, tiny-smolvlm (Idefics3: SigLIP without a class token, each tile
+ * and the overview, the pixel shuffle, the connector), and the project's
+ * ekv-ref-vlm (real weights) on a scene of its
  * dev set. Bound
  * 1e-5 of the largest embedding (the sums run in other orders; measured on
  * lavapipe: printed). The tower must have run on the device (its weights
  * in the context's tower table). */
 static void test_vision(void) {
-    static const char *const presets[] = {"tiny-vlm", "tiny-llava16", "tiny-qwen2vl", "tiny-qwen2.5vl", NULL};
-    for (size_t pi = 0; pi < 5; pi++) {
+    static const char *const presets[] = {"tiny-vlm", "tiny-llava16", "tiny-qwen2vl", "tiny-qwen2.5vl", "tiny-smolvlm",
+                                          NULL};
+    for (size_t pi = 0; pi < 6; pi++) {
         char path[128], mm[140], cmd[512];
         if (presets[pi]) {
             snprintf(path, sizeof path, "/tmp/ekv-test-gpu-%ld-vision%d.gguf", (long)getpid(), (int)pi);
@@ -1085,20 +1089,26 @@ static void test_vision(void) {
         ekv_model_free(m);
         if (presets[pi]) remove(path), remove(mm);
     }
-    /* a tower the device cannot run (Idefics3's): refused on a named device, the CPU under auto */
+    /* a tower the device cannot run: refused, with the reason (a SwiGLU tower
+     * with quick GELU, made by clearing tiny-qwen2.5vl's activation flags) */
     char path[128], mm[140], cmd[512];
-    snprintf(path, sizeof path, "/tmp/ekv-test-gpu-%ld-smol.gguf", (long)getpid());
-    snprintf(mm, sizeof mm, "/tmp/ekv-test-gpu-%ld-smol.mmproj.gguf", (long)getpid());
-    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-smolvlm --type f32 -o '%s' > /dev/null 2>&1", tu_bin(), path);
+    snprintf(path, sizeof path, "/tmp/ekv-test-gpu-%ld-q25.gguf", (long)getpid());
+    snprintf(mm, sizeof mm, "/tmp/ekv-test-gpu-%ld-q25.mmproj.gguf", (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-qwen2.5vl --type f32 -o '%s' > /dev/null 2>&1", tu_bin(),
+             path);
     CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
-    struct ekv_vision *v = NULL;
-    CHECK_OK(ekv_vision_load(mm, &v));
-    if (v) {
-        CHECK(ekv_vision_set_device(v, g_dev) == EKV_ERR_UNSUPPORTED && strstr(ekv_last_error(), "mlp projector"));
-        CHECK_OK(ekv_vision_set_device(v, "auto"));
-        CHECK(!strcmp(ekv_vision_device(v), "cpu"));
+    struct ekv_clip *c = NULL;
+    CHECK_OK(ekv_clip_load(mm, &c));
+    if (c) {
+        CHECK(ekv_vk_tower_unsupported(c) == NULL);
+        struct ekv_clip_hparams *hp = (struct ekv_clip_hparams *)ekv_clip_hparams(c);
+        const bool gelu = hp->use_gelu, silu = hp->use_silu;
+        hp->use_gelu = hp->use_silu = false;
+        const char *why = ekv_vk_tower_unsupported(c);
+        CHECK_MSG(why && strstr(why, "quick GELU"), "a SwiGLU tower with quick GELU: %s", why ? why : "accepted");
+        hp->use_gelu = gelu, hp->use_silu = silu;
     }
-    ekv_vision_free(v);
+    ekv_clip_free(c);
     remove(path), remove(mm);
 }
 

@@ -18,11 +18,12 @@
  *   activation, or SwiGLU's gate and up through glu.comp) and down added
  *   to x; the post-norm; the projector (mm.0 + bias, GELU, mm.2 + bias) on
  *   the patch rows — Qwen2-VL's merger reads each 2 x 2 block as one row of
- *   4 E, which the block order makes contiguous — into host memory.
+ *   4 E, which the block order makes contiguous; Idefics3 (SmolVLM): the
+ *   pixel shuffle (ew.comp) and the connector's one map — into host memory.
  * The products are matvec.comp's (the language model's); the sums run in
  * other orders than the CPU's, so the embeddings agree to rounding, not
- * bits (tests/test_gpu.c "vision" states the bound). Idefics3's tower runs
- * on the CPU: ekv_vk_tower_unsupported says why.
+ * bits (tests/test_gpu.c "vision" states the bound). Idefics3's tiles and
+ * overview come one by one (clip's ekv_clip_encode_tile), like LLaVA-1.6's.
  *
  * The device is a context's (images encoded with a GPU context) or one
  * opened for the tower alone (ekv_vision_set_device: the server's request
@@ -43,6 +44,7 @@
 static int64_t pad8(int64_t n) { return (n + 7) & ~(int64_t)7; }
 
 static bool is_qwen(const struct ekv_clip *c) { return c->hp.proj == EKV_CLIP_PROJ_QWEN2VL; }
+static bool is_idefics(const struct ekv_clip *c) { return c->hp.proj == EKV_CLIP_PROJ_IDEFICS3; }
 
 /* The block weights a tower reads (ffg only with SwiGLU). */
 static void block_mats(const struct clip_layer *L, const struct ekv_weight *w[7]) {
@@ -52,13 +54,16 @@ static void block_mats(const struct clip_layer *L, const struct ekv_weight *w[7]
 
 const char *ekv_vk_tower_unsupported(const struct ekv_clip *c) {
     const struct ekv_clip_hparams *hp = &c->hp;
-    if (hp->proj != EKV_CLIP_PROJ_MLP && !is_qwen(c))
-        return "only LLaVA's (mlp projector) and Qwen2-VL's towers run on the GPU in this version";
+    if (hp->proj != EKV_CLIP_PROJ_MLP && !is_qwen(c) && !is_idefics(c))
+        return "only LLaVA's (mlp projector), Idefics3's and Qwen2-VL's towers run on the GPU in this version";
     const int dh = hp->n_head > 0 ? hp->n_embd / hp->n_head : 0;
     if (hp->n_embd % 8 || hp->n_embd_out % 8 || dh <= 0 || hp->n_embd % hp->n_head || dh > 256 || dh % 2)
         return "tower widths not a multiple of 8 (or heads over 256) run on the CPU";
     if (is_qwen(c) && !c->patch1.data) return "a Qwen2-VL tower without its second patch kernel";
-    const struct ekv_weight *w[4] = {&c->patch, &c->mm0, &c->mm2, is_qwen(c) ? &c->patch1 : &c->patch};
+    if (is_idefics(c) && (hp->scale_factor < 1 || (hp->image_size / hp->patch_size) % hp->scale_factor))
+        return "an Idefics3 grid that the scale factor does not divide";
+    const struct ekv_weight *w[4] = {&c->patch, is_idefics(c) ? &c->fc : &c->mm0, is_idefics(c) ? &c->fc : &c->mm2,
+                                     is_qwen(c) ? &c->patch1 : &c->patch};
     for (int i = 0; i < 4; i++)
         if (!ekv_vk_weight_type_ok(w[i]->type)) return "a tower weight type without a GPU shader";
     for (int il = 0; il < hp->n_layer_run; il++) {
@@ -99,10 +104,14 @@ static enum ekv_status upload_tower(struct ekv_vk_tower *g, const struct ekv_cli
         for (int i = 0; i < 11 && s == EKV_OK; i++)
             s = ekv_vk_ttab_vector(vk, tt, v[i], i >= 9 ? F : E, "vision block vectors");
     }
-    if (s == EKV_OK) s = ekv_vk_ttab_weight(vk, tt, &c->mm0, "vision projector");
-    if (s == EKV_OK) s = ekv_vk_ttab_vector(vk, tt, c->mm0_b, hp->n_mm, "vision projector");
-    if (s == EKV_OK) s = ekv_vk_ttab_weight(vk, tt, &c->mm2, "vision projector");
-    if (s == EKV_OK) s = ekv_vk_ttab_vector(vk, tt, c->mm2_b, hp->n_embd_out, "vision projector");
+    if (s == EKV_OK && is_idefics(c)) {
+        s = ekv_vk_ttab_weight(vk, tt, &c->fc, "vision projector");
+    } else if (s == EKV_OK) {
+        s = ekv_vk_ttab_weight(vk, tt, &c->mm0, "vision projector");
+        if (s == EKV_OK) s = ekv_vk_ttab_vector(vk, tt, c->mm0_b, hp->n_mm, "vision projector");
+        if (s == EKV_OK) s = ekv_vk_ttab_weight(vk, tt, &c->mm2, "vision projector");
+        if (s == EKV_OK) s = ekv_vk_ttab_vector(vk, tt, c->mm2_b, hp->n_embd_out, "vision projector");
+    }
     ekv_vk_ttab_sort(tt);
     if (s != EKV_OK) {
         ekv_vk_ttab_free(vk, tt);
@@ -132,7 +141,8 @@ struct tower_run {
     struct ekv_vk_buf b[B_COUNT];
     int64_t n;      /* rows through the blocks (patches, + the class row) */
     int64_t np;     /* patch rows */
-    int64_t n_in;   /* rows into the projector: patches, or 2 x 2 blocks of 4 E (Qwen2-VL) */
+    int64_t n_in;   /* rows into the projector: patches, 2 x 2 blocks of 4 E (Qwen2-VL), or s x s blocks
+                       of s*s*E (Idefics3's pixel shuffle, in B_MID) */
     int64_t K8, F8, M8, E;
 };
 
@@ -146,11 +156,11 @@ static enum ekv_status run_new(struct ekv_vk *vk, const struct ekv_clip *c, int 
     const int64_t P = hp->patch_size, E = hp->n_embd, dh = E / hp->n_head;
     t->np = (W / P) * (H / P);
     t->n = t->np + (hp->has_class ? 1 : 0);
-    t->n_in = is_qwen(c) ? t->np / 4 : t->np;
+    t->n_in = is_qwen(c) ? t->np / 4 : is_idefics(c) ? hp->n_tile_tokens : t->np;
     t->K8 = pad8(3 * P * P), t->F8 = pad8(hp->n_ff), t->M8 = pad8(hp->n_mm), t->E = E;
     const bool swiglu = c->layers[0].ffg.data != NULL;
     const int64_t n = t->n, floats[B_COUNT] = {t->np * t->K8, n * E, n * E, n * E, n * E, n * E, n * E, n * t->F8,
-                                               swiglu ? n * t->F8 : 0, t->n_in * t->M8,
+                                               swiglu ? n * t->F8 : 0, is_idefics(c) ? t->np * E : t->n_in * t->M8,
                                                t->n_in * (int64_t)hp->n_embd_out, is_qwen(c) ? n * dh : 0,
                                                hp->wa_pattern > 0 ? n : 0};
     static const char *const what[B_COUNT] = {"vision patches", "vision x", "vision h", "vision q", "vision k",
@@ -186,6 +196,19 @@ static void norm(struct ekv_vk_tower *g, const struct ekv_clip *c, uint64_t x, c
 static void ew(struct ekv_vk_tower *g, uint64_t y, uint64_t a, int64_t n, uint32_t op, uint32_t dh, uint32_t E) {
     struct ekv_vk_pc_ew pc = {.y = y, .a = a, .n = (uint32_t)n, .op = op, .dh = dh, .E = E};
     ekv_vk_dispatch(g->vk, EKV_VK_EW, &pc, sizeof pc, groups(n, 256), 1, 1);
+}
+
+/* Idefics3's pixel shuffle of the patch rows px into B_MID, then the
+ * connector's one linear map (no bias) into B_OUT. */
+static enum ekv_status idefics_project(struct ekv_vk_tower *g, const struct ekv_clip *c, struct tower_run *t,
+                                       uint64_t px) {
+    const struct ekv_clip_hparams *hp = &c->hp;
+    const int64_t S = hp->scale_factor;
+    struct ekv_vk_pc_ew pc = {.y = t->b[B_MID].addr, .a = px, .n = (uint32_t)(t->np * t->E), .op = EKV_VK_EW_SHUFFLE,
+                              .dh = (uint32_t)S, .E = (uint32_t)t->E, .g = (uint32_t)(hp->image_size / hp->patch_size)};
+    ekv_vk_dispatch(g->vk, EKV_VK_EW, &pc, sizeof pc, groups(pc.n, 256), 1, 1);
+    return mv(g, &c->fc, t->b[B_MID].addr, (uint32_t)(S * S * t->E), t->b[B_OUT].addr, (uint32_t)hp->n_embd_out, NULL,
+              false, t->n_in, true);
 }
 
 static uint32_t act_op(const struct ekv_clip_hparams *hp) {
@@ -256,6 +279,7 @@ static enum ekv_status record_tower(struct ekv_vk_tower *g, const struct ekv_cli
     for (int il = 0; il < hp->n_layer_run && s == EKV_OK; il++) s = record_block(g, c, il, t);
     if (s != EKV_OK) return s;
     if (c->post_w) norm(g, c, x, c->post_w, c->post_b, x, t->n);
+    if (is_idefics(c)) return idefics_project(g, c, t, px);
     const uint32_t in_w = (uint32_t)(is_qwen(c) ? 4 * E : E), m8 = (uint32_t)t->M8, eo = (uint32_t)hp->n_embd_out;
     s = mv(g, &c->mm0, px, in_w, t->b[B_MID].addr, m8, c->mm0_b, false, t->n_in, true);
     if (s != EKV_OK) return s;

@@ -47,9 +47,9 @@ struct ekv_vk_pc_kv_compact { uint64_t runs, pre, segs, scr; uint32_t n_runs, ph
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
 struct ekv_vk_pc_layernorm { uint64_t x, w, b, y; uint32_t n, rows; float eps; uint32_t rms; };
 struct ekv_vk_pc_clip_attn { uint64_t q, k, v, o, win; uint32_t n, E, dh; float scale; uint32_t t0; };
-struct ekv_vk_pc_ew { uint64_t y, a; uint32_t n, op, dh, E; };
+struct ekv_vk_pc_ew { uint64_t y, a; uint32_t n, op, dh, E, g; };
 /* ekv_vk_pc_ew.op */
-enum { EKV_VK_EW_ADD = 0, EKV_VK_EW_GELU, EKV_VK_EW_QUICK_GELU, EKV_VK_EW_SILU, EKV_VK_EW_ROPE };
+enum { EKV_VK_EW_ADD = 0, EKV_VK_EW_GELU, EKV_VK_EW_QUICK_GELU, EKV_VK_EW_SILU, EKV_VK_EW_ROPE, EKV_VK_EW_SHUFFLE };
 
 
 #endif

@@ -873,9 +873,8 @@ enum ekv_status ekv_clip_encode_pixels(const struct ekv_clip *c, struct ekv_pool
     return s;
 }
 
-/* One image or tile's pixels by ex, or here. */
-static enum ekv_status encode_px(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_clip_exec *ex,
-                                 const float *pixels, float *out) {
+enum ekv_status ekv_clip_encode_tile(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_clip_exec *ex,
+                                     const float *pixels, float *out) {
     if (ex && ex->pixels) return ex->pixels(ex->user, c, pixels, c->hp.image_size, c->hp.image_size, out);
     return ekv_clip_encode_pixels(c, pool, pixels, out);
 }
@@ -894,7 +893,7 @@ static enum ekv_status encode_anyres(const struct ekv_clip *c, struct ekv_pool *
     enum ekv_status s = ekv_image_resize_bicubic(img, S, S, &ov);
     if (s == EKV_OK) {
         ekv_image_normalize(&ov, hp->image_mean, hp->image_std, pixels);
-        s = encode_px(c, pool, ex, pixels, out);
+        s = ekv_clip_encode_tile(c, pool, ex, pixels, out);
     }
     const float sw = (float)W / (float)img->nx, sh = (float)H / (float)img->ny, sc = sw < sh ? sw : sh;
     int fw = (int)ceilf((float)img->nx * sc), fh = (int)ceilf((float)img->ny * sc);
@@ -915,7 +914,7 @@ static enum ekv_status encode_anyres(const struct ekv_clip *c, struct ekv_pool *
                 memcpy(tile.rgb + (size_t)y * S * 3, canvas.rgb + ((size_t)(ty * S + y) * W + (size_t)tx * S) * 3,
                        (size_t)S * 3);
             ekv_image_normalize(&tile, hp->image_mean, hp->image_std, pixels);
-            s = encode_px(c, pool, ex, pixels, out + k * rows);
+            s = ekv_clip_encode_tile(c, pool, ex, pixels, out + k * rows);
         }
     ekv_image_free(&ov);
     ekv_image_free(&fit);
@@ -940,7 +939,7 @@ enum ekv_status ekv_clip_encode_image_with(const struct ekv_clip *c, struct ekv_
     ekv_clip_anyres_grid(c, img->nx, img->ny, &W, &H);
     enum ekv_status s;
     if (c->hp.proj == EKV_CLIP_PROJ_IDEFICS3) {
-        s = ekv_clip_encode_idefics3(c, pool, img, pixels, out);
+        s = ekv_clip_encode_idefics3(c, pool, img, ex, pixels, out);
     } else if (W) {
         s = encode_anyres(c, pool, ex, img, W, H, pixels, out);
     } else if (c->hp.n_pinpoints) { /* small image: the overview alone, resized as the tiles' overview */
@@ -948,12 +947,12 @@ enum ekv_status ekv_clip_encode_image_with(const struct ekv_clip *c, struct ekv_
         s = ekv_image_resize_bicubic(img, (int)S, (int)S, &ov);
         if (s == EKV_OK) {
             ekv_image_normalize(&ov, c->hp.image_mean, c->hp.image_std, pixels);
-            s = encode_px(c, pool, ex, pixels, out);
+            s = ekv_clip_encode_tile(c, pool, ex, pixels, out);
         }
         ekv_image_free(&ov);
     } else {
         s = ekv_clip_preprocess(c, img, pixels);
-        if (s == EKV_OK) s = encode_px(c, pool, ex, pixels, out);
+        if (s == EKV_OK) s = ekv_clip_encode_tile(c, pool, ex, pixels, out);
     }
     free(pixels);
     return s;

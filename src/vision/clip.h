@@ -143,7 +143,8 @@ enum ekv_status ekv_clip_encode_image(const struct ekv_clip *c, struct ekv_pool 
  * ekv_clip_encode_pixels does for a fixed-size tower (the mlp projector:
  * LLaVA-1.5, each tile and overview of LLaVA-1.6; W = H = image_size) and
  * ekv_clip_encode_qwen2vl_pixels for a Qwen2-VL tower (W x H its smart-resized
- * size) — a GPU backend; NULL = those functions. Idefics3 ignores it. */
+ * size; Idefics3's tiles and overview: W = H = image_size) — a GPU backend;
+ * NULL = those functions. */
 struct ekv_clip_exec {
     enum ekv_status (*pixels)(void *user, const struct ekv_clip *c, const float *pixels, int W, int H, float *out);
     void *user;
@@ -175,9 +176,14 @@ enum ekv_status ekv_clip_project(const struct ekv_clip *c, struct ekv_pool *pool
 void ekv_clip_pixel_shuffle(const float *in, int g, int e, int s, float *out);
 
 /* Idefics3 whole image into out (see ekv_clip_encode_image); pixels is a
- * [3][image_size][image_size] scratch buffer. In idefics3.c. */
+ * [3][image_size][image_size] scratch buffer; each tile through ex (NULL:
+ * ekv_clip_encode_pixels). In idefics3.c. */
 enum ekv_status ekv_clip_encode_idefics3(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_image *img,
-                                         float *pixels, float *out);
+                                         const struct ekv_clip_exec *ex, float *pixels, float *out);
+/* One image_size x image_size input (a LLaVA image or tile, an Idefics3
+ * tile) through ex, or ekv_clip_encode_pixels without one. */
+enum ekv_status ekv_clip_encode_tile(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_clip_exec *ex,
+                                     const float *pixels, float *out);
 
 /* Qwen2-VL whole image into out [gw * gh][n_embd_out] (see
  * ekv_clip_encode_image). In qwen2vl.c. */

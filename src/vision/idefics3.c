@@ -60,7 +60,7 @@ void ekv_clip_pixel_shuffle(const float *in, int g, int e, int s, float *out) {
 }
 
 enum ekv_status ekv_clip_encode_idefics3(const struct ekv_clip *c, struct ekv_pool *pool, const struct ekv_image *img,
-                                         float *pixels, float *out) {
+                                         const struct ekv_clip_exec *ex, float *pixels, float *out) {
     const struct ekv_clip_hparams *hp = ekv_clip_hparams(c);
     const int S = hp->image_size;
     if (hp->proj != EKV_CLIP_PROJ_IDEFICS3 || img->nx <= 0 || img->ny <= 0)
@@ -77,7 +77,7 @@ enum ekv_status ekv_clip_encode_idefics3(const struct ekv_clip *c, struct ekv_po
             s = ekv_image_crop(&refined, tx * S, ty * S, S, S, &part);
             if (s == EKV_OK) {
                 ekv_image_normalize(&part, hp->image_mean, hp->image_std, pixels);
-                s = ekv_clip_encode_pixels(c, pool, pixels, out + ((size_t)ty * (size_t)gx + (size_t)tx) * rows);
+                s = ekv_clip_encode_tile(c, pool, ex, pixels, out + ((size_t)ty * (size_t)gx + (size_t)tx) * rows);
             }
             ekv_image_free(&part);
         }
@@ -85,7 +85,7 @@ enum ekv_status ekv_clip_encode_idefics3(const struct ekv_clip *c, struct ekv_po
     if (s == EKV_OK) s = ekv_image_resize(&refined, S, S, EKV_RESAMPLE_LANCZOS, &part);
     if (s == EKV_OK) {
         ekv_image_normalize(&part, hp->image_mean, hp->image_std, pixels);
-        s = ekv_clip_encode_pixels(c, pool, pixels, out + (size_t)gx * (size_t)gy * rows);
+        s = ekv_clip_encode_tile(c, pool, ex, pixels, out + (size_t)gx * (size_t)gy * rows);
     }
     ekv_image_free(&part);
     ekv_image_free(&refined);

@@ -5,11 +5,14 @@
 // op 4: RoPE on rows of E = heads x dh (Qwen2-VL's 2D RoPE, as
 // ekv_rope_apply with NeoX halves): item i is (row, head, pair k < dh/2),
 // elements k and k + dh/2 of the head turned by a[row][k] = {cos, sin}
-// (a: [rows][dh/2][2]); n = rows x heads x dh/2.
+// (a: [rows][dh/2][2]); n = rows x heads x dh/2;
+// op 5: Idefics3's pixel shuffle (ekv_clip_pixel_shuffle) from a, a grid of
+// g x g rows of E, into y, (g/s)^2 rows of s*s*E: row (Y, X) holds the rows
+// (Y s + dy, X s + dx), dy then dx, side by side (s in dh); n = g*g*E.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(local_size_x = 256) in;
-layout(push_constant) uniform P { F32 y; F32 a; uint n; uint op; uint dh; uint E; } pc;
+layout(push_constant) uniform P { F32 y; F32 a; uint n; uint op; uint dh; uint E; uint g; } pc;
 void main() {
     for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += gl_NumWorkGroups.x * gl_WorkGroupSize.x) {
         if (pc.op == 4u) {
@@ -20,6 +23,12 @@ void main() {
             precise float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
             pc.y.d[o + k] = r0;
             pc.y.d[o + k + half_] = r1;
+            continue;
+        }
+        if (pc.op == 5u) {
+            const uint s = pc.dh, W = s * s * pc.E, G = pc.g / s, t = i / W, k = i % W, b = k / pc.E;
+            const uint row = ((t / G) * s + b / s) * pc.g + (t % G) * s + b % s;
+            pc.y.d[i] = pc.a.d[row * pc.E + k % pc.E];
             continue;
         }
         const float v = pc.y.d[i];
