@@ -98,11 +98,18 @@ static bool make_tokens(const struct ekv_model *m) {
     return true;
 }
 
+/* KIVI's group and residual in these tests: small, so that a 64-token
+ * prompt quantises (the default residual of 128 would keep it in fp16) */
+#define KIVI_G 16
+#define KIVI_R 16
+
 static struct ekv_kv_params kv_params(const char *policy, double budget, enum ekv_kv_type t) {
     struct ekv_kv_params kp = ekv_kv_default_params();
     kp.policy = policy;
     kp.budget = budget;
     kp.type_k = kp.type_v = t;
+    kp.kv_group = KIVI_G;
+    kp.kv_residual = KIVI_R;
     return kp;
 }
 
@@ -282,6 +289,9 @@ static void run_case_n(const struct ekv_model *m, struct ekv_context *cg, struct
     CHECK_MSG(cap_prompt >= longest && cap_prompt <= longest + 2 * slack && (n_prompt < 3 * N_PROMPT || cap_prompt < n_prompt),
               "%s %.1f: a device cache of %d entries per head for at most %d kept (prompt %d)", pol, budget, cap_prompt,
               longest, n_prompt);
+    if (sg->gpu->k.managed) /* KIVI: the residual slots a prompt needed, given back after it */
+        CHECK_MSG(sg->gpu->k.tc <= ekv_vk_kivi_tc_min(sg->gpu) + 64, "%s %.1f: %u residual slots per head after the prompt",
+                  pol, budget, sg->gpu->k.tc);
     int bad_prompt = heads_differ(sg->kv, sc->kv), bad_steps = 0;
     bool same_full = !sf || !memcmp(lg, lf, sizeof(float) * V);
     double nll_g = 0, nll_c = 0, maxd = 0, maxv = 0;
@@ -339,7 +349,8 @@ static void run_case_n(const struct ekv_model *m, struct ekv_context *cg, struct
      * other way (1 ulp, ~1e-3 of the value), a q8_0 / q4_0 code may move by
      * a step (1/127, 1/7 of its block's largest); a wrong row moved by a
      * plan is off by the row's whole size */
-    const double row_bound = t == EKV_KV_Q4_0 ? 0.15 : t == EKV_KV_Q8_0 ? 2e-2 : t == EKV_KV_F16 ? 2e-3 : 1e-5;
+    const double row_bound = t == EKV_KV_KIVI2 ? 0.5 : t == EKV_KV_Q4_0 || t == EKV_KV_KIVI4 ? 0.15 : t == EKV_KV_Q8_0 ? 2e-2
+                             : t == EKV_KV_F16 ? 2e-3 : 1e-5;
     CHECK_MSG(rows <= row_bound, "%s %.1f %s: device rows differ by %.3g", pol, budget, ekv_kv_type_name(t), rows);
     CHECK_MSG(fabs(ppl_g / ppl_c - 1.0) <= 0.005, "%s %.1f %s: ppl %.5f vs CPU %.5f", pol, budget,
               ekv_kv_type_name(t), ppl_g, ppl_c);
@@ -350,8 +361,11 @@ static void run_case_n(const struct ekv_model *m, struct ekv_context *cg, struct
                   maxd, maxv);
     /* merges run on the device (weighted means, keys turned by key=rotate,
      * value=attn's weights, key=anchor): only a policy that reads rows
-     * itself (+merge's default merge_to=key compares keys) reads heads back */
-    const bool reads_rows = strstr(pol, "+merge") && !strstr(pol, "merge_to=pos");
+     * itself (+merge's default merge_to=key compares keys) reads heads back,
+     * and with KIVI storage every merge (averaged on the host: backend_vk_kivi.c) */
+    const bool kivi_t = t == EKV_KV_KIVI2 || t == EKV_KV_KIVI4;
+    const bool reads_rows = (strstr(pol, "+merge") && !strstr(pol, "merge_to=pos")) ||
+                            (kivi_t && (strstr(pol, "elastic") || strstr(pol, "+merge")));
     if (!reads_rows)
         CHECK_MSG(read_backs == 0, "%s: %llu heads read back", pol, (unsigned long long)read_backs);
     else if (budget < 1.0)
@@ -639,12 +653,13 @@ static void test_deferred(const struct ekv_model *m) {
 
 /* Sequences with different policies and storage types decoded in one
  * forward equal each decoded alone, bit for bit. */
-static void test_batched(const struct ekv_model *m) {
-    struct {
-        const char *pol;
-        double budget;
-        enum ekv_kv_type t;
-    } c[4] = {{"h2o", 0.3, EKV_KV_F16}, {"full", 1.0, EKV_KV_F16}, {"elastic-v2", 0.4, EKV_KV_F16}, {"snapkv", 0.25, EKV_KV_F32}};
+struct batch_case {
+    const char *pol;
+    double budget;
+    enum ekv_kv_type t;
+};
+
+static void batched_cases(const struct ekv_model *m, const int32_t *g_toks, const struct batch_case c[4]) {
     struct ekv_context *cx = gt_ctx_on(m, g_dev, 256);
     if (!cx) return;
     struct ekv_seq *bat[4] = {0}, *alone[4] = {0};
@@ -676,6 +691,12 @@ out:
     for (int i = 0; i < 4; i++) ekv_seq_free(bat[i]), ekv_seq_free(alone[i]);
     free(lb), free(la);
     ekv_context_free(cx);
+}
+
+static void test_batched(const struct ekv_model *m) {
+    const struct batch_case c[4] = {
+        {"h2o", 0.3, EKV_KV_F16}, {"full", 1.0, EKV_KV_F16}, {"elastic-v2", 0.4, EKV_KV_F16}, {"snapkv", 0.25, EKV_KV_F32}};
+    batched_cases(m, g_toks, c);
 }
 
 /* Out of device memory mid-run: the sequence whose cache must grow fails
@@ -846,13 +867,50 @@ static void test_mrope(void) {
     remove(path), remove(mm);
 }
 
+/* KIVI storage under every policy (backend_vk_kivi.c): key groups that
+ * shrink, join and are re-quantised on the device, values and the residual
+ * rule, as the CPU's store does it (EKV_GPU_POLICIES=a,b narrows the list) */
+static void test_kivi(void) {
+    static const char *pols[] = {"local",   "h2o",      "scissorhands", "tova",    "roco",
+                                 "snapkv",  "pyramidkv", "vlcache",     "random",  "elastic",
+                                 "elastic-v2", "elastic-v2:key=rotate:bias=1:recent=0.25",
+                                 "h2o+merge:merge_to=pos:merge_key=rotate"};
+    const struct ekv_model *mb = g_mb;
+    struct ekv_context *cg = mb ? gt_ctx_on(mb, g_dev, 256) : NULL, *cc = mb ? gt_ctx_on(mb, "cpu", 256) : NULL;
+    const char *only_pols = getenv("EKV_GPU_POLICIES");
+    for (size_t pi = 0; pi < sizeof pols / sizeof pols[0] && cg && cc; pi++) {
+        if (only_pols && !strstr(only_pols, pols[pi])) continue;
+        run_case(mb, cg, cc, g_toks_b, pols[pi], 0.2, EKV_KV_KIVI4);
+        run_case(mb, cg, cc, g_toks_b, pols[pi], 0.5, EKV_KV_KIVI2);
+    }
+    if (!only_pols && cg && cc) {
+        /* batched with other policies and types, each as alone */
+        const struct batch_case c[4] = {{"h2o", 0.3, EKV_KV_KIVI4}, {"full", 1.0, EKV_KV_KIVI2},
+                                        {"elastic-v2", 0.4, EKV_KV_KIVI2}, {"snapkv", 0.25, EKV_KV_F16}};
+        batched_cases(mb, g_toks_b, c);
+        run_case(mb, cg, cc, g_toks_b, "h2o", 1.0, EKV_KV_KIVI4); /* == the full cache's KIVI path, bit for bit */
+        /* a longer prompt: the residual grows to a chunk of it, then shrinks back */
+        int32_t *twice = malloc(sizeof(int32_t) * (3 * N_PROMPT + N_STEPS + 1));
+        for (int32_t i = 0; i < 3 * N_PROMPT + N_STEPS + 1; i++) twice[i] = g_toks_b[i % N_PROMPT];
+        run_case_n(mb, cg, cc, twice, 3 * N_PROMPT, "snapkv", 0.3, EKV_KV_KIVI4);
+        free(twice);
+        /* compactions in chunks of about one (layer, side) */
+        ekv_vk_mg_set_chunk(64);
+        run_case(mb, cg, cc, g_toks_b, "tova", 0.2, EKV_KV_KIVI2);
+        ekv_vk_mg_set_chunk(0);
+    }
+    gt_check_validation(cg);
+    ekv_context_free(cg), ekv_context_free(cc);
+}
+
 static void test_refused(void) {
     const struct ekv_model *m = g_mb;
     struct ekv_context *cx = m ? gt_ctx_on(m, g_dev, 256) : NULL;
     if (cx) {
-        struct ekv_kv_params kp = kv_params("h2o", 0.5, EKV_KV_KIVI4);
+        struct ekv_kv_params kp = kv_params("full", 1.0, EKV_KV_KIVI4);
+        kp.max_tokens = 32;
         struct ekv_seq *s = NULL;
-        CHECK(ekv_seq_new(cx, &kp, &s) == EKV_ERR_UNSUPPORTED && !s && strstr(ekv_last_error(), "KIVI"));
+        CHECK(ekv_seq_new(cx, &kp, &s) == EKV_ERR_UNSUPPORTED && !s && strstr(ekv_last_error(), "kv-tokens"));
     }
     ekv_context_free(cx);
 }
@@ -925,10 +983,12 @@ static void test_copy(void) {
         copy_case(mb, cx, g_toks_b, "snapkv", 0.3, EKV_KV_F16, EKV_KV_F16, 5, 8); /* copied with sums pending */
         copy_case(mb, cx, g_toks_b, "elastic-v2:bias=1", 0.3, EKV_KV_F32, EKV_KV_F16, 0, -1);
         copy_case(mb, cx, g_toks_b, "vlcache", 0.3, EKV_KV_Q4_0, EKV_KV_Q4_0, 0, -1);
+        copy_case(mb, cx, g_toks_b, "h2o", 0.3, EKV_KV_KIVI4, EKV_KV_KIVI2, 3, -1);
+        copy_case(mb, cx, g_toks_b, "tova", 0.3, EKV_KV_F16, EKV_KV_KIVI4, 0, -1);
         gt_check_validation(cx);
     }
     ekv_context_free(cx);
-    printf("copies on the device: 7 policy x storage cases checked\n");
+    printf("copies on the device: 9 policy x storage cases checked\n");
 }
 
 /* EKV_GPU_TEST_ONLY=name[,name...] runs only those parts (ctest runs them all) */
@@ -950,7 +1010,7 @@ int main(void) {
     if (!m) return test_finish("test_gpu_policy");
     CHECK(make_tokens(m));
     char path_b[96] = "";
-    if (only("policies") || only("same") || only("refused") || only("copy")) g_mb = model_b(path_b, sizeof path_b);
+    if (only("policies") || only("same") || only("refused") || only("copy") || only("kivi")) g_mb = model_b(path_b, sizeof path_b);
     if (only("stats")) test_stats(m);
     if (only("policies")) test_policies(m);
     if (only("same")) test_same_stats(m);
@@ -960,6 +1020,7 @@ int main(void) {
     if (only("record")) test_record(m);
     if (only("swa")) test_swa();
     if (only("mrope")) test_mrope();
+    if (only("kivi")) test_kivi();
     if (only("refused")) test_refused();
     if (only("copy")) test_copy();
     ekv_model_free(g_mb);

@@ -3,7 +3,7 @@
 # at depth with the full cache against compressing policies at 0.2 of the
 # entries (issue 20's table), TinyLlama-1.1B's shape (and, with
 # EKV_PAYOFF_BIG=1, Mistral-7B's, the 8B-class layer shapes), batch 1 / 16
-# / 64, depth 32K and 8K, f16 storage (q4_0 too at 8K); aggregate decode
+# / 64, depth 32K and 8K, f16 storage (q4_0 and kivi4 too at 8K); aggregate decode
 # tokens/s from `ekv bench`, and the sessions one fixed amount of KV memory
 # admits: floor(kv_mem / bytes one sequence's cache holds) (ekv bench's
 # kv_bytes; on the GPU a compressed cache's buffers follow what it keeps).
@@ -43,8 +43,9 @@
 #   EKV_PAYOFF_BASE_POLICIES (the policies the base build runs besides full;
 #   default all of EKV_PAYOFF_POLICIES), EKV_PAYOFF_BASE_BATCH (its batches;
 #   default EKV_PAYOFF_BATCH).
-# KIVI storage with a compressing policy stays on the CPU in this version
-# (ekv_vk_mg_supported): the 4-bit rows here are q4_0.
+# KIVI storage with a compressing policy runs on the GPU since 2026-11-28
+# (backend_vk_kivi.c; its merges are averaged on the host, so elastic-v2's
+# kivi4 rows measure that too).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -172,7 +173,7 @@ for preset in "${models[@]}"; do
     fi
     if has shallow && [ -n "$SHALLOW" ]; then
         bench_one "$preset-d$SHALLOW" 150 -m "$f" -c "$((SHALLOW + N + 8))" -p 0 -n "$N" -d "$SHALLOW" -b "$BATCH" \
-            --kv-policy "full,$POLICIES" --kv-budget 0.2 --kv-type f16,q4_0
+            --kv-policy "full,$POLICIES" --kv-budget 0.2 --kv-type f16,q4_0,kivi4
     fi
     if has recompress && [ -n "$SHALLOW" ]; then
         bench_one "$preset-d$SHALLOW-recompress" 60 -m "$f" -c "$((SHALLOW + 2 * N + 8))" -p 0 -n "$((2 * N))" -d "$SHALLOW" \

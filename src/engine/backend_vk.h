@@ -28,9 +28,14 @@ struct ekv_vk_side {
     enum ekv_kv_type type;
     bool is_v;
     struct ekv_vk_buf *buf;     /* [n_layer], kvq.glsl's layout */
-    uint32_t tc;                /* KIVI: ring entries per head */
+    uint32_t tc;                /* KIVI: ring entries per head (compressed: residual slots per head) */
     uint64_t p0, r0, words;     /* words: parameters from p0, ring from r0, in all */
     int32_t nq;                 /* KIVI: entries quantised, the same in every layer */
+    /* a compressing policy's KIVI side (kvq.glsl's compressed layout; the
+     * host cache's stores count its entries and groups: backend_vk_kivi.c) */
+    bool managed;
+    uint32_t ngc;               /* keys: groups of parameters per head */
+    uint64_t x0;                /* keys: word of the group table [H][C] */
 };
 
 struct ekv_vk_mg;
@@ -160,6 +165,9 @@ void ekv_vk_tower_release(struct ekv_vk_tower *t);
 /* Sizes of a side for s->cap entries per head (kvq.glsl: p0, r0, words);
  * false when a layer's buffer would need indices past 2^31 words. */
 bool ekv_vk_side_layout(struct ekv_vk_side *sd, const struct ekv_vk_seq *s);
+/* A compressed KIVI side's fewest residual slots per head: the longest tail
+ * the residual rule leaves (max(R, G) - 1 keys, R values) and one more. */
+uint32_t ekv_vk_kivi_tc_min(const struct ekv_vk_seq *s);
 
 /* Builds the pipelines a cache of these storage types uses. */
 enum ekv_status ekv_vk_kv_prepare(struct ekv_vk_ctx *g, enum ekv_kv_type tk, enum ekv_kv_type tv);

@@ -57,12 +57,16 @@ bool ekv_vk_side_layout(struct ekv_vk_side *sd, const struct ekv_vk_seq *s) {
     const uint64_t H = s->H, C = (uint64_t)s->cap, D = s->D, G = s->G;
     const enum ekv_kv_type t = sd->type;
     uint64_t params = 0;
+    const bool managed = sd->managed && kivi(t);
+    /* a compressed side's key groups: adjacent ones hold more than G entries together (store.c) */
+    sd->ngc = managed && !sd->is_v ? (uint32_t)(2 * ((C + G - 1) / G) + 2) : 0;
     if (t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0) params = (H * C * (D / 32) + 1) / 2;
-    else if (kivi(t)) params = sd->is_v ? H * C * (D / G) : H * ((C + G - 1) / G) * D;
-    sd->tc = kivi(t) ? (sd->is_v ? (s->R > 0 ? s->R : 1) : key_block(s)) : 0;
+    else if (kivi(t)) params = sd->is_v ? H * C * (D / G) : managed ? H * sd->ngc * D : H * ((C + G - 1) / G) * D;
+    if (!managed) sd->tc = kivi(t) ? (sd->is_v ? (s->R > 0 ? s->R : 1) : key_block(s)) : 0; /* (managed: the caller's) */
     sd->p0 = H * C * row_words(t, D);
     sd->r0 = sd->p0 + ((params + 1) & ~(uint64_t)1);
-    sd->words = sd->r0 + H * sd->tc * D / 2;
+    sd->x0 = sd->r0 + H * sd->tc * D / 2;
+    sd->words = sd->x0 + (managed && !sd->is_v ? H * C : 0);
     return C > 0 && sd->words < ((uint64_t)1 << 31);
 }
 
@@ -140,8 +144,12 @@ static void side_free(struct ekv_vk_ctx *g, const struct ekv_vk_seq *s, struct e
     sd->buf = NULL;
 }
 
-/* A device cache of cap entries per head for seq (0: the usual start). */
-static enum ekv_status seq_make(struct ekv_vk_ctx *g, struct ekv_seq *seq, int32_t cap, struct ekv_vk_seq **out) {
+uint32_t ekv_vk_kivi_tc_min(const struct ekv_vk_seq *s) { return EKV_MAX(key_block(s), s->R + 1); }
+
+/* A device cache for seq, of like's shape (its entries and residual slots
+ * per head) or (NULL) the usual start. */
+static enum ekv_status seq_make(struct ekv_vk_ctx *g, struct ekv_seq *seq, const struct ekv_vk_seq *like,
+                                struct ekv_vk_seq **out) {
     *out = NULL;
     const struct ekv_model_info *in = &seq->ctx->model->info;
     const struct ekv_kv *kv = seq->kv;
@@ -150,11 +158,16 @@ static enum ekv_status seq_make(struct ekv_vk_ctx *g, struct ekv_seq *seq, int32
     s->n_layer = in->n_layer;
     s->n_ctx = seq->ctx->params.n_ctx;
     /* a compressed cache starts small and follows what it keeps (backend_vk_policy.c) */
-    s->cap = cap > 0 ? cap : compressing(seq) ? EKV_MIN(s->n_ctx, 64) : s->n_ctx;
+    s->cap = like ? like->cap : compressing(seq) ? EKV_MIN(s->n_ctx, 64) : s->n_ctx;
     s->H = (uint32_t)in->n_head_kv;
     s->D = (uint32_t)in->head_dim;
     s->G = (uint32_t)kv->fk.g;
     s->R = (uint32_t)kv->fk.r;
+    /* a compressing policy's KIVI side: residual slots for the longest tail plus a step (grown by a prompt) */
+    s->k.managed = compressing(seq) && kivi(kv->fk.type);
+    s->v.managed = compressing(seq) && kivi(kv->fv.type);
+    s->k.tc = like ? like->k.tc : ekv_vk_kivi_tc_min(s);
+    s->v.tc = like ? like->v.tc : ekv_vk_kivi_tc_min(s);
     enum ekv_status st = side_new(g, s, &s->k, kv->fk.type, false);
     if (st == EKV_OK) st = side_new(g, s, &s->v, kv->fv.type, true);
     if (st == EKV_OK) st = ekv_vk_kv_prepare(g, s->k.type, s->v.type);
@@ -163,19 +176,19 @@ static enum ekv_status seq_make(struct ekv_vk_ctx *g, struct ekv_seq *seq, int32
         ekv_vk_seq_free(g, s);
         return ekv_err_prefix(st, "%s: a cache of %d positions", ekv_vk_name(g->vk), (int)s->n_ctx);
     }
-    if (kivi(s->k.type) || kivi(s->v.type)) g->kivi_seqs++;
+    if (!s->mg && (kivi(s->k.type) || kivi(s->v.type))) g->kivi_seqs++; /* (a compressed cache needs no scratch) */
     *out = s;
     return EKV_OK;
 }
 
 enum ekv_status ekv_vk_seq_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct ekv_vk_seq **out) {
-    return seq_make(g, seq, 0, out);
+    return seq_make(g, seq, NULL, out);
 }
 
 enum ekv_status ekv_vk_seq_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *src, struct ekv_seq *seq,
                                 struct ekv_vk_seq **out) {
     struct ekv_vk_seq *s = NULL;
-    enum ekv_status st = seq_make(g, seq, src->cap, &s);
+    enum ekv_status st = seq_make(g, seq, src, &s);
     if (st == EKV_OK && (!s->mg) != (!src->mg))
         st = ekv_err(EKV_ERR_INTERNAL, "the copy's cache is %scompressed, the original's is not", s->mg ? "" : "not ");
     if (st == EKV_OK && src->mg) st = ekv_vk_mg_flush(src->mg); /* plans not run yet would be lost */
@@ -204,7 +217,7 @@ enum ekv_status ekv_vk_seq_copy(struct ekv_vk_ctx *g, const struct ekv_vk_seq *s
 
 void ekv_vk_seq_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     if (!s) return;
-    if (s->k.buf && s->v.buf && (kivi(s->k.type) || kivi(s->v.type))) g->kivi_seqs--;
+    if (s->k.buf && s->v.buf && !s->mg && (kivi(s->k.type) || kivi(s->v.type))) g->kivi_seqs--;
     ekv_vk_mg_free(g, s);
     side_free(g, s, &s->k);
     side_free(g, s, &s->v);
@@ -336,7 +349,11 @@ static uint64_t scr_addr(const struct ekv_vk_ctx *g, const struct ekv_vk_seq *s,
 /* Where a side's rows of a part go: the cache, or (KIVI) the scratch. */
 static void store_dst(const struct ekv_vk_ctx *g, const struct ekv_vk_seq *s, const struct ekv_vk_side *sd, int il,
                       const struct ekv_fwd_part *part, uint64_t *dst, uint32_t *hstride, uint32_t *e0) {
-    if (kivi(sd->type)) { /* the whole scratch, rows from the part's first */
+    if (sd->managed) { /* a compressed KIVI side: into each head's residual (rope_store's e0 from meta) */
+        *dst = sd->buf[il].addr + sd->r0 * 4;
+        *hstride = sd->tc;
+        *e0 = 0;
+    } else if (kivi(sd->type)) { /* the whole scratch, rows from the part's first */
         *dst = scr_addr(g, s, sd->is_v, 0);
         *hstride = (uint32_t)g->kv_scr_rows;
         *e0 = (uint32_t)part->row0;
@@ -419,7 +436,7 @@ static void attend_rows(struct ekv_context *ctx, const struct ekv_vk_seq *s, int
     void (*disp)(struct ekv_vk *, enum ekv_vk_pipe, const void *, uint32_t, uint32_t, uint32_t, uint32_t) =
         barrier ? ekv_vk_dispatch : ekv_vk_dispatch_nb;
     if (phase == 0) {
-        const bool any_kivi = kivi(s->k.type) || kivi(s->v.type);
+        const bool any_kivi = !s->mg && (kivi(s->k.type) || kivi(s->v.type));
         struct ekv_vk_pc_attn at = {
             .q = ekv_vk_act_addr(ctx, EKV_ACT_Q, r0 + b0), .kc = s->k.buf[il].addr, .vc = s->v.buf[il].addr,
             .part = g->part.addr + off * sizeof(float), .kscr = any_kivi ? scr_addr(g, s, false, r0) : 0,
@@ -462,7 +479,10 @@ static void attend_part(struct ekv_context *ctx, const struct ekv_vk_seq *s, int
 static void part_after(struct ekv_context *ctx, const struct ekv_vk_seq *s, int il, const struct ekv_fwd_part *part,
                        bool barrier) {
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
-    if (s->mg) ekv_vk_mg_record_stats(ctx, s, il, part, barrier);
+    if (s->mg) {
+        ekv_vk_mg_record_stats(ctx, s, il, part, barrier);
+        return; /* a compressed KIVI side: the residual rule runs with the policy (ekv_kv_flush) */
+    }
     if (kivi(s->k.type)) flush_side(g, s, &s->k, il, part);
     if (kivi(s->v.type)) flush_side(g, s, &s->v, il, part);
 }
@@ -476,7 +496,7 @@ enum ekv_status ekv_vk_kv_attention(struct ekv_context *ctx, int il, struct ekv_
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
     for (int32_t p = 0; p < n_parts; p++) {
         const struct ekv_vk_seq *s = parts[p].seq->gpu;
-        if (parts[p].n > 0 && (kivi(s->k.type) || kivi(s->v.type)) && parts[p].row0 + parts[p].n > g->kv_scr_rows)
+        if (parts[p].n > 0 && !s->mg && (kivi(s->k.type) || kivi(s->v.type)) && parts[p].row0 + parts[p].n > g->kv_scr_rows)
             return ekv_err(EKV_ERR_INTERNAL, "KIVI scratch of %d rows for rows up to %d", (int)g->kv_scr_rows,
                            (int)(parts[p].row0 + parts[p].n));
     }

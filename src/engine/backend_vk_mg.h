@@ -28,6 +28,20 @@ struct mg_plan {
     uint32_t first, n;
 };
 
+/* The sides a cache plans (kv_compact.comp's segments): K and V rows (KIVI:
+ * codes, values with their parameters), the logit biases, the positions,
+ * and of compressed KIVI sides the residuals, the key groups' parameters
+ * and the group table (backend_vk_kivi.c). */
+enum { MG_K, MG_V, MG_BIAS, MG_POS, MG_KRES, MG_VRES, MG_KPAR, MG_KGIX, MG_SIDES };
+
+/* KIVI quantisation on the device (kivi_pack.comp) of layer il's side
+ * (MG_K or MG_V): n members from `first`, codes into stage rows crow.. of
+ * the side, a key group's parameters into MG_KPAR's stage row prow. */
+struct mg_pack {
+    int32_t il, hk, side;
+    uint32_t n, first, crow, prow;
+};
+
 /* A merged entry's mean, computed on the device (kv_merge.comp) into stage
  * row `row` of its side from n (entry, weight) members from `first` on. */
 struct mg_mean {
@@ -112,9 +126,17 @@ struct ekv_vk_mg {
     uint32_t *rot_hash;
     size_t rot_hcap;
     uint32_t rot_w;
-    uint32_t *stage[4];        /* [rows][srw[side]] words; side 2: the biases (side 3, positions: never staged) */
-    size_t n_stage[4], cap_stage[4];
-    uint32_t srw[4], rw[4], sph[4];
+    uint32_t *stage[MG_SIDES]; /* [rows][srw[side]] words (MG_POS: never staged) */
+    size_t n_stage[MG_SIDES], cap_stage[MG_SIDES];
+    uint32_t srw[MG_SIDES], rw[MG_SIDES], sph[MG_SIDES];
+    /* KIVI quantisation of the plans (compressed KIVI sides): units, their
+     * members (kivi_pack.comp's codes) and the float rows members give */
+    struct mg_pack *packs;
+    size_t n_packs, cap_packs;
+    uint32_t *pmembers;
+    size_t n_pmembers, cap_pmembers;
+    float *frows;              /* [n_frows][D] */
+    size_t n_frows, cap_frows;
     uint8_t *pending;          /* [n_layer][H] a plan of the head waits */
     /* a head read back: rows [0, rc_len) of (rc_il, rc_hk) as floats */
     int32_t rc_il, rc_hk, rc_len;
@@ -125,14 +147,45 @@ struct ekv_vk_mg {
     uint64_t n_read_back;      /* heads read back so far */
 };
 
-static inline struct ekv_vk_side *mg_side_of(struct ekv_vk_mg *m, int side) { return side ? &m->s->v : &m->s->k; }
-/* Sides a cache plans: K, V, the logit biases (2), the positions (3). */
-static inline bool mg_side_on(const struct ekv_vk_mg *m, int side) {
-    return side < 2 || (side == 2 && m->bias) || (side == 3 && m->posb);
+/* The cache side (K or V) a plan side belongs to (MG_K or MG_V only for the rest). */
+static inline struct ekv_vk_side *mg_side_of(struct ekv_vk_mg *m, int side) {
+    return side == MG_V || side == MG_VRES ? &m->s->v : &m->s->k;
 }
-/* The buffer of a side of layer il. */
+static inline bool mg_side_on(const struct ekv_vk_mg *m, int side) {
+    switch (side) {
+    case MG_K: case MG_V: return true;
+    case MG_BIAS: return m->bias != NULL;
+    case MG_POS: return m->posb != NULL;
+    case MG_KRES: return m->s->k.managed;
+    case MG_VRES: return m->s->v.managed;
+    default: return m->s->k.managed; /* MG_KPAR, MG_KGIX */
+    }
+}
+/* The buffer of a side of layer il, and the word its rows start at. */
 static inline struct ekv_vk_buf *mg_side_buf(struct ekv_vk_mg *m, int side, int il) {
-    return side == 0 ? &m->s->k.buf[il] : side == 1 ? &m->s->v.buf[il] : side == 2 ? &m->bias[il] : &m->posb[il];
+    switch (side) {
+    case MG_BIAS: return &m->bias[il];
+    case MG_POS: return &m->posb[il];
+    default: return &mg_side_of(m, side)->buf[il];
+    }
+}
+static inline uint64_t mg_side_word0(struct ekv_vk_mg *m, int side) {
+    switch (side) {
+    case MG_KRES: return m->s->k.r0;
+    case MG_VRES: return m->s->v.r0;
+    case MG_KPAR: return m->s->k.p0;
+    case MG_KGIX: return m->s->k.x0;
+    default: return 0;
+    }
+}
+/* Rows of one head in a side (head h's row j is h * this + j). */
+static inline uint32_t mg_side_hstride(struct ekv_vk_mg *m, int side) {
+    switch (side) {
+    case MG_KRES: return m->s->k.tc;
+    case MG_VRES: return m->s->v.tc;
+    case MG_KPAR: return m->s->k.ngc;
+    default: return (uint32_t)m->s->cap;
+    }
 }
 #define MG_ZERO 0xffffffffu /* kv_compact.comp: write 0 */
 
@@ -146,6 +199,35 @@ enum ekv_status ekv_vk_mg_flush(struct ekv_vk_mg *m);
 enum ekv_status ekv_vk_mg_flush_all(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int32_t n);
 /* Words of one row of a side's type in the device layout, and its fp16 scales. */
 void ekv_vk_mg_side_shape(enum ekv_kv_type t, uint32_t D, uint32_t *rw, uint32_t *sph);
+/* Plans (backend_vk_plan.c, for backend_vk_kivi.c): rows dst.. <- src..
+ * (n; src MG_HI | stage row, or MG_ZERO) added to the plan begun at run
+ * `first`; the runs that compact a head of len entries to keep[] (*kept: how
+ * many); the plan of head (il, hk) of a side from run `first` on; a head
+ * about to get a plan (its earlier plan runs first); a stage row of a side
+ * (zeros, which the device or the caller fills), its source code. */
+enum ekv_status ekv_vk_mg_add_run(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src, uint32_t n);
+enum ekv_status ekv_vk_mg_add_pair(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src);
+enum ekv_status ekv_vk_mg_keep_runs(struct ekv_vk_mg *m, size_t first, const uint8_t *keep, int32_t len, uint32_t *kept);
+enum ekv_status ekv_vk_mg_add_plan(struct ekv_vk_mg *m, int il, int hk, int side, size_t first);
+enum ekv_status ekv_vk_mg_head_touch(struct ekv_vk_mg *m, int il, int hk);
+enum ekv_status ekv_vk_mg_stage_blank(struct ekv_vk_mg *m, int side, uint32_t *code);
+
+/* Compressed KIVI sides (backend_vk_kivi.c): what a compaction (keep[],
+ * new rows of[]), a write (rows x of entries idx[]) and the residual rule do
+ * to one side of head (il, hk), as plans and KIVI units, the host cache's
+ * store counts following; a side read back as floats [len][D]. */
+enum ekv_status ekv_vk_kivi_compact(struct ekv_vk_mg *m, int side, int il, int hk, int32_t len, const uint8_t *keep,
+                                    const float *const *of);
+enum ekv_status ekv_vk_kivi_write(struct ekv_vk_mg *m, int side, int il, int hk, int32_t len, const int32_t *idx,
+                                  int32_t n, const float *x);
+enum ekv_status ekv_vk_kivi_flush(void *user, int il, int hk, int32_t len);
+enum ekv_status ekv_vk_kivi_read(struct ekv_vk_mg *m, int side, int il, int hk, int32_t len, float *out);
+/* Copies recorded into the open recording: the first lens[il][h] entries of
+ * each head of a compressed KIVI side from its buffers to nb (a layout of
+ * other capacity or residual slots, ns). */
+void ekv_vk_kivi_copy_side(struct ekv_vk_mg *m, int side, const struct ekv_vk_side *nsd, const struct ekv_vk_seq *ns,
+                           const int32_t *lens);
+
 /* Fills m->dev with the calls that act on the device's rows. */
 void ekv_vk_mg_dev_init(struct ekv_vk_mg *m);
 

@@ -73,15 +73,26 @@ enum ekv_status ekv_vk_mg_buf_fit(struct ekv_vk *vk, struct ekv_vk_buf *b, size_
     return ekv_vk_buf_new(vk, want, host, what, b);
 }
 
-/* Words one sequence's plans take in the plan buffer (merges' table and
- * members; its segments and runs: flush_compact) and in the stage. */
+/* Words one sequence's merges take in the plan buffer (their table and
+ * members), and with its KIVI units (their table, members and float rows;
+ * its segments and runs: flush_compact), and in the stage. */
+static size_t merge_words(const struct ekv_vk_mg *m) { return 4 * m->n_means + 3 * m->n_members + m->n_rot * m->rot_w; }
 static void flush_words(const struct ekv_vk_mg *m, size_t *plan_w, size_t *stage_w) {
-    *plan_w = 4 * m->n_means + 3 * m->n_members + m->n_rot * m->rot_w;
-    *stage_w = m->n_stage[0] + m->n_stage[1] + m->n_stage[2];
+    *plan_w = merge_words(m) + 5 * m->n_packs + m->n_pmembers + m->n_frows * m->s->D;
+    *stage_w = 0;
+    for (int side = 0; side < MG_SIDES; side++) *stage_w += m->n_stage[side];
 }
 
-/* Segments (layer, side) of a sequence's compaction: at most 4 per layer. */
-static size_t flush_segs(const struct ekv_vk_mg *m) { return m->n_plans ? 4 * (size_t)m->s->n_layer : 0; }
+/* Where each side's staged rows start in the stage, from the sequence's stage0 on. */
+static void stage_offsets(const struct ekv_vk_mg *m, size_t stage0, size_t off[MG_SIDES]) {
+    for (int side = 0; side < MG_SIDES; side++) {
+        off[side] = stage0;
+        stage0 += m->n_stage[side];
+    }
+}
+
+/* Segments (layer, side) of a sequence's compaction: at most MG_SIDES per layer. */
+static size_t flush_segs(const struct ekv_vk_mg *m) { return m->n_plans ? MG_SIDES * (size_t)m->s->n_layer : 0; }
 
 /* Records one sequence's merged entries' means into the open recording
  * (their table and members at plan0 of the plan buffer, the staged rows at
@@ -92,10 +103,11 @@ static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
     struct ekv_vk_ctx *g = m->g;
     const struct ekv_vk_seq *s = m->s;
     const size_t mtab0 = plan0, mem0 = mtab0 + 4 * m->n_means, rot0 = mem0 + 3 * m->n_members;
-    const size_t st_off[3] = {stage0, stage0 + m->n_stage[0], stage0 + m->n_stage[0] + m->n_stage[1]};
+    size_t st_off[MG_SIDES];
+    stage_offsets(m, stage0, st_off);
     uint32_t *w = g->plan.host;
     uint32_t *sw = g->stage.host;
-    for (int side = 0; side < 3; side++)
+    for (int side = 0; side < MG_SIDES; side++)
         if (m->n_stage[side]) memcpy(sw + st_off[side], m->stage[side], m->n_stage[side] * 4);
     if (m->n_members) memcpy(w + mem0, m->members, 3 * m->n_members * 4);
     if (m->n_rot) memcpy(w + rot0, m->rots, m->n_rot * m->rot_w * 4);
@@ -118,6 +130,47 @@ static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
                 .rots = g->plan.addr + rot0 * 4, .H = s->H, .C = (uint32_t)s->cap, .D = s->D, .rw = m->rw[side],
                 .srw = m->srw[side], .rd = m->rot_w, .neox = m->seq->kv->rope.neox ? 1u : 0u};
             ekv_vk_dispatch(g->vk, ekv_vk_kv_merge_pipe(sd->type), &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
+        }
+}
+
+/* Records one sequence's KIVI quantisation (kivi_pack.comp) into the open
+ * recording: its units, members and float rows at plan0 of the plan
+ * buffer, one dispatch per (layer, side) with units (at most 65535
+ * workgroups each), before any compaction (members are read where they
+ * are), their codes and parameters into the stage (stage0). */
+static void flush_packs(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
+    if (!m->n_packs) return;
+    struct ekv_vk_ctx *g = m->g;
+    const struct ekv_vk_seq *s = m->s;
+    const size_t utab0 = plan0, mem0 = utab0 + 5 * m->n_packs, fr0 = mem0 + m->n_pmembers;
+    size_t st_off[MG_SIDES];
+    stage_offsets(m, stage0, st_off);
+    uint32_t *w = g->plan.host;
+    memcpy(w + mem0, m->pmembers, m->n_pmembers * 4);
+    if (m->n_frows) memcpy(w + fr0, m->frows, m->n_frows * s->D * 4);
+    size_t t = 0;
+    for (int32_t il = 0; il < s->n_layer; il++)
+        for (int side = MG_K; side <= MG_V; side++) {
+            const size_t t0 = t;
+            for (size_t i = 0; i < m->n_packs; i++) {
+                const struct mg_pack *q = &m->packs[i];
+                if (q->il != il || q->side != side) continue;
+                uint32_t *e = w + utab0 + 5 * t++;
+                e[0] = (uint32_t)q->hk, e[1] = q->n, e[2] = q->first, e[3] = q->crow, e[4] = q->prow;
+            }
+            const struct ekv_vk_side *sd = mg_side_of(m, side);
+            const bool two = sd->type == EKV_KV_KIVI2;
+            const enum ekv_vk_pipe p = side == MG_K ? (two ? EKV_VK_KIVI_PACK_KEYS2 : EKV_VK_KIVI_PACK_KEYS4)
+                                                    : (two ? EKV_VK_KIVI_PACK_VALUES2 : EKV_VK_KIVI_PACK_VALUES4);
+            for (size_t u = t0; u < t; u += 65535) {
+                struct ekv_vk_pc_kivi_pack pc = {
+                    .base = sd->buf[il].addr, .stage = g->stage.addr + st_off[side] * 4,
+                    .pstage = g->stage.addr + st_off[MG_KPAR] * 4, .units = g->plan.addr + (utab0 + 5 * u) * 4,
+                    .members = g->plan.addr + mem0 * 4, .frows = g->plan.addr + fr0 * 4, .H = s->H,
+                    .C = (uint32_t)s->cap, .D = s->D, .G = s->G, .TC = sd->tc, .NGC = s->k.ngc,
+                    .srw = m->srw[side], .psrw = m->srw[MG_KPAR]};
+                ekv_vk_dispatch(g->vk, p, &pc, sizeof pc, (uint32_t)EKV_MIN((size_t)65535, t - u), 1, 1);
+            }
         }
 }
 
@@ -152,9 +205,10 @@ static void flush_compact(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int
         struct ekv_vk_mg *m = ms[i];
         const struct ekv_vk_seq *s = m->s;
         if (!m->n_plans) continue;
-        const size_t st_off[3] = {stage0[i], stage0[i] + m->n_stage[0], stage0[i] + m->n_stage[0] + m->n_stage[1]};
+        size_t st_off[MG_SIDES];
+        stage_offsets(m, stage0[i], st_off);
         for (int32_t il = 0; il < s->n_layer; il++)
-            for (int side = 0; side < 4; side++) {
+            for (int side = 0; side < MG_SIDES; side++) {
                 if (!mg_side_on(m, side)) continue;
                 const uint32_t ew = m->rw[side] + m->sph[side];
                 size_t words = 0, nr = 0;
@@ -169,13 +223,13 @@ static void flush_compact(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int
                     compact_chunk(g, &c, seg0);
                     c = (struct flush_chunk){runs0 + 4 * r, pre, 0, 0};
                 }
-                const struct ekv_vk_side *sd = side < 2 ? mg_side_of(m, side) : NULL;
-                const uint64_t base = mg_side_buf(m, side, il)->addr;
-                const uint64_t stage = g->stage.addr + (side < 3 ? st_off[side] : stage0[i]) * 4;
+                const struct ekv_vk_side *sd = side == MG_K || side == MG_V ? mg_side_of(m, side) : NULL;
+                const uint64_t base = mg_side_buf(m, side, il)->addr + mg_side_word0(m, side) * 4;
+                const uint64_t stage = g->stage.addr + st_off[side] * 4;
                 uint32_t *e = w + seg0 + 8 * sg;
                 e[0] = (uint32_t)base, e[1] = (uint32_t)(base >> 32), e[2] = (uint32_t)stage, e[3] = (uint32_t)(stage >> 32);
                 e[4] = m->rw[side], e[5] = m->sph[side], e[6] = sd ? (uint32_t)(2 * sd->p0) : 0, e[7] = m->srw[side];
-                const uint32_t hstride = (uint32_t)s->cap;
+                const uint32_t hstride = mg_side_hstride(m, side);
                 for (int32_t k = 0; k < m->n_plans; k++) {
                     const struct mg_plan *p = &m->plans[k];
                     if (p->il != il || p->side != side) continue;
@@ -204,7 +258,7 @@ static void flush_compact(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int
 static size_t flush_seg_max_words(const struct ekv_vk_mg *m) {
     size_t max_words = 1;
     for (int32_t il = 0; il < m->s->n_layer; il++)
-        for (int side = 0; side < 4; side++) {
+        for (int side = 0; side < MG_SIDES; side++) {
             if (!mg_side_on(m, side)) continue;
             size_t r = 0;
             for (int32_t i = 0; i < m->n_plans; i++) {
@@ -224,7 +278,8 @@ static void flush_reset(struct ekv_vk_mg *m) {
     m->n_members = 0;
     m->n_rot = 0;
     if (m->rot_hash) memset(m->rot_hash, 0, m->rot_hcap * sizeof *m->rot_hash);
-    m->n_stage[0] = m->n_stage[1] = m->n_stage[2] = 0;
+    for (int side = 0; side < MG_SIDES; side++) m->n_stage[side] = 0;
+    m->n_packs = m->n_pmembers = m->n_frows = 0;
     memset(m->pending, 0, (size_t)m->s->n_layer * m->s->H);
 }
 
@@ -275,6 +330,7 @@ enum ekv_status ekv_vk_mg_flush_all(struct ekv_vk_ctx *g, struct ekv_vk_mg *cons
             size_t p, sw;
             flush_words(ms[i], &p, &sw);
             flush_merges(ms[i], p0, st0[i]);
+            flush_packs(ms[i], p0 + merge_words(ms[i]), st0[i]);
             p0 += p;
         }
         flush_compact(g, ms, n, st0, plan_w, scr_w);
@@ -323,7 +379,7 @@ static enum ekv_status stage_bias(struct ekv_vk_mg *m, float weight, uint32_t *c
 
 /* Adds rows dst.. <- src.. (n of them; src MG_ZERO: zeros) to the plan
  * begun at run `first`, extending its last run when both continue it. */
-static enum ekv_status add_run(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src, uint32_t n) {
+enum ekv_status ekv_vk_mg_add_run(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src, uint32_t n) {
     if (m->n_pairs > first) {
         uint32_t *q = m->pairs + 3 * (m->n_pairs - 1);
         if (q[0] + q[2] == dst && ((src == MG_ZERO && q[1] == MG_ZERO) ||
@@ -340,19 +396,19 @@ static enum ekv_status add_run(struct ekv_vk_mg *m, size_t first, uint32_t dst, 
     return EKV_OK;
 }
 
-static enum ekv_status add_pair(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src) {
-    return add_run(m, first, dst, src, 1);
+enum ekv_status ekv_vk_mg_add_pair(struct ekv_vk_mg *m, size_t first, uint32_t dst, uint32_t src) {
+    return ekv_vk_mg_add_run(m, first, dst, src, 1);
 }
 
 /* The moves that compact a head of len entries to its kept ones (no row
  * replaced): one run per stretch of kept entries that moves, found at
  * memchr speed (an eviction of one entry is a few runs, not one per entry). */
-static enum ekv_status add_keep_runs(struct ekv_vk_mg *m, size_t first, const uint8_t *keep, int32_t len, uint32_t *kept) {
+enum ekv_status ekv_vk_mg_keep_runs(struct ekv_vk_mg *m, size_t first, const uint8_t *keep, int32_t len, uint32_t *kept) {
     enum ekv_status st = EKV_OK;
     uint32_t e = 0;
     for (int32_t j = ekv_keep_next(keep, 0, len, true); j < len && st == EKV_OK; j = ekv_keep_next(keep, j, len, true)) {
         const int32_t r = ekv_keep_next(keep, j, len, false);
-        if ((uint32_t)j != e) st = add_run(m, first, e, (uint32_t)j, (uint32_t)(r - j));
+        if ((uint32_t)j != e) st = ekv_vk_mg_add_run(m, first, e, (uint32_t)j, (uint32_t)(r - j));
         e += (uint32_t)(r - j);
         j = r;
     }
@@ -360,7 +416,7 @@ static enum ekv_status add_keep_runs(struct ekv_vk_mg *m, size_t first, const ui
     return st;
 }
 
-static enum ekv_status add_plan(struct ekv_vk_mg *m, int il, int hk, int side, size_t first) {
+enum ekv_status ekv_vk_mg_add_plan(struct ekv_vk_mg *m, int il, int hk, int side, size_t first) {
     if (m->n_pairs == first) return EKV_OK;
     enum ekv_status st = ekv_vk_mg_grow((void **)&m->plans, &m->cap_plans, (size_t)m->n_plans + 1, sizeof *m->plans);
     if (st != EKV_OK) return st;
@@ -372,7 +428,7 @@ static enum ekv_status add_plan(struct ekv_vk_mg *m, int il, int hk, int side, s
 
 /* A head about to get a plan: an earlier plan of it runs first (plans of
  * one head in one dispatch would race), and its read-back is stale. */
-static enum ekv_status head_touch(struct ekv_vk_mg *m, int il, int hk) {
+enum ekv_status ekv_vk_mg_head_touch(struct ekv_vk_mg *m, int il, int hk) {
     if (m->rc_il == il && m->rc_hk == hk) m->rc_il = -1;
     return m->pending[(size_t)il * m->s->H + (size_t)hk] ? ekv_vk_mg_flush(m) : EKV_OK;
 }
@@ -387,15 +443,15 @@ static enum ekv_status plan_bias(struct ekv_vk_mg *m, int il, int hk, int32_t le
         enum ekv_status st = EKV_OK;
         uint32_t e = 0;
         if (keep) {
-            st = add_keep_runs(m, first, keep, len, NULL);
+            st = ekv_vk_mg_keep_runs(m, first, keep, len, NULL);
         } else {
             for (int32_t j = 0; j < len && st == EKV_OK; j++) {
                 if (into[j] != j) continue;
-                if ((uint32_t)j != e) st = add_pair(m, first, e, (uint32_t)j);
+                if ((uint32_t)j != e) st = ekv_vk_mg_add_pair(m, first, e, (uint32_t)j);
                 e++;
             }
         }
-        if (st == EKV_OK) st = add_plan(m, il, hk, 3, first);
+        if (st == EKV_OK) st = ekv_vk_mg_add_plan(m, il, hk, 3, first);
         if (st != EKV_OK) return st;
     }
     if (!m->bias) return EKV_OK;
@@ -404,43 +460,55 @@ static enum ekv_status plan_bias(struct ekv_vk_mg *m, int il, int hk, int32_t le
     enum ekv_status st = EKV_OK;
     uint32_t e = 0;
     if (keep && !w_old) { /* an eviction: the kept biases move as runs */
-        st = add_keep_runs(m, first, keep, len, &e);
+        st = ekv_vk_mg_keep_runs(m, first, keep, len, &e);
     } else {
         for (int32_t j = 0; j < len && st == EKV_OK; j++) {
             if (keep ? !keep[j] : into[j] != j) continue;
             uint32_t src = (uint32_t)j;
             if (w_old && w_old[j] != w_now[j]) st = stage_bias(m, w_now[j], &src);
-            if (st == EKV_OK && src != e) st = add_pair(m, first, e, src);
+            if (st == EKV_OK && src != e) st = ekv_vk_mg_add_pair(m, first, e, src);
             e++;
         }
     }
-    if (st == EKV_OK && e < (uint32_t)len) st = add_run(m, first, e, MG_ZERO, (uint32_t)len - e);
-    return st == EKV_OK ? add_plan(m, il, hk, 2, first) : st;
+    if (st == EKV_OK && e < (uint32_t)len) st = ekv_vk_mg_add_run(m, first, e, MG_ZERO, (uint32_t)len - e);
+    return st == EKV_OK ? ekv_vk_mg_add_plan(m, il, hk, 2, first) : st;
 }
 
 static enum ekv_status dev_compact(void *user, int il, int hk, int32_t len, const uint8_t *keep,
                                    const float *const *k_of, const float *const *v_of) {
     struct ekv_vk_mg *m = user;
-    enum ekv_status st = head_touch(m, il, hk);
+    enum ekv_status st = ekv_vk_mg_head_touch(m, il, hk);
     for (int side = 0; side < 2 && st == EKV_OK; side++) {
         const float *const *of = side ? v_of : k_of;
+        if (mg_side_of(m, side)->managed) {
+            st = ekv_vk_kivi_compact(m, side, il, hk, len, keep, of);
+            continue;
+        }
         const size_t first = m->n_pairs;
         uint32_t e = 0;
-        if (!of) st = add_keep_runs(m, first, keep, len, NULL); /* no row replaced: runs */
+        if (!of) st = ekv_vk_mg_keep_runs(m, first, keep, len, NULL); /* no row replaced: runs */
         for (int32_t j = 0; of && j < len && st == EKV_OK; j++) {
             if (!keep[j]) continue;
             uint32_t src = (uint32_t)j;
             if (of[j]) st = stage_row(m, side, of[j], &src);
-            if (st == EKV_OK && src != e) st = add_pair(m, first, e, src); /* rows already in place stay */
+            if (st == EKV_OK && src != e) st = ekv_vk_mg_add_pair(m, first, e, src); /* rows already in place stay */
             e++;
         }
-        if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
+        if (st == EKV_OK) st = ekv_vk_mg_add_plan(m, il, hk, side, first);
     }
-    return st == EKV_OK ? plan_bias(m, il, hk, len, keep, NULL, NULL) : st;
+    if (st != EKV_OK || !m->bias || (!k_of && !v_of)) return st == EKV_OK ? plan_bias(m, il, hk, len, keep, NULL, NULL) : st;
+    /* new rows: merged survivors (a merge averaged on the host, as for KIVI sides), whose weights changed */
+    const struct ekv_kv_head *h = &m->seq->kv->layers[il].heads[hk];
+    float *wold = malloc((size_t)(len ? len : 1) * sizeof *wold);
+    if (!wold) return ekv_err(EKV_ERR_NOMEM, "out of memory for a compaction of %d entries", (int)len);
+    for (int32_t j = 0; j < len; j++) wold[j] = (k_of && k_of[j]) || (v_of && v_of[j]) ? NAN : h->weight[j];
+    st = plan_bias(m, il, hk, len, keep, NULL, wold);
+    free(wold);
+    return st;
 }
 
 /* A stage row the device fills (a merged entry's mean); its source code. */
-static enum ekv_status stage_blank(struct ekv_vk_mg *m, int side, uint32_t *code) {
+enum ekv_status ekv_vk_mg_stage_blank(struct ekv_vk_mg *m, int side, uint32_t *code) {
     const uint32_t srw = m->srw[side];
     const size_t row = m->n_stage[side] / srw;
     if (row >= MG_HI) return ekv_err(EKV_ERR_OVERFLOW, "too many staged rows");
@@ -513,7 +581,7 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
                                  unsigned flags, const float *const *k_of, const float *const *v_of) {
     struct ekv_vk_mg *m = user;
     const struct ekv_kv_head *h = &m->seq->kv->layers[il].heads[hk]; /* positions before the merge */
-    enum ekv_status st = head_touch(m, il, hk);
+    enum ekv_status st = ekv_vk_mg_head_touch(m, il, hk);
     /* members of each survivor: itself first, then the entries that join it in index order */
     int32_t *cnt = calloc((size_t)(len ? len : 1), sizeof *cnt), *start = malloc((size_t)(len ? len : 1) * sizeof *start);
     int32_t *list = malloc((size_t)(len ? len : 1) * sizeof *list);
@@ -542,7 +610,7 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
             if (of && of[j]) {
                 st = stage_row(m, side, of[j], &src);
             } else if (!of && !keep_rows && cnt[j] > 0) { /* a mean of 1 + cnt[j] rows, on the device */
-                st = stage_blank(m, side, &src);
+                st = ekv_vk_mg_stage_blank(m, side, &src);
                 const uint32_t nmem = (uint32_t)cnt[j] + 1;
                 if (st == EKV_OK) st = ekv_vk_mg_grow((void **)&m->members, &m->cap_members, m->n_members + nmem, 12);
                 if (st == EKV_OK) st = ekv_vk_mg_grow((void **)&m->means, &m->cap_means, m->n_means + 1, sizeof *m->means);
@@ -559,10 +627,10 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
                     m->n_members++;
                 }
             }
-            if (st == EKV_OK && src != e) st = add_pair(m, first, e, src);
+            if (st == EKV_OK && src != e) st = ekv_vk_mg_add_pair(m, first, e, src);
             e++;
         }
-        if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
+        if (st == EKV_OK) st = ekv_vk_mg_add_plan(m, il, hk, side, first);
     }
     /* the biases: a survivor that members joined has a new weight (h->weight
      * holds the new ones already), the others keep theirs; w may be a rule's
@@ -580,17 +648,21 @@ static enum ekv_status dev_write(void *user, int il, int hk, int32_t len, const 
                                  const float *k, const float *v) {
     struct ekv_vk_mg *m = user;
     (void)len;
-    enum ekv_status st = head_touch(m, il, hk);
+    enum ekv_status st = ekv_vk_mg_head_touch(m, il, hk);
     for (int side = 0; side < 2 && st == EKV_OK; side++) {
         const float *x = side ? v : k;
         if (!x) continue;
+        if (mg_side_of(m, side)->managed) {
+            st = ekv_vk_kivi_write(m, side, il, hk, len, idx, n, x);
+            continue;
+        }
         const size_t first = m->n_pairs;
         for (int32_t t = 0; t < n && st == EKV_OK; t++) {
             uint32_t src;
             st = stage_row(m, side, x + (size_t)t * m->s->D, &src);
-            if (st == EKV_OK) st = add_pair(m, first, (uint32_t)idx[t], src);
+            if (st == EKV_OK) st = ekv_vk_mg_add_pair(m, first, (uint32_t)idx[t], src);
         }
-        if (st == EKV_OK) st = add_plan(m, il, hk, side, first);
+        if (st == EKV_OK) st = ekv_vk_mg_add_plan(m, il, hk, side, first);
     }
     return st;
 }
@@ -609,6 +681,10 @@ static enum ekv_status read_head(struct ekv_vk_mg *m, int il, int hk, int32_t le
     m->rc_il = -1;
     for (int side = 0; side < 2; side++) {
         const struct ekv_vk_side *sd = mg_side_of(m, side);
+        if (sd->managed) {
+            if ((st = ekv_vk_kivi_read(m, side, il, hk, len, side ? m->rc_v : m->rc_k)) != EKV_OK) return st;
+            continue;
+        }
         const uint32_t rw = m->rw[side], sph = m->sph[side];
         const size_t qbytes = (size_t)len * rw * 4, sbytes = (size_t)len * sph * 2;
         if ((st = ekv_vk_mg_grow((void **)&m->rc_raw, &m->rc_raw_cap, qbytes + sbytes + 1, 1)) != EKV_OK) return st;
@@ -653,4 +729,8 @@ static enum ekv_status dev_read(void *user, int il, int hk, int32_t len, const i
 void ekv_vk_mg_dev_init(struct ekv_vk_mg *m) {
     m->dev = (struct ekv_kv_dev){.user = m, .compact = dev_compact, .merge = dev_merge, .read = dev_read,
                                  .write = dev_write};
+    if (m->s->k.managed || m->s->v.managed) { /* KIVI: the means from rows read back (kv_merge.comp writes row types) */
+        m->dev.merge = NULL;
+        m->dev.flush = ekv_vk_kivi_flush;
+    }
 }

@@ -59,15 +59,9 @@
 #include "gpu/vk_push.h"
 #include "kernels/kvquant.h"
 
-static bool row_type(enum ekv_kv_type t) { return t == EKV_KV_F32 || t == EKV_KV_F16 || t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0; }
 
 bool ekv_vk_mg_supported(const struct ekv_seq *seq, const char **why) {
-    const struct ekv_kv *kv = seq->kv;
     const struct ekv_model_info *in = &seq->ctx->model->info;
-    if (!row_type(kv->fk.type) || !row_type(kv->fv.type)) {
-        *why = "a compressing policy with KIVI storage runs on the CPU in this version (GPU: f32, f16, q8_0, q4_0)";
-        return false;
-    }
     const int R = in->n_head / in->n_head_kv;
     if (R > 64 || (int64_t)R * in->head_dim > 4096) {
         *why = "the GPU's statistics need n_head / n_head_kv <= 64 and that times head_dim <= 4096";
@@ -109,17 +103,20 @@ static void replace_bufs(struct ekv_vk_ctx *g, int32_t n_layer, struct ekv_vk_bu
     *bufs = nb;
 }
 
-/* Moves the cache to buffers of newcap entries per head, copying the first
+/* Moves the cache to buffers of newcap entries per head (and newtc
+ * residual slots per head of a compressed KIVI side), copying the first
  * lens[il][hk] entries of each head. With in_rec the copies go into the
  * open recording and the old buffers are freed after it ran; otherwise one
  * submission here. On failure the cache is as before. */
-static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int32_t *lens, bool in_rec) {
+static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, uint32_t newtc, const int32_t *lens, bool in_rec) {
     struct ekv_vk_ctx *g = m->g;
     struct ekv_vk_seq *s = m->s;
     struct ekv_vk_seq ns = *s;
     ns.cap = newcap;
     struct ekv_vk_side nsd[2] = {s->k, s->v};
     nsd[0].buf = nsd[1].buf = NULL; /* the new buffers, none yet */
+    for (int side = 0; side < 2; side++)
+        if (nsd[side].managed) nsd[side].tc = newtc;
     if (!ekv_vk_side_layout(&nsd[0], &ns) || !ekv_vk_side_layout(&nsd[1], &ns))
         return ekv_err(EKV_ERR_OVERFLOW, "a cache of %d entries per head is too large for one GPU buffer per layer",
                        (int)newcap);
@@ -168,6 +165,10 @@ static enum ekv_status mg_resize(struct ekv_vk_mg *m, int32_t newcap, const int3
     for (int side = 0; side < 2; side++) {
         struct ekv_vk_side *sd = mg_side_of(m, side);
         const uint64_t rw = m->rw[side], sph = m->sph[side], oc = (uint64_t)s->cap, nc = (uint64_t)newcap;
+        if (sd->managed) {
+            ekv_vk_kivi_copy_side(m, side, &nsd[side], &ns, lens);
+            continue;
+        }
         for (int32_t il = 0; il < s->n_layer; il++)
             for (uint32_t h = 0; h < s->H; h++) {
                 const uint64_t len = (uint64_t)lens[(size_t)il * s->H + h];
@@ -219,13 +220,21 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     m->s = s;
     m->rc_il = -1;
     for (int side = 0; side < 2; side++) {
-        ekv_vk_mg_side_shape(mg_side_of(m, side)->type, s->D, &m->rw[side], &m->sph[side]);
-        m->srw[side] = m->rw[side] + (m->sph[side] + 1) / 2;
+        const struct ekv_vk_side *sd = mg_side_of(m, side);
+        if (sd->managed) { /* KIVI codes; a value's parameters with it (kvq.glsl) */
+            m->rw[side] = s->D * (sd->type == EKV_KV_KIVI2 ? 2 : 4) / 32;
+            m->sph[side] = side ? 2 * (s->D / s->G) : 0;
+        } else {
+            ekv_vk_mg_side_shape(sd->type, s->D, &m->rw[side], &m->sph[side]);
+        }
     }
-    m->rw[2] = m->srw[2] = m->rw[3] = m->srw[3] = 1; /* a logit bias, a position: one word */
-    m->sph[2] = m->sph[3] = 0;
+    m->rw[MG_BIAS] = m->rw[MG_POS] = 1; /* a logit bias, a position: one word */
+    m->rw[MG_KRES] = m->rw[MG_VRES] = s->D / 2; /* fp16 rows */
+    m->rw[MG_KPAR] = s->D; /* a key group's parameters */
+    m->rw[MG_KGIX] = 1;
+    for (int side = 0; side < MG_SIDES; side++) m->srw[side] = m->rw[side] + (m->sph[side] + 1) / 2;
     const size_t LH = (size_t)s->n_layer * s->H;
-    m->meta_words = s->H + 5;
+    m->meta_words = 3 * s->H + 10; /* meta_write */
     m->L0 = calloc(LH, sizeof *m->L0);
     m->maxlen = calloc((size_t)s->n_layer, sizeof *m->maxlen);
     m->pending = calloc(LH, 1);
@@ -237,9 +246,14 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
                             &m->pmeta);
     if (st != EKV_OK) return st;
     st = ekv_vk_prepare(g->vk, EKV_VK_KV_COMPACT);
-    if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_kv_merge_pipe(s->k.type));
-    if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_kv_merge_pipe(s->v.type));
     if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_attn_stats_pipe(s->k.type));
+    for (int side = 0; side < 2 && st == EKV_OK; side++) {
+        const struct ekv_vk_side *sd = mg_side_of(m, side);
+        const bool two = sd->type == EKV_KV_KIVI2;
+        if (!sd->managed) st = ekv_vk_prepare(g->vk, ekv_vk_kv_merge_pipe(sd->type));
+        else if (side == 0) st = ekv_vk_prepare(g->vk, two ? EKV_VK_KIVI_PACK_KEYS2 : EKV_VK_KIVI_PACK_KEYS4);
+        else st = ekv_vk_prepare(g->vk, two ? EKV_VK_KIVI_PACK_VALUES2 : EKV_VK_KIVI_PACK_VALUES4);
+    }
     if (st != EKV_OK) return st;
     if (seq->kv->logit_bias) { /* zeroed biases of cap entries per head */
         m->bias = calloc((size_t)s->n_layer, sizeof *m->bias);
@@ -300,7 +314,10 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     free(m->bias);
     for (int32_t il = 0; m->posb && il < s->n_layer; il++) ekv_vk_buf_free(g->vk, &m->posb[il]);
     free(m->posb);
-    free(m->stage[2]);
+    for (int side = 0; side < MG_SIDES; side++) free(m->stage[side]);
+    free(m->packs);
+    free(m->pmembers);
+    free(m->frows);
     free(m->L0);
     free(m->maxlen);
     free(m->pending);
@@ -311,8 +328,6 @@ void ekv_vk_mg_free(struct ekv_vk_ctx *g, struct ekv_vk_seq *s) {
     free(m->rots);
     free(m->rot_keys);
     free(m->rot_hash);
-    free(m->stage[0]);
-    free(m->stage[1]);
     free(m->rc_k);
     free(m->rc_v);
     free(m->rc_raw);
@@ -598,8 +613,35 @@ static void meta_write(struct ekv_vk_mg *m, const struct ekv_kv *kv) {
         const uint64_t p = m->posb ? m->posb[il].addr : 0;
         w[H + 3] = (uint32_t)p;
         w[H + 4] = (uint32_t)(p >> 32);
+        /* compressed KIVI sides (kvq.glsl's kv_side_meta): quantised entries per head, the layout */
+        for (uint32_t h = 0; h < H; h++) {
+            const struct ekv_kv_head *hd = &kv->layers[il].heads[h];
+            w[H + 5 + h] = m->s->k.managed ? (uint32_t)hd->ks.nq : 0;
+            w[2 * H + 5 + h] = m->s->v.managed ? (uint32_t)hd->vs.nq : 0;
+        }
+        w[3 * H + 5] = m->s->G;
+        w[3 * H + 6] = m->s->k.tc;
+        w[3 * H + 7] = m->s->k.ngc;
+        w[3 * H + 8] = m->s->v.tc;
+        w[3 * H + 9] = (uint32_t)m->s->cap;
     }
 }
+
+/* Residual slots a compressed KIVI side needs for n more entries (0: none is compressed KIVI). */
+static uint32_t tc_need(const struct ekv_vk_mg *m, const struct ekv_kv *kv, int32_t n) {
+    if (!m->s->k.managed && !m->s->v.managed) return 0;
+    int32_t mx = 0;
+    for (int32_t il = 0; il < kv->n_layer; il++)
+        for (int32_t hk = 0; hk < kv->n_head_kv; hk++) {
+            const struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+            if (m->s->k.managed) mx = EKV_MAX(mx, h->len - h->ks.nq);
+            if (m->s->v.managed) mx = EKV_MAX(mx, h->len - h->vs.nq);
+        }
+    return (uint32_t)EKV_MAX((int64_t)mx + n, (int64_t)ekv_vk_kivi_tc_min(m->s));
+}
+
+/* The residual slots of the cache (both KIVI sides have the same). */
+static uint32_t tc_now(const struct ekv_vk_mg *m) { return m->s->k.managed ? m->s->k.tc : m->s->v.tc; }
 
 enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_part *part) {
     struct ekv_vk_ctx *g = ekv_vk_of(ctx);
@@ -624,12 +666,14 @@ enum ekv_status ekv_vk_mg_part_begin(struct ekv_context *ctx, struct ekv_fwd_par
         }
     enum ekv_status st = ekv_vk_mg_grow((void **)&g->fwd_mg, &g->cap_fwd_mg, (size_t)g->n_fwd_mg + 1, sizeof *g->fwd_mg);
     const int64_t need = (int64_t)longest(kv) + n;
-    if (st == EKV_OK && need > m->s->cap) { /* room for the part's rows: a larger cache (copies recorded first) */
+    const uint32_t need_tc = tc_need(m, kv, n);
+    if (st == EKV_OK && (need > m->s->cap || need_tc > tc_now(m))) { /* room for the part's rows: a larger cache
+                                                                       (copies recorded first) */
         lengths(kv, m->L0);
         /* a prompt grows by half (its chunks are long), a decode step by the slack */
         const int64_t grow = step->is_prompt ? (int64_t)m->s->cap + m->s->cap / 2 : need + mg_slack(m);
-        const int64_t nc = EKV_MIN((int64_t)m->s->n_ctx, EKV_MAX(need, grow));
-        st = mg_resize(m, (int32_t)nc, m->L0, true); /* on failure the cache is as it was */
+        const int64_t nc = need > m->s->cap ? EKV_MIN((int64_t)m->s->n_ctx, EKV_MAX(need, grow)) : m->s->cap;
+        st = mg_resize(m, (int32_t)nc, EKV_MAX(need_tc, tc_now(m)), m->L0, true); /* on failure the cache is as it was */
         if (st == EKV_OK) m->moved = true; /* a recording that does not run now loses the rows */
     }
     if (st == EKV_OK) st = ekv_kv_begin(kv, step);
@@ -767,11 +811,14 @@ static enum ekv_status mg_hooks(struct ekv_vk_mg *m) {
 static enum ekv_status mg_shrink(struct ekv_vk_mg *m) {
     const int32_t mx = longest(m->seq->kv);
     const int64_t slack = mg_slack(m);
-    if ((int64_t)mx + 2 * slack < m->s->cap) {
+    /* a compressed KIVI side's residual after a prompt: back to what a decode step needs */
+    const uint32_t tc = tc_now(m), tc1 = tc_need(m, m->seq->kv, 1);
+    const bool tc_shrinks = tc > tc1 + 64;
+    if ((int64_t)mx + 2 * slack < m->s->cap || tc_shrinks) {
         const int32_t nc = (int32_t)EKV_MIN((int64_t)m->s->cap, (int64_t)mx + slack);
-        if (nc < m->s->cap) {
+        if (nc < m->s->cap || tc_shrinks) {
             lengths(m->seq->kv, m->L0);
-            return mg_resize(m, nc, m->L0, false);
+            return mg_resize(m, nc, tc_shrinks ? tc1 : tc, m->L0, false);
         }
     }
     return EKV_OK;

@@ -107,6 +107,8 @@ list(APPEND EKV_VK_PIPES
   "attn_stats_f16|attn_stats.comp|KT=KV_F16"
   "attn_stats_q8_0|attn_stats.comp|KT=KV_Q8_0"
   "attn_stats_q4_0|attn_stats.comp|KT=KV_Q4_0"
+  "attn_stats_kivi2|attn_stats.comp|KT=KV_KIVI2"
+  "attn_stats_kivi4|attn_stats.comp|KT=KV_KIVI4"
   "kv_compact|kv_compact.comp|"
   "kv_merge_f32|kv_merge.comp|ST=KV_F32"
   "kv_merge_f16|kv_merge.comp|ST=KV_F16"
@@ -114,7 +116,11 @@ list(APPEND EKV_VK_PIPES
   "kv_merge_q4_0|kv_merge.comp|ST=KV_Q4_0"
   "layernorm|layernorm.comp|"
   "clip_attn|clip_attn.comp|"
-  "ew|ew.comp|")
+  "ew|ew.comp|"
+  "kivi_pack_keys2|kivi_pack.comp|KEYS,BITS=2"
+  "kivi_pack_keys4|kivi_pack.comp|KEYS,BITS=4"
+  "kivi_pack_values2|kivi_pack.comp|VALUES,BITS=2"
+  "kivi_pack_values4|kivi_pack.comp|VALUES,BITS=4")
 
 # Extra defines for every shader, for measuring a variant side by side
 # (e.g. -DEKV_VK_SHADER_DEFS=NAME in a second build directory, with an

@@ -49,15 +49,20 @@ enum ekv_vk_pipe {
     EKV_VK_KIVI_COPY,
     EKV_VK_ATTN_COMBINE,
     EKV_VK_GLU,
-    /* attn_stats.comp per key row type (f32, f16, q8_0, q4_0): ekv_vk_attn_stats_pipe() */
+    /* attn_stats.comp per key storage type (f32, f16, q8_0, q4_0, kivi2, kivi4): ekv_vk_attn_stats_pipe() */
     EKV_VK_ATTN_STATS_FIRST,
-    EKV_VK_KV_COMPACT = EKV_VK_ATTN_STATS_FIRST + 4,
+    EKV_VK_KV_COMPACT = EKV_VK_ATTN_STATS_FIRST + 6,
     /* kv_merge.comp per row type: ekv_vk_kv_merge_pipe() */
     EKV_VK_KV_MERGE_FIRST,
     /* the vision tower (backend_vk_clip.c) */
     EKV_VK_LAYERNORM = EKV_VK_KV_MERGE_FIRST + 4,
     EKV_VK_CLIP_ATTN,
     EKV_VK_EW,
+    /* kivi_pack.comp: a compressed cache's KIVI keys (2, 4 bits), values (2, 4 bits) */
+    EKV_VK_KIVI_PACK_KEYS2,
+    EKV_VK_KIVI_PACK_KEYS4,
+    EKV_VK_KIVI_PACK_VALUES2,
+    EKV_VK_KIVI_PACK_VALUES4,
     EKV_VK_PIPE_COUNT
 };
 
@@ -100,7 +105,7 @@ static inline uint32_t ekv_vk_attn_groups(uint32_t n_head, uint32_t n_head_kv) {
     return n_head_kv * ((g + EKV_VK_ATTN_GMAX - 1) / EKV_VK_ATTN_GMAX);
 }
 
-/* attn_stats.comp for a key row type. */
+/* attn_stats.comp for a key storage type. */
 static inline enum ekv_vk_pipe ekv_vk_attn_stats_pipe(enum ekv_kv_type k) {
     return (enum ekv_vk_pipe)(EKV_VK_ATTN_STATS_FIRST + ekv_vk_kv_index(k));
 }

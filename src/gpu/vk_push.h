@@ -43,6 +43,10 @@ struct ekv_vk_pc_attn_stats {
     uint32_t window, pos0;
 };
 struct ekv_vk_pc_kv_merge { uint64_t base, stage, table, members, rots; uint32_t H, C, D, rw, srw, rd, neox; };
+struct ekv_vk_pc_kivi_pack {
+    uint64_t base, stage, pstage, units, members, frows;
+    uint32_t H, C, D, G, TC, NGC, srw, psrw;
+};
 struct ekv_vk_pc_kv_compact { uint64_t runs, pre, segs, scr; uint32_t n_runs, phase; };
 struct ekv_vk_pc_glu { uint64_t g, u; uint32_t n, gelu; };
 struct ekv_vk_pc_layernorm { uint64_t x, w, b, y; uint32_t n, rows; float eps; uint32_t rms; };

@@ -956,6 +956,14 @@ enum ekv_status ekv_kv_flush(struct ekv_kv *kv, int il) {
     if (!ekv_kv_type_is_kivi(kv->fk.type) && !ekv_kv_type_is_kivi(kv->fv.type)) return EKV_OK;
     for (int hk = 0; hk < kv->n_head_kv; hk++) {
         struct ekv_kv_head *h = &kv->layers[il].heads[hk];
+        if (kv->dev) { /* rows on a device: it quantises, the stores count */
+            const uint64_t before = head_alloc(kv, h);
+            enum ekv_status s = kv->dev->flush ? kv->dev->flush(kv->dev->user, il, hk, h->len)
+                                               : ekv_err(EKV_ERR_INTERNAL, "a device cache without KIVI's residual rule");
+            account_head(kv, h, before);
+            if (s != EKV_OK) return ekv_err_prefix(s, "kv layer %d head %d", il, hk);
+            continue;
+        }
         const uint64_t before = head_alloc(kv, h);
         enum ekv_status s = ekv_store_flush(&kv->fk, &h->ks, h->len);
         if (s == EKV_OK) s = ekv_store_flush(&kv->fv, &h->vs, h->len);
@@ -974,10 +982,11 @@ uint64_t ekv_kv_bytes(const struct ekv_kv *kv) {
     for (int il = 0; il < kv->n_layer; il++)
         for (int hk = 0; hk < kv->n_head_kv; hk++) {
             const struct ekv_kv_head *h = &kv->layers[il].heads[hk];
-            if (kv->dev) /* rows on a device (row types only): len rows of each type, its stores are empty */
-                b += ekv_store_full_bytes(&kv->fk, h->len) + ekv_store_full_bytes(&kv->fv, h->len);
-            else
-                b += ekv_store_used_bytes(&kv->fk, &h->ks, h->len) + ekv_store_used_bytes(&kv->fv, &h->vs, h->len);
+            /* rows on a device: len rows of a row type (its store is empty); a KIVI store counts its entries */
+            b += kv->dev && !ekv_kv_type_is_kivi(kv->fk.type) ? ekv_store_full_bytes(&kv->fk, h->len)
+                                                              : ekv_store_used_bytes(&kv->fk, &h->ks, h->len);
+            b += kv->dev && !ekv_kv_type_is_kivi(kv->fv.type) ? ekv_store_full_bytes(&kv->fv, h->len)
+                                                              : ekv_store_used_bytes(&kv->fv, &h->vs, h->len);
         }
     return b;
 }

@@ -95,6 +95,10 @@ struct ekv_kv_dev {
      * (NULL: that side unchanged). */
     enum ekv_status (*write)(void *user, int il, int hk, int32_t len, const int32_t *idx, int32_t n,
                              const float *k, const float *v);
+    /* KIVI's residual rule (ekv_store_flush) for head (il, hk) of len
+     * entries, the head's stores (which count, with no rows) following.
+     * NULL: the cache has no KIVI side. */
+    enum ekv_status (*flush)(void *user, int il, int hk, int32_t len);
 };
 
 /* struct ekv_kv_dev merge flags */

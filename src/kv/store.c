@@ -202,93 +202,101 @@ static int32_t compact_rows(uint8_t *base, size_t rb, int32_t n, const uint8_t *
     return w;
 }
 
-/* KIVI keys: drops evicted entries from their groups, codes unchanged;
- * empty groups vanish. In place, front to back (writes never pass reads).
- * With src_of, src_new[w] gets the new row of the w-th kept quantised entry
- * and dirty[g] marks the output groups that hold one. */
-static void compact_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *s, const uint8_t *keep,
-                            const float *const *src_of, const float **src_new, uint8_t *dirty) {
-    const size_t hdr = (size_t)f->d * 4, rb = f->row_bytes;
-    size_t off = 0, w_off = 0;
-    int32_t first = 0, wg = 0, wq = 0;
-    for (int32_t g = 0; g < s->ng; g++) {
-        const int32_t n = s->gn[g];
+int32_t ekv_store_kgroups_plan(const int32_t *gn, int32_t ng, int32_t g, const uint8_t *keep, const uint8_t *new_row,
+                               bool join, struct ekv_kgroup_out *out) {
+    int32_t no = 0, first = 0;
+    for (int32_t x = 0; x < ng; x++) {
+        const int32_t n = gn[x];
         int32_t k = 0;
-        for (int32_t r = 0; r < n; r++) k += keep[first + r] != 0;
-        if (k > 0) {
+        bool dirty = false;
+        for (int32_t r = 0; r < n; r++)
+            if (keep[first + r]) {
+                k++;
+                dirty = dirty || (new_row && new_row[first + r]);
+            }
+        first += n;
+        if (k == 0) continue; /* an emptied group vanishes */
+        if (join && no > 0 && out[no - 1].n + k <= g) { /* the run so far takes this group too */
+            out[no - 1].src1 = x + 1;
+            out[no - 1].n += k;
+            out[no - 1].requant = true;
+        } else {
+            out[no++] = (struct ekv_kgroup_out){.src0 = x, .src1 = x + 1, .n = k, .requant = dirty};
+        }
+    }
+    return no;
+}
+
+enum ekv_status ekv_store_note_compact(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len,
+                                       const uint8_t *keep, const struct ekv_kgroup_out *out, int32_t n_out) {
+    (void)len;
+    if (is_kivi_k(f)) {
+        int32_t q = 0;
+        size_t used = 0;
+        for (int32_t o = 0; o < n_out; o++) {
+            s->gn[o] = out[o].n; /* o <= out[o].src0: each count is read before it is written over */
+            q += out[o].n;
+            used += gbytes(f, out[o].n);
+        }
+        s->ng = n_out;
+        s->nq = q;
+        s->data_used = used;
+        return EKV_OK;
+    }
+    int32_t q = 0;
+    for (int32_t j = 0; j < s->nq; j++) q += keep[j] != 0;
+    s->nq = q;
+    s->data_used = (size_t)q * f->row_bytes;
+    return EKV_OK;
+}
+
+/* KIVI keys: the groups out[] of ekv_store_kgroups_plan made in place,
+ * front to back: a group that keeps its codes moves its parameters and kept
+ * rows down; a re-quantised one reads its entries (dequantised, or their
+ * new rows src_of[j]) before it is written, and what it writes ends before
+ * the next group's sources begin (it holds at most the rows they held). */
+static enum ekv_status apply_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *s, const uint8_t *keep,
+                                     const float *const *src_of, const struct ekv_kgroup_out *out, int32_t n_out) {
+    const size_t d = (size_t)f->d, hdr = d * 4, rb = f->row_bytes;
+    bool any = false;
+    for (int32_t o = 0; o < n_out && !any; o++) any = out[o].requant;
+    float *tmp = any ? malloc((size_t)f->g * d * sizeof *tmp) : NULL;
+    if (any && !tmp) return ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to re-pack key groups");
+    size_t off = 0, w_off = 0;
+    int32_t sg = 0, first = 0;
+    for (int32_t o = 0; o < n_out; o++) {
+        const struct ekv_kgroup_out *q = &out[o];
+        for (; sg < q->src0; sg++) off += gbytes(f, s->gn[sg]), first += s->gn[sg];
+        if (!q->requant) {
+            const int32_t n = s->gn[sg];
             if (w_off != off) memmove(s->data + w_off, s->data + off, hdr);
             int32_t rw = 0;
-            if (dirty) dirty[wg] = 0;
             for (int32_t r = 0; r < n; r++) {
                 if (!keep[first + r]) continue;
                 uint8_t *dst = s->data + w_off + hdr + (size_t)rw * rb;
                 const uint8_t *src = s->data + off + hdr + (size_t)r * rb;
                 if (dst != src) memmove(dst, src, rb);
-                if (src_of) {
-                    src_new[wq] = src_of[first + r];
-                    if (src_new[wq]) dirty[wg] = 1;
-                }
                 rw++;
-                wq++;
             }
-            s->gn[wg++] = k;
-            w_off += gbytes(f, k);
+            off += gbytes(f, n), first += n, sg++;
+        } else {
+            int32_t t = 0;
+            for (; sg < q->src1; sg++) {
+                const int32_t n = s->gn[sg];
+                for (int32_t r = 0; r < n; r++) {
+                    if (!keep[first + r]) continue;
+                    const float *x = src_of ? src_of[first + r] : NULL;
+                    if (x) memcpy(tmp + (size_t)t * d, x, d * sizeof(float));
+                    else ekv_kivi_dequant_kgroup(s->data + off, f->d, bits_of(f), r, r + 1, tmp + (size_t)t * d);
+                    t++;
+                }
+                off += gbytes(f, n), first += n;
+            }
+            ekv_kivi_quant_kgroup(tmp, q->n, f->d, bits_of(f), s->data + w_off);
         }
-        off += gbytes(f, n);
-        first += n;
-    }
-    s->ng = wg;
-    s->data_used = w_off;
-}
-
-/* KIVI keys: re-quantises each maximal run of adjacent groups (greedy,
- * left to right) whose entries fit in one group as a single group, and
- * every dirty group (one with new rows in src_new), substituting the new
- * rows; each group is quantised at most once. src_new / dirty may be NULL. */
-static enum ekv_status coalesce_kgroups(const struct ekv_store_fmt *f, struct ekv_kv_store *s, const float *const *src_new,
-                                        const uint8_t *dirty) {
-    bool need = false;
-    for (int32_t g = 0; g < s->ng && !need; g++)
-        need = (dirty && dirty[g]) || (g + 1 < s->ng && s->gn[g] + s->gn[g + 1] <= f->g);
-    if (!need) return EKV_OK;
-    const size_t d = (size_t)f->d;
-    float *tmp = malloc((size_t)f->g * d * sizeof *tmp);
-    if (!tmp) return ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to re-pack key groups");
-    size_t off = 0, w_off = 0;
-    int32_t wg = 0, first = 0;
-    for (int32_t g = 0; g < s->ng;) {
-        int32_t e = g + 1, tot = s->gn[g];
-        while (e < s->ng && tot + s->gn[e] <= f->g) tot += s->gn[e++];
-        bool touched = e > g + 1;
-        for (int32_t x = g; x < e && !touched; x++) touched = dirty && dirty[x];
-        if (!touched) { /* moves as it is */
-            const size_t b = gbytes(f, s->gn[g]);
-            if (w_off != off) memmove(s->data + w_off, s->data + off, b);
-            s->gn[wg++] = s->gn[g];
-            w_off += b;
-            off += b;
-            first += s->gn[g];
-            g++;
-            continue;
-        }
-        int32_t r = 0; /* read the run into tmp before writing over it */
-        for (int32_t x = g; x < e; x++) {
-            ekv_kivi_dequant_kgroup(s->data + off, f->d, bits_of(f), 0, s->gn[x], tmp + (size_t)r * d);
-            r += s->gn[x];
-            off += gbytes(f, s->gn[x]);
-        }
-        if (src_new)
-            for (int32_t t = 0; t < tot; t++)
-                if (src_new[first + t]) memcpy(tmp + (size_t)t * d, src_new[first + t], d * sizeof(float));
-        ekv_kivi_quant_kgroup(tmp, tot, f->d, bits_of(f), s->data + w_off);
-        s->gn[wg++] = tot;
-        w_off += gbytes(f, tot);
-        first += tot;
-        g = e;
+        w_off += gbytes(f, q->n);
     }
     free(tmp);
-    s->ng = wg;
-    s->data_used = w_off;
     return EKV_OK;
 }
 
@@ -305,24 +313,17 @@ enum ekv_status ekv_store_compact(const struct ekv_store_fmt *f, struct ekv_kv_s
             s->nq = compact_rows(s->data, f->row_bytes, nq, keep);
             s->data_used = (size_t)s->nq * f->row_bytes;
         } else {
-            const float **src_new = NULL;
-            uint8_t *dirty = NULL;
-            if (src_of && s->ng > 0) {
-                src_new = calloc((size_t)nq, sizeof *src_new);
-                dirty = calloc((size_t)s->ng, 1);
-                if (!src_new || !dirty) {
-                    free(src_new);
-                    free(dirty);
-                    return ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to compact %d keys", (int)nq);
-                }
+            struct ekv_kgroup_out *out = malloc((size_t)(s->ng ? s->ng : 1) * sizeof *out);
+            uint8_t *new_row = src_of && nq > 0 ? malloc((size_t)nq) : NULL;
+            if (!out || (src_of && nq > 0 && !new_row)) {
+                free(out), free(new_row);
+                return ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to compact %d keys", (int)nq);
             }
-            compact_kgroups(f, s, keep, src_new ? src_of : NULL, src_new, dirty);
-            int32_t q = 0;
-            for (int32_t g = 0; g < s->ng; g++) q += s->gn[g];
-            s->nq = q;
-            enum ekv_status st = coalesce_kgroups(f, s, src_new, dirty);
-            free(src_new);
-            free(dirty);
+            for (int32_t j = 0; new_row && j < nq; j++) new_row[j] = src_of[j] != NULL;
+            const int32_t n_out = ekv_store_kgroups_plan(s->gn, s->ng, f->g, keep, new_row, true, out);
+            enum ekv_status st = apply_kgroups(f, s, keep, src_of, out, n_out);
+            if (st == EKV_OK) st = ekv_store_note_compact(f, s, len, keep, out, n_out);
+            free(out), free(new_row);
             if (st != EKV_OK) return st;
         }
     }
@@ -338,37 +339,50 @@ enum ekv_status ekv_store_compact(const struct ekv_store_fmt *f, struct ekv_kv_s
     return EKV_OK;
 }
 
+int32_t ekv_store_flush_count(const struct ekv_store_fmt *f, const struct ekv_kv_store *s, int32_t len) {
+    if (!is_kivi(f)) return 0;
+    const int32_t tail = len - s->nq;
+    if (f->is_v) return tail > f->r ? tail - f->r : 0;
+    return (tail / key_block(f)) * key_block(f);
+}
+
+enum ekv_status ekv_store_note_flush(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t m) {
+    if (m <= 0) return EKV_OK;
+    if (f->is_v) {
+        s->data_used += (size_t)m * f->row_bytes;
+    } else {
+        enum ekv_status st = grow_gn(s, s->ng + m / f->g);
+        if (st != EKV_OK) return st;
+        for (int32_t t = 0; t < m; t += f->g) s->gn[s->ng++] = f->g;
+        s->data_used += (size_t)(m / f->g) * gbytes(f, f->g);
+    }
+    s->nq += m;
+    return EKV_OK;
+}
+
 enum ekv_status ekv_store_flush(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len) {
-    if (!is_kivi(f)) return EKV_OK;
+    const int32_t m = ekv_store_flush_count(f, s, len); /* oldest tail entries to quantise */
+    if (m <= 0) return EKV_OK;
     const size_t d = (size_t)f->d;
     const int32_t tail = len - s->nq;
-    int32_t m; /* oldest tail entries to quantise */
-    if (f->is_v) m = tail > f->r ? tail - f->r : 0;
-    else m = (tail / key_block(f)) * key_block(f);
-    if (m <= 0) return EKV_OK;
     const int32_t rows = f->is_v ? 1 : f->g; /* entries per quantisation unit */
     const size_t unit = f->is_v ? f->row_bytes : gbytes(f, f->g);
     void *p = s->data;
     enum ekv_status st = grow(&p, &s->data_cap, s->data_used + (size_t)(m / rows) * unit);
     if (st == EKV_OK) s->data = p;
-    if (st == EKV_OK && !f->is_v) st = grow_gn(s, s->ng + m / rows);
+    if (st == EKV_OK && !f->is_v) st = grow_gn(s, s->ng + m / rows); /* before anything changes */
     float *tmp = st == EKV_OK ? malloc((size_t)rows * d * sizeof *tmp) : NULL;
     if (st == EKV_OK && !tmp) st = ekv_err(EKV_ERR_NOMEM, "kv cache: no memory to quantise the residual");
     if (st != EKV_OK) return st;
     for (int32_t t = 0; t < m; t += rows) {
+        uint8_t *dst = s->data + s->data_used + (size_t)(t / rows) * unit;
         ekv_dequant_f16(s->tail + (size_t)t * d, tmp, (int64_t)rows * (int64_t)d);
-        if (f->is_v) {
-            ekv_kivi_quant_vrow(tmp, f->d, f->g, bits_of(f), s->data + s->data_used);
-        } else {
-            ekv_kivi_quant_kgroup(tmp, rows, f->d, bits_of(f), s->data + s->data_used);
-            s->gn[s->ng++] = rows;
-        }
-        s->data_used += unit;
+        if (f->is_v) ekv_kivi_quant_vrow(tmp, f->d, f->g, bits_of(f), dst);
+        else ekv_kivi_quant_kgroup(tmp, rows, f->d, bits_of(f), dst);
     }
     free(tmp);
     memmove(s->tail, s->tail + (size_t)m * d, (size_t)(tail - m) * d * sizeof(uint16_t));
-    s->nq += m;
-    return EKV_OK;
+    return ekv_store_note_flush(f, s, m); /* cannot fail: gn has room */
 }
 
 void ekv_store_shrink(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len) {

@@ -89,6 +89,36 @@ void ekv_store_save(const struct ekv_store_fmt *f, const struct ekv_kv_store *s,
  * and size is checked against the type and len; on error s holds what was
  * allocated (ekv_store_free). */
 enum ekv_status ekv_store_load(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len, struct ekv_rbuf *r);
+/* ---- counts only: what the operations above do to nq and the key groups,
+ * for a store whose rows live elsewhere (a GPU cache: data is NULL, and the
+ * device executes what these describe) and shared by the operations above */
+
+/* KIVI keys: one group after a compaction, made of the kept entries of the
+ * source groups [src0, src1) (n of them, n <= G). requant: re-quantised as
+ * one group (several groups joined, or an entry got a new row); else it is
+ * source group src0 with its codes and parameters, minus evicted rows. */
+struct ekv_kgroup_out {
+    int32_t src0, src1, n;
+    bool requant;
+};
+/* The groups after keeping keep[j] of the quantised entries [0, nq) held in
+ * groups gn[0, ng) of at most g entries; new_row[j] (may be NULL): kept
+ * entry j gets a new row. With join, each maximal run of adjacent groups
+ * whose entries fit in one group becomes one (ekv_store_compact); without,
+ * groups only shrink (ekv_store_write keeps every entry). out: room for ng;
+ * returns how many groups. */
+int32_t ekv_store_kgroups_plan(const int32_t *gn, int32_t ng, int32_t g, const uint8_t *keep, const uint8_t *new_row,
+                               bool join, struct ekv_kgroup_out *out);
+/* Makes the counts of s those of a compaction that kept keep[j] of len
+ * entries (keys: groups out[0, n_out) of ekv_store_kgroups_plan). */
+enum ekv_status ekv_store_note_compact(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len,
+                                       const uint8_t *keep, const struct ekv_kgroup_out *out, int32_t n_out);
+/* The oldest tail entries the residual rule quantises after a forward
+ * ending at len entries (ekv_store_flush). */
+int32_t ekv_store_flush_count(const struct ekv_store_fmt *f, const struct ekv_kv_store *s, int32_t len);
+/* Makes the counts of s those after quantising its m oldest tail entries. */
+enum ekv_status ekv_store_note_flush(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t m);
+
 /* The attention kernels' view of the len entries. */
 struct ekv_kv_view ekv_store_view(const struct ekv_store_fmt *f, const struct ekv_kv_store *s, int32_t len);
 

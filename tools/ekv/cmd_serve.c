@@ -43,12 +43,13 @@ static void on_signal(int sig) {
 }
 
 /* The device: a named one (--device vulkan[:N], cpu) as asked; under auto
- * the CPU. A GPU runs every policy on row storage types, but not a
- * compressing policy with KIVI storage (issue 20), and a server takes each
- * request's cache settings: under auto, such requests would fall back to
- * the CPU one by one and batches mixing the two decode sequence by
- * sequence, so auto keeps the server on the CPU. With a named GPU a request
- * whose cache the GPU cannot run gets the reason. */
+ * the CPU. A GPU runs every policy with every storage type, but not every
+ * cache (a cap on entries, --kv-tokens; quantised types on a device
+ * without shaderFloat64), and a server takes each request's cache
+ * settings: under auto, such requests would fall back to the CPU one by one
+ * and batches mixing the two decode sequence by sequence, so auto keeps the
+ * server on the CPU. With a named GPU a request whose cache the GPU cannot
+ * run gets the reason. */
 static bool serve_device(const struct cli_params *p, struct cli_params *q) {
     *q = *p;
     const char *dev = p->device ? p->device : getenv("EKV_DEVICE");

@@ -43,10 +43,14 @@ shared float sv[GMAX * 512];   // P V partial sums [GMAX][NS][D] (NS * D = 512)
 shared float sred[GMAX * 64];  // per head, one slot per subgroup
 
 KvSide kside() {
-    return KvSide(pc.kc, pc.kscr, pc.n_head_kv, pc.n_ctx, pc.head_dim, pc.g, pc.tc_k, pc.nq_k, pc.kv_pos0, pc.scr_stride);
+    if (uint64_t(pc.meta) != 0ul) return kv_side_meta(pc.kc, pc.meta, pc.n_head_kv, pc.n_ctx, pc.head_dim, false);
+    return KvSide(pc.kc, pc.kscr, pc.n_head_kv, pc.n_ctx, pc.head_dim, pc.g, pc.tc_k, pc.nq_k, pc.kv_pos0, pc.scr_stride,
+                  U32(0ul), 0u);
 }
 KvSide vside() {
-    return KvSide(pc.vc, pc.vscr, pc.n_head_kv, pc.n_ctx, pc.head_dim, pc.g, pc.tc_v, pc.nq_v, pc.kv_pos0, pc.scr_stride);
+    if (uint64_t(pc.meta) != 0ul) return kv_side_meta(pc.vc, pc.meta, pc.n_head_kv, pc.n_ctx, pc.head_dim, true);
+    return KvSide(pc.vc, pc.vscr, pc.n_head_kv, pc.n_ctx, pc.head_dim, pc.g, pc.tc_v, pc.nq_v, pc.kv_pos0, pc.scr_stride,
+                  U32(0ul), 0u);
 }
 
 // wg_max / wg_sum (common.glsl) of each of the group's ng heads at once:

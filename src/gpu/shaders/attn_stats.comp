@@ -75,7 +75,7 @@ void main() {
                            : 0.0;
     const uint TR = max(1u, min(64u / R, QF / (R * D))); // rows per tile
     const uint first = j > L0 ? j - L0 : 0u;             // the first row that sees j
-    KvSide ks = KvSide(pc.kc, F16(pc.kc), H, pc.n_ctx, D, 1u, 0u, 0u, 0u, 0u);
+    KvSide ks = kv_side_meta(pc.kc, pc.meta, H, pc.n_ctx, D, false); // (the row types read none of its KIVI fields)
     float a_col = 0.0, a_sq = 0.0, a_last = 0.0, a_win = 0.0, a_bin = 0.0;
     if (live) {
         const uint o = h * pc.cap + j, sd = H * pc.cap;

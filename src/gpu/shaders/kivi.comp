@@ -34,7 +34,7 @@ shared uint codes[4096]; // KEYS: [G][RW], VALUES: [RW] (the host checks the siz
 #endif
 
 KvSide side() {
-    return KvSide(pc.base, pc.scr, pc.H, pc.C, pc.D, pc.G, pc.TC, 0u, pc.pos0, pc.scr_stride);
+    return KvSide(pc.base, pc.scr, pc.H, pc.C, pc.D, pc.G, pc.TC, 0u, pc.pos0, pc.scr_stride, U32(0ul), 0u);
 }
 
 void main() {

@@ -50,7 +50,7 @@ void main() {
     const uint t = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x, D = pc.D;
     const uint hk = pc.table.d[4u * t], row = pc.table.d[4u * t + 1u];
     const uint first = pc.table.d[4u * t + 2u], n = pc.table.d[4u * t + 3u];
-    KvSide s = KvSide(pc.base, F16(pc.base), pc.H, pc.C, D, 1u, 0u, 0u, 0u, 0u);
+    KvSide s = KvSide(pc.base, F16(pc.base), pc.H, pc.C, D, 1u, 0u, 0u, 0u, 0u, U32(0ul), 0u);
     for (uint c = tid; c < D; c += 64u) {
         float acc = 0.0, ws = 0.0;
         for (uint i = 0u; i < n; i++) {

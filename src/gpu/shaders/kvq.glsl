@@ -24,6 +24,13 @@
 //   are in the ring, and the rows of the forward being run, [pos0, ...),
 //   in a scratch array [H][scr_stride][D] of fp16 (the CPU keeps them in
 //   fp16 too until the forward ends; kivi.comp then quantises and moves).
+// A compressing policy's KIVI side (hq != 0: backend_vk_plan.c) has a
+// number of quantised entries per head, hq[h], and groups of keys of
+// varying size (the CPU store's, src/kv/store.c): parameters
+// [H][NGC][D] words per group, the group of each entry in a table
+// [H][C] words at X0 (after the residual), and the residual of head h is
+// linear: entry j >= hq[h] in slot j - hq[h] of [H][TC][D] (the forward's
+// new rows are written there too; no scratch).
 #define KV_F32 0
 #define KV_F16 1
 #define KV_Q8_0 2
@@ -35,7 +42,21 @@ struct KvSide {
     U32 base;
     F16 scr;        // KIVI: the forward's rows of this part ([H][scr_stride][D])
     uint H, C, D, G, TC, nq, pos0, scr_stride;
+    U32 hq;         // a compressed KIVI side: [H] quantised entries per head (0: nq for every head)
+    uint NGC;       // ... keys: groups of parameters per head
 };
+
+bool kv_managed(KvSide s) { return uint64_t(s.hq) != 0ul; }
+uint kv_nq(KvSide s, uint h) { return kv_managed(s) ? s.hq.d[h] : s.nq; }
+
+// A compressed cache's side from its layer's meta block (backend_vk_policy.c:
+// [H] lengths, 5 words, [H] quantised keys, [H] quantised values, then G,
+// TC of keys, NGC, TC of values, C).
+KvSide kv_side_meta(U32 base, U32 meta, uint H, uint C, uint D, bool is_v) {
+    const uint o = 3u * H + 5u;
+    return KvSide(base, F16(base), H, C, D, meta.d[o], meta.d[is_v ? o + 3u : o + 1u], 0u, 0xffffffffu, 0u,
+                  U32(uint64_t(meta) + 4ul * uint64_t(is_v ? 2u * H + 5u : H + 5u)), is_v ? 0u : meta.d[o + 2u]);
+}
 
 uint kv_bits(const uint t) { return t == KV_KIVI2 ? 2u : 4u; }
 bool kv_kivi(const uint t) { return t >= KV_KIVI2; }
@@ -51,7 +72,7 @@ uint kv_p0(const uint t, KvSide s) { return s.H * s.C * kv_row_words(t, s.D); }
 uint kv_param_words(const uint t, const bool is_v, KvSide s) {
     if (t == KV_Q8_0 || t == KV_Q4_0) return (s.H * s.C * (s.D / 32u) + 1u) / 2u;
     if (!kv_kivi(t)) return 0u;
-    return is_v ? s.H * s.C * (s.D / s.G) : s.H * ((s.C + s.G - 1u) / s.G) * s.D;
+    return is_v ? s.H * s.C * (s.D / s.G) : kv_managed(s) ? s.H * s.NGC * s.D : s.H * ((s.C + s.G - 1u) / s.G) * s.D;
 }
 
 uint kv_r0(const uint t, const bool is_v, KvSide s) {
@@ -60,12 +81,16 @@ uint kv_r0(const uint t, const bool is_v, KvSide s) {
 
 // fp16 index (in halves from base) of a residual entry of head h
 uint kv_ring_half(const uint t, const bool is_v, KvSide s, uint h, uint j) {
+    if (kv_managed(s)) return 2u * kv_r0(t, is_v, s) + (h * s.TC + (j - s.hq.d[h])) * s.D;
     return 2u * kv_r0(t, is_v, s) + (h * s.TC + j % s.TC) * s.D;
 }
 
+// word of a compressed KIVI key side's group table ([H][C] after the residual)
+uint kv_x0(const uint t, KvSide s) { return kv_r0(t, false, s) + s.H * s.TC * s.D / 2u; }
+
 // A KIVI residual value: the ring below pos0, the forward's scratch from it.
 float kv_resid(const uint t, const bool is_v, KvSide s, uint h, uint j, uint c) {
-    if (j < s.pos0) return float(F16(s.base).d[kv_ring_half(t, is_v, s, h, j) + c]);
+    if (j < s.pos0 || kv_managed(s)) return float(F16(s.base).d[kv_ring_half(t, is_v, s, h, j) + c]);
     return float(s.scr.d[(h * s.scr_stride + (j - s.pos0)) * s.D + c]);
 }
 
@@ -73,7 +98,8 @@ float kv_resid(const uint t, const bool is_v, KvSide s, uint h, uint j, uint c) 
 vec2 kivi_param(const uint t, const bool is_v, KvSide s, uint h, uint j, uint c) {
     const uint p0 = kv_p0(t, s);
     const uint w = is_v ? p0 + (h * s.C + j) * (s.D / s.G) + c / s.G
-                        : p0 + (h * ((s.C + s.G - 1u) / s.G) + j / s.G) * s.D + c;
+                 : kv_managed(s) ? p0 + (h * s.NGC + s.base.d[kv_x0(t, s) + h * s.C + j]) * s.D + c
+                                 : p0 + (h * ((s.C + s.G - 1u) / s.G) + j / s.G) * s.D + c;
     return unpackHalf2x16(s.base.d[w]);
 }
 
@@ -105,7 +131,7 @@ void kv_row8(const uint t, const bool is_v, KvSide s, uint h, uint j, uint e, ou
             x[i] = float(int((u0 >> (8u * i + sh)) & 15u) - 8) * d;
             x[i + 4u] = float(int((u1 >> (8u * i + sh)) & 15u) - 8) * d;
         }
-    } else if (j < s.nq) { // KIVI codes
+    } else if (j < kv_nq(s, h)) { // KIVI codes
         const uint b = kv_bits(t), bit0 = 8u * e * b;
         const uint u = s.base.d[row * kv_row_words(t, s.D) + bit0 / 32u] >> (bit0 % 32u);
         for (uint i = 0; i < 8u; i++) {
@@ -132,7 +158,7 @@ float kv_elem(const uint t, const bool is_v, KvSide s, uint h, uint j, uint c) {
         const uint u = s.base.d[row * (s.D / 8u) + byte / 4u] >> (8u * (byte % 4u) + (i / 16u) * 4u);
         return float(int(u & 15u) - 8) * d;
     }
-    if (j < s.nq) {
+    if (j < kv_nq(s, h)) {
         const uint b = kv_bits(t), bit = c * b;
         const uint q = (s.base.d[row * kv_row_words(t, s.D) + bit / 32u] >> (bit % 32u)) & ((1u << b) - 1u);
         const vec2 sm = kivi_param(t, is_v, s, h, j, c);

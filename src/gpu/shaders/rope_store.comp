@@ -10,8 +10,10 @@
 // heads hstride entries apart. A KIVI side is written as fp16 into the
 // forward's scratch (KV_F16, hstride = the scratch's rows, e0 = the part's
 // first row); kivi.comp quantises it after the attention. A compressed
-// cache (meta != 0) appends after each head's own entries: e0 = meta[h],
-// and with posb != 0 records each new entry's position (pos0 + row) there.
+// cache (meta != 0) appends after each head's own entries: e0 = meta[h]
+// (a KIVI side: into its residual, after the head's quantised entries:
+// kvq.glsl), and with posb != 0 records each new entry's position (pos0 +
+// row) there.
 // Workgroup (row, head): heads below n_head are query heads (rotated in
 // place), the others key heads (rotated in shared memory, stored with
 // their values). The keys of the activation rows stay unrotated: nothing
@@ -109,9 +111,13 @@ void main() {
     rope_shared(row);
     barrier();
     const bool managed = uint64_t(pc.meta) != 0ul;
-    const uint ke0 = managed ? pc.meta.d[hk] : pc.k_e0, ve0 = managed ? pc.meta.d[hk] : pc.v_e0;
+    // a compressed cache: after each head's entries, or (a KIVI side, whose
+    // destination is then its residual, hstride TC) after its quantised ones
+    const uint ke0 = managed ? pc.meta.d[hk] - pc.meta.d[pc.H + 5u + hk] : pc.k_e0;
+    const uint ve0 = managed ? pc.meta.d[hk] - pc.meta.d[2u * pc.H + 5u + hk] : pc.v_e0;
     store(SK, pc.kdst, hk * pc.k_hstride + ke0 + row, pc.k_hstride);
-    if (managed && uint64_t(pc.posb) != 0ul && tid == 0u) pc.posb.d[hk * pc.k_hstride + ke0 + row] = pc.pos0 + row;
+    if (managed && uint64_t(pc.posb) != 0ul && tid == 0u)
+        pc.posb.d[hk * pc.meta.d[3u * pc.H + 9u] + pc.meta.d[hk] + row] = pc.pos0 + row;
     barrier();
     for (uint c = tid; c < D; c += 64u) sx[c] = pc.v.d[src + c];
     barrier();
