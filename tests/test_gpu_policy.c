@@ -347,9 +347,11 @@ static void run_case_n(const struct ekv_model *m, struct ekv_context *cg, struct
               ekv_kv_type_name(t), bad_prompt, bad_steps);
     /* K and V come out of the GPU's own sums: an fp16 value may round the
      * other way (1 ulp, ~1e-3 of the value), a q8_0 / q4_0 code may move by
-     * a step (1/127, 1/7 of its block's largest); a wrong row moved by a
-     * plan is off by the row's whole size */
-    const double row_bound = t == EKV_KV_KIVI2 ? 0.5 : t == EKV_KV_Q4_0 || t == EKV_KV_KIVI4 ? 0.15 : t == EKV_KV_Q8_0 ? 2e-2
+     * a step (1/127, 1/7 of its block's largest), a KIVI code by a step of
+     * its group's range (1/15, 1/3; a merged mean weighted by the attention
+     * moves most: measured 0.12 with kivi4); a wrong row moved by a plan is
+     * off by the row's whole size (0.66-1.0 measured, kivi2 and kivi4) */
+    const double row_bound = t == EKV_KV_KIVI2 ? 0.5 : t == EKV_KV_KIVI4 ? 0.25 : t == EKV_KV_Q4_0 ? 0.15 : t == EKV_KV_Q8_0 ? 2e-2
                              : t == EKV_KV_F16 ? 2e-3 : 1e-5;
     CHECK_MSG(rows <= row_bound, "%s %.1f %s: device rows differ by %.3g", pol, budget, ekv_kv_type_name(t), rows);
     CHECK_MSG(fabs(ppl_g / ppl_c - 1.0) <= 0.005, "%s %.1f %s: ppl %.5f vs CPU %.5f", pol, budget,
@@ -360,12 +362,11 @@ static void run_case_n(const struct ekv_model *m, struct ekv_context *cg, struct
         CHECK_MSG(maxv > 0 && maxd <= 1e-4 * maxv, "%s %.1f: logits differ from the CPU's by %.3g of %.3g", pol, budget,
                   maxd, maxv);
     /* merges run on the device (weighted means, keys turned by key=rotate,
-     * value=attn's weights, key=anchor): only a policy that reads rows
-     * itself (+merge's default merge_to=key compares keys) reads heads back,
-     * and with KIVI storage every merge (averaged on the host: backend_vk_kivi.c) */
-    const bool kivi_t = t == EKV_KV_KIVI2 || t == EKV_KV_KIVI4;
-    const bool reads_rows = (strstr(pol, "+merge") && !strstr(pol, "merge_to=pos")) ||
-                            (kivi_t && (strstr(pol, "elastic") || strstr(pol, "+merge")));
+     * value=attn's weights, key=anchor; with KIVI storage the means
+     * quantised into their groups and rows there too): only a policy that
+     * reads rows itself (+merge's default merge_to=key compares keys) reads
+     * heads back */
+    const bool reads_rows = strstr(pol, "+merge") && !strstr(pol, "merge_to=pos");
     if (!reads_rows)
         CHECK_MSG(read_backs == 0, "%s: %llu heads read back", pol, (unsigned long long)read_backs);
     else if (budget < 1.0)
@@ -889,6 +890,7 @@ static void test_kivi(void) {
                                         {"elastic-v2", 0.4, EKV_KV_KIVI2}, {"snapkv", 0.25, EKV_KV_F16}};
         batched_cases(mb, g_toks_b, c);
         run_case(mb, cg, cc, g_toks_b, "h2o", 1.0, EKV_KV_KIVI4); /* == the full cache's KIVI path, bit for bit */
+        run_case(mb, cg, cc, g_toks_b, "elastic-v2:key=anchor", 0.5, EKV_KV_KIVI4);
         /* a longer prompt: the residual grows to a chunk of it, then shrinks back */
         int32_t *twice = malloc(sizeof(int32_t) * (3 * N_PROMPT + N_STEPS + 1));
         for (int32_t i = 0; i < 3 * N_PROMPT + N_STEPS + 1; i++) twice[i] = g_toks_b[i % N_PROMPT];

@@ -44,8 +44,7 @@
 #   default all of EKV_PAYOFF_POLICIES), EKV_PAYOFF_BASE_BATCH (its batches;
 #   default EKV_PAYOFF_BATCH).
 # KIVI storage with a compressing policy runs on the GPU since 2026-11-28
-# (backend_vk_kivi.c; its merges are averaged on the host, so elastic-v2's
-# kivi4 rows measure that too).
+# (backend_vk_kivi.c): the kivi4 rows at 8K.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)

@@ -13,10 +13,11 @@
  * decisions come from store.c's own counting (ekv_store_kgroups_plan,
  * ekv_store_flush_count) and its counts follow (ekv_store_note_*), so the
  * device holds the codes the CPU cache would hold, and the bytes reported
- * are the CPU's. Rows a policy gives (merged means, read back and averaged
- * on the host: a KIVI side has no kv_merge.comp) are quantised here with
- * the CPU's codecs (values) or handed to kivi_pack as floats (keys, whose
- * group is re-quantised with them).
+ * are the CPU's. A merged entry's mean is computed by kv_merge.comp into a
+ * float row (ekv_vk_kivi_mean_row) that kivi_pack quantises into its key
+ * group or value row, or in fp16 into the residual; rows a policy gives
+ * itself are quantised here with the CPU's codec (values) or handed to
+ * kivi_pack as floats (keys, whose group is re-quantised with them).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,26 @@ static enum ekv_status add_frow(struct ekv_vk_mg *m, const float *x, uint32_t *c
     return EKV_OK;
 }
 
+enum ekv_status ekv_vk_kivi_mean_row(struct ekv_vk_mg *m, uint32_t *row) {
+    const size_t D = m->s->D;
+    if (m->n_frows >= PK_RESID) return ekv_err(EKV_ERR_OVERFLOW, "too many rows for KIVI groups");
+    enum ekv_status st = ekv_vk_mg_grow((void **)&m->frows, &m->cap_frows, (m->n_frows + 1) * D, sizeof(float));
+    if (st != EKV_OK) return st;
+    memset(m->frows + m->n_frows * D, 0, D * sizeof(float)); /* kv_merge.comp writes it */
+    *row = MG_HI | (uint32_t)m->n_frows++;
+    return EKV_OK;
+}
+
+/* Where entry j's new row is, as a kivi_pack member (0: none): floats the
+ * host gives (added to frows now) or a device mean's row of frows. */
+static enum ekv_status new_row_code(struct ekv_vk_mg *m, const float *const *of, const int32_t *mean_of, int32_t j,
+                                    uint32_t *code) {
+    *code = 0;
+    if (of && of[j]) return add_frow(m, of[j], code);
+    if (mean_of && mean_of[j] >= 0) *code = PK_FROW | m->means[mean_of[j]].row;
+    return EKV_OK;
+}
+
 static enum ekv_status add_member(struct ekv_vk_mg *m, uint32_t code) {
     enum ekv_status st = ekv_vk_mg_grow((void **)&m->pmembers, &m->cap_pmembers, m->n_pmembers + 1, 4);
     if (st == EKV_OK) m->pmembers[m->n_pmembers++] = code;
@@ -112,24 +133,26 @@ static enum ekv_status add_pack(struct ekv_vk_mg *m, int side, int il, int hk, u
 }
 
 /* The key groups of head (il, hk) after keeping keep[j] of its quantised
- * entries (of[j]: a new row, may be NULL; join: ekv_store_kgroups_plan's):
+ * entries (of[j] / mean_of[j]: a new row, either may be NULL; join:
+ * ekv_store_kgroups_plan's):
  * the codes rows (MG_K: kept groups' rows move, re-quantised groups come
  * from kivi_pack), the groups' parameters (MG_KPAR) and the group of each
  * entry (MG_KGIX) as plans; *out / *n_out the groups (the caller frees). */
 static enum ekv_status key_groups(struct ekv_vk_mg *m, int il, int hk, const uint8_t *keep, const float *const *of,
-                                  bool join, struct ekv_kgroup_out **out_p, int32_t *n_out) {
+                                  const int32_t *mean_of, bool join, struct ekv_kgroup_out **out_p, int32_t *n_out) {
     struct ekv_kv_store *st_ = store_of(m, MG_K, il, hk);
     const int32_t nq = st_->nq, ng = st_->ng;
     struct ekv_kgroup_out *out = malloc((size_t)(ng ? ng : 1) * sizeof *out);
-    uint8_t *nr = of && nq ? malloc((size_t)nq) : NULL;
+    const bool any = of || mean_of;
+    uint8_t *nr = any && nq ? malloc((size_t)nq) : NULL;
     uint32_t *pcode = malloc((size_t)(ng ? ng : 1) * sizeof *pcode);
     *out_p = out;
     *n_out = 0;
-    if (!out || !pcode || (of && nq && !nr)) {
+    if (!out || !pcode || (any && nq && !nr)) {
         free(nr), free(pcode);
         return ekv_err(EKV_ERR_NOMEM, "out of memory for %d key groups", (int)ng);
     }
-    for (int32_t j = 0; nr && j < nq; j++) nr[j] = of[j] != NULL;
+    for (int32_t j = 0; nr && j < nq; j++) nr[j] = (of && of[j]) || (mean_of && mean_of[j] >= 0);
     const int32_t no = ekv_store_kgroups_plan(st_->gn, ng, m->s->G, keep, nr, join, out);
     *n_out = no;
     free(nr);
@@ -154,9 +177,9 @@ static enum ekv_status key_groups(struct ekv_vk_mg *m, int il, int hk, const uin
             for (int32_t r = 0; r < st_->gn[sg] && st == EKV_OK; r++) {
                 const int32_t j = sf + r;
                 if (!keep[j]) continue;
-                uint32_t mc = (uint32_t)j; /* the entry where it is, dequantised */
-                if (of && of[j]) st = add_frow(m, of[j], &mc);
-                if (st == EKV_OK) st = add_member(m, mc);
+                uint32_t mc;
+                st = new_row_code(m, of, mean_of, j, &mc);
+                if (st == EKV_OK) st = add_member(m, mc ? mc : (uint32_t)j); /* else the entry where it is */
             }
         if (st == EKV_OK) st = ekv_vk_mg_add_run(m, first, e, crow, (uint32_t)out[o].n);
         e += (uint32_t)out[o].n;
@@ -191,7 +214,7 @@ static enum ekv_status key_groups(struct ekv_vk_mg *m, int il, int hk, const uin
 }
 
 enum ekv_status ekv_vk_kivi_compact(struct ekv_vk_mg *m, int side, int il, int hk, int32_t len, const uint8_t *keep,
-                                    const float *const *of) {
+                                    const float *const *of, const int32_t *mean_of) {
     struct ekv_kv_store *sto = store_of(m, side, il, hk);
     const int32_t nq = sto->nq;
     const int rs = side == MG_V ? MG_VRES : MG_KRES;
@@ -205,13 +228,18 @@ enum ekv_status ekv_vk_kivi_compact(struct ekv_vk_mg *m, int side, int il, int h
         for (int32_t j = 0; j < nq && st == EKV_OK; j++) {
             if (!keep[j]) continue;
             uint32_t src = (uint32_t)j;
-            if (of && of[j]) st = stage_vrow(m, of[j], &src);
+            if (of && of[j]) {
+                st = stage_vrow(m, of[j], &src);
+            } else if (mean_of && mean_of[j] >= 0) { /* a device mean: quantised by kivi_pack */
+                st = add_pack(m, MG_V, il, hk, 1, &src, NULL);
+                if (st == EKV_OK) st = add_member(m, PK_FROW | m->means[mean_of[j]].row);
+            }
             if (st == EKV_OK && src != e) st = ekv_vk_mg_add_pair(m, first, e, src);
             e++;
         }
         if (st == EKV_OK) st = ekv_vk_mg_add_plan(m, il, hk, MG_V, first);
     } else {
-        st = key_groups(m, il, hk, keep, of, true, &out, &n_out);
+        st = key_groups(m, il, hk, keep, of, mean_of, true, &out, &n_out);
     }
     /* the residual: kept entries from slot j - nq to slot (new index) - nq1 */
     const size_t first = m->n_pairs;
@@ -219,7 +247,12 @@ enum ekv_status ekv_vk_kivi_compact(struct ekv_vk_mg *m, int side, int il, int h
     for (int32_t j = nq; j < len && st == EKV_OK; j++) {
         if (!keep[j]) continue;
         uint32_t src = (uint32_t)(j - nq);
-        if (of && of[j]) st = stage_f16(m, rs, of[j], &src);
+        if (of && of[j]) {
+            st = stage_f16(m, rs, of[j], &src);
+        } else if (mean_of && mean_of[j] >= 0) { /* a device mean: kv_merge writes it there in fp16 */
+            st = ekv_vk_mg_stage_blank(m, rs, &src);
+            m->means[mean_of[j]].r16 = src & ~MG_HI;
+        }
         if (st == EKV_OK && src != e) st = ekv_vk_mg_add_pair(m, first, e, src);
         e++;
     }
@@ -255,7 +288,7 @@ enum ekv_status ekv_vk_kivi_write(struct ekv_vk_mg *m, int side, int il, int hk,
             memset(keep, 1, (size_t)nq);
             for (int32_t t = 0; t < n; t++)
                 if (idx[t] < nq) of[idx[t]] = x + (size_t)t * D;
-            st = key_groups(m, il, hk, keep, of, false, &out, &n_out);
+            st = key_groups(m, il, hk, keep, of, NULL, false, &out, &n_out);
         }
         free(keep), free(of), free(out);
     }

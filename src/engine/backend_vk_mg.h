@@ -47,6 +47,10 @@ struct mg_pack {
 struct mg_mean {
     int32_t il, hk, side;
     uint32_t row, first, n;
+    /* a compressed KIVI side: row is a row of frows; r16 a stage row of the
+     * side's residual that also gets the mean in fp16 (MG_NONE: none); nq:
+     * the head's quantised entries as the members are read */
+    uint32_t r16, nq;
 };
 
 struct ekv_vk_mg {
@@ -217,7 +221,11 @@ enum ekv_status ekv_vk_mg_stage_blank(struct ekv_vk_mg *m, int side, uint32_t *c
  * to one side of head (il, hk), as plans and KIVI units, the host cache's
  * store counts following; a side read back as floats [len][D]. */
 enum ekv_status ekv_vk_kivi_compact(struct ekv_vk_mg *m, int side, int il, int hk, int32_t len, const uint8_t *keep,
-                                    const float *const *of);
+                                    const float *const *of, const int32_t *mean_of);
+/* A float row for a mean kv_merge.comp computes (m->means[mean_of[j]]
+ * for survivor j in ekv_vk_kivi_compact, which puts it in place); *row:
+ * MG_HI | its row of frows. */
+enum ekv_status ekv_vk_kivi_mean_row(struct ekv_vk_mg *m, uint32_t *row);
 enum ekv_status ekv_vk_kivi_write(struct ekv_vk_mg *m, int side, int il, int hk, int32_t len, const int32_t *idx,
                                   int32_t n, const float *x);
 enum ekv_status ekv_vk_kivi_flush(void *user, int il, int hk, int32_t len);

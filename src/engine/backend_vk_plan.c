@@ -76,7 +76,10 @@ enum ekv_status ekv_vk_mg_buf_fit(struct ekv_vk *vk, struct ekv_vk_buf *b, size_
 /* Words one sequence's merges take in the plan buffer (their table and
  * members), and with its KIVI units (their table, members and float rows;
  * its segments and runs: flush_compact), and in the stage. */
-static size_t merge_words(const struct ekv_vk_mg *m) { return 4 * m->n_means + 3 * m->n_members + m->n_rot * m->rot_w; }
+static size_t merge_words(const struct ekv_vk_mg *m) {
+    /* + the heads' nq of a compressed KIVI side, per layer and side */
+    return 5 * m->n_means + 3 * m->n_members + m->n_rot * m->rot_w + 2 * (size_t)m->s->n_layer * m->s->H;
+}
 static void flush_words(const struct ekv_vk_mg *m, size_t *plan_w, size_t *stage_w) {
     *plan_w = merge_words(m) + 5 * m->n_packs + m->n_pmembers + m->n_frows * m->s->D;
     *stage_w = 0;
@@ -102,7 +105,9 @@ static size_t flush_segs(const struct ekv_vk_mg *m) { return m->n_plans ? MG_SID
 static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
     struct ekv_vk_ctx *g = m->g;
     const struct ekv_vk_seq *s = m->s;
-    const size_t mtab0 = plan0, mem0 = mtab0 + 4 * m->n_means, rot0 = mem0 + 3 * m->n_members;
+    const size_t mtab0 = plan0, mem0 = mtab0 + 5 * m->n_means, rot0 = mem0 + 3 * m->n_members;
+    const size_t hq0 = rot0 + m->n_rot * m->rot_w; /* [n_layer][2][H] */
+    const size_t fr0 = plan0 + merge_words(m) + 5 * m->n_packs + m->n_pmembers; /* flush_packs' float rows */
     size_t st_off[MG_SIDES];
     stage_offsets(m, stage0, st_off);
     uint32_t *w = g->plan.host;
@@ -118,18 +123,23 @@ static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
             for (size_t i = 0; i < m->n_means; i++) {
                 const struct mg_mean *q = &m->means[i];
                 if (q->il != il || q->side != side) continue;
-                uint32_t *e = w + mtab0 + 4 * t;
-                e[0] = (uint32_t)q->hk, e[1] = q->row, e[2] = q->first, e[3] = q->n;
+                uint32_t *e = w + mtab0 + 5 * t;
+                e[0] = (uint32_t)q->hk, e[1] = q->row, e[2] = q->first, e[3] = q->n, e[4] = q->r16;
+                w[hq0 + ((size_t)il * 2 + (size_t)side) * s->H + (size_t)q->hk] = q->nq; /* (a head's means share it) */
                 t++;
             }
             if (t == t0) continue;
             const struct ekv_vk_side *sd = mg_side_of(m, side);
+            const int rs = side ? MG_VRES : MG_KRES; /* a KIVI side's fp16 means go to its residual's stage */
             struct ekv_vk_pc_kv_merge pc = {
-                .base = sd->buf[il].addr, .stage = g->stage.addr + st_off[side] * 4,
-                .table = g->plan.addr + (mtab0 + 4 * t0) * 4, .members = g->plan.addr + mem0 * 4,
-                .rots = g->plan.addr + rot0 * 4, .H = s->H, .C = (uint32_t)s->cap, .D = s->D, .rw = m->rw[side],
-                .srw = m->srw[side], .rd = m->rot_w, .neox = m->seq->kv->rope.neox ? 1u : 0u};
-            ekv_vk_dispatch(g->vk, ekv_vk_kv_merge_pipe(sd->type), &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
+                .base = sd->buf[il].addr, .stage = g->stage.addr + st_off[sd->managed ? rs : side] * 4,
+                .table = g->plan.addr + (mtab0 + 5 * t0) * 4, .members = g->plan.addr + mem0 * 4,
+                .rots = g->plan.addr + rot0 * 4,
+                .hq = sd->managed ? g->plan.addr + (hq0 + ((size_t)il * 2 + (size_t)side) * s->H) * 4 : 0,
+                .frows = g->plan.addr + fr0 * 4, .H = s->H, .C = (uint32_t)s->cap, .D = s->D, .rw = m->rw[side],
+                .srw = m->srw[sd->managed ? rs : side], .rd = m->rot_w, .neox = m->seq->kv->rope.neox ? 1u : 0u,
+                .G = sd->managed ? s->G : 1, .TC = sd->tc, .NGC = sd->ngc};
+            ekv_vk_dispatch(g->vk, ekv_vk_kv_merge_pipe(sd->type, side == 1), &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
         }
 }
 
@@ -481,7 +491,7 @@ static enum ekv_status dev_compact(void *user, int il, int hk, int32_t len, cons
     for (int side = 0; side < 2 && st == EKV_OK; side++) {
         const float *const *of = side ? v_of : k_of;
         if (mg_side_of(m, side)->managed) {
-            st = ekv_vk_kivi_compact(m, side, il, hk, len, keep, of);
+            st = ekv_vk_kivi_compact(m, side, il, hk, len, keep, of, NULL);
             continue;
         }
         const size_t first = m->n_pairs;
@@ -598,25 +608,43 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
         const int32_t t = into[j];
         if (t >= 0 && t != j) list[start[t] + 1 + cnt[t]++] = j;
     }
+    int32_t *mean_of = NULL; /* a compressed KIVI side: [len] the device mean of a survivor, or -1 */
+    uint8_t *keep = NULL;
+    if (st == EKV_OK && (m->s->k.managed || m->s->v.managed)) {
+        mean_of = malloc((size_t)(len ? len : 1) * sizeof *mean_of);
+        keep = malloc((size_t)(len ? len : 1));
+        if (!mean_of || !keep) st = ekv_err(EKV_ERR_NOMEM, "out of memory for a merge of %d entries", (int)len);
+        for (int32_t j = 0; keep && j < len; j++) keep[j] = into[j] == j;
+    }
     for (int side = 0; side < 2 && st == EKV_OK; side++) {
         const float *const *of = side ? v_of : k_of;
         const bool keep_rows = side == 0 && (flags & EKV_KV_DEV_K_KEEP); /* key=anchor */
         const bool rotate = side == 0 && (flags & EKV_KV_DEV_K_ROTATE);
+        const bool kivi = mg_side_of(m, side)->managed;
         const size_t first = m->n_pairs;
         uint32_t e = 0;
+        for (int32_t j = 0; kivi && j < len; j++) mean_of[j] = -1;
         for (int32_t j = 0; j < len && st == EKV_OK; j++) {
             if (into[j] != j) continue;
             uint32_t src = (uint32_t)j;
             if (of && of[j]) {
-                st = stage_row(m, side, of[j], &src);
+                if (!kivi) st = stage_row(m, side, of[j], &src);
             } else if (!of && !keep_rows && cnt[j] > 0) { /* a mean of 1 + cnt[j] rows, on the device */
-                st = ekv_vk_mg_stage_blank(m, side, &src);
+                if (kivi) { /* into a float row that the KIVI side's compaction quantises (backend_vk_kivi.c) */
+                    mean_of[j] = (int32_t)m->n_means;
+                    st = ekv_vk_kivi_mean_row(m, &src);
+                } else {
+                    st = ekv_vk_mg_stage_blank(m, side, &src);
+                }
                 const uint32_t nmem = (uint32_t)cnt[j] + 1;
                 if (st == EKV_OK) st = ekv_vk_mg_grow((void **)&m->members, &m->cap_members, m->n_members + nmem, 12);
                 if (st == EKV_OK) st = ekv_vk_mg_grow((void **)&m->means, &m->cap_means, m->n_means + 1, sizeof *m->means);
                 if (st != EKV_OK) break;
                 m->means[m->n_means++] = (struct mg_mean){.il = il, .hk = hk, .side = side, .row = src & ~MG_HI,
-                                                          .first = (uint32_t)m->n_members, .n = nmem};
+                                                          .first = (uint32_t)m->n_members, .n = nmem, .r16 = MG_NONE,
+                                                          .nq = 0};
+                if (kivi) m->means[m->n_means - 1].nq = (uint32_t)(side ? m->seq->kv->layers[il].heads[hk].vs.nq
+                                                                         : m->seq->kv->layers[il].heads[hk].ks.nq);
                 for (uint32_t i = 0; i < nmem && st == EKV_OK; i++) {
                     const int32_t mj = list[start[j] + (int32_t)i];
                     uint32_t rot = MG_NONE;
@@ -627,11 +655,13 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
                     m->n_members++;
                 }
             }
-            if (st == EKV_OK && src != e) st = ekv_vk_mg_add_pair(m, first, e, src);
+            if (!kivi && st == EKV_OK && src != e) st = ekv_vk_mg_add_pair(m, first, e, src);
             e++;
         }
-        if (st == EKV_OK) st = ekv_vk_mg_add_plan(m, il, hk, side, first);
+        if (kivi && st == EKV_OK) st = ekv_vk_kivi_compact(m, side, il, hk, len, keep, of, mean_of);
+        else if (st == EKV_OK) st = ekv_vk_mg_add_plan(m, il, hk, side, first);
     }
+    free(mean_of), free(keep);
     /* the biases: a survivor that members joined has a new weight (h->weight
      * holds the new ones already), the others keep theirs; w may be a rule's
      * member weights, so the changed ones are marked here (NaN differs) */
@@ -729,8 +759,5 @@ static enum ekv_status dev_read(void *user, int il, int hk, int32_t len, const i
 void ekv_vk_mg_dev_init(struct ekv_vk_mg *m) {
     m->dev = (struct ekv_kv_dev){.user = m, .compact = dev_compact, .merge = dev_merge, .read = dev_read,
                                  .write = dev_write};
-    if (m->s->k.managed || m->s->v.managed) { /* KIVI: the means from rows read back (kv_merge.comp writes row types) */
-        m->dev.merge = NULL;
-        m->dev.flush = ekv_vk_kivi_flush;
-    }
+    if (m->s->k.managed || m->s->v.managed) m->dev.flush = ekv_vk_kivi_flush; /* KIVI's residual rule */
 }

@@ -250,8 +250,9 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     for (int side = 0; side < 2 && st == EKV_OK; side++) {
         const struct ekv_vk_side *sd = mg_side_of(m, side);
         const bool two = sd->type == EKV_KV_KIVI2;
-        if (!sd->managed) st = ekv_vk_prepare(g->vk, ekv_vk_kv_merge_pipe(sd->type));
-        else if (side == 0) st = ekv_vk_prepare(g->vk, two ? EKV_VK_KIVI_PACK_KEYS2 : EKV_VK_KIVI_PACK_KEYS4);
+        st = ekv_vk_prepare(g->vk, ekv_vk_kv_merge_pipe(sd->type, side == 1));
+        if (!sd->managed || st != EKV_OK) continue;
+        if (side == 0) st = ekv_vk_prepare(g->vk, two ? EKV_VK_KIVI_PACK_KEYS2 : EKV_VK_KIVI_PACK_KEYS4);
         else st = ekv_vk_prepare(g->vk, two ? EKV_VK_KIVI_PACK_VALUES2 : EKV_VK_KIVI_PACK_VALUES4);
     }
     if (st != EKV_OK) return st;

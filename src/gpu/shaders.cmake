@@ -120,7 +120,11 @@ list(APPEND EKV_VK_PIPES
   "kivi_pack_keys2|kivi_pack.comp|KEYS,BITS=2"
   "kivi_pack_keys4|kivi_pack.comp|KEYS,BITS=4"
   "kivi_pack_values2|kivi_pack.comp|VALUES,BITS=2"
-  "kivi_pack_values4|kivi_pack.comp|VALUES,BITS=4")
+  "kivi_pack_values4|kivi_pack.comp|VALUES,BITS=4"
+  "kv_merge_kivi2_k|kv_merge.comp|ST=KV_KIVI2"
+  "kv_merge_kivi4_k|kv_merge.comp|ST=KV_KIVI4"
+  "kv_merge_kivi2_v|kv_merge.comp|ST=KV_KIVI2,IS_V=true"
+  "kv_merge_kivi4_v|kv_merge.comp|ST=KV_KIVI4,IS_V=true")
 
 # Extra defines for every shader, for measuring a variant side by side
 # (e.g. -DEKV_VK_SHADER_DEFS=NAME in a second build directory, with an

@@ -63,6 +63,11 @@ enum ekv_vk_pipe {
     EKV_VK_KIVI_PACK_KEYS4,
     EKV_VK_KIVI_PACK_VALUES2,
     EKV_VK_KIVI_PACK_VALUES4,
+    /* kv_merge.comp on a compressed KIVI side: keys (2, 4 bits), values (2, 4 bits) */
+    EKV_VK_KV_MERGE_KIVI_K2,
+    EKV_VK_KV_MERGE_KIVI_K4,
+    EKV_VK_KV_MERGE_KIVI_V2,
+    EKV_VK_KV_MERGE_KIVI_V4,
     EKV_VK_PIPE_COUNT
 };
 
@@ -110,8 +115,10 @@ static inline enum ekv_vk_pipe ekv_vk_attn_stats_pipe(enum ekv_kv_type k) {
     return (enum ekv_vk_pipe)(EKV_VK_ATTN_STATS_FIRST + ekv_vk_kv_index(k));
 }
 
-/* kv_merge.comp for a row type. */
-static inline enum ekv_vk_pipe ekv_vk_kv_merge_pipe(enum ekv_kv_type t) {
+/* kv_merge.comp for a row type, or a compressed KIVI side (is_v: values). */
+static inline enum ekv_vk_pipe ekv_vk_kv_merge_pipe(enum ekv_kv_type t, bool is_v) {
+    if (t == EKV_KV_KIVI2 || t == EKV_KV_KIVI4)
+        return (enum ekv_vk_pipe)(EKV_VK_KV_MERGE_KIVI_K2 + (is_v ? 2 : 0) + (t == EKV_KV_KIVI4 ? 1 : 0));
     return (enum ekv_vk_pipe)(EKV_VK_KV_MERGE_FIRST + ekv_vk_kv_index(t));
 }
 

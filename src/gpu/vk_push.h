@@ -42,7 +42,10 @@ struct ekv_vk_pc_attn_stats {
     float scale, sparsity_p;
     uint32_t window, pos0;
 };
-struct ekv_vk_pc_kv_merge { uint64_t base, stage, table, members, rots; uint32_t H, C, D, rw, srw, rd, neox; };
+struct ekv_vk_pc_kv_merge {
+    uint64_t base, stage, table, members, rots, hq, frows;
+    uint32_t H, C, D, rw, srw, rd, neox, G, TC, NGC;
+};
 struct ekv_vk_pc_kivi_pack {
     uint64_t base, stage, pstage, units, members, frows;
     uint32_t H, C, D, G, TC, NGC, srw, psrw;

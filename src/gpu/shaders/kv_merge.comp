@@ -12,18 +12,27 @@
 // the first rd channels (NeoX halves or adjacent pairs, as the model's
 // RoPE) by the {cos, sin} of rots[row][2 i], the CPU's
 // ekv_rope_shift_ext / _multi angles (ekv_rope_shift_cs on the host).
+// A compressed KIVI side (-DST=KV_KIVI2|4, -DIS_V for values; hq != 0:
+// each head's quantised entries, kvq.glsl's compressed layout) reads its
+// members where they are and writes the mean as floats to row `row` of
+// frows (which kivi_pack.comp then quantises into the survivor's key group
+// or value row) and, when the table's fifth word is not ~0, as fp16 into
+// that stage row of the side's residual (a survivor in the residual).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "kvq.glsl"
-#if ST == KV_F32 || ST == KV_F16
+#if ST == KV_F32 || ST == KV_F16 || ST == KV_KIVI2 || ST == KV_KIVI4
 #define KVQ_NO_F64
+#endif
+#ifndef IS_V
+#define IS_V false
 #endif
 #include "kvq_quant.glsl"
 layout(local_size_x = 64) in;
 layout(push_constant) uniform P {
-    U32 base; U32 stage; U32 table; U32 members; F32 rots;
-    uint H; uint C; uint D; uint rw; uint srw; uint rd; uint neox;
+    U32 base; U32 stage; U32 table; U32 members; F32 rots; U32 hq; F32 frows;
+    uint H; uint C; uint D; uint rw; uint srw; uint rd; uint neox; uint G; uint TC; uint NGC;
 } pc;
 
 // channel c of entry j's key turned by rotation row r (c < rd)
@@ -38,7 +47,7 @@ float turned(const KvSide s, uint hk, uint j, uint c, uint r) {
         i0 = 2u * i, i1 = 2u * i + 1u;
     }
     const float cs = pc.rots.d[r * pc.rd + 2u * i], sn = pc.rots.d[r * pc.rd + 2u * i + 1u];
-    const float a = kv_elem(ST, false, s, hk, j, i0), b = kv_elem(ST, false, s, hk, j, i1);
+    const float a = kv_elem(ST, IS_V, s, hk, j, i0), b = kv_elem(ST, IS_V, s, hk, j, i1);
     precise float x;
     if (c == i0) x = a * cs - b * sn;
     else x = a * sn + b * cs;
@@ -48,23 +57,29 @@ shared float sx[256];
 
 void main() {
     const uint t = gl_WorkGroupID.x, tid = gl_LocalInvocationID.x, D = pc.D;
-    const uint hk = pc.table.d[4u * t], row = pc.table.d[4u * t + 1u];
-    const uint first = pc.table.d[4u * t + 2u], n = pc.table.d[4u * t + 3u];
-    KvSide s = KvSide(pc.base, F16(pc.base), pc.H, pc.C, D, 1u, 0u, 0u, 0u, 0u, U32(0ul), 0u);
+    const uint hk = pc.table.d[5u * t], row = pc.table.d[5u * t + 1u];
+    const uint first = pc.table.d[5u * t + 2u], n = pc.table.d[5u * t + 3u];
+    KvSide s = KvSide(pc.base, F16(pc.base), pc.H, pc.C, D, pc.G, pc.TC, 0u, 0xffffffffu, 0u, pc.hq, pc.NGC);
     for (uint c = tid; c < D; c += 64u) {
         float acc = 0.0, ws = 0.0;
         for (uint i = 0u; i < n; i++) {
             const uint j = pc.members.d[3u * (first + i)];
             const float w = uintBitsToFloat(pc.members.d[3u * (first + i) + 1u]);
             const uint r = pc.members.d[3u * (first + i) + 2u];
-            acc += w * (r != 0xffffffffu && c < pc.rd ? turned(s, hk, j, c, r) : kv_elem(ST, false, s, hk, j, c));
+            acc += w * (r != 0xffffffffu && c < pc.rd ? turned(s, hk, j, c, r) : kv_elem(ST, IS_V, s, hk, j, c));
             ws += w;
         }
         sx[c] = acc / ws;
     }
     barrier();
     const uint o = row * pc.srw;
-    if (ST == KV_F32) {
+    if (ST == KV_KIVI2 || ST == KV_KIVI4) {
+        for (uint c = tid; c < D; c += 64u) pc.frows.d[row * D + c] = sx[c];
+        const uint r16 = pc.table.d[5u * t + 4u];
+        if (r16 != 0xffffffffu)
+            for (uint c = 2u * tid; c < D; c += 128u)
+                pc.stage.d[r16 * pc.srw + c / 2u] = f16_bits(sx[c]) | (f16_bits(sx[c + 1u]) << 16);
+    } else if (ST == KV_F32) {
         for (uint c = tid; c < D; c += 64u) pc.stage.d[o + c] = floatBitsToUint(sx[c]);
     } else if (ST == KV_F16) {
         for (uint c = 2u * tid; c < D; c += 128u) pc.stage.d[o + c / 2u] = f16_bits(sx[c]) | (f16_bits(sx[c + 1u]) << 16);
