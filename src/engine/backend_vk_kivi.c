@@ -156,7 +156,9 @@ static enum ekv_status key_groups(struct ekv_vk_mg *m, int il, int hk, const uin
     const int32_t no = ekv_store_kgroups_plan(st_->gn, ng, m->s->G, keep, nr, join, out);
     *n_out = no;
     free(nr);
-    enum ekv_status st = EKV_OK;
+    /* (two neighbouring groups hold more than G entries: never more groups than the layout's) */
+    enum ekv_status st = no > (int32_t)m->s->k.ngc ? ekv_err(EKV_ERR_INTERNAL, "%d key groups for %u", (int)no, m->s->k.ngc)
+                                                   : EKV_OK;
     /* codes: a kept group's kept rows move down; a re-quantised group's come from its unit */
     size_t first = m->n_pairs;
     uint32_t e = 0;
@@ -326,6 +328,8 @@ static enum ekv_status flush_side(struct ekv_vk_mg *m, int side, int il, int hk,
         if (st == EKV_OK) st = ekv_vk_mg_add_plan(m, il, hk, MG_V, first);
     } else {
         const int32_t ngrp = cnt / (int32_t)G, ng = sto->ng;
+        if (ng + ngrp > (int32_t)m->s->k.ngc)
+            return ekv_err(EKV_ERR_INTERNAL, "%d key groups for %u", (int)(ng + ngrp), m->s->k.ngc);
         uint32_t *pcode = malloc((size_t)(ngrp ? ngrp : 1) * sizeof *pcode);
         if (!pcode) return ekv_err(EKV_ERR_NOMEM, "out of memory for %d key groups", (int)ngrp);
         for (int32_t t = 0; t < ngrp && st == EKV_OK; t++) {
