@@ -900,6 +900,29 @@ static void test_kivi(void) {
         ekv_vk_mg_set_chunk(64);
         run_case(mb, cg, cc, g_toks_b, "tova", 0.2, EKV_KV_KIVI2);
         ekv_vk_mg_set_chunk(0);
+        /* a forward's plans in one submission: after h2o's prompt every
+         * layer compacts, then quantises its residual (a second plan of the
+         * same heads: the next phase of the one submission, not a submission
+         * of its own: measured 2 for the prompt, 4 = 2 + n_layer before), and
+         * a decode step costs the forward and one submission of plans, now
+         * and then a move to other buffers */
+        struct ekv_kv_params kp = kv_params("h2o", 0.3, EKV_KV_KIVI4);
+        struct ekv_seq *sq = NULL;
+        float *lg = malloc(sizeof(float) * (size_t)mb->info.n_vocab);
+        CHECK_OK(ekv_seq_new(cg, &kp, &sq));
+        if (sq && lg) {
+            const uint64_t np0 = ekv_vk_submits(cg->gpu->vk);
+            CHECK_OK(ekv_seq_prefill(sq, g_toks_b, N_PROMPT, lg));
+            const uint64_t n0 = ekv_vk_submits(cg->gpu->vk), sp = n0 - np0;
+            for (int i = 0; i < 20; i++) CHECK_OK(ekv_seq_decode(sq, g_toks_b[N_PROMPT + i], lg));
+            const uint64_t subs = ekv_vk_submits(cg->gpu->vk) - n0;
+            printf("h2o kivi4, %d layers: %llu submissions for the prompt, %llu in 20 decode steps\n",
+                   (int)mb->info.n_layer, (unsigned long long)sp, (unsigned long long)subs);
+            CHECK_MSG(sp <= 3, "%llu submissions for a prompt", (unsigned long long)sp);
+            CHECK_MSG(subs <= 2 * 20 + 4, "%llu submissions in 20 decode steps", (unsigned long long)subs);
+        }
+        free(lg);
+        ekv_seq_free(sq);
     }
     gt_check_validation(cg);
     ekv_context_free(cg), ekv_context_free(cc);

@@ -125,7 +125,8 @@ static enum ekv_status add_pack(struct ekv_vk_mg *m, int side, int il, int hk, u
     for (uint32_t i = 0; i < n && st == EKV_OK; i++) st = ekv_vk_mg_stage_blank(m, side, i ? &more : &c); /* rows in a row */
     if (st == EKV_OK && side == MG_K) st = ekv_vk_mg_stage_blank(m, MG_KPAR, &p);
     if (st != EKV_OK) return st;
-    m->packs[m->n_packs++] = (struct mg_pack){.il = il, .hk = hk, .side = side, .n = n, .first = (uint32_t)m->n_pmembers,
+    m->packs[m->n_packs++] = (struct mg_pack){.il = il, .hk = hk, .side = side, .phase = m->phase, .n = n,
+                                              .first = (uint32_t)m->n_pmembers,
                                               .crow = c & ~MG_HI, .prow = p & ~MG_HI};
     *crow = c;
     if (prow) *prow = p;

@@ -22,9 +22,11 @@ enum { SL_COLSUM, SL_SUMSQ, SL_LAST, SL_WIN, SL_BIN, SL_COUNT };
 /* attn_stats.comp's output: increments to st, summed into acc, or acc + increments to st */
 enum { MG_ACC_NONE, MG_ACC_ADD, MG_ACC_FINAL };
 
-/* One head's plan for one side: n runs from `first` on. */
+/* One head's plan for one side: n runs from `first` on, in a phase of the
+ * submission (a head touched again opens the sequence's next phase, which
+ * runs after it: ekv_vk_mg_head_touch). */
 struct mg_plan {
-    int32_t il, hk, side;
+    int32_t il, hk, side, phase;
     uint32_t first, n;
 };
 
@@ -38,14 +40,14 @@ enum { MG_K, MG_V, MG_BIAS, MG_POS, MG_KRES, MG_VRES, MG_KPAR, MG_KGIX, MG_SIDES
  * (MG_K or MG_V): n members from `first`, codes into stage rows crow.. of
  * the side, a key group's parameters into MG_KPAR's stage row prow. */
 struct mg_pack {
-    int32_t il, hk, side;
+    int32_t il, hk, side, phase;
     uint32_t n, first, crow, prow;
 };
 
 /* A merged entry's mean, computed on the device (kv_merge.comp) into stage
  * row `row` of its side from n (entry, weight) members from `first` on. */
 struct mg_mean {
-    int32_t il, hk, side;
+    int32_t il, hk, side, phase;
     uint32_t row, first, n;
     /* a compressed KIVI side: row is a row of frows; r16 a stage row of the
      * side's residual that also gets the mean in fp16 (MG_NONE: none); nq:
@@ -141,7 +143,8 @@ struct ekv_vk_mg {
     size_t n_pmembers, cap_pmembers;
     float *frows;              /* [n_frows][D] */
     size_t n_frows, cap_frows;
-    uint8_t *pending;          /* [n_layer][H] a plan of the head waits */
+    int32_t *pending;          /* [n_layer][H] 1 + the last phase with a plan of the head (0: none) */
+    int32_t phase;             /* the phase new plans go to */
     /* a head read back: rows [0, rc_len) of (rc_il, rc_hk) as floats */
     int32_t rc_il, rc_hk, rc_len;
     float *rc_k, *rc_v;

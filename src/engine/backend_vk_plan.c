@@ -77,8 +77,9 @@ enum ekv_status ekv_vk_mg_buf_fit(struct ekv_vk *vk, struct ekv_vk_buf *b, size_
  * members), and with its KIVI units (their table, members and float rows;
  * its segments and runs: flush_compact), and in the stage. */
 static size_t merge_words(const struct ekv_vk_mg *m) {
-    /* + the heads' nq of a compressed KIVI side, per layer and side */
-    return 5 * m->n_means + 3 * m->n_members + m->n_rot * m->rot_w + 2 * (size_t)m->s->n_layer * m->s->H;
+    /* + the heads' nq of a compressed KIVI side, per phase, layer and side */
+    return 5 * m->n_means + 3 * m->n_members + m->n_rot * m->rot_w +
+           (size_t)(m->phase + 1) * 2 * (size_t)m->s->n_layer * m->s->H;
 }
 static void flush_words(const struct ekv_vk_mg *m, size_t *plan_w, size_t *stage_w) {
     *plan_w = merge_words(m) + 5 * m->n_packs + m->n_pmembers + m->n_frows * m->s->D;
@@ -97,32 +98,33 @@ static void stage_offsets(const struct ekv_vk_mg *m, size_t stage0, size_t off[M
 /* Segments (layer, side) of a sequence's compaction: at most MG_SIDES per layer. */
 static size_t flush_segs(const struct ekv_vk_mg *m) { return m->n_plans ? MG_SIDES * (size_t)m->s->n_layer : 0; }
 
-/* Records one sequence's merged entries' means into the open recording
- * (their table and members at plan0 of the plan buffer, the staged rows at
- * stage0 of the stage): one dispatch per (layer, side) with means, a
- * workgroup per merged entry; they read the rows where they were, before
- * any compaction. */
-static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
+/* Records the means of one phase of one sequence's merged entries into the
+ * open recording (their table and members at plan0 of the plan buffer, the
+ * staged rows at stage0 of the stage; phase 0 copies them there, *t counts
+ * the table's rows over the phases): one dispatch per (layer, side) with
+ * means, a workgroup per merged entry; they read the rows where they were,
+ * before the phase's compaction. */
+static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0, int32_t phase, size_t *tp) {
     struct ekv_vk_ctx *g = m->g;
     const struct ekv_vk_seq *s = m->s;
     const size_t mtab0 = plan0, mem0 = mtab0 + 5 * m->n_means, rot0 = mem0 + 3 * m->n_members;
-    const size_t hq0 = rot0 + m->n_rot * m->rot_w; /* [n_layer][2][H] */
+    const size_t hq0 = rot0 + m->n_rot * m->rot_w + (size_t)phase * 2 * s->n_layer * s->H; /* [n_layer][2][H] */
     const size_t fr0 = plan0 + merge_words(m) + 5 * m->n_packs + m->n_pmembers; /* flush_packs' float rows */
     size_t st_off[MG_SIDES];
     stage_offsets(m, stage0, st_off);
     uint32_t *w = g->plan.host;
     uint32_t *sw = g->stage.host;
-    for (int side = 0; side < MG_SIDES; side++)
+    for (int side = 0; side < MG_SIDES && phase == 0; side++)
         if (m->n_stage[side]) memcpy(sw + st_off[side], m->stage[side], m->n_stage[side] * 4);
-    if (m->n_members) memcpy(w + mem0, m->members, 3 * m->n_members * 4);
-    if (m->n_rot) memcpy(w + rot0, m->rots, m->n_rot * m->rot_w * 4);
-    size_t t = 0;
+    if (m->n_members && phase == 0) memcpy(w + mem0, m->members, 3 * m->n_members * 4);
+    if (m->n_rot && phase == 0) memcpy(w + rot0, m->rots, m->n_rot * m->rot_w * 4);
+    size_t t = *tp;
     for (int32_t il = 0; il < s->n_layer && m->n_means; il++)
         for (int side = 0; side < 2; side++) {
             const size_t t0 = t;
             for (size_t i = 0; i < m->n_means; i++) {
                 const struct mg_mean *q = &m->means[i];
-                if (q->il != il || q->side != side) continue;
+                if (q->il != il || q->side != side || q->phase != phase) continue;
                 uint32_t *e = w + mtab0 + 5 * t;
                 e[0] = (uint32_t)q->hk, e[1] = q->row, e[2] = q->first, e[3] = q->n, e[4] = q->r16;
                 w[hq0 + ((size_t)il * 2 + (size_t)side) * s->H + (size_t)q->hk] = q->nq; /* (a head's means share it) */
@@ -141,6 +143,7 @@ static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
                 .G = sd->managed ? s->G : 1, .TC = sd->tc, .NGC = sd->ngc};
             ekv_vk_dispatch(g->vk, ekv_vk_kv_merge_pipe(sd->type, side == 1), &pc, sizeof pc, (uint32_t)(t - t0), 1, 1);
         }
+    *tp = t;
 }
 
 /* Records one sequence's KIVI quantisation (kivi_pack.comp) into the open
@@ -148,7 +151,7 @@ static void flush_merges(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
  * buffer, one dispatch per (layer, side) with units (at most 65535
  * workgroups each), before any compaction (members are read where they
  * are), their codes and parameters into the stage (stage0). */
-static void flush_packs(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
+static void flush_packs(struct ekv_vk_mg *m, size_t plan0, size_t stage0, int32_t phase, size_t *tp) {
     if (!m->n_packs) return;
     struct ekv_vk_ctx *g = m->g;
     const struct ekv_vk_seq *s = m->s;
@@ -156,15 +159,15 @@ static void flush_packs(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
     size_t st_off[MG_SIDES];
     stage_offsets(m, stage0, st_off);
     uint32_t *w = g->plan.host;
-    memcpy(w + mem0, m->pmembers, m->n_pmembers * 4);
-    if (m->n_frows) memcpy(w + fr0, m->frows, m->n_frows * s->D * 4);
-    size_t t = 0;
+    if (phase == 0) memcpy(w + mem0, m->pmembers, m->n_pmembers * 4);
+    if (m->n_frows && phase == 0) memcpy(w + fr0, m->frows, m->n_frows * s->D * 4);
+    size_t t = *tp;
     for (int32_t il = 0; il < s->n_layer; il++)
         for (int side = MG_K; side <= MG_V; side++) {
             const size_t t0 = t;
             for (size_t i = 0; i < m->n_packs; i++) {
                 const struct mg_pack *q = &m->packs[i];
-                if (q->il != il || q->side != side) continue;
+                if (q->il != il || q->side != side || q->phase != phase) continue;
                 uint32_t *e = w + utab0 + 5 * t++;
                 e[0] = (uint32_t)q->hk, e[1] = q->n, e[2] = q->first, e[3] = q->crow, e[4] = q->prow;
             }
@@ -182,6 +185,7 @@ static void flush_packs(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
                 ekv_vk_dispatch(g->vk, p, &pc, sizeof pc, (uint32_t)EKV_MIN((size_t)65535, t - u), 1, 1);
             }
         }
+    *tp = t;
 }
 
 /* The compaction of every sequence's plans (kv_compact.comp): per
@@ -189,8 +193,9 @@ static void flush_packs(struct ekv_vk_mg *m, size_t plan0, size_t stage0) {
  * {destination, source, rows, segment} with absolute rows, the runs'
  * prefix sums of words, two dispatches per chunk of segments whose words
  * fit the scratch (scr_w words; a segment is never split: its rows are all
- * read before any is written). The plan buffer from word at on holds them;
- * stage0[i]: where sequence i's staged rows are. */
+ * read before any is written), for the plans of one phase. The plan
+ * buffer from word at on holds them (comp_words); stage0[i]: where sequence
+ * i's staged rows are. */
 struct flush_chunk { size_t runs0, pre0, n_runs, words; };
 
 /* The two dispatches of one chunk: its runs and prefix sums in the plan buffer. */
@@ -202,7 +207,7 @@ static void compact_chunk(struct ekv_vk_ctx *g, const struct flush_chunk *c, siz
 }
 
 static void flush_compact(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int32_t n, const size_t *stage0, size_t at,
-                          size_t scr_w) {
+                          size_t scr_w, int32_t phase) {
     uint32_t *w = g->plan.host;
     size_t n_seg = 0;
     for (int32_t i = 0; i < n; i++) n_seg += flush_segs(ms[i]);
@@ -224,7 +229,7 @@ static void flush_compact(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int
                 size_t words = 0, nr = 0;
                 for (int32_t k = 0; k < m->n_plans; k++) {
                     const struct mg_plan *p = &m->plans[k];
-                    if (p->il != il || p->side != side) continue;
+                    if (p->il != il || p->side != side || p->phase != phase) continue;
                     for (uint32_t q = 0; q < p->n; q++) words += (size_t)m->pairs[3 * (p->first + q) + 2] * ew, nr++;
                 }
                 if (nr == 0) continue;
@@ -242,7 +247,7 @@ static void flush_compact(struct ekv_vk_ctx *g, struct ekv_vk_mg *const *ms, int
                 const uint32_t hstride = mg_side_hstride(m, side);
                 for (int32_t k = 0; k < m->n_plans; k++) {
                     const struct mg_plan *p = &m->plans[k];
-                    if (p->il != il || p->side != side) continue;
+                    if (p->il != il || p->side != side || p->phase != phase) continue;
                     const uint32_t hrow0 = (uint32_t)p->hk * hstride;
                     for (uint32_t q = 0; q < p->n; q++) {
                         const uint32_t *x = m->pairs + 3 * (p->first + q);
@@ -290,7 +295,8 @@ static void flush_reset(struct ekv_vk_mg *m) {
     if (m->rot_hash) memset(m->rot_hash, 0, m->rot_hcap * sizeof *m->rot_hash);
     for (int side = 0; side < MG_SIDES; side++) m->n_stage[side] = 0;
     m->n_packs = m->n_pmembers = m->n_frows = 0;
-    memset(m->pending, 0, (size_t)m->s->n_layer * m->s->H);
+    memset(m->pending, 0, (size_t)m->s->n_layer * m->s->H * sizeof *m->pending);
+    m->phase = 0;
 }
 
 /* The compaction scratch of one submission: every planned word of the
@@ -325,28 +331,34 @@ enum ekv_status ekv_vk_mg_flush_all(struct ekv_vk_ctx *g, struct ekv_vk_mg *cons
         }
         n_seg += flush_segs(ms[i]), n_runs += ms[i]->n_pairs;
     }
-    enum ekv_status st = EKV_OK;
-    if (n_seg == 0) goto out;
-    const size_t comp_w = 8 * n_seg + 4 * n_runs + n_runs + n_seg + 1; /* segments, runs, prefix sums */
+    int32_t n_phase = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (ms[i]->n_plans) n_phase = EKV_MAX(n_phase, ms[i]->phase + 1);
+    size_t *tc = calloc(2 * (size_t)(n ? n : 1), sizeof *tc); /* per sequence: rows of its means' and units' tables so far */
+    enum ekv_status st = tc ? EKV_OK : ekv_err(EKV_ERR_NOMEM, "out of memory");
+    if (n_seg == 0 || st != EKV_OK) goto out;
+    /* segments, runs, prefix sums: a region per phase, each as large as all of them */
+    const size_t comp_w = 8 * n_seg + 4 * n_runs + n_runs + n_seg + 1;
     const size_t scr_w = EKV_MAX(seg_max, EKV_MIN(all_w, ekv_vk_cscr_cap));
-    st = ekv_vk_mg_buf_fit(g->vk, &g->plan, (plan_w + comp_w) * 4, true, "GPU cache plans");
+    st = ekv_vk_mg_buf_fit(g->vk, &g->plan, (plan_w + (size_t)n_phase * comp_w) * 4, true, "GPU cache plans");
     if (st == EKV_OK) st = ekv_vk_mg_buf_fit(g->vk, &g->stage, (stage_w ? stage_w : 1) * 4, true, "GPU cache staged rows");
     if (st == EKV_OK) st = ekv_vk_mg_buf_fit(g->vk, &g->cscr, scr_w * 4, false, "GPU cache compaction scratch");
     if (st == EKV_OK) st = ekv_vk_begin(g->vk);
-    if (st == EKV_OK) {
+    for (int32_t ph = 0; ph < n_phase && st == EKV_OK; ph++) { /* each phase reads what the one before wrote */
         size_t p0 = 0;
         for (int32_t i = 0; i < n; i++) {
             if (ms[i]->n_plans == 0) continue;
             size_t p, sw;
             flush_words(ms[i], &p, &sw);
-            flush_merges(ms[i], p0, st0[i]);
-            flush_packs(ms[i], p0 + merge_words(ms[i]), st0[i]);
+            flush_merges(ms[i], p0, st0[i], ph, &tc[2 * i]);
+            flush_packs(ms[i], p0 + merge_words(ms[i]), st0[i], ph, &tc[2 * i + 1]);
             p0 += p;
         }
-        flush_compact(g, ms, n, st0, plan_w, scr_w);
-        st = ekv_vk_submit(g->vk);
+        flush_compact(g, ms, n, st0, plan_w + (size_t)ph * comp_w, scr_w, ph);
     }
+    if (st == EKV_OK) st = ekv_vk_submit(g->vk);
 out:
+    free(tc);
     for (int32_t i = 0; i < n; i++)
         if (ms[i]->n_plans) flush_reset(ms[i]);
     if (st0 != stage0) free(st0);
@@ -430,17 +442,19 @@ enum ekv_status ekv_vk_mg_add_plan(struct ekv_vk_mg *m, int il, int hk, int side
     if (m->n_pairs == first) return EKV_OK;
     enum ekv_status st = ekv_vk_mg_grow((void **)&m->plans, &m->cap_plans, (size_t)m->n_plans + 1, sizeof *m->plans);
     if (st != EKV_OK) return st;
-    m->plans[m->n_plans++] = (struct mg_plan){.il = il, .hk = hk, .side = side, .first = (uint32_t)first,
-                                              .n = (uint32_t)(m->n_pairs - first)};
-    m->pending[(size_t)il * m->s->H + (size_t)hk] = 1;
+    m->plans[m->n_plans++] = (struct mg_plan){.il = il, .hk = hk, .side = side, .phase = m->phase,
+                                              .first = (uint32_t)first, .n = (uint32_t)(m->n_pairs - first)};
+    m->pending[(size_t)il * m->s->H + (size_t)hk] = m->phase + 1;
     return EKV_OK;
 }
 
 /* A head about to get a plan: an earlier plan of it runs first (plans of
- * one head in one dispatch would race), and its read-back is stale. */
+ * one head in one dispatch would race): one in this phase opens the next
+ * phase of the submission; and its read-back is stale. */
 enum ekv_status ekv_vk_mg_head_touch(struct ekv_vk_mg *m, int il, int hk) {
     if (m->rc_il == il && m->rc_hk == hk) m->rc_il = -1;
-    return m->pending[(size_t)il * m->s->H + (size_t)hk] ? ekv_vk_mg_flush(m) : EKV_OK;
+    if (m->pending[(size_t)il * m->s->H + (size_t)hk] == m->phase + 1) m->phase++;
+    return EKV_OK;
 }
 
 /* The biases of head (il, hk) follow its entries: kept ones move (a
@@ -640,7 +654,8 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
                 if (st == EKV_OK) st = ekv_vk_mg_grow((void **)&m->members, &m->cap_members, m->n_members + nmem, 12);
                 if (st == EKV_OK) st = ekv_vk_mg_grow((void **)&m->means, &m->cap_means, m->n_means + 1, sizeof *m->means);
                 if (st != EKV_OK) break;
-                m->means[m->n_means++] = (struct mg_mean){.il = il, .hk = hk, .side = side, .row = src & ~MG_HI,
+                m->means[m->n_means++] = (struct mg_mean){.il = il, .hk = hk, .side = side, .phase = m->phase,
+                                                          .row = src & ~MG_HI,
                                                           .first = (uint32_t)m->n_members, .n = nmem, .r16 = MG_NONE,
                                                           .nq = 0};
                 if (kivi) m->means[m->n_means - 1].nq = (uint32_t)(side ? m->seq->kv->layers[il].heads[hk].vs.nq

@@ -237,7 +237,7 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     m->meta_words = 3 * s->H + 10; /* meta_write */
     m->L0 = calloc(LH, sizeof *m->L0);
     m->maxlen = calloc((size_t)s->n_layer, sizeof *m->maxlen);
-    m->pending = calloc(LH, 1);
+    m->pending = calloc(LH, sizeof *m->pending);
     s->mg = m;
     if (!m->L0 || !m->maxlen || !m->pending) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     enum ekv_status st = ekv_vk_buf_new(g->vk, (size_t)s->n_layer * m->meta_words * 4, true, "GPU cache lengths", &m->meta);

@@ -143,6 +143,8 @@ const char *ekv_vk_validation_first(const struct ekv_vk *vk);
 /* Device-local bytes allocated now and at most. */
 uint64_t ekv_vk_bytes(const struct ekv_vk *vk);
 uint64_t ekv_vk_peak_bytes(const struct ekv_vk *vk);
+/* Submissions so far (tests: what a forward costs in round trips). */
+uint64_t ekv_vk_submits(const struct ekv_vk *vk);
 /* The device's subgroup size (informative: shaders do not assume it). */
 uint32_t ekv_vk_subgroup_size(const struct ekv_vk *vk);
 /* matvec.comp's lanes per invocation: 32 / subgroup size for subgroups of

@@ -290,6 +290,7 @@ const char *ekv_vk_validation_first(const struct ekv_vk *vk) { return vk ? vk->v
 uint64_t ekv_vk_bytes(const struct ekv_vk *vk) { return vk ? vk->bytes : 0; }
 uint64_t ekv_vk_peak_bytes(const struct ekv_vk *vk) { return vk ? vk->peak_bytes : 0; }
 uint32_t ekv_vk_subgroup_size(const struct ekv_vk *vk) { return vk->info.subgroup_size; }
+uint64_t ekv_vk_submits(const struct ekv_vk *vk) { return vk->n_submits; }
 bool ekv_vk_has_f64(const struct ekv_vk *vk) { return vk->f64; }
 uint32_t ekv_vk_matvec_m(const struct ekv_vk *vk) {
     const uint32_t sg = vk->info.subgroup_size;

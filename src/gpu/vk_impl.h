@@ -44,6 +44,7 @@ struct ekv_vk {
     enum ekv_status record_status; /* first failure while recording */
     char record_error[256];
     uint64_t bytes, peak_bytes;
+    uint64_t n_submits;         /* submissions so far */
     uint64_t n_validation;
     char validation_first[512];
     struct ekv_device_info info;

@@ -373,6 +373,7 @@ void ekv_vk_fill(struct ekv_vk *vk, struct ekv_vk_buf *dst, size_t off, size_t n
 enum ekv_status ekv_vk_submit(struct ekv_vk *vk) {
     if (!vk->recording) return ekv_err(EKV_ERR_INTERNAL, "submit without a recording");
     vk->recording = false;
+    vk->n_submits++;
     if (vk->timestamps) vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, vk->timestamps, 1);
     VkResult r = vkEndCommandBuffer(vk->cmd);
     if (r != VK_SUCCESS) return vkfail(r, "vkEndCommandBuffer");
