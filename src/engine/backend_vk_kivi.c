@@ -311,10 +311,10 @@ enum ekv_status ekv_vk_kivi_write(struct ekv_vk_mg *m, int side, int il, int hk,
  * cnt tail entries where they are (slots 0 .. cnt - 1) into new key groups of
  * G or value rows after the quantised ones, the rest of the residual moves
  * to the front. */
-static enum ekv_status flush_side(struct ekv_vk_mg *m, int side, int il, int hk, int32_t len) {
+static enum ekv_status flush_side(struct ekv_vk_mg *m, int side, int il, int hk, int32_t len, int32_t cnt) {
     struct ekv_kv_store *sto = store_of(m, side, il, hk);
     const struct ekv_store_fmt *f = fmt_of(m, side);
-    const int32_t cnt = ekv_store_flush_count(f, sto, len), nq = sto->nq, tail = len - nq;
+    const int32_t nq = sto->nq, tail = len - nq;
     if (cnt <= 0) return EKV_OK;
     const uint32_t G = m->s->G;
     enum ekv_status st = EKV_OK;
@@ -360,12 +360,12 @@ static enum ekv_status flush_side(struct ekv_vk_mg *m, int side, int il, int hk,
 
 enum ekv_status ekv_vk_kivi_flush(void *user, int il, int hk, int32_t len) {
     struct ekv_vk_mg *m = user;
-    const bool any = (m->s->k.managed && ekv_store_flush_count(fmt_of(m, MG_K), store_of(m, MG_K, il, hk), len) > 0) ||
-                     (m->s->v.managed && ekv_store_flush_count(fmt_of(m, MG_V), store_of(m, MG_V, il, hk), len) > 0);
-    if (!any) return EKV_OK;
+    int32_t cnt[2] = {0, 0}; /* tail entries each side quantises */
+    for (int side = MG_K; side <= MG_V; side++)
+        if (mg_side_of(m, side)->managed) cnt[side] = ekv_store_flush_count(fmt_of(m, side), store_of(m, side, il, hk), len);
+    if (cnt[MG_K] <= 0 && cnt[MG_V] <= 0) return EKV_OK;
     enum ekv_status st = ekv_vk_mg_head_touch(m, il, hk); /* the head's earlier plan runs first */
-    for (int side = MG_K; side <= MG_V && st == EKV_OK; side++)
-        if (mg_side_of(m, side)->managed) st = flush_side(m, side, il, hk, len);
+    for (int side = MG_K; side <= MG_V && st == EKV_OK; side++) st = flush_side(m, side, il, hk, len, cnt[side]);
     return st;
 }
 

@@ -172,9 +172,7 @@ static void flush_packs(struct ekv_vk_mg *m, size_t plan0, size_t stage0, int32_
                 e[0] = (uint32_t)q->hk, e[1] = q->n, e[2] = q->first, e[3] = q->crow, e[4] = q->prow;
             }
             const struct ekv_vk_side *sd = mg_side_of(m, side);
-            const bool two = sd->type == EKV_KV_KIVI2;
-            const enum ekv_vk_pipe p = side == MG_K ? (two ? EKV_VK_KIVI_PACK_KEYS2 : EKV_VK_KIVI_PACK_KEYS4)
-                                                    : (two ? EKV_VK_KIVI_PACK_VALUES2 : EKV_VK_KIVI_PACK_VALUES4);
+            const enum ekv_vk_pipe p = ekv_vk_kivi_pack_pipe(sd->type, side == MG_V);
             for (size_t u = t0; u < t; u += 65535) {
                 struct ekv_vk_pc_kivi_pack pc = {
                     .base = sd->buf[il].addr, .stage = g->stage.addr + st_off[side] * 4,

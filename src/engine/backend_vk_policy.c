@@ -249,11 +249,8 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     if (st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_attn_stats_pipe(s->k.type));
     for (int side = 0; side < 2 && st == EKV_OK; side++) {
         const struct ekv_vk_side *sd = mg_side_of(m, side);
-        const bool two = sd->type == EKV_KV_KIVI2;
         st = ekv_vk_prepare(g->vk, ekv_vk_kv_merge_pipe(sd->type, side == 1));
-        if (!sd->managed || st != EKV_OK) continue;
-        if (side == 0) st = ekv_vk_prepare(g->vk, two ? EKV_VK_KIVI_PACK_KEYS2 : EKV_VK_KIVI_PACK_KEYS4);
-        else st = ekv_vk_prepare(g->vk, two ? EKV_VK_KIVI_PACK_VALUES2 : EKV_VK_KIVI_PACK_VALUES4);
+        if (sd->managed && st == EKV_OK) st = ekv_vk_prepare(g->vk, ekv_vk_kivi_pack_pipe(sd->type, side == 1));
     }
     if (st != EKV_OK) return st;
     if (seq->kv->logit_bias) { /* zeroed biases of cap entries per head */

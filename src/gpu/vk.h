@@ -115,6 +115,11 @@ static inline enum ekv_vk_pipe ekv_vk_attn_stats_pipe(enum ekv_kv_type k) {
     return (enum ekv_vk_pipe)(EKV_VK_ATTN_STATS_FIRST + ekv_vk_kv_index(k));
 }
 
+/* kivi_pack.comp for a compressed KIVI side's type (is_v: values). */
+static inline enum ekv_vk_pipe ekv_vk_kivi_pack_pipe(enum ekv_kv_type t, bool is_v) {
+    return (enum ekv_vk_pipe)(EKV_VK_KIVI_PACK_KEYS2 + (is_v ? 2 : 0) + (t == EKV_KV_KIVI4 ? 1 : 0));
+}
+
 /* kv_merge.comp for a row type, or a compressed KIVI side (is_v: values). */
 static inline enum ekv_vk_pipe ekv_vk_kv_merge_pipe(enum ekv_kv_type t, bool is_v) {
     if (t == EKV_KV_KIVI2 || t == EKV_KV_KIVI4)
