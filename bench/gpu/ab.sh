@@ -10,8 +10,8 @@
 # also writes the synthetic models and runs the storage-type grid):
 #   EKV_AB="base=build-base/ekv new=build/ekv" bash bench/gpu/ab.sh
 # Environment (optional): EKV_AB_ROUNDS (3), EKV_AB_BUDGET (seconds, 420),
-#   EKV_AB_KV=0 (skip the storage-type grid), EKV_GPU_BENCH_TEST=FILE (a test
-#   binary to run on the GPU first, EKV_TEST_DEVICE set), EKV_GPU_BENCH_TMP,
+#   EKV_AB_KV=0 (skip the storage-type grid), EKV_GPU_BENCH_TEST=FILES (test
+#   binaries to run on the GPU first, EKV_TEST_DEVICE set), EKV_GPU_BENCH_TMP,
 #   EKV_GPU_BENCH_DRY=1 (plumbing check on lavapipe with tiny models).
 # Prints everything (the tool that runs it keeps only stdout); exit 0 when
 # every step ran.
@@ -48,8 +48,7 @@ VK=vulkan
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 env "LD_LIBRARY_PATH=$EKV_LD" "$EKV" info --devices 2>&1 | head -n 8
 
-if [ -n "${EKV_GPU_BENCH_TEST:-}" ]; then
-    tb=$EKV_GPU_BENCH_TEST
+for tb in ${EKV_GPU_BENCH_TEST:-}; do # one or more test binaries
     case $tb in /*) ;; *) tb=$repo/$tb ;; esac
     command -v ldd > /dev/null && fill_missing "$tb"
     echo "## $tb on $VK"
@@ -57,7 +56,7 @@ if [ -n "${EKV_GPU_BENCH_TEST:-}" ]; then
         "EKV_TEST_BINARY_DIR=$(cd "$(dirname "$tb")/.." && pwd)" timeout -k 5 240 "$tb" > "$WORK/test.txt" 2>&1
     echo "exit $?"
     grep -v '^  ' "$WORK/test.txt" | grep -v ' ok$' | tail -n 40
-fi
+done
 
 # synthetic models (random weights), written with the first build
 TLF=$WORK/tl-f16.gguf TLQ=$WORK/tl-q8_0.gguf

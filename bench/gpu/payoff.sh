@@ -35,7 +35,7 @@
 #   run; profile: EKV_VK_PROFILE=1, device time by shader over the decode
 #   steps at the shallow depth, batch 16), EKV_PAYOFF_TEST (test binaries to
 #   run on the GPU first, each BINARY[:PARTS], PARTS as EKV_GPU_TEST_ONLY,
-#   default copy: "build/tests/test_gpu:attn_read build/tests/test_gpu_policy:copy,stats"),
+#   default copy: "build/tests/test_gpu_kv:attn_read build/tests/test_gpu_policy:copy,stats"),
 #   EKV_GPU_BENCH_TMP, EKV_GPU_BENCH_DRY=1 (plumbing check on lavapipe:
 #   1-layer model, tiny grid), EKV_PAYOFF_BASE (another build's ekv: in the
 #   deep phase each of its rows runs just before the same row of EKV, labelled

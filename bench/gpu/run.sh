@@ -23,7 +23,7 @@
 #   EKV_GPU_BENCH_KEEP=1        keep the synthetic models and unpacked tools
 #   EKV_GPU_BENCH_DEVICE=vulkan the --device of the GPU runs (e.g. vulkan:1)
 #   EKV_GPU_BENCH_ICD=JSON      a Vulkan driver JSON to try before the NVIDIA ones found
-#   EKV_GPU_BENCH_TEST=FILE     a test binary (build/tests/test_gpu) to run on the GPU too
+#   EKV_GPU_BENCH_TEST=FILES    test binaries (build/tests/test_gpu build/tests/test_gpu_kv) to run on the GPU too
 #                               (EKV_TEST_DEVICE set; models it cannot find are reported skipped)
 #   EKV_GPU_BENCH_DRY=1         plumbing check on any machine: GPU runs on vulkan:0 (lavapipe),
 #                               tiny grids, 1-layer synthetic models
@@ -310,14 +310,14 @@ same_text() { # same_text NAME MODEL PROMPT
 }
 same_text stories260K models/stories260K.gguf "Once upon a time"
 same_text 28m-q8_0 "$REF28" "static int"
-if [ -n "${EKV_GPU_BENCH_TEST:-}" ]; then
-    tb=$(absp "$EKV_GPU_BENCH_TEST")
+for tb in ${EKV_GPU_BENCH_TEST:-}; do # one or more test binaries
+    tb=$(absp "$tb")
     command -v ldd > /dev/null && fill_missing "$tb"
     step "test binary $(basename "$tb") on $VK_DEV" 240 env "LD_LIBRARY_PATH=$EKV_LD" "EKV_TEST_DEVICE=$VK_DEV" EKV_VK_VALIDATE=0 \
         "EKV_TEST_SOURCE_DIR=$repo" "EKV_TEST_BINARY_DIR=$(cd "$(dirname "$tb")/.." && pwd)" "$tb" \
-        > "$D/test-gpu.txt" 2>&1
-    grep -v ' ok ' "$D/test-gpu.txt" | tail -n 25
-fi
+        > "$D/test-gpu-$(basename "$tb").txt" 2>&1
+    grep -v ' ok ' "$D/test-gpu-$(basename "$tb").txt" | tail -n 25
+done
 
 # per-shader device time of a greedy run (EKV_VK_PROFILE=1)
 profile() { # profile NAME MODEL

@@ -162,6 +162,11 @@ void ekv_vk_tower_release(struct ekv_vk_tower *t);
 
 /* ---- backend_vk_kv.c ---- */
 
+/* Words of one entry's quantised row in the device's layout (kvq.glsl
+ * kv_row_words): f32 D, f16 D/2, q8_0 D/4, q4_0 D/8 (scales apart), KIVI's
+ * codes D x bits / 32 (parameters apart). The one place this is counted. */
+uint32_t ekv_vk_row_words(enum ekv_kv_type t, uint32_t D);
+
 /* Sizes of a side for s->cap entries per head (kvq.glsl: p0, r0, words);
  * false when a layer's buffer would need indices past 2^31 words. */
 bool ekv_vk_side_layout(struct ekv_vk_side *sd, const struct ekv_vk_seq *s);

@@ -39,9 +39,7 @@ static struct ekv_kv_store *store_of(struct ekv_vk_mg *m, int side, int il, int 
 static const struct ekv_store_fmt *fmt_of(const struct ekv_vk_mg *m, int side) {
     return side == MG_V ? &m->seq->kv->fv : &m->seq->kv->fk;
 }
-static uint32_t code_words(const struct ekv_vk_mg *m, int side) {
-    return m->s->D * (mg_side_of((struct ekv_vk_mg *)m, side)->type == EKV_KV_KIVI2 ? 2u : 4u) / 32u;
-}
+static uint32_t code_words(const struct ekv_vk_mg *m, int side) { return m->rw[side]; /* ekv_vk_mg_new */ }
 
 /* A stage row of a side holding words (n of them; the rest zero); its code. */
 static enum ekv_status stage_words(struct ekv_vk_mg *m, int side, const uint32_t *w, uint32_t n, uint32_t *code) {

@@ -37,8 +37,7 @@ static bool kivi(enum ekv_kv_type t) { return t == EKV_KV_KIVI2 || t == EKV_KV_K
 static uint32_t kbits(enum ekv_kv_type t) { return t == EKV_KV_KIVI2 ? 2 : 4; }
 static bool quantising(enum ekv_kv_type t) { return t != EKV_KV_F32 && t != EKV_KV_F16; }
 
-/* Words of one entry's row (kv_row_words). */
-static uint64_t row_words(enum ekv_kv_type t, uint64_t D) {
+uint32_t ekv_vk_row_words(enum ekv_kv_type t, uint32_t D) {
     switch (t) {
     case EKV_KV_F32: return D;
     case EKV_KV_F16: return D / 2;
@@ -63,7 +62,7 @@ bool ekv_vk_side_layout(struct ekv_vk_side *sd, const struct ekv_vk_seq *s) {
     if (t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0) params = (H * C * (D / 32) + 1) / 2;
     else if (kivi(t)) params = sd->is_v ? H * C * (D / G) : managed ? H * sd->ngc * D : H * ((C + G - 1) / G) * D;
     if (!managed) sd->tc = kivi(t) ? (sd->is_v ? (s->R > 0 ? s->R : 1) : key_block(s)) : 0; /* (managed: the caller's) */
-    sd->p0 = H * C * row_words(t, D);
+    sd->p0 = H * C * ekv_vk_row_words(t, (uint32_t)D);
     sd->r0 = sd->p0 + ((params + 1) & ~(uint64_t)1);
     sd->x0 = sd->r0 + H * sd->tc * D / 2;
     sd->words = sd->x0 + (managed && !sd->is_v ? H * C : 0);
@@ -231,13 +230,13 @@ static uint64_t side_bytes(const struct ekv_vk_seq *s, const struct ekv_vk_side 
     const uint64_t H = s->H, D = s->D;
     if (!kivi(sd->type)) {
         const uint64_t scales = quantising(sd->type) ? D / 32 * 2 : 0;
-        return H * (uint64_t)n * (row_words(sd->type, D) * 4 + scales);
+        return H * (uint64_t)n * (ekv_vk_row_words(sd->type, (uint32_t)D) * 4 + scales);
     }
     struct ekv_vk_side fresh = *sd;
     fresh.nq = 0;
     const uint64_t nq = (uint64_t)nq_after(s, &fresh, n);
     const uint64_t params = sd->is_v ? nq * (D / s->G) * 4 : nq / s->G * D * 4;
-    return H * (nq * row_words(sd->type, D) * 4 + params + ((uint64_t)n - nq) * D * 2);
+    return H * (nq * ekv_vk_row_words(sd->type, (uint32_t)D) * 4 + params + ((uint64_t)n - nq) * D * 2);
 }
 
 uint64_t ekv_vk_seq_bytes(const struct ekv_vk_seq *s, int64_t n_seen, uint64_t *alloc) {

@@ -24,7 +24,7 @@
 /* Quant bytes of one row of the device layout (words * 4) and its fp16 scales. */
 void ekv_vk_mg_side_shape(enum ekv_kv_type t, uint32_t D, uint32_t *rw, uint32_t *sph) {
     *sph = (t == EKV_KV_Q8_0 || t == EKV_KV_Q4_0) ? D / 32 : 0;
-    *rw = t == EKV_KV_F32 ? D : t == EKV_KV_F16 ? D / 2 : t == EKV_KV_Q8_0 ? D / 4 : D / 8;
+    *rw = ekv_vk_row_words(t, D);
 }
 
 /* A device row (quants q, scales sc) as the CPU's row of the type (kvquant.h). */
@@ -455,11 +455,13 @@ enum ekv_status ekv_vk_mg_head_touch(struct ekv_vk_mg *m, int il, int hk) {
     return EKV_OK;
 }
 
-/* The biases of head (il, hk) follow its entries: kept ones move (a
- * survivor whose weight changed, w_old[j] != its weight now, gets its new
- * log), the places past the kept ones become 0. */
+/* The biases of head (il, hk) follow its entries: kept ones move, the
+ * places past the kept ones become 0. A survivor whose weight changed gets
+ * its new log: one given a new row (k_of[j] or v_of[j], a mean made on the
+ * host) or one that members joined (cnt[j] > 0, a merge on the device);
+ * with neither array the kept biases move as runs. */
 static enum ekv_status plan_bias(struct ekv_vk_mg *m, int il, int hk, int32_t len, const uint8_t *keep, const int32_t *into,
-                                 const float *w_old) {
+                                 const float *const *k_of, const float *const *v_of, const int32_t *cnt) {
     if (m->posb) { /* the positions move with their entries (a merged entry keeps its own) */
         const size_t first = m->n_pairs;
         enum ekv_status st = EKV_OK;
@@ -481,13 +483,14 @@ static enum ekv_status plan_bias(struct ekv_vk_mg *m, int il, int hk, int32_t le
     const size_t first = m->n_pairs;
     enum ekv_status st = EKV_OK;
     uint32_t e = 0;
-    if (keep && !w_old) { /* an eviction: the kept biases move as runs */
+    if (keep && !k_of && !v_of) { /* an eviction: the kept biases move as runs */
         st = ekv_vk_mg_keep_runs(m, first, keep, len, &e);
     } else {
         for (int32_t j = 0; j < len && st == EKV_OK; j++) {
             if (keep ? !keep[j] : into[j] != j) continue;
             uint32_t src = (uint32_t)j;
-            if (w_old && w_old[j] != w_now[j]) st = stage_bias(m, w_now[j], &src);
+            const bool changed = (k_of && k_of[j]) || (v_of && v_of[j]) || (cnt && cnt[j] > 0);
+            if (changed) st = stage_bias(m, w_now[j], &src);
             if (st == EKV_OK && src != e) st = ekv_vk_mg_add_pair(m, first, e, src);
             e++;
         }
@@ -518,15 +521,8 @@ static enum ekv_status dev_compact(void *user, int il, int hk, int32_t len, cons
         }
         if (st == EKV_OK) st = ekv_vk_mg_add_plan(m, il, hk, side, first);
     }
-    if (st != EKV_OK || !m->bias || (!k_of && !v_of)) return st == EKV_OK ? plan_bias(m, il, hk, len, keep, NULL, NULL) : st;
-    /* new rows: merged survivors (a merge averaged on the host, as for KIVI sides), whose weights changed */
-    const struct ekv_kv_head *h = &m->seq->kv->layers[il].heads[hk];
-    float *wold = malloc((size_t)(len ? len : 1) * sizeof *wold);
-    if (!wold) return ekv_err(EKV_ERR_NOMEM, "out of memory for a compaction of %d entries", (int)len);
-    for (int32_t j = 0; j < len; j++) wold[j] = (k_of && k_of[j]) || (v_of && v_of[j]) ? NAN : h->weight[j];
-    st = plan_bias(m, il, hk, len, keep, NULL, wold);
-    free(wold);
-    return st;
+    /* new rows are merged survivors (a merge averaged on the host), whose weights changed */
+    return st == EKV_OK ? plan_bias(m, il, hk, len, keep, NULL, k_of, v_of, NULL) : st;
 }
 
 /* A stage row the device fills (a merged entry's mean); its source code. */
@@ -676,14 +672,9 @@ static enum ekv_status dev_merge(void *user, int il, int hk, int32_t len, const 
     }
     free(mean_of), free(keep);
     /* the biases: a survivor that members joined has a new weight (h->weight
-     * holds the new ones already), the others keep theirs; w may be a rule's
-     * member weights, so the changed ones are marked here (NaN differs) */
-    float *wold = st == EKV_OK && m->bias ? malloc((size_t)(len ? len : 1) * sizeof *wold) : NULL;
-    if (st == EKV_OK && m->bias && !wold) st = ekv_err(EKV_ERR_NOMEM, "out of memory for a merge of %d entries", (int)len);
-    for (int32_t j = 0; wold && j < len; j++) wold[j] = into[j] == j && cnt[j] > 0 ? NAN : h->weight[j];
+     * holds the new ones already), the others keep theirs */
+    if (st == EKV_OK) st = plan_bias(m, il, hk, len, NULL, into, NULL, NULL, cnt);
     free(cnt), free(start), free(list);
-    if (st == EKV_OK) st = plan_bias(m, il, hk, len, NULL, into, wold);
-    free(wold);
     return st;
 }
 

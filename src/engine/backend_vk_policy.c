@@ -222,7 +222,7 @@ enum ekv_status ekv_vk_mg_new(struct ekv_vk_ctx *g, struct ekv_seq *seq, struct 
     for (int side = 0; side < 2; side++) {
         const struct ekv_vk_side *sd = mg_side_of(m, side);
         if (sd->managed) { /* KIVI codes; a value's parameters with it (kvq.glsl) */
-            m->rw[side] = s->D * (sd->type == EKV_KV_KIVI2 ? 2 : 4) / 32;
+            m->rw[side] = ekv_vk_row_words(sd->type, s->D);
             m->sph[side] = side ? 2 * (s->D / s->G) : 0;
         } else {
             ekv_vk_mg_side_shape(sd->type, s->D, &m->rw[side], &m->sph[side]);
