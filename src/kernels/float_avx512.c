@@ -9,6 +9,13 @@
  * low lanes, the two halves added, the same 8-lane horizontal sum, then
  * the remaining columns in order. So this path gives the AVX2 path's bits,
  * whatever the tile (matmul == matvec, any thread count).
+ *
+ * Decode (one activation row) takes 4 rows at a time, one from each
+ * quarter of its range, so that the weights stream as 4 sequences far
+ * apart. Adjacent rows side by side (4 streams inside one 4 KiB page) made
+ * the hardware prefetcher give up on an AMD EPYC Zen 4 host: ekv-ref-28m
+ * F16 decode read 9.7 GB/s on one thread against the host's 19.5
+ * (docs/performance.md, "AMD AVX-512 host").
  */
 #include <immintrin.h>
 
@@ -52,14 +59,9 @@ EKV_INLINE float wscalar(enum fkind k, const void *row, int64_t i) {
     }
 }
 
-/* R weight rows x T activation rows: out[t * ldo + r]. pf > 0 (decode):
- * the rows pf bytes further on (two tiles ahead) are prefetched as these
- * stream: short rows (512 columns of F16 = 1 KiB) end before the hardware
- * prefetcher has ramped up, so each tile would otherwise start with a
- * full memory latency per row. */
+/* R weight rows x T activation rows: out[t * ldo + r]. */
 EKV_INLINE void ftile(enum fkind k, int R, int T, int64_t n, const void *const *w, const float *const *x, float *out,
-                      int64_t ldo, size_t pf) {
-    const size_t esz = k == FK_F32 ? 4 : 2;
+                      int64_t ldo) {
     __m512 acc[RMAX][TMAX];
     #pragma GCC unroll 16
     for (int r = 0; r < R; r++)
@@ -67,10 +69,6 @@ EKV_INLINE void ftile(enum fkind k, int R, int T, int64_t n, const void *const *
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        if (pf && (i * esz) % 64 == 0) {
-#pragma GCC unroll 16
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)w[r] + pf + (size_t)i * esz, _MM_HINT_T0);
-        }
         __m512 xv[TMAX];
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(x[t] + i);
@@ -104,10 +102,10 @@ EKV_INLINE void ftile(enum fkind k, int R, int T, int64_t n, const void *const *
 }
 
 #define FT_CASE(R, T) \
-    case (R) * 8 + (T): ftile(k, R, T, n, w, x, out, ldo, pf); break;
+    case (R) * 8 + (T): ftile(k, R, T, n, w, x, out, ldo); break;
 
 EKV_INLINE void ftile_n(enum fkind k, int R, int T, int64_t n, const void *const *w, const float *const *x, float *out,
-                        int64_t ldo, size_t pf) {
+                        int64_t ldo) {
     switch (R * 8 + T) {
         FT_CASE(1, 1) FT_CASE(1, 2) FT_CASE(1, 3) FT_CASE(1, 4) FT_CASE(1, 5) FT_CASE(1, 6)
         FT_CASE(2, 1) FT_CASE(2, 2) FT_CASE(2, 3) FT_CASE(2, 4) FT_CASE(2, 5) FT_CASE(2, 6)
@@ -131,9 +129,30 @@ EKV_INLINE void fgemm(enum fkind k, const struct ekv_weight *w, int64_t r0, int6
                 const int T = (int)EKV_MIN((int64_t)TMAX, t1 - t);
                 #pragma GCC unroll 16
                 for (int i = 0; i < T; i++) xr[i] = (const float *)(const void *)((const char *)xa + (size_t)(t + i) * xs);
-                ftile_n(k, R, T, w->ne0, wr, xr, y + t * ldy + r, ldy, n == 1 ? 2 * RMAX * w->row_bytes : 0);
+                ftile_n(k, R, T, w->ne0, wr, xr, y + t * ldy + r, ldy);
             }
         }
+    }
+}
+
+/* Decode: rows [r0, r1) times one activation row; rows i of the four
+ * quarters of the range together (a 4 x 1 tile), the rest one by one. */
+EKV_INLINE void fgemv(enum fkind k, const struct ekv_weight *w, int64_t r0, int64_t r1, const float *x, float *y) {
+    const int64_t q = (r1 - r0) / 4;
+    const char *base = w->data;
+    const float *xr[1] = {x};
+    float out[4];
+    for (int64_t i = 0; i < q; i++) {
+        const void *wr[4];
+        #pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) wr[p] = base + (size_t)(r0 + p * q + i) * w->row_bytes;
+        ftile(k, 4, 1, w->ne0, wr, xr, out, 1);
+        #pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) y[r0 + p * q + i] = out[p];
+    }
+    for (int64_t r = r0 + 4 * q; r < r1; r++) {
+        const void *wr[1] = {base + (size_t)r * w->row_bytes};
+        ftile(k, 1, 1, w->ne0, wr, xr, y + r, 1);
     }
 }
 
@@ -142,10 +161,13 @@ EKV_INLINE void fgemm(enum fkind k, const struct ekv_weight *w, int64_t r0, int6
                             int64_t n, float *y, int64_t ldy) {                                            \
         fgemm(K, w, r0, r1, xa, xs, n, y, ldy);                                                            \
     }                                                                                                      \
+    static void gemv_##name(const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, float *y) { \
+        fgemv(K, w, r0, r1, xa, y);                                                                        \
+    }                                                                                                      \
     static void dot_##name(int64_t n, float *s, const void *wrow, const void *xa) {                        \
         const void *wr[1] = {wrow};                                                                        \
         const float *xr[1] = {xa};                                                                         \
-        ftile(K, 1, 1, n, wr, xr, s, 1, 0);                                                                   \
+        ftile(K, 1, 1, n, wr, xr, s, 1);                                                                   \
     }
 
 DEFINE_FLOAT(f32, FK_F32)
@@ -155,9 +177,9 @@ DEFINE_FLOAT(bf16, FK_BF16)
 void ekv_float_fill_avx512(enum ekv_dtype t, struct ekv_type_kernels *k);
 void ekv_float_fill_avx512(enum ekv_dtype t, struct ekv_type_kernels *k) {
     switch (t) {
-    case EKV_F32: k->vec_dot = dot_f32; k->gemv = NULL; k->gemm = gemm_f32; break;
-    case EKV_F16: k->vec_dot = dot_f16; k->gemv = NULL; k->gemm = gemm_f16; break;
-    case EKV_BF16: k->vec_dot = dot_bf16; k->gemv = NULL; k->gemm = gemm_bf16; break;
+    case EKV_F32: k->vec_dot = dot_f32; k->gemv = gemv_f32; k->gemm = gemm_f32; break;
+    case EKV_F16: k->vec_dot = dot_f16; k->gemv = gemv_f16; k->gemm = gemm_f16; break;
+    case EKV_BF16: k->vec_dot = dot_bf16; k->gemv = gemv_bf16; k->gemm = gemm_bf16; break;
     default: break;
     }
 }
