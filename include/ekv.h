@@ -72,6 +72,12 @@ void ekv_error_clear(void);
 /* Library version string, e.g. "0.1.0". */
 const char *ekv_version(void);
 
+/* The SIMD level of the CPU kernels chosen at run time for this host:
+ * "avx512" (AVX-512 F/BW/VL/DQ with VNNI), "avxvnni", "avx2" or
+ * "reference" (plain C); the environment variable EKV_ISA caps it. A static
+ * string (not to be freed). */
+const char *ekv_cpu_kernels(void);
+
 /* ------------------------------------------------------------------------ */
 /* Models                                                                     */
 /* ------------------------------------------------------------------------ */

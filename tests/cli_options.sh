@@ -69,6 +69,12 @@ done
 "$EKV" eval --help > "$T/h" && grep -q -- "--kv-policy LIST .*(default: full,local,h2o,elastic)" "$T/h" \
   && ! grep -q -- "-s, --seed" "$T/h" && ok || bad "eval --help"
 "$EKV" info --help | grep -q -- "--no-tensors" && ok || bad "info --help"
+# the CPU kernels chosen for this host, and EKV_ISA capping them (ekv_cpu_kernels)
+k=$("$EKV" info --devices | sed -n 's/^cpu: .*, kernels \([a-z0-9]*\) .*/\1/p')
+case $k in avx512|avxvnni|avx2|reference) ok ;; *) bad "info --devices names no CPU kernels: '$k'" ;; esac
+k=$(EKV_ISA=reference "$EKV" info --devices | sed -n 's/^cpu: .*, kernels \([a-z0-9]*\) .*/\1/p')
+[ "$k" = reference ] && ok || bad "EKV_ISA=reference gives kernels '$k'"
+"$EKV" bench -p 8 -n 2 -r 1 -t 1 --json - 2>/dev/null | grep -q '"cpu_kernels":' && ok || bad "bench --json has no cpu_kernels"
 "$EKV" mkmodel --help | grep -q -- "--preset NAME" && ok || bad "mkmodel --help"
 
 cli_finish cli_options

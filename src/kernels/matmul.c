@@ -129,6 +129,7 @@ bool ekv_kernels_set_isa(const char *name) {
 }
 
 const char *ekv_kernels_isa(void) { return k_isa_names[current_isa()]; }
+const char *ekv_cpu_kernels(void) { return ekv_kernels_isa(); }
 
 static const struct ekv_type_kernels *kernels_for(enum ekv_dtype t) { return &g_tab[current_isa()][t]; }
 

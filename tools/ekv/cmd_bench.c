@@ -266,6 +266,7 @@ static bool write_json(const char *path, const struct row *rows, int nrows, cons
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", model_path);
     cJSON_AddStringToObject(root, "version", ekv_version());
+    cJSON_AddStringToObject(root, "cpu_kernels", ekv_cpu_kernels());
     cJSON *arr = cJSON_AddArrayToObject(root, "results");
     for (int i = 0; i < nrows; i++) {
         const struct row *r = &rows[i];

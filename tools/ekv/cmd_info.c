@@ -53,7 +53,8 @@ static int list_devices(void) {
     int32_t n = 0;
     enum ekv_status s = ekv_devices_list(d, 16, &n);
     if (s != EKV_OK) return cli_fail(CMD, s);
-    printf("cpu: the host processor (always available)\n");
+    printf("cpu: the host processor (always available), kernels %s (EKV_ISA=avx2|avxvnni|reference caps them)\n",
+           ekv_cpu_kernels());
     if (n == 0) printf("no Vulkan devices%s%s\n", ekv_last_error()[0] ? ": " : "", ekv_last_error());
     for (int32_t i = 0; i < n && i < 16; i++) {
         printf("vulkan:%d: %s (%s), Vulkan %u.%u.%u, driver %s, %.1f GiB device memory, subgroup %u, fp16 %s, "
