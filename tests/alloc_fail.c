@@ -17,6 +17,7 @@
  * server request (chat with per-request KV options and prefix-reuse
  * boundaries, a completion, /tokenize).
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -87,7 +88,11 @@ static void walk(const char *name, scenario_fn fn, void *arg) {
     const long total = atomic_load(&g_count);
     CHECK_MSG(s0 == EKV_OK, "%s without failures: %s", name, ekv_last_error());
     long clean = 0, absorbed = 0, silent = 0, wrong = 0;
-    for (long n = 1; n <= total; n++) {
+    const bool progress = getenv("EKV_ALLOC_FAIL_GPU") != NULL; /* the long walks: progress on stderr */
+    if (progress) fprintf(stderr, "%s: %ld allocations, one run %.2f s\n", name, total, now_s() - t0);
+    const char *from = progress ? getenv("EKV_ALLOC_FAIL_FROM") : NULL; /* resume a long walk at this allocation */
+    for (long n = from ? atol(from) : 1; n <= total; n++) {
+        if (progress && n % 100 == 0) fprintf(stderr, "%s: %ld of %ld, %.0f s\n", name, n, total, now_s() - t0);
         atomic_store(&g_count, 0);
         atomic_store(&g_fail_at, n);
         got = 0;
@@ -364,7 +369,78 @@ static void walk_policies(const char *model_path, bool quantised) {
     ekv_model_free(m);
 }
 
+/* The GPU backend (opt-in: EKV_ALLOC_FAIL_GPU=vulkan:N, e.g. lavapipe's
+ * vulkan:0; each failure re-creates the device, so a walk takes minutes;
+ * EKV_ALLOC_FAIL_GPU_POLICIES=full,h2o narrows it, EKV_ALLOC_FAIL_FROM=N
+ * starts each walk at allocation N): a
+ * context on the device and, per policy, a sequence's prompt, decode steps,
+ * a copy and its step there. Only ekv's own allocations fail; the Vulkan
+ * driver's are not wrapped. */
+struct gpu_arg {
+    const struct ekv_model *model;
+    const char *device;
+    struct ekv_kv_params kv;
+};
+
+static enum ekv_status sc_gpu(void *argp, double *sum) {
+    struct gpu_arg *a = argp;
+    struct ekv_context_params cp = ekv_context_default_params();
+    cp.device = a->device;
+    cp.n_ctx = 64;
+    struct ekv_context *c = NULL;
+    enum ekv_status s = ekv_context_new(a->model, &cp, &c);
+    struct ekv_model_info mi;
+    ekv_model_get_info(a->model, &mi);
+    int32_t toks[24];
+    for (int i = 0; i < 24; i++) toks[i] = 1 + (i * 37 + 11) % (mi.n_vocab - 1);
+    float *lg = __real_malloc((size_t)mi.n_vocab * sizeof *lg);
+    struct ekv_seq *s1 = NULL, *s2 = NULL;
+    if (s == EKV_OK) s = lg ? ekv_seq_new(c, &a->kv, &s1) : EKV_ERR_NOMEM;
+    if (s == EKV_OK) s = ekv_seq_prefill(s1, toks, 14, lg);
+    for (int i = 0; i < 2 && s == EKV_OK; i++) s = ekv_seq_decode(s1, toks[14 + i], lg);
+    if (s == EKV_OK) s = ekv_seq_copy(s1, &s2); /* a copy on the device (a saved GPU cache is refused) */
+    if (s == EKV_OK) s = ekv_seq_decode(s2, toks[20], lg);
+    if (s == EKV_OK) *sum += sum_of(lg, mi.n_vocab);
+    ekv_seq_free(s2);
+    ekv_seq_free(s1);
+    free(lg);
+    ekv_context_free(c);
+    return s;
+}
+
+static void walk_gpu(const char *device) {
+    struct ekv_model *m = NULL;
+    CHECK_OK(ekv_model_load(tu_src("models/stories260K.gguf"), NULL, &m));
+    if (!m) return;
+    static const char *const pols[] = {"full", "h2o", "elastic-v2:bias=1:key=rotate"};
+    const char *only = getenv("EKV_ALLOC_FAIL_GPU_POLICIES"); /* a comma list narrows the walk */
+    char name[96];
+    for (size_t i = 0; i < EKV_ARRAY_LEN(pols); i++) {
+        const size_t base = strcspn(pols[i], ":"); /* the policy's name without its options */
+        char pname[32];
+        snprintf(pname, sizeof pname, "%.*s", (int)base, pols[i]);
+        if (only && *only && !strstr(only, pname)) continue;
+        struct gpu_arg a = {.model = m, .device = device, .kv = ekv_kv_default_params()};
+        a.kv.policy = pols[i];
+        a.kv.budget = 0.4;
+        a.kv.recompress = 2;
+        snprintf(name, sizeof name, "gpu %s %s", device, pols[i]);
+        walk(name, sc_gpu, &a);
+    }
+    ekv_model_free(m);
+}
+
 int main(void) {
+    const char *gpu = getenv("EKV_ALLOC_FAIL_GPU");
+    if (gpu && *gpu) { /* only the GPU walk */
+        /* keep lavapipe loaded until exit so that LeakSanitizer names its frames and
+         * tests/lsan_gpu.supp suppresses the driver's own blocks (as test_gpu.c does) */
+        (void)dlopen("libvulkan_lvp.so", RTLD_NOW | RTLD_GLOBAL);
+        walk_gpu(gpu);
+        printf("alloc_fail (GPU): %ld allocations failed one at a time: %ld clean errors, %ld absorbed (same results)\n",
+               g_total_sites, g_total_clean, g_total_absorbed);
+        return test_finish("alloc_fail");
+    }
     struct load_arg la = {.path = tu_src("models/stories260K.gguf")};
     walk("model load + context (GGUF)", sc_load, &la);
     struct load_arg lb = {.path = tu_shared("models/stories260K.bin"), .tok = tu_shared("models/tok512.bin")};

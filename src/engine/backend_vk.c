@@ -348,9 +348,10 @@ enum ekv_status ekv_vk_ctx_new(struct ekv_context *ctx, const char *spec, struct
     s = prepare_pipelines(g, ctx->model);
     if (s == EKV_OK) s = upload_model(g, ctx->model);
     if (s == EKV_OK) s = reserve_rows(g, &ctx->model->info, 8);
-    if (s != EKV_OK) {
+    if (s != EKV_OK) { /* the message first: freeing the context closes vk, whose name it names */
+        s = ekv_err_prefix(s, "%s: the model's weights", ekv_vk_name(vk));
         ekv_vk_ctx_free(g);
-        return ekv_err_prefix(s, "%s: the model's weights", ekv_vk_name(vk));
+        return s;
     }
     *out = g;
     return EKV_OK;

@@ -220,8 +220,7 @@ enum ekv_status ekv_vk_kivi_compact(struct ekv_vk_mg *m, int side, int il, int h
     const int32_t nq = sto->nq;
     const int rs = side == MG_V ? MG_VRES : MG_KRES;
     struct ekv_kgroup_out *out = NULL;
-    int32_t n_out = 0, nq1 = 0;
-    for (int32_t j = 0; j < nq; j++) nq1 += keep[j] != 0;
+    int32_t n_out = 0;
     enum ekv_status st = EKV_OK;
     if (side == MG_V) { /* rows with their parameters, by runs; a new row quantised here */
         const size_t first = m->n_pairs;
@@ -242,7 +241,7 @@ enum ekv_status ekv_vk_kivi_compact(struct ekv_vk_mg *m, int side, int il, int h
     } else {
         st = key_groups(m, il, hk, keep, of, mean_of, true, &out, &n_out);
     }
-    /* the residual: kept entries from slot j - nq to slot (new index) - nq1 */
+    /* the residual: kept entries from slot j - nq to slot e, their place among the kept residual entries */
     const size_t first = m->n_pairs;
     uint32_t e = 0;
     for (int32_t j = nq; j < len && st == EKV_OK; j++) {

@@ -171,9 +171,10 @@ static enum ekv_status seq_make(struct ekv_vk_ctx *g, struct ekv_seq *seq, const
     if (st == EKV_OK) st = side_new(g, s, &s->v, kv->fv.type, true);
     if (st == EKV_OK) st = ekv_vk_kv_prepare(g, s->k.type, s->v.type);
     if (st == EKV_OK && compressing(seq)) st = ekv_vk_mg_new(g, seq, s);
-    if (st != EKV_OK) {
+    if (st != EKV_OK) { /* the message before s is freed: it names s->n_ctx */
+        st = ekv_err_prefix(st, "%s: a cache of %d positions", ekv_vk_name(g->vk), (int)s->n_ctx);
         ekv_vk_seq_free(g, s);
-        return ekv_err_prefix(st, "%s: a cache of %d positions", ekv_vk_name(g->vk), (int)s->n_ctx);
+        return st;
     }
     if (!s->mg && (kivi(s->k.type) || kivi(s->v.type))) g->kivi_seqs++; /* (a compressed cache needs no scratch) */
     *out = s;

@@ -269,16 +269,19 @@ enum ekv_status ekv_vk_open(const char *spec, struct ekv_vk **out) {
     }
     vk->pd = pds[idx];
     free(pds);
+    /* each error message is made before vk is closed: it names vk->info.name */
     if (!vk->info.usable) {
+        s = ekv_err(EKV_ERR_UNSUPPORTED, "device '%s' (%s) lacks what ekv's shaders need (Vulkan 1.2, buffer "
+                                         "device addresses, 8/16-bit storage, fp16, int8, subgroup arithmetic)",
+                    spec, vk->info.name);
         ekv_vk_close(vk);
-        return ekv_err(EKV_ERR_UNSUPPORTED, "device '%s' (%s) lacks what ekv's shaders need (Vulkan 1.2, buffer "
-                                            "device addresses, 8/16-bit storage, fp16, int8, subgroup arithmetic)",
-                       spec, vk->info.name);
+        return s;
     }
     snprintf(vk->name, sizeof vk->name, "vulkan:%d (%s)", (int)idx, vk->info.name);
     if ((s = ekv_vk_device_init(vk)) != EKV_OK) {
+        s = ekv_err_prefix(s, "device '%s' (%s)", spec, vk->info.name);
         ekv_vk_close(vk);
-        return ekv_err_prefix(s, "device '%s' (%s)", spec, vk->info.name);
+        return s;
     }
     *out = vk;
     return EKV_OK;
