@@ -39,7 +39,6 @@ static struct ekv_kv_store *store_of(struct ekv_vk_mg *m, int side, int il, int 
 static const struct ekv_store_fmt *fmt_of(const struct ekv_vk_mg *m, int side) {
     return side == MG_V ? &m->seq->kv->fv : &m->seq->kv->fk;
 }
-static uint32_t code_words(const struct ekv_vk_mg *m, int side) { return m->rw[side]; /* ekv_vk_mg_new */ }
 
 /* A stage row of a side holding words (n of them; the rest zero); its code. */
 static enum ekv_status stage_words(struct ekv_vk_mg *m, int side, const uint32_t *w, uint32_t n, uint32_t *code) {
@@ -60,7 +59,7 @@ static enum ekv_status stage_f16(struct ekv_vk_mg *m, int rs, const float *x, ui
  * side, then one word per group (fp16 scale | fp16 minimum << 16). */
 static enum ekv_status stage_vrow(struct ekv_vk_mg *m, const float *x, uint32_t *code) {
     const struct ekv_store_fmt *f = fmt_of(m, MG_V);
-    const uint32_t D = m->s->D, G = m->s->G, rw = code_words(m, MG_V), gb = G * (rw * 32 / D) / 8;
+    const uint32_t D = m->s->D, G = m->s->G, rw = m->rw[MG_V] /* code words (ekv_vk_row_words) */, gb = G * (rw * 32 / D) / 8;
     uint8_t cpu[1024];
     uint32_t w[256 + 64] = {0};
     if (f->row_bytes > sizeof cpu || rw + D / G > sizeof w / 4)
@@ -371,7 +370,7 @@ enum ekv_status ekv_vk_kivi_read(struct ekv_vk_mg *m, int side, int il, int hk, 
     const struct ekv_vk_side *sd = mg_side_of(m, side);
     const struct ekv_kv_store *sto = store_of(m, side, il, hk);
     const int32_t nq = sto->nq;
-    const uint32_t D = s->D, G = s->G, rw = code_words(m, side), bits = rw * 32 / D;
+    const uint32_t D = s->D, G = s->G, rw = m->rw[side], bits = rw * 32 / D;
     const size_t np = side == MG_V ? (size_t)nq * (D / G) : (size_t)sto->ng * D; /* parameter words */
     const size_t cw = (size_t)nq * rw, rwords = (size_t)(len - nq) * D / 2;
     uint32_t *buf = malloc((cw + np + rwords + 1) * 4);
@@ -408,7 +407,7 @@ void ekv_vk_kivi_copy_side(struct ekv_vk_mg *m, int side, const struct ekv_vk_si
                            const int32_t *lens) {
     const struct ekv_vk_seq *s = m->s;
     const struct ekv_vk_side *sd = mg_side_of(m, side);
-    const uint64_t D = s->D, G = s->G, rw = code_words(m, side), oc = (uint64_t)s->cap, nc = (uint64_t)ns->cap;
+    const uint64_t D = s->D, G = s->G, rw = m->rw[side], oc = (uint64_t)s->cap, nc = (uint64_t)ns->cap;
     struct ekv_vk *vk = m->g->vk;
     for (int32_t il = 0; il < s->n_layer; il++)
         for (uint32_t h = 0; h < s->H; h++) {
