@@ -149,7 +149,7 @@ struct ekv_kl_acc {
     size_t top1_agree;  /* positions where argmax(full) == argmax(policy) */
 };
 /* ------------------------------------------------------------------------ */
-/* Paired bootstrap of a perplexity ratio                                     */
+/* Paired bootstrap: a perplexity ratio, a difference of means             */
 /* ------------------------------------------------------------------------ */
 
 /* The PPL of A over the PPL of B on the same n units (unit i: NLL sums
@@ -162,6 +162,15 @@ struct ekv_kl_acc {
  * resamples >= 1; every tok[i] counted, at least one > 0. */
 enum ekv_status ekv_bootstrap_ppl_ratio(const double *nll_a, const double *nll_b, const size_t *tok, size_t n,
                                         size_t resamples, uint64_t seed, double *ratio, double *lo, double *hi);
+
+/* The mean of a[i] - b[i] over n paired units (a per-unit score such as
+ * accuracy or ROUGE-L F of two policies on the same units) in *diff, and
+ * its 95 % percentile interval [*lo, *hi] over `resamples` resamplings of
+ * the units with replacement, drawn by the same fixed generator as
+ * ekv_bootstrap_ppl_ratio (the same seed draws the same units). n >= 1,
+ * resamples >= 1, every value finite. */
+enum ekv_status ekv_bootstrap_mean_diff(const double *a, const double *b, size_t n, size_t resamples, uint64_t seed,
+                                        double *diff, double *lo, double *hi);
 
 void ekv_kl_init(struct ekv_kl_acc *acc);
 enum ekv_status ekv_kl_add(struct ekv_kl_acc *acc, const float *logits_full,

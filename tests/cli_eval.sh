@@ -37,8 +37,9 @@ grep -qi "second" "$T/a/results.csv" && bad "timings in CSV" || ok
 grep -q '"results"' "$T/b.json" && cmp -s "$T/b.json" "$T/b/results.json" && ok || bad "--json stdout"
 
 # --per-item JSONL (one line per unit and cell, the cell's PPL pooled back from
-# its lines) and --compare-to (ppl_ratio rows; the baseline's own is 1 in [1, 1])
-"$EKV" eval --limit 3 -c 512 -n 24 --metric ppl,kl --kv-policy h2o,h2o+merge,local --kv-budget 0.3 \
+# its lines) and --compare-to (ppl_ratio rows, the baseline's own 1 in [1, 1]; rouge_l_f_diff
+# rows, the baseline's own 0 in [0, 0], local's its ROUGE-L minus h2o's, inside its interval)
+"$EKV" eval --limit 3 -c 512 -n 24 --metric ppl,kl,rouge --kv-policy h2o,h2o+merge,local --kv-budget 0.3 \
   --compare-to h2o --per-item "$T/pi.jsonl" -o "$T/p" --no-plot > /dev/null 2> "$T/p.err"
 [ $? -eq 0 ] && ok || { bad "--per-item/--compare-to run failed"; cat "$T/p.err" >&2; }
 [ "$(wc -l < "$T/pi.jsonl")" -eq 9 ] && [ ! -e "$T/pi.jsonl.tmp" ] && ok || bad "per-item lines: $(wc -l < "$T/pi.jsonl")"
@@ -52,6 +53,13 @@ lr=$(grep "^local,f16,0.3,ppl_ratio," "$T/p/results.csv" | cut -d, -f5); hp=$(gr
 lo=$(grep "^local,f16,0.3,ppl_ratio_lo," "$T/p/results.csv" | cut -d, -f5); hi=$(grep "^local,f16,0.3,ppl_ratio_hi," "$T/p/results.csv" | cut -d, -f5)
 awk -v r="$lr" -v p="$csv" -v h="$hp" -v lo="$lo" -v hi="$hi" 'BEGIN { exit !((r - p / h) ^ 2 < 1e-6 && lo <= r && r <= hi) }' \
   && ok || bad "local's ratio $lr in [$lo, $hi] vs $csv / $hp"
+grep -q "^h2o,f16,0.3,rouge_l_f_diff,0,3$" "$T/p/results.csv" && grep -q "^h2o,f16,0.3,rouge_l_f_diff_hi,0,3$" "$T/p/results.csv" \
+  && ok || bad "the baseline's own ROUGE-L difference must be 0 in [0, 0]"
+ld=$(grep "^local,f16,0.3,rouge_l_f_diff," "$T/p/results.csv" | cut -d, -f5)
+lf=$(grep "^local,f16,0.3,rouge_l_f," "$T/p/results.csv" | cut -d, -f5); hf=$(grep "^h2o,f16,0.3,rouge_l_f," "$T/p/results.csv" | cut -d, -f5)
+lo=$(grep "^local,f16,0.3,rouge_l_f_diff_lo," "$T/p/results.csv" | cut -d, -f5); hi=$(grep "^local,f16,0.3,rouge_l_f_diff_hi," "$T/p/results.csv" | cut -d, -f5)
+awk -v d="$ld" -v l="$lf" -v h="$hf" -v lo="$lo" -v hi="$hi" 'BEGIN { exit !(d != "" && (d - (l - h)) ^ 2 < 1e-9 && lo <= d && d <= hi) }' \
+  && ok || bad "local's ROUGE-L difference $ld in [$lo, $hi] vs $lf - $hf"
 # --compare-to base: X+merge over X, nothing for cells without +merge
 "$EKV" eval --limit 3 -c 512 -n 24 --metric ppl --kv-policy h2o,h2o+merge,local --kv-budget 0.3 --compare-to base \
   -o "$T/pb" --no-plot > /dev/null 2>&1

@@ -314,6 +314,37 @@ static void test_bootstrap(void) {
     CHECK(ekv_bootstrap_ppl_ratio(neg, b, tok, 3, 10, 1, &r, &lo, &hi) == EKV_ERR_INVALID_ARG);
 }
 
+/* Paired bootstrap of a mean difference (accuracy, ROUGE-L): equal scores
+ * give 0 in [0, 0]; a constant shift gives it on every resample; with 3
+ * units the ends are the single-unit resamples' differences (as above);
+ * reruns repeat; bad input is refused. */
+static void test_bootstrap_diff(void) {
+    const double a[3] = {1.0, 0.0, 0.5}, b[3] = {0.5, 0.5, 0.5};
+    double d, lo, hi, d2, lo2, hi2;
+    CHECK_OK(ekv_bootstrap_mean_diff(a, a, 3, 500, 1, &d, &lo, &hi));
+    CHECK(d == 0.0 && lo == 0.0 && hi == 0.0);
+    const double up[3] = {1.25, 0.25, 0.75};
+    CHECK_OK(ekv_bootstrap_mean_diff(up, a, 3, 500, 1, &d, &lo, &hi));
+    CHECK_NEAR(d, 0.25, 1e-12);
+    CHECK_NEAR(lo, 0.25, 1e-12);
+    CHECK_NEAR(hi, 0.25, 1e-12);
+    CHECK_OK(ekv_bootstrap_mean_diff(a, b, 3, 4000, 7, &d, &lo, &hi));
+    CHECK_NEAR(d, 0.0, 1e-12);
+    CHECK_NEAR(lo, -0.5, 1e-12); /* all three draws unit 1 */
+    CHECK_NEAR(hi, 0.5, 1e-12);  /* all three draws unit 0 */
+    CHECK_OK(ekv_bootstrap_mean_diff(a, b, 3, 4000, 7, &d2, &lo2, &hi2));
+    CHECK(d2 == d && lo2 == lo && hi2 == hi);
+    enum { N = 60 };
+    double x[N], y[N];
+    for (int i = 0; i < N; i++) y[i] = (i % 3) ? 1.0 : 0.0, x[i] = (i % 4) ? 1.0 : 0.0;
+    CHECK_OK(ekv_bootstrap_mean_diff(x, y, N, 2000, 3, &d, &lo, &hi));
+    CHECK_MSG(lo < d && d < hi && lo > -1 && hi < 1 && fabs(d - (45.0 - 40.0) / N) < 1e-12, "diff %g in [%g, %g]", d, lo, hi);
+    CHECK(ekv_bootstrap_mean_diff(x, y, 0, 10, 1, &d, &lo, &hi) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_bootstrap_mean_diff(x, y, N, 0, 1, &d, &lo, &hi) == EKV_ERR_INVALID_ARG);
+    const double bad[3] = {NAN, 1.0, 1.0};
+    CHECK(ekv_bootstrap_mean_diff(bad, b, 3, 10, 1, &d, &lo, &hi) == EKV_ERR_INVALID_ARG);
+}
+
 static void test_kl_top1(void) {
     /* identical distributions -> 0 exactly */
     const float a[4] = {0.5f, -1.0f, 2.0f, 0.0f};
@@ -821,6 +852,29 @@ static void test_report(void) {
           strstr(s, "set logscale x"));
     free(s);
     ekv_report_free(&rep);
+
+    /* an interval (--compare-to's ppl_ratio_lo/_hi) draws error bars on its
+     * metric's plot and no plots of its own; a series missing an end at one
+     * budget keeps plain lines */
+    ekv_report_init(&rep);
+    const double rb[2] = {0.2, 0.5}, rv[2] = {1.1, 1.02}, rl[2] = {1.05, 0.99}, rh[2] = {1.2, 1.04};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(ekv_report_add_kv(&rep, "h2o", NULL, rb[i], "ppl_ratio", rv[i], 9));
+        CHECK_OK(ekv_report_add_kv(&rep, "h2o", NULL, rb[i], "ppl_ratio_lo", rl[i], 9));
+        CHECK_OK(ekv_report_add_kv(&rep, "h2o", NULL, rb[i], "ppl_ratio_hi", rh[i], 9));
+        CHECK_OK(ekv_report_add_kv(&rep, "tova", NULL, rb[i], "ppl_ratio", rv[i] + 0.5, 9));
+    }
+    CHECK_OK(ekv_report_add_kv(&rep, "tova", NULL, 0.2, "ppl_ratio_lo", 1.4, 9)); /* no _hi, no 0.5 */
+    remove(tmp_path("ppl_ratio_lo.gp"));
+    CHECK(ekv_report_plot(&rep, g_tmp, &po) == EKV_ERR_NOT_FOUND);
+    s = tu_read_file(tmp_path("ppl_ratio.gp"), NULL);
+    CHECK_MSG(s && strstr(s, "$d0 << EOD\n0.2 1.1 1.05 1.2\n0.5 1.02 0.99 1.04\nEOD\n") &&
+                  strstr(s, "$d0 using 1:2:3:4 with yerrorlines") && strstr(s, "$d1 << EOD\n0.2 1.6\n0.5 1.52\nEOD\n") &&
+                  strstr(s, "$d1 using 1:2 with linespoints"),
+              "%s", s ? s : "(null)");
+    free(s);
+    CHECK(access(tmp_path("ppl_ratio_lo.gp"), F_OK) != 0);
+    ekv_report_free(&rep);
 }
 
 /* The public error setters libekv_eval reports through (include/ekv.h):
@@ -852,6 +906,7 @@ int main(void) {
     test_perplexity();
     test_kl_top1();
     test_bootstrap();
+    test_bootstrap_diff();
     test_sets();
     test_dataset_jsonl();
     test_dataset_huge_line();

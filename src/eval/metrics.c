@@ -495,6 +495,35 @@ enum ekv_status ekv_bootstrap_ppl_ratio(const double *nll_a, const double *nll_b
     return EKV_OK;
 }
 
+enum ekv_status ekv_bootstrap_mean_diff(const double *a, const double *b, size_t n, size_t resamples, uint64_t seed,
+                                        double *diff, double *lo, double *hi) {
+    if (!a || !b || !diff || !lo || !hi || n == 0 || resamples == 0)
+        return ekv_error_set(EKV_ERR_INVALID_ARG, "bootstrap: %zu units, %zu resamples", n, resamples);
+    double d = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return ekv_error_set(EKV_ERR_INVALID_ARG, "bootstrap: unit %zu has values %g / %g", i, a[i], b[i]);
+        d += a[i] - b[i];
+    }
+    *diff = d / (double)n;
+    double *r = malloc(resamples * sizeof *r);
+    if (!r) return ekv_error_set(EKV_ERR_NOMEM, "bootstrap: %zu resamples", resamples);
+    uint64_t x = seed;
+    for (size_t k = 0; k < resamples; k++) {
+        double s = 0;
+        for (size_t j = 0; j < n; j++) {
+            const size_t i = (size_t)(boot_next(&x) % n);
+            s += a[i] - b[i];
+        }
+        r[k] = s / (double)n;
+    }
+    qsort(r, resamples, sizeof *r, cmp_double);
+    *lo = r[(size_t)floor(0.025 * (double)(resamples - 1))];
+    *hi = r[(size_t)ceil(0.975 * (double)(resamples - 1))];
+    free(r);
+    return EKV_OK;
+}
+
 void ekv_kl_merge(struct ekv_kl_acc *dst, const struct ekv_kl_acc *src) {
     dst->kl_sum += src->kl_sum;
     dst->n_positions += src->n_positions;

@@ -3,9 +3,10 @@
  * (policy x storage type x budget x metric) as CSV, JSON and a Markdown
  * table, one gnuplot PNG per metric (metric against budget, one line per
  * policy and type) and, when K/V bytes were measured, the Pareto view
- * (pareto_<metric>.png: quality against bytes, a point per cell), plus the
- * small parsers for the comma-separated grid options and the progress line
- * formatter. Nothing here prints; gnuplot's own output goes to a log file.
+ * (pareto_<metric>.png: quality against bytes, a point per cell); a metric
+ * with an interval (metric_lo, metric_hi: --compare-to) gets error bars
+ * instead of plots of its ends. Plus the small parsers for the
+ * comma-separated grid options and the progress line formatter. Nothing here prints; gnuplot's own output goes to a log file.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -540,6 +541,31 @@ static size_t series_of(const struct ekv_report *rep, const char *metric, const 
     return np;
 }
 
+/* The value of metric "<base><suffix>" in r's series at r's budget. */
+static bool companion(const struct ekv_report *rep, const struct ekv_result_row *r, const char *base,
+                      const char *suffix, double *v) {
+    const size_t nb = strlen(base), ns = strlen(suffix);
+    for (size_t i = 0; i < rep->n_rows; i++) {
+        const struct ekv_result_row *c = &rep->rows[i];
+        if (c->budget == r->budget && strlen(c->metric) == nb + ns && !strncmp(c->metric, base, nb) &&
+            !strcmp(c->metric + nb, suffix) && same_series(c, r) && isfinite(c->value)) {
+            *v = c->value;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether metric is the "_lo" or "_hi" end of another metric's interval
+ * (drawn as that metric's error bars, not a plot of its own). */
+static bool interval_end(const struct ekv_report *rep, const char *metric) {
+    const size_t n = strlen(metric);
+    if (n < 4 || (strcmp(metric + n - 3, "_lo") && strcmp(metric + n - 3, "_hi"))) return false;
+    for (size_t i = 0; i < rep->n_rows; i++)
+        if (strlen(rep->rows[i].metric) == n - 3 && !strncmp(rep->rows[i].metric, metric, n - 3)) return true;
+    return false;
+}
+
 static enum ekv_status plot_script(const struct ekv_report *rep, const char *metric,
                                    const struct ekv_plot_opts *o, struct sbuf *b) {
     /* series (policy, storage type) with this metric, first-seen order */
@@ -579,7 +605,10 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
     /* A policy measured at a single budget (the full cache, typically) is
      * drawn as a dashed horizontal reference line across the plot. */
     double *single = malloc((np ? np : 1) * sizeof *single);
-    if (!single) {
+    bool *bars = malloc((np ? np : 1) * sizeof *bars);
+    if (!single || !bars) {
+        free(single);
+        free(bars);
         free(pts);
         free(pol);
         return ekv_error_set(EKV_ERR_NOMEM, "plot: no memory");
@@ -592,8 +621,20 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
         }
         qsort(pts, n, sizeof *pts, cmp_row_budget);
         single[k] = n == 1 ? pts[0]->value : NAN;
+        /* an interval (metric_lo, metric_hi at every point) becomes error bars */
+        bars[k] = n > 0;
+        for (size_t i = 0; i < n && bars[k]; i++) {
+            double lo, hi;
+            bars[k] = companion(rep, pts[i], metric, "_lo", &lo) && companion(rep, pts[i], metric, "_hi", &hi);
+        }
         sb_printf(b, "$d%zu << EOD\n", k);
-        for (size_t i = 0; i < n; i++) sb_printf(b, "%.9g %.9g\n", pts[i]->budget, pts[i]->value);
+        for (size_t i = 0; i < n; i++) {
+            double lo = 0, hi = 0;
+            sb_printf(b, "%.9g %.9g", pts[i]->budget, pts[i]->value);
+            if (bars[k] && companion(rep, pts[i], metric, "_lo", &lo) && companion(rep, pts[i], metric, "_hi", &hi))
+                sb_printf(b, " %.9g %.9g", lo, hi);
+            sb_printf(b, "\n");
+        }
         sb_printf(b, "EOD\n");
     }
     sb_printf(b, "plot ");
@@ -604,11 +645,13 @@ static enum ekv_status plot_script(const struct ekv_report *rep, const char *met
         if (isfinite(single[k]))
             sb_printf(b, "%.9g with lines dt 2 lw 2 title \"%s\"", single[k], title);
         else
-            sb_printf(b, "$d%zu using 1:2 with linespoints lw 2 lc rgb \"%s\" pt %d title \"%s\"", k,
+            sb_printf(b, "$d%zu using %s lw 2 lc rgb \"%s\" pt %d title \"%s\"", k,
+                      bars[k] ? "1:2:3:4 with yerrorlines" : "1:2 with linespoints",
                       k_colors[k % EV_ARRAY_LEN(k_colors)], k_points[k % EV_ARRAY_LEN(k_points)], title);
     }
     sb_printf(b, "\n");
     free(single);
+    free(bars);
     free(pts);
     free(pol);
     return b->oom ? ekv_error_set(EKV_ERR_NOMEM, "plot: no memory for the script") : EKV_OK;
@@ -766,6 +809,7 @@ enum ekv_status ekv_report_plot(const struct ekv_report *rep, const char *dir,
     /* 1. scripts */
     for (size_t m = 0; m < pv.n_metrics && st == EKV_OK; m++) {
         const char *metric = rep->rows[pv.metrics[m]].metric;
+        if (interval_end(rep, metric)) continue;
         struct sbuf b = {0};
         st = plot_script(rep, metric, opts, &b);
         char *path = st == EKV_OK ? path_join(dir, metric, ".gp") : NULL;
@@ -806,6 +850,7 @@ enum ekv_status ekv_report_plot(const struct ekv_report *rep, const char *dir,
         char pname[80];
         if (m >= pv.n_metrics) snprintf(pname, sizeof pname, "pareto_%s", pareto[m - pv.n_metrics]);
         const char *metric = m < pv.n_metrics ? rep->rows[pv.metrics[m]].metric : pname;
+        if (m < pv.n_metrics && interval_end(rep, metric)) continue;
         char *png = path_join(dir, metric, ".png");
         struct stat sb;
         if (!png) st = ekv_error_set(EKV_ERR_NOMEM, "plot: no memory");

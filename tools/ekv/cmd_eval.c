@@ -369,8 +369,34 @@ static size_t baseline_of(const struct eval *e, size_t c) {
     return count == 1 ? only : e->n_cells;
 }
 
-/* --compare-to: ppl_ratio, ppl_ratio_lo and ppl_ratio_hi rows (n = units)
- * for every cell whose baseline exists, per storage type. */
+/* Adds the rows NAME, NAME_lo and NAME_hi (n = units measured). */
+static enum ekv_status add_interval(struct eval *e, size_t c, size_t ty, const char *name, double v, double lo,
+                                   double hi, size_t n) {
+    const char *pol = e->cells[c].policy, *ty_l = e->types[ty].label;
+    const double bud = e->cells[c].budget;
+    char key[64];
+    enum ekv_status s = ekv_report_add_kv(&e->rep, pol, ty_l, bud, name, v, n);
+    snprintf(key, sizeof key, "%s_lo", name);
+    if (s == EKV_OK) s = ekv_report_add_kv(&e->rep, pol, ty_l, bud, key, lo, n);
+    snprintf(key, sizeof key, "%s_hi", name);
+    if (s == EKV_OK) s = ekv_report_add_kv(&e->rep, pol, ty_l, bud, key, hi, n);
+    return s;
+}
+
+/* The per-unit mean of accuracy (rouge == false) or ROUGE-L F of cell x,
+ * or false when the unit has none. */
+static bool unit_score(const struct ekv_eval_cell *x, bool rouge, double *v) {
+    const struct ekv_mean_acc *m = rouge ? &x->rouge_f : &x->acc;
+    if (m->n == 0) return false;
+    *v = ekv_mean_value(m);
+    return true;
+}
+
+/* --compare-to: for every cell whose baseline exists, per storage type,
+ * ppl_ratio (with _lo and _hi: paired bootstrap 95 % interval over units)
+ * and, for the metrics measured, acc_diff and rouge_l_f_diff (the mean
+ * difference to the baseline over the units both have, with its interval;
+ * the same 2,000 resamples and seed). */
 static enum ekv_status compare_rows(struct eval *e) {
     const size_t nu = e->run.n_units, nct = e->n_cells * e->n_types;
     double *a = malloc(nu * sizeof *a), *b = malloc(nu * sizeof *b);
@@ -380,19 +406,23 @@ static enum ekv_status compare_rows(struct eval *e) {
         for (size_t c = 0; c < e->n_cells && s == EKV_OK; c++) {
             const size_t base = baseline_of(e, c);
             if (base == e->n_cells) continue;
+            const struct ekv_eval_cell *xs = &e->unit_acc[ty * e->n_cells + c];
+            const struct ekv_eval_cell *ys = &e->unit_acc[ty * e->n_cells + base];
             for (size_t u = 0; u < nu; u++) {
-                const struct ekv_eval_cell *x = &e->unit_acc[u * nct + ty * e->n_cells + c];
-                const struct ekv_eval_cell *y = &e->unit_acc[u * nct + ty * e->n_cells + base];
+                const struct ekv_eval_cell *x = xs + u * nct, *y = ys + u * nct;
                 a[u] = x->ppl.nll_sum, b[u] = y->ppl.nll_sum, tok[u] = x->ppl.n_tokens;
                 if (x->ppl.n_tokens != y->ppl.n_tokens) tok[u] = 0, a[u] = b[u] = 0; /* not paired: left out */
             }
             double r, lo, hi;
-            if (ekv_bootstrap_ppl_ratio(a, b, tok, nu, 2000, 0x5EEDB007u, &r, &lo, &hi) != EKV_OK) continue;
-            const char *pol = e->cells[c].policy, *ty_l = e->types[ty].label;
-            const double bud = e->cells[c].budget;
-            s = ekv_report_add_kv(&e->rep, pol, ty_l, bud, "ppl_ratio", r, nu);
-            if (s == EKV_OK) s = ekv_report_add_kv(&e->rep, pol, ty_l, bud, "ppl_ratio_lo", lo, nu);
-            if (s == EKV_OK) s = ekv_report_add_kv(&e->rep, pol, ty_l, bud, "ppl_ratio_hi", hi, nu);
+            if (ekv_bootstrap_ppl_ratio(a, b, tok, nu, 2000, 0x5EEDB007u, &r, &lo, &hi) == EKV_OK)
+                s = add_interval(e, c, ty, "ppl_ratio", r, lo, hi, nu);
+            for (int rouge = 0; rouge < 2 && s == EKV_OK; rouge++) {
+                size_t n = 0;
+                for (size_t u = 0; u < nu; u++)
+                    if (unit_score(xs + u * nct, rouge, &a[n]) && unit_score(ys + u * nct, rouge, &b[n])) n++;
+                if (n && ekv_bootstrap_mean_diff(a, b, n, 2000, 0x5EEDB007u, &r, &lo, &hi) == EKV_OK)
+                    s = add_interval(e, c, ty, rouge ? "rouge_l_f_diff" : "acc_diff", r, lo, hi, n);
+            }
         }
     free(a), free(b), free(tok);
     return s;
