@@ -253,6 +253,8 @@ struct ekv_eval_item {
     size_t line;        /* 1-based line of the item in the file */
     int32_t score_from; /* JSONL "score_from": answer tokens fed but not scored
                            (a cue inside the answer); 0 when absent */
+    char *type;         /* JSONL "type" (or "category"): the item's kind, e.g. a question
+                           type, for per-type results; NULL if absent */
 };
 
 struct ekv_dataset {

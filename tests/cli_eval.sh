@@ -67,6 +67,21 @@ mr=$(grep "^h2o+merge,f16,0.3,ppl_ratio," "$T/pb/results.csv" | cut -d, -f5)
 mp=$(grep "^h2o+merge,f16,0.3,ppl," "$T/pb/results.csv" | cut -d, -f5)
 awk -v r="$mr" -v p="$mp" -v h="$hp" 'BEGIN { exit !(r > 0 && (r - p / h) ^ 2 < 1e-6) }' \
   && ! grep -q "^local,f16,0.3,ppl_ratio" "$T/pb/results.csv" && ok || bad "--compare-to base: $mr vs $mp / $hp"
+# --per-type: the first 4 items typed a, b, a, b; each type's rows pool back to the whole cell's (ROUGE-L a mean over items, PPL over tokens)
+head -4 data/tinystories_eval.jsonl | awk '{ t = (NR % 2) ? "a" : "b"; sub(/^\{/, "{\"type\": \"" t "\", "); print }' > "$T/typed.jsonl"
+"$EKV" eval -f "$T/typed.jsonl" -c 512 -n 16 --metric ppl,rouge --kv-policy h2o --kv-budget 0.3 --per-type \
+  -o "$T/ty" --no-plot > /dev/null 2> "$T/ty.err" && ok || { bad "--per-type run failed"; cat "$T/ty.err" >&2; }
+awk -F, '$1 == "h2o" { v[$4] = $5; n[$4] = $6 }
+  END { ra = v["rouge_l_f.a"] * n["rouge_l_f.a"] + v["rouge_l_f.b"] * n["rouge_l_f.b"];
+        lp = log(v["ppl.a"]) * n["ppl.a"] + log(v["ppl.b"]) * n["ppl.b"];
+        exit !(n["rouge_l_f.a"] == 2 && n["rouge_l_f.b"] == 2 && (ra / 4 - v["rouge_l_f"]) ^ 2 < 1e-12 &&
+               n["ppl.a"] + n["ppl.b"] == n["ppl"] && (exp(lp / n["ppl"]) - v["ppl"]) ^ 2 < 1e-9 &&
+               !("kv_frac.a" in v) && !("rouge_l_p.a" in v)) }' "$T/ty/results.csv" \
+  && ok || bad "--per-type rows do not pool to the cell's: $(grep '\.[ab],' "$T/ty/results.csv" | tr '\n' ' ')"
+sed -e '1s/"type": "a"/"type": "x y"/' -e '3s/"type": "a"/"type": "x_y"/' "$T/typed.jsonl" > "$T/clash.jsonl"
+"$EKV" eval -f "$T/clash.jsonl" -c 512 -n 4 --metric ppl --kv-policy h2o --kv-budget 0.3 --per-type -o "$T/cl" \
+  --no-plot > /dev/null 2> "$T/cl.err"
+[ $? -eq 1 ] && grep -q "same name 'x_y'" "$T/cl.err" && ok || bad "--per-type: types that clash must exit 1"
 "$EKV" eval --limit 1 -c 512 --kv-policy h2o,local --compare-to snapkv -o "$T/bad" --no-plot > /dev/null 2> "$T/bad.err"
 [ $? -eq 1 ] && grep -q "snapkv" "$T/bad.err" && ok || bad "--compare-to a policy outside the list must exit 1"
 

@@ -457,9 +457,9 @@ static void test_dataset_jsonl(void) {
                "{\"instruction\":\"i1\",\"answer\":\"a1\",\"system\":\"s1\",\"image\":\"img.png\",\"id\":7}\n"
                "{\"prompt\":\"i2\",\"reference\":\"a2\"}\r\n"
                "   \n"
-               "{\"question\":\"i3\",\"output\":\"a3\",\"question_id\":\"q3\"}\n"
-               "{\"article\":\"i4\",\"summary_gt\":\"a4\"}\n"
-               "{\"input\":\"i5\",\"target\":\"a5\"}\n"
+               "{\"question\":\"i3\",\"output\":\"a3\",\"question_id\":\"q3\",\"type\":\"color\"}\n"
+               "{\"article\":\"i4\",\"summary_gt\":\"a4\",\"type\":3,\"category\":\"news\"}\n"
+               "{\"input\":\"i5\",\"target\":\"a5\",\"type\":{\"k\":1}}\n"
                "{\"document\":\"i6\",\"summary\":\"a6\",\"extra\":[1,2,{\"x\":null}]}\n"
                "{\"instruction\":\"first\",\"prompt\":\"second\",\"answer\":\"A\",\"output\":\"B\"}\n"
                "{\"instruction\":\"no answer \\u00e9\\n\"}");
@@ -482,6 +482,10 @@ static void test_dataset_jsonl(void) {
         CHECK(strcmp(ds.items[0].system, "s1") == 0 && strcmp(ds.items[0].image, "img.png") == 0);
         CHECK(strcmp(ds.items[0].id, "7") == 0 && strcmp(ds.items[2].id, "q3") == 0);
         CHECK(ds.items[1].system == NULL && ds.items[1].image == NULL && ds.items[1].id == NULL);
+        /* "type" (else "category") as a string; other values are not types */
+        CHECK(ds.items[2].type && !strcmp(ds.items[2].type, "color"));
+        CHECK(ds.items[3].type && !strcmp(ds.items[3].type, "news"));
+        CHECK(ds.items[4].type == NULL && ds.items[0].type == NULL);
     }
     ekv_dataset_free(&ds);
 

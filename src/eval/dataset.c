@@ -48,6 +48,7 @@ static bool has_suffix(const char *s, const char *suf) {
 
 static void item_free(struct ekv_eval_item *it) {
     free(it->id);
+    free(it->type);
     free(it->system);
     free(it->instruction);
     free(it->answer);
@@ -246,6 +247,21 @@ static enum ekv_status get_id(const cJSON *obj, const char *where, char **dst) {
     return EKV_OK;
 }
 
+/* "type" (else "category"): the item's kind for per-type results, a
+ * string; any other value (a number, an object: data sets use these names
+ * for other things) is not a type and is ignored. */
+static enum ekv_status get_type(const cJSON *obj, const char *where, char **dst) {
+    *dst = NULL;
+    static const char *const keys[] = {"type", "category"};
+    for (size_t i = 0; i < EV_ARRAY_LEN(keys); i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, keys[i]);
+        if (!cJSON_IsString(v) || !v->valuestring || !v->valuestring[0]) continue;
+        *dst = dup_n(v->valuestring, strlen(v->valuestring));
+        return *dst ? EKV_OK : ekv_error_set(EKV_ERR_NOMEM, "%s: no memory for field \"%s\"", where, keys[i]);
+    }
+    return EKV_OK;
+}
+
 /* Parses one non-blank JSONL line into it. */
 static enum ekv_status parse_item(char *line, size_t n, const char *path, size_t lineno,
                                   const struct ekv_data_opts *o, struct ekv_eval_item *it) {
@@ -301,6 +317,7 @@ static enum ekv_status parse_item(char *line, size_t n, const char *path, size_t
     st = get_field(obj, sys_key, 1, where, &it->system, NULL);
     if (st == EKV_OK) st = get_images(obj, where, it);
     if (st == EKV_OK) st = get_id(obj, where, &it->id);
+    if (st == EKV_OK) st = get_type(obj, where, &it->type);
     if (st == EKV_OK) st = get_score_from(obj, where, &it->score_from);
 done:
     cJSON_Delete(obj);

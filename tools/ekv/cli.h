@@ -110,6 +110,7 @@ struct cli_params {
     const char *image_dir;
     const char *per_item;   /* --per-item FILE (JSONL) or NULL */
     const char *compare_to; /* --compare-to POLICY or NULL */
+    bool per_type;          /* --per-type: metrics per item "type" too */
     /* bench */
     struct cli_list n_prompt, n_gen, depth, batch, threads_list;
     long reps;

@@ -428,6 +428,76 @@ static enum ekv_status compare_rows(struct eval *e) {
     return s;
 }
 
+/* The metrics --per-type repeats per item type: the quality ones. */
+static bool per_type_metric(const char *m) {
+    static const char *const k[] = {"ppl", "acc", "rouge_l_f", "kl", "top1", "hit_rate"};
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++)
+        if (!strcmp(m, k[i])) return true;
+    return false;
+}
+
+/* A type as the tail of a metric name: at most 40 characters, those
+ * outside [A-Za-z0-9_.-] as '_'. */
+static void type_tag(const char *t, char *out, size_t cap) {
+    size_t n = 0;
+    for (; t[n] && n + 1 < cap && n < 40; n++) {
+        const char c = t[n];
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                        c == '-' || c == '.';
+        out[n] = ok ? c : '_';
+    }
+    out[n] = '\0';
+}
+
+#define EVAL_MAX_TYPES 64
+
+/* --per-type: every cell's quality metrics again over the units whose
+ * item has type T, as rows "<metric>.<T>", types in first-seen order (at
+ * most EVAL_MAX_TYPES; units without a type are in none). */
+static enum ekv_status type_rows(struct eval *e) {
+    const size_t nu = e->run.n_units, nct = e->n_cells * e->n_types;
+    const char *types[EVAL_MAX_TYPES];
+    char tags[EVAL_MAX_TYPES][48];
+    size_t nt = 0;
+    for (size_t u = 0; u < nu; u++) {
+        const char *t = e->ds.items[e->run.units[u].item].type;
+        size_t k = 0;
+        while (t && k < nt && strcmp(types[k], t)) k++;
+        if (!t || k < nt) continue;
+        if (nt == EVAL_MAX_TYPES)
+            return ekv_error_set(EKV_ERR_INVALID_ARG, "--per-type: more than %d item types", EVAL_MAX_TYPES);
+        type_tag(t, tags[nt], sizeof tags[nt]);
+        for (size_t j = 0; j < nt; j++)
+            if (!strcmp(tags[j], tags[nt]))
+                return ekv_error_set(EKV_ERR_INVALID_ARG, "--per-type: item types '%s' and '%s' give the same name '%s'",
+                                     types[j], t, tags[nt]);
+        types[nt++] = t;
+    }
+    enum ekv_status s = EKV_OK;
+    for (size_t k = 0; k < nt && s == EKV_OK; k++)
+        for (size_t ct = 0; ct < nct && s == EKV_OK; ct++) {
+            struct ekv_eval_cell agg;
+            ekv_eval_cell_init(&agg);
+            for (size_t u = 0; u < nu; u++) {
+                const char *t = e->ds.items[e->run.units[u].item].type;
+                if (t && !strcmp(t, types[k])) ekv_eval_cell_merge(&agg, &e->unit_acc[u * nct + ct]);
+            }
+            const size_t c = ct % e->n_cells;
+            const char *pol = e->cells[c].policy, *ty_l = e->types[ct / e->n_cells].label;
+            struct ekv_report tmp;
+            ekv_report_init(&tmp);
+            s = ekv_eval_cell_report_kv(&agg, e->cfg.metrics, pol, ty_l, e->cells[c].budget, &tmp);
+            for (size_t i = 0; i < tmp.n_rows && s == EKV_OK; i++) {
+                if (!per_type_metric(tmp.rows[i].metric)) continue;
+                char name[80];
+                snprintf(name, sizeof name, "%s.%s", tmp.rows[i].metric, tags[k]);
+                s = ekv_report_add_kv(&e->rep, pol, ty_l, e->cells[c].budget, name, tmp.rows[i].value, tmp.rows[i].n);
+            }
+            ekv_report_free(&tmp);
+        }
+    return s;
+}
+
 /* --per-item FILE: one JSON object per unit and cell (the measurements
  * that unit has), written to FILE.tmp and renamed (no partial file). */
 static bool write_per_item(const struct eval *e) {
@@ -449,6 +519,7 @@ static bool write_per_item(const struct eval *e) {
             cJSON_AddNumberToObject(o, "unit", (double)u);
             if (it->id) cJSON_AddStringToObject(o, "id", it->id);
             else cJSON_AddNumberToObject(o, "item", (double)e->run.units[u].item);
+            if (it->type) cJSON_AddStringToObject(o, "type", it->type);
             cJSON_AddStringToObject(o, "policy", e->cells[ct % e->n_cells].policy);
             cJSON_AddStringToObject(o, "kv_type", e->types[ct / e->n_cells].label);
             cJSON_AddNumberToObject(o, "budget", e->cells[ct % e->n_cells].budget);
@@ -495,6 +566,7 @@ static int eval_report(struct eval *e) {
                     return cli_fail(CMD, s);
     }
     if (p->compare_to && (s = compare_rows(e)) != EKV_OK) return cli_fail(CMD, s);
+    if (p->per_type && (s = type_rows(e)) != EKV_OK) return cli_fail(CMD, s);
     if (p->per_item && !write_per_item(e)) return 1;
     char title[512];
     snprintf(title, sizeof title, "%s on %s (%zu items, %zu units)", basename_of(e->model_path),

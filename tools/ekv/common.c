@@ -186,6 +186,9 @@ static const struct cli_opt k_opts[] = {
      NULL, NULL, "", false},
     {E, G_EVAL, "--per-item", NULL, "FILE", "also write every item x cell's measurements to FILE (JSONL)", K_STR,
      OFF(per_item), 0, 0, NULL, NULL, "", false},
+    {E, G_EVAL, "--per-type", NULL, NULL,
+     "also each quality metric per item type (JSONL \"type\" or \"category\"):\nrows <metric>.<type>, e.g. acc.color",
+     K_FLAG, OFF(per_type), 0, 0, NULL, NULL, NULL, false},
     {E, G_EVAL, "--compare-to", NULL, "POLICY",
      "ppl_ratio rows: each cell's PPL over POLICY's (same budget, else its only\ncell) with a paired bootstrap 95%"
      " interval over items (ppl_ratio_lo/hi),\nand acc_diff / rouge_l_f_diff rows (mean difference, same bootstrap);\n'base': each X+merge cell over X's", K_STR, OFF(compare_to), 0, 0, NULL,
