@@ -204,6 +204,7 @@ struct seq_arg {
     struct ekv_context *ctx;
     int32_t n_vocab;
     struct ekv_kv_params kv;
+    bool no_save; /* a cache that cannot be saved (on a GPU): no save / load part */
 };
 
 static double sum_of(const float *x, int32_t n) {
@@ -212,7 +213,8 @@ static double sum_of(const float *x, int32_t n) {
     return s;
 }
 
-/* prompt, 2 steps, copy, a step of the copy, save, load, a step of the loaded */
+/* prompt, 2 steps, copy, a step of the copy, save, load, a step of the
+ * loaded (the last three unless a->no_save) */
 static enum ekv_status sc_seq(void *argp, double *sum) {
     struct seq_arg *a = argp;
     int32_t toks[24];
@@ -227,10 +229,10 @@ static enum ekv_status sc_seq(void *argp, double *sum) {
     if (s == EKV_OK) s = ekv_seq_copy(s1, &s2);
     if (s == EKV_OK) s = ekv_seq_decode(s2, toks[20], lg);
     if (s == EKV_OK) *sum += sum_of(lg, a->n_vocab);
-    if (s == EKV_OK) s = ekv_seq_save_mem(s1, toks, 16, &buf, &n);
-    if (s == EKV_OK) s = ekv_seq_load_mem(a->ctx, buf, n, &s3, NULL, NULL);
-    if (s == EKV_OK) s = ekv_seq_decode(s3, toks[21], lg);
-    if (s == EKV_OK) *sum += sum_of(lg, a->n_vocab) + (double)n;
+    if (s == EKV_OK && !a->no_save) s = ekv_seq_save_mem(s1, toks, 16, &buf, &n);
+    if (s == EKV_OK && !a->no_save) s = ekv_seq_load_mem(a->ctx, buf, n, &s3, NULL, NULL);
+    if (s == EKV_OK && !a->no_save) s = ekv_seq_decode(s3, toks[21], lg);
+    if (s == EKV_OK && !a->no_save) *sum += sum_of(lg, a->n_vocab) + (double)n;
     free(buf);
     ekv_seq_free(s3);
     ekv_seq_free(s2);
@@ -391,19 +393,9 @@ static enum ekv_status sc_gpu(void *argp, double *sum) {
     enum ekv_status s = ekv_context_new(a->model, &cp, &c);
     struct ekv_model_info mi;
     ekv_model_get_info(a->model, &mi);
-    int32_t toks[24];
-    for (int i = 0; i < 24; i++) toks[i] = 1 + (i * 37 + 11) % (mi.n_vocab - 1);
-    float *lg = __real_malloc((size_t)mi.n_vocab * sizeof *lg);
-    struct ekv_seq *s1 = NULL, *s2 = NULL;
-    if (s == EKV_OK) s = lg ? ekv_seq_new(c, &a->kv, &s1) : EKV_ERR_NOMEM;
-    if (s == EKV_OK) s = ekv_seq_prefill(s1, toks, 14, lg);
-    for (int i = 0; i < 2 && s == EKV_OK; i++) s = ekv_seq_decode(s1, toks[14 + i], lg);
-    if (s == EKV_OK) s = ekv_seq_copy(s1, &s2); /* a copy on the device (a saved GPU cache is refused) */
-    if (s == EKV_OK) s = ekv_seq_decode(s2, toks[20], lg);
-    if (s == EKV_OK) *sum += sum_of(lg, mi.n_vocab);
-    ekv_seq_free(s2);
-    ekv_seq_free(s1);
-    free(lg);
+    /* sc_seq's prompt, steps, copy (on the device) and its step; a saved GPU cache is refused */
+    struct seq_arg sa = {.ctx = c, .n_vocab = mi.n_vocab, .kv = a->kv, .no_save = true};
+    if (s == EKV_OK) s = sc_seq(&sa, sum);
     ekv_context_free(c);
     return s;
 }
