@@ -177,9 +177,6 @@ static enum ekv_status get_field(const cJSON *obj, const char *const *keys, size
     return EKV_OK;
 }
 
-/* "score_from": how many answer tokens are fed but not scored (a cue the
- * answer carries, so that the scored tokens are read through the compressed
- * cache); a whole number in [0, 1000000], 0 when absent. */
 #define EV_MAX_IMAGES 16
 
 /* "image": one path, or "images": an array of 1..16 paths (not both);
@@ -208,6 +205,9 @@ static enum ekv_status get_images(const cJSON *obj, const char *where, struct ek
     return EKV_OK;
 }
 
+/* "score_from": how many answer tokens are fed but not scored (a cue the
+ * answer carries, so that the scored tokens are read through the compressed
+ * cache); a whole number in [0, 1000000], 0 when absent. */
 static enum ekv_status get_score_from(const cJSON *obj, const char *where, int32_t *dst) {
     *dst = 0;
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, "score_from");
