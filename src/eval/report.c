@@ -6,7 +6,8 @@
  * (pareto_<metric>.png: quality against bytes, a point per cell); a metric
  * with an interval (metric_lo, metric_hi: --compare-to) gets error bars
  * instead of plots of its ends. Plus the small parsers for the
- * comma-separated grid options and the progress line formatter. Nothing here prints; gnuplot's own output goes to a log file.
+ * comma-separated grid options and the progress line formatter. Nothing
+ * here prints; gnuplot's own output goes to a log file.
  */
 #include <errno.h>
 #include <fcntl.h>
