@@ -229,10 +229,12 @@ static enum ekv_status sc_seq(void *argp, double *sum) {
     if (s == EKV_OK) s = ekv_seq_copy(s1, &s2);
     if (s == EKV_OK) s = ekv_seq_decode(s2, toks[20], lg);
     if (s == EKV_OK) *sum += sum_of(lg, a->n_vocab);
-    if (s == EKV_OK && !a->no_save) s = ekv_seq_save_mem(s1, toks, 16, &buf, &n);
-    if (s == EKV_OK && !a->no_save) s = ekv_seq_load_mem(a->ctx, buf, n, &s3, NULL, NULL);
-    if (s == EKV_OK && !a->no_save) s = ekv_seq_decode(s3, toks[21], lg);
-    if (s == EKV_OK && !a->no_save) *sum += sum_of(lg, a->n_vocab) + (double)n;
+    if (!a->no_save) {
+        if (s == EKV_OK) s = ekv_seq_save_mem(s1, toks, 16, &buf, &n);
+        if (s == EKV_OK) s = ekv_seq_load_mem(a->ctx, buf, n, &s3, NULL, NULL);
+        if (s == EKV_OK) s = ekv_seq_decode(s3, toks[21], lg);
+        if (s == EKV_OK) *sum += sum_of(lg, a->n_vocab) + (double)n;
+    }
     free(buf);
     ekv_seq_free(s3);
     ekv_seq_free(s2);

@@ -462,6 +462,13 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The 2.5 % and 97.5 % points of the n resampled statistics r (sorted here). */
+static void boot_ends(double *r, size_t n, double *lo, double *hi) {
+    qsort(r, n, sizeof *r, cmp_double);
+    *lo = r[(size_t)floor(0.025 * (double)(n - 1))];
+    *hi = r[(size_t)ceil(0.975 * (double)(n - 1))];
+}
+
 enum ekv_status ekv_bootstrap_ppl_ratio(const double *nll_a, const double *nll_b, const size_t *tok, size_t n,
                                         size_t resamples, uint64_t seed, double *ratio, double *lo, double *hi) {
     if (!nll_a || !nll_b || !tok || !ratio || !lo || !hi || n == 0 || resamples == 0)
@@ -488,9 +495,7 @@ enum ekv_status ekv_bootstrap_ppl_ratio(const double *nll_a, const double *nll_b
         } while (st <= 0);
         r[k] = exp((sa - sb) / st);
     }
-    qsort(r, resamples, sizeof *r, cmp_double);
-    *lo = r[(size_t)floor(0.025 * (double)(resamples - 1))];
-    *hi = r[(size_t)ceil(0.975 * (double)(resamples - 1))];
+    boot_ends(r, resamples, lo, hi);
     free(r);
     return EKV_OK;
 }
@@ -517,9 +522,7 @@ enum ekv_status ekv_bootstrap_mean_diff(const double *a, const double *b, size_t
         }
         r[k] = s / (double)n;
     }
-    qsort(r, resamples, sizeof *r, cmp_double);
-    *lo = r[(size_t)floor(0.025 * (double)(resamples - 1))];
-    *hi = r[(size_t)ceil(0.975 * (double)(resamples - 1))];
+    boot_ends(r, resamples, lo, hi);
     free(r);
     return EKV_OK;
 }

@@ -459,29 +459,32 @@ static enum ekv_status type_rows(struct eval *e) {
     const char *types[EVAL_MAX_TYPES];
     char tags[EVAL_MAX_TYPES][48];
     size_t nt = 0;
-    for (size_t u = 0; u < nu; u++) {
+    size_t *tix = malloc((nu ? nu : 1) * sizeof *tix); /* [nu] each unit's type, nt for none */
+    if (!tix) return ekv_error_set(EKV_ERR_NOMEM, "--per-type: no memory");
+    enum ekv_status s = EKV_OK;
+    for (size_t u = 0; u < nu && s == EKV_OK; u++) {
         const char *t = e->ds.items[e->run.units[u].item].type;
         size_t k = 0;
         while (t && k < nt && strcmp(types[k], t)) k++;
+        tix[u] = t ? k : EVAL_MAX_TYPES;
         if (!t || k < nt) continue;
-        if (nt == EVAL_MAX_TYPES)
-            return ekv_error_set(EKV_ERR_INVALID_ARG, "--per-type: more than %d item types", EVAL_MAX_TYPES);
+        if (nt == EVAL_MAX_TYPES) {
+            s = ekv_error_set(EKV_ERR_INVALID_ARG, "--per-type: more than %d item types", EVAL_MAX_TYPES);
+            break;
+        }
         type_tag(t, tags[nt], sizeof tags[nt]);
-        for (size_t j = 0; j < nt; j++)
+        for (size_t j = 0; j < nt && s == EKV_OK; j++)
             if (!strcmp(tags[j], tags[nt]))
-                return ekv_error_set(EKV_ERR_INVALID_ARG, "--per-type: item types '%s' and '%s' give the same name '%s'",
-                                     types[j], t, tags[nt]);
+                s = ekv_error_set(EKV_ERR_INVALID_ARG, "--per-type: item types '%s' and '%s' give the same name '%s'",
+                                  types[j], t, tags[nt]);
         types[nt++] = t;
     }
-    enum ekv_status s = EKV_OK;
     for (size_t k = 0; k < nt && s == EKV_OK; k++)
         for (size_t ct = 0; ct < nct && s == EKV_OK; ct++) {
             struct ekv_eval_cell agg;
             ekv_eval_cell_init(&agg);
-            for (size_t u = 0; u < nu; u++) {
-                const char *t = e->ds.items[e->run.units[u].item].type;
-                if (t && !strcmp(t, types[k])) ekv_eval_cell_merge(&agg, &e->unit_acc[u * nct + ct]);
-            }
+            for (size_t u = 0; u < nu; u++)
+                if (tix[u] == k) ekv_eval_cell_merge(&agg, &e->unit_acc[u * nct + ct]);
             const size_t c = ct % e->n_cells;
             const char *pol = e->cells[c].policy, *ty_l = e->types[ct / e->n_cells].label;
             struct ekv_report tmp;
@@ -490,11 +493,12 @@ static enum ekv_status type_rows(struct eval *e) {
             for (size_t i = 0; i < tmp.n_rows && s == EKV_OK; i++) {
                 if (!per_type_metric(tmp.rows[i].metric)) continue;
                 char name[80];
-                snprintf(name, sizeof name, "%s.%s", tmp.rows[i].metric, tags[k]);
+                snprintf(name, sizeof name, "%s.%.40s", tmp.rows[i].metric, tags[k]); /* a tag is at most 40 */
                 s = ekv_report_add_kv(&e->rep, pol, ty_l, e->cells[c].budget, name, tmp.rows[i].value, tmp.rows[i].n);
             }
             ekv_report_free(&tmp);
         }
+    free(tix);
     return s;
 }
 
