@@ -59,6 +59,36 @@ EKV_INLINE float wscalar(enum fkind k, const void *row, int64_t i) {
     }
 }
 
+/* The sums of 16 accumulators a[r][t] (4 weight rows x 4 activation rows),
+ * each added in ekv_hsum8's order after its two 8-lane halves: lanes i and
+ * i + 8, then i and i + 4 of that, then 0 + 2 and 1 + 3, then those two.
+ * Every step does the same adds for 2-4 accumulators at once (float
+ * addition commutes exactly, so the bits are those of the one-at-a-time
+ * reduction). Result: 128-bit lane t holds rows 0-3 of activation row t. */
+EKV_INLINE __m512 reduce4x4(const __m512 a[4][4]) {
+    __m512 z[4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        __m512 h[2];
+        #pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) { /* [a[r][2p] halves added | a[r][2p+1] ...] */
+            const __m512 u = a[r][2 * p], v = a[r][2 * p + 1];
+            h[p] = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(u, v, _MM_SHUFFLE(3, 2, 3, 2)));
+        }
+        /* quarters: l of a[r][0], a[r][1], a[r][2], a[r][3] */
+        z[r] = _mm512_add_ps(_mm512_shuffle_f32x4(h[0], h[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(h[0], h[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+    /* per 128-bit lane t: [m0, m1 of row 0 or 2 | m0, m1 of row 1 or 3] */
+    const __m512 p = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 q = _mm512_add_ps(_mm512_shuffle_ps(z[2], z[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(z[2], z[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(p, q, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(p, q, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 /* R weight rows x T activation rows: out[t * ldo + r]. */
 EKV_INLINE void ftile(enum fkind k, int R, int T, int64_t n, const void *const *w, const float *const *x, float *out,
                       int64_t ldo) {
@@ -90,15 +120,36 @@ EKV_INLINE void ftile(enum fkind k, int R, int T, int64_t n, const void *const *
         }
         i += 8;
     }
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; r++)
-        #pragma GCC unroll 16
-        for (int t = 0; t < T; t++) {
-            const __m512 a = acc[r][t];
-            float s = ekv_hsum8(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)));
-            for (int64_t j = i; j < n; j++) s += wscalar(k, w[r], j) * x[t][j];
-            out[t * ldo + r] = s;
+    /* the sums, 4 rows x up to 4 activation rows per reduction tree; slots
+     * beyond R or T repeat a real accumulator and are not stored */
+    #pragma GCC unroll 2
+    for (int t0 = 0; t0 < T; t0 += 4) {
+        __m512 a4[4][4];
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            #pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) a4[r][t] = acc[r < R ? r : R - 1][t0 + t < T ? t0 + t : T - 1];
+        const __m512 s = reduce4x4(a4);
+        #pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            if (t0 + t >= T) break;
+            const __m128 q = t == 0 ? _mm512_castps512_ps128(s)
+                             : t == 1 ? _mm512_extractf32x4_ps(s, 1)
+                             : t == 2 ? _mm512_extractf32x4_ps(s, 2)
+                                      : _mm512_extractf32x4_ps(s, 3);
+            if (R == 4)
+                _mm_storeu_ps(out + (t0 + t) * ldo, q);
+            else
+                _mm_mask_storeu_ps(out + (t0 + t) * ldo, (__mmask8)((1u << R) - 1), q);
         }
+    }
+    if (i < n) /* the remaining columns, in order, after the tree's sum */
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++) {
+                float s = out[t * ldo + r];
+                for (int64_t j = i; j < n; j++) s += wscalar(k, w[r], j) * x[t][j];
+                out[t * ldo + r] = s;
+            }
 }
 
 #define FT_CASE(R, T) \

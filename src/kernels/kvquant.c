@@ -180,6 +180,20 @@ void ekv_kivi_dequant_kgroup(const void *grp, int d, int bits, int r0, int r1, f
 /* Views                                                                */
 /* ------------------------------------------------------------------ */
 
+void ekv_kv_f16_from_float(const float *x, uint16_t *dst, int d) {
+    if (ekv_kernels_level() >= EKV_ISA_AVX2)
+        ekv_f32_to_f16_avx2(x, dst, d);
+    else
+        ekv_quant_f16(x, dst, d);
+}
+
+void ekv_kv_row_from_float(enum ekv_kv_type t, const float *x, void *dst, int d) {
+    if (t == EKV_KV_F16)
+        ekv_kv_f16_from_float(x, dst, d);
+    else
+        ekv_kv_traits(t)->from_float(x, dst, (int64_t)d);
+}
+
 /* Rows [j0, j1) of the quantised part (j1 <= v->nq). */
 static void quant_rows(const struct ekv_kv_view *v, int32_t j0, int32_t j1, float *dst, struct ekv_kv_cursor *cur,
                        bool simd) {

@@ -128,5 +128,14 @@ void ekv_kv_rows_to_float_avx2(enum ekv_kv_type t, const void *src, size_t row_b
                                float *dst);
 void ekv_kivi_dequant_kgroup_avx2(const void *grp, int d, int bits, int r0, int r1, float *dst);
 void ekv_f16_to_float_avx2(const uint16_t *src, float *dst, int64_t n);
+void ekv_f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n);
+
+/* One row of d floats into storage of type t (not KIVI): the type's
+ * from_float, or its SIMD encoder (the same bits) when the kernels run at
+ * the AVX2 level or above. Used for every key and value a cache stores. */
+void ekv_kv_row_from_float(enum ekv_kv_type t, const float *x, void *dst, int d);
+
+/* d floats into fp16 (KIVI's unquantised tail), as ekv_kv_row_from_float. */
+void ekv_kv_f16_from_float(const float *x, uint16_t *dst, int d);
 
 #endif

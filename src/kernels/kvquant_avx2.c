@@ -1,6 +1,7 @@
 /*
  * kvquant_avx2.c — AVX2/F16C decoders of the KV-cache storage types
- * (kvquant.h), eight elements per step. Each element gets exactly the
+ * (kvquant.h), eight elements per step, and the f16 encoder that stores
+ * every key and value of an f16 cache. Each element gets exactly the
  * reference's arithmetic (an exact product, then one rounding), so the
  * results equal kvquant.c's bit for bit; tests/test_kvquant.c checks it.
  */
@@ -15,6 +16,27 @@ void ekv_f16_to_float_avx2(const uint16_t *src, float *dst, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ekv_load_f16x8(src + i));
     for (; i < n; i++) dst[i] = ekv_fp16_to_f32(src[i]);
+}
+
+/* vcvtps2ph rounds half to even as ekv_f32_to_fp16 does (overflow to
+ * infinity, subnormal halves included); only a NaN differs: the hardware
+ * keeps the top of the payload, the reference gives the one quiet NaN
+ * (sign | 0x7e00), so NaN lanes are replaced by that. */
+void ekv_f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(src + i);
+        __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+        if (!_mm256_testz_ps(nan, nan)) {
+            const __m256i m32 = _mm256_castps_si256(nan);
+            const __m128i m16 = _mm_packs_epi32(_mm256_castsi256_si128(m32), _mm256_extracti128_si256(m32, 1));
+            const __m128i q = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16((short)0x8000)), _mm_set1_epi16(0x7e00));
+            h = _mm_blendv_epi8(h, q, m16);
+        }
+        _mm_storeu_si128((__m128i *)(void *)(dst + i), h);
+    }
+    for (; i < n; i++) dst[i] = ekv_f32_to_fp16(src[i]);
 }
 
 static void q8_0_row(const struct ekv_block_q8_0 *b, int d, float *dst) {

@@ -119,10 +119,10 @@ enum ekv_status ekv_store_reserve(const struct ekv_store_fmt *f, struct ekv_kv_s
 void ekv_store_append(const struct ekv_store_fmt *f, struct ekv_kv_store *s, int32_t len, const float *x) {
     const size_t d = (size_t)f->d;
     if (is_kivi(f)) {
-        ekv_quant_f16(x, s->tail + (size_t)(len - s->nq) * d, (int64_t)d);
+        ekv_kv_f16_from_float(x, s->tail + (size_t)(len - s->nq) * d, f->d);
         return;
     }
-    ekv_kv_traits(f->type)->from_float(x, s->data + (size_t)len * f->row_bytes, (int64_t)d);
+    ekv_kv_row_from_float(f->type, x, s->data + (size_t)len * f->row_bytes, f->d);
     s->nq = len + 1;
     s->data_used = (size_t)s->nq * f->row_bytes;
 }
@@ -175,14 +175,14 @@ enum ekv_status ekv_store_write(const struct ekv_store_fmt *f, struct ekv_kv_sto
         const int32_t j = idx ? idx[t] : t;
         const float *x = src + (size_t)t * d;
         if (j >= s->nq) {
-            ekv_quant_f16(x, s->tail + (size_t)(j - s->nq) * d, (int64_t)d);
+            ekv_kv_f16_from_float(x, s->tail + (size_t)(j - s->nq) * d, f->d);
         } else if (src_of) {
             src_of[j] = x;
             any_group = true;
         } else if (is_kivi(f)) {
             ekv_kivi_quant_vrow(x, f->d, f->g, bits_of(f), s->data + (size_t)j * f->row_bytes);
         } else {
-            ekv_kv_traits(f->type)->from_float(x, s->data + (size_t)j * f->row_bytes, (int64_t)d);
+            ekv_kv_row_from_float(f->type, x, s->data + (size_t)j * f->row_bytes, f->d);
         }
     }
     enum ekv_status st = any_group ? write_kgroups(f, s, src_of) : EKV_OK;
