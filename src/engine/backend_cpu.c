@@ -127,11 +127,18 @@ static void rope_rows(const struct rows_job *j, int32_t r0, int32_t r1) {
             int64_t r = parts[p].row0 + i;
             float *cs = ctx->rope_cs + (size_t)r * RD; /* the context's RoPE, scaling included */
             const int32_t *mp = parts[p].step.mpos;
-            if (mp) { /* M-RoPE: (time, height, width) of an image row, or text past an image */
-                const int64_t pos[4] = {mp[3 * i], mp[3 * i + 1], mp[3 * i + 2], 0};
-                ekv_rope_sincos_multi(&ctx->rope, pos, cs);
-            } else {
-                ekv_rope_sincos_ext(&ctx->rope, j->rope0[p] + i, cs);
+            /* M-RoPE: (time, height, width) of an image row, or text past an image */
+            const struct ekv_rope_key key = mp ? (struct ekv_rope_key){2, {mp[3 * i], mp[3 * i + 1], mp[3 * i + 2]}}
+                                               : (struct ekv_rope_key){1, {j->rope0[p] + i, 0, 0}};
+            struct ekv_rope_key *have = &ctx->rope_key[r];
+            if (memcmp(have, &key, sizeof key) != 0) { /* else computed by an earlier layer of this forward */
+                if (mp) {
+                    const int64_t pos[4] = {key.p[0], key.p[1], key.p[2], 0};
+                    ekv_rope_sincos_multi(&ctx->rope, pos, cs);
+                } else {
+                    ekv_rope_sincos_ext(&ctx->rope, key.p[0], cs);
+                }
+                *have = key;
             }
             ekv_rope_apply(ctx->q + r * QD, in->n_head, (int)HD, RD, cs, in->rope_neox);
             ekv_rope_apply(ctx->k + r * KVD, in->n_head_kv, (int)HD, RD, cs, in->rope_neox);

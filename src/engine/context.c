@@ -21,8 +21,9 @@ struct ekv_context_params ekv_context_default_params(void) {
 
 static void free_scratch(struct ekv_context *c) {
     free(c->x); free(c->xb); free(c->q); free(c->k); free(c->v);
-    free(c->att); free(c->proj); free(c->gate); free(c->up); free(c->rope_cs);
+    free(c->att); free(c->proj); free(c->gate); free(c->up); free(c->rope_cs); free(c->rope_key);
     c->x = c->xb = c->q = c->k = c->v = c->att = c->proj = c->gate = c->up = c->rope_cs = NULL;
+    c->rope_key = NULL;
     c->scratch_rows = 0;
 }
 
@@ -56,6 +57,7 @@ enum ekv_status ekv_context_reserve(struct ekv_context *c, int32_t rows) {
     c->gate = alloc_rows(ffn_rows, in->n_ff, &ok);
     c->up = alloc_rows(ffn_rows, in->n_ff, &ok);
     c->rope_cs = alloc_rows(want, in->rope_dim, &ok);
+    if (ok && !(c->rope_key = calloc(want, sizeof *c->rope_key))) ok = false; /* kind 0: nothing yet */
     if (!ok) {
         free_scratch(c);
         return ekv_err(EKV_ERR_NOMEM, "out of memory for activations of %d positions", rows);

@@ -14,6 +14,13 @@
 #include "kv/kv.h"
 #include "model/model.h"
 
+/* What a row of ekv_context.rope_cs holds: kind 0 nothing, 1 the position
+ * p[0] (ekv_rope_sincos_ext), 2 the M-RoPE positions p[0..2]. The
+ * context's RoPE parameters never change, so equal keys give equal rows. */
+struct ekv_rope_key {
+    int64_t kind, p[3];
+};
+
 struct ekv_context {
     const struct ekv_model *model;
     struct ekv_context_params params;
@@ -30,6 +37,8 @@ struct ekv_context {
     float *gate;   /* [ffn_rows][n_ff] */
     float *up;     /* [ffn_rows][n_ff] */
     float *rope_cs;/* [rows][rope_dim] {cos, sin} pairs of each row's position */
+    struct ekv_rope_key *rope_key; /* [rows] the position rope_cs row r was computed for: the layers of a
+                                      forward reuse it (backend_cpu.c) */
     struct ekv_rope_params rope; /* the model's RoPE for this context's n_ctx */
     struct ekv_vk_ctx *gpu;      /* the Vulkan device with the model's weights, or NULL (CPU) */
     bool gpu_required;           /* the device was named (vulkan[:N]), not chosen by auto */
