@@ -5,7 +5,9 @@
  * row dots by 4 elements, and no horizontal sums are needed.
  *
  * Decode (one activation row) streams the weights once, one linear stream
- * per thread; prefill uses the same tile with up to 16 activation rows,
+ * per thread, with no software prefetch: on an AMD Zen 4 host a prefetch 8
+ * block columns ahead cost 6-15 % of TinyLlama's Q8_0/Q4_0 decode, and 20-35 %
+ * with two streams a thread (docs/performance.md, "Zen 4 again"); prefill uses the same tile with up to 16 activation rows,
  * the weights of a block column held in registers across them. Every
  * output is computed as the reference does (quant.c): exact int32 block
  * dots, then y += (float)dot * (dw * dx) in block order, so results equal
@@ -40,7 +42,6 @@ EKV_INLINE void xtile(enum qk k, int T, int64_t nb, const uint8_t *g, const stru
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = g + (size_t)b * gb;
-        if (T == 1) _mm_prefetch((const char *)o + 8 * gb, _MM_HINT_T0);
         __m512i w[8];
         if (k == QK8) {
             #pragma GCC unroll 16
