@@ -115,10 +115,12 @@ for f in figs:
     e = [float(r[3]) for r in rows if r[0] == f and r[2] == 'ekv' and r[3] != 'nan']
     l = [float(r[3]) for r in rows if r[0] == f and r[2] == 'llama.cpp' and r[3] != 'nan']
     loads = [r[4] for r in rows if r[0] == f]
-    if not e or not l:
-        print(f"| {labels[f]} | - | - | - | failed |"); continue
-    me, ml = statistics.median(e), statistics.median(l)
     lf = sorted(float(x) for x in loads if x != "nan")
     lr = f"{lf[0]:.2f}-{lf[-1]:.2f}" if lf else "?"
+    if not e or not l: # one tool failed (or is not built): the other's median still shown
+        me = f"{statistics.median(e):.2f}" if e else "- (failed)"
+        ml = f"{statistics.median(l):.2f}" if l else "- (failed)"
+        print(f"| {labels[f]} | {ml} | {me} | - | {lr} |"); continue
+    me, ml = statistics.median(e), statistics.median(l)
     print(f"| {labels[f]} | {ml:.2f} | {me:.2f} | {me/ml:.2f} | {lr} |")
 EOF
