@@ -1,6 +1,7 @@
 /*
  * bench_attention.c — time of one attention row (R query heads sharing a
- * KV head, n keys of size d) for the reference and the AVX2 path, with and
+ * KV head, n keys of size d) for the reference, the AVX2 path and, where
+ * the CPU has it, the AVX-512 one (on f32 views), with and
  * without the statistics a policy such as Elastic Cache collects; the
  * attention share of prefill and long-context decode in docs/performance.md.
  *
@@ -23,6 +24,19 @@ static double now(void) {
 
 typedef void (*row_fn)(const float *, int, int, const float *, const float *, int32_t, float, float *, float *,
                        const struct ekv_attn_stats *);
+
+/* The AVX-512 row reads typed views: here f32 views of k and v, read in
+ * place (as the prompt's f32 copies are). */
+static float *g_rowbuf;
+static void row_avx512_f32(const float *q, int R, int d, const float *k, const float *v, int32_t n, float scale,
+                           float *o, float *p, const struct ekv_attn_stats *st) {
+    const struct ekv_kv_view kv = {.type = EKV_KV_F32, .d = d, .n = n, .nq = n, .data = (const uint8_t *)k,
+                                   .row_bytes = (size_t)d * sizeof(float)};
+    struct ekv_kv_view vv = kv;
+    vv.is_v = true;
+    vv.data = (const uint8_t *)v;
+    ekv_attn_row_kv_avx512(q, R, &kv, &vv, n, scale, o, p, g_rowbuf, st);
+}
 
 static double best_of(row_fn f, int reps, const float *q, int R, int d, const float *k, const float *v, int n,
                       float *o, float *p, const struct ekv_attn_stats *st) {
@@ -56,32 +70,16 @@ int main(int argc, char **argv) {
                                 .sumsq = sumsq, .lastrow = lastrow, .winsum = winsum, .bincount = bincount,
                                 .sparse_zero = &sz, .sparse_total = &stot, .sparsity_p = 0.01f};
     const double flops = 4.0 * R * (double)n * d; /* QK and PV multiply-adds */
-    const char *names[2] = {"reference", "avx2"};
-    row_fn fns[2] = {ekv_attn_row_ref, ekv_attn_row_avx2};
-    for (int i = 0; i < 2; i++) {
+    const char *names[3] = {"reference", "avx2", "avx512"};
+    row_fn fns[3] = {ekv_attn_row_ref, ekv_attn_row_avx2, row_avx512_f32};
+    if (!(g_rowbuf = malloc(sizeof(float) * (size_t)EKV_ATTN_ROWS * (size_t)d))) return 1;
+    const int n_fns = ekv_kernels_level() >= EKV_ISA_AVX512 ? 3 : 2;
+    for (int i = 0; i < n_fns; i++) {
         double t = best_of(fns[i], reps, q, R, d, k, v, n, o, p, NULL);
         double ts = best_of(fns[i], reps, q, R, d, k, v, n, o, p, &st);
         printf("%-9s n=%d R=%d d=%d: %.1f us/row (%.1f GFLOP/s); with colsum+lastrow statistics %.1f us (+%.1f%%)\n",
                names[i], n, R, d, t * 1e6, flops / t / 1e9, ts * 1e6, 100.0 * (ts / t - 1.0));
     }
-    if (ekv_kernels_level() >= EKV_ISA_AVX512) { /* f32 views, read in place (the prompt's f32 copies) */
-        const struct ekv_kv_view kv = {.type = EKV_KV_F32, .d = d, .n = n, .nq = n, .data = (const uint8_t *)k,
-                                       .row_bytes = (size_t)d * sizeof(float)};
-        struct ekv_kv_view vv = kv;
-        vv.is_v = true;
-        vv.data = (const uint8_t *)v;
-        float *rowbuf = malloc(sizeof(float) * (size_t)EKV_ATTN_ROWS * (size_t)d);
-        if (!rowbuf) return 1;
-        double best = 1e30;
-        for (int r = 0; r < reps; r++) {
-            double t0 = now();
-            ekv_attn_row_kv_avx512(q, R, &kv, &vv, n, 0.125f, o, p, rowbuf, NULL);
-            double dt = now() - t0;
-            best = dt < best ? dt : best;
-        }
-        printf("%-9s n=%d R=%d d=%d: %.1f us/row (%.1f GFLOP/s), f32 key/value views\n", "avx512", n, R, d,
-               best * 1e6, flops / best / 1e9);
-        free(rowbuf);
-    }
+    free(g_rowbuf);
     return 0;
 }
