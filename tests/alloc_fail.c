@@ -2,12 +2,13 @@
  * alloc_fail.c — allocation-failure injection (issue 23): every malloc,
  * calloc, realloc, strdup and aligned_alloc that ekv's code makes (the
  * library, the eval runner and the server's request parsing, linked with
- * -Wl,--wrap so that their calls come here) can be made to fail. Each
- * scenario runs once to count its allocations, then once per allocation
- * with exactly that one failing: the scenario must end with a status and a
- * message (or succeed with the same results when the failure was one the
- * code may absorb, such as a shrinking realloc), never crash, and free what
- * it made (the ASan build's LeakSanitizer checks that at exit).
+ * -Wl,--wrap so that their calls go to alloc_walk.c) can be made to fail.
+ * Each scenario runs once to count its allocations, then once per
+ * allocation with exactly that one failing: the scenario must end with a
+ * status and a message (or succeed with the same results when the failure
+ * was one the code may absorb, such as a shrinking realloc), never crash,
+ * and free what it made (the ASan build's LeakSanitizer checks that at
+ * exit). The server over HTTP has its own walk: alloc_fail_http.c.
  *
  * Scenarios: model load + context (stories260K GGUF, and the llama2.c
  * checkpoint when ../shared has it); per policy, a sequence's prompt,
@@ -19,7 +20,6 @@
  */
 #include <dlfcn.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,97 +31,8 @@
 #include "ekv.h"
 #include "ekv_eval.h"
 #include "serve.h"
+#include "alloc_walk.h"
 #include "testutil.h"
-
-/* ---- the wrapped allocator ---- */
-
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t m);
-void *__real_realloc(void *p, size_t n);
-void *__real_aligned_alloc(size_t a, size_t n);
-
-static atomic_long g_count;   /* allocations since the scenario started */
-static atomic_long g_fail_at; /* the one that fails (0: none) */
-
-static int fail_now(void) {
-    const long at = atomic_load(&g_fail_at);
-    if (at <= 0) {
-        atomic_fetch_add(&g_count, 1);
-        return 0;
-    }
-    return atomic_fetch_add(&g_count, 1) + 1 == at;
-}
-
-void *__wrap_malloc(size_t n) { return fail_now() ? NULL : __real_malloc(n); }
-void *__wrap_calloc(size_t n, size_t m) { return fail_now() ? NULL : __real_calloc(n, m); }
-void *__wrap_realloc(void *p, size_t n) { return fail_now() ? NULL : __real_realloc(p, n); }
-void *__wrap_aligned_alloc(size_t a, size_t n) { return fail_now() ? NULL : __real_aligned_alloc(a, n); }
-char *__wrap_strdup(const char *s) {
-    if (fail_now()) return NULL;
-    const size_t n = strlen(s) + 1;
-    char *d = __real_malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
-/* ---- the walk ---- */
-
-/* A scenario: runs with what arg holds, returns its first failing status
- * and sets *sum to a checksum of its results (compared when it succeeds). */
-typedef enum ekv_status (*scenario_fn)(void *arg, double *sum);
-
-static long g_total_sites, g_total_clean, g_total_absorbed;
-static char g_msg[SRV_ERR_MAX]; /* a scenario's own error message (the server's), else ekv_last_error() */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void walk(const char *name, scenario_fn fn, void *arg) {
-    const double t0 = now_s();
-    double want = 0, got = 0;
-    atomic_store(&g_fail_at, 0);
-    atomic_store(&g_count, 0);
-    const enum ekv_status s0 = fn(arg, &want);
-    const long total = atomic_load(&g_count);
-    CHECK_MSG(s0 == EKV_OK, "%s without failures: %s", name, ekv_last_error());
-    long clean = 0, absorbed = 0, silent = 0, wrong = 0;
-    const bool progress = getenv("EKV_ALLOC_FAIL_GPU") != NULL; /* the long walks: progress on stderr */
-    if (progress) fprintf(stderr, "%s: %ld allocations, one run %.2f s\n", name, total, now_s() - t0);
-    const char *from = progress ? getenv("EKV_ALLOC_FAIL_FROM") : NULL; /* resume a long walk at this allocation */
-    for (long n = from ? atol(from) : 1; n <= total; n++) {
-        if (progress && n % 100 == 0) fprintf(stderr, "%s: %ld of %ld, %.0f s\n", name, n, total, now_s() - t0);
-        atomic_store(&g_count, 0);
-        atomic_store(&g_fail_at, n);
-        got = 0;
-        ekv_err_clear();
-        g_msg[0] = 0;
-        const enum ekv_status s = fn(arg, &got);
-        atomic_store(&g_fail_at, 0);
-        if (s == EKV_OK) {
-            absorbed++;
-            if (got != want && !(isnan(got) && isnan(want))) {
-                wrong++;
-                if (wrong <= 3) fprintf(stderr, "  %s: allocation %ld failed, the scenario succeeded with other results\n",
-                                        name, n);
-            }
-        } else if (!g_msg[0] && !ekv_last_error()[0]) {
-            silent++;
-            if (silent <= 3) fprintf(stderr, "  %s: allocation %ld failed: status %d without a message\n", name, n, (int)s);
-        } else {
-            clean++;
-        }
-    }
-    CHECK_MSG(silent == 0 && wrong == 0, "%s: %ld of %ld failures without a message, %ld absorbed with other results",
-              name, silent, total, wrong);
-    printf("%-34s %5ld allocations, each failed in turn: %5ld clean errors, %4ld absorbed (%.1f s)\n", name, total, clean, absorbed,
-           now_s() - t0);
-    g_total_sites += total;
-    g_total_clean += clean;
-    g_total_absorbed += absorbed;
-}
 
 /* ---- scenarios ---- */
 
@@ -315,7 +226,7 @@ static enum ekv_status sc_request(void *argp, double *sum) {
             srv_request_free(&r);
         }
         /* the server's errors carry their message in e */
-        if (s != EKV_OK) snprintf(g_msg, sizeof g_msg, "%s", e.message);
+        if (s != EKV_OK) snprintf(aw_msg, sizeof aw_msg, "%s", e.message);
     }
     return s;
 }
@@ -354,7 +265,7 @@ static void walk_policies(const char *model_path, bool quantised) {
             if (quantised) a.kv.kv_residual = 0;
             snprintf(name, sizeof name, "seq %s %s/%s", pols[i], ekv_kv_type_name(a.kv.type_k),
                      ekv_kv_type_name(a.kv.type_v));
-            walk(name, sc_seq, &a);
+            aw_walk(name, sc_seq, &a);
         }
     }
     if (!quantised) { /* an evaluation with this model */
@@ -365,7 +276,7 @@ static void walk_policies(const char *model_path, bool quantised) {
             fputs("{\"instruction\": \"Once upon a time there was a little dog\", \"answer\": \" who liked to run.\"}\n", f);
             fclose(f);
             struct eval_arg e = {.ctx = c, .data = data};
-            walk("eval h2o+snapkv group, h2o chunked 0.5 ppl,kl,rouge", sc_eval, &e);
+            aw_walk("eval h2o+snapkv group, h2o chunked 0.5 ppl,kl,rouge", sc_eval, &e);
             remove(data);
         }
     }
@@ -419,7 +330,7 @@ static void walk_gpu(const char *device) {
         a.kv.budget = 0.4;
         a.kv.recompress = 2;
         snprintf(name, sizeof name, "gpu %s %s", device, pols[i]);
-        walk(name, sc_gpu, &a);
+        aw_walk(name, sc_gpu, &a);
     }
     ekv_model_free(m);
 }
@@ -432,21 +343,21 @@ int main(void) {
         (void)dlopen("libvulkan_lvp.so", RTLD_NOW | RTLD_GLOBAL);
         walk_gpu(gpu);
         printf("alloc_fail (GPU): %ld allocations failed one at a time: %ld clean errors, %ld absorbed (same results)\n",
-               g_total_sites, g_total_clean, g_total_absorbed);
+               aw_sites, aw_clean, aw_absorbed);
         return test_finish("alloc_fail");
     }
     struct load_arg la = {.path = tu_src("models/stories260K.gguf")};
-    walk("model load + context (GGUF)", sc_load, &la);
+    aw_walk("model load + context (GGUF)", sc_load, &la);
     struct load_arg lb = {.path = tu_shared("models/stories260K.bin"), .tok = tu_shared("models/tok512.bin")};
-    if (access(lb.path, R_OK) == 0 && access(lb.tok, R_OK) == 0) walk("model load + context (llama2.c)", sc_load, &lb);
+    if (access(lb.path, R_OK) == 0 && access(lb.tok, R_OK) == 0) aw_walk("model load + context (llama2.c)", sc_load, &lb);
     else printf("llama2.c checkpoint: skipped: ../shared absent\n");
     walk_policies(tu_src("models/stories260K.gguf"), false);
     /* a vision tower (the fuzz corpus's tiny LLaVA-1.5 mmproj) on a JPEG and on a PNG */
     struct vision_arg va = {.mmproj = tu_src("tests/fuzz/corpus/mmproj/seed_tiny_vlm.gguf"),
                             .image = tu_src("data/images/astronaut_crop.jpg")};
-    walk("vision load + encode (JPEG)", sc_vision, &va);
+    aw_walk("vision load + encode (JPEG)", sc_vision, &va);
     va.image = tu_src("data/images/astronaut_crop.png");
-    walk("vision load + encode (PNG)", sc_vision, &va);
+    aw_walk("vision load + encode (PNG)", sc_vision, &va);
     char path[96], cmd[512];
     /* a SmolVLM-style pair (tiny-smolvlm): the tiled image prompt */
     char mm[112];
@@ -457,7 +368,7 @@ int main(void) {
     CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
     struct prompt_arg pa = {.mmproj = mm, .image = tu_src("data/images/astronaut_crop.png")};
     CHECK_OK(ekv_model_load(path, NULL, (struct ekv_model **)&pa.model));
-    if (pa.model) walk("idefics3 image prompt (tiles + separators)", sc_prompt, &pa);
+    if (pa.model) aw_walk("idefics3 image prompt (tiles + separators)", sc_prompt, &pa);
     ekv_model_free((struct ekv_model *)pa.model);
     remove(path);
     remove(mm);
@@ -479,11 +390,11 @@ int main(void) {
         g_srv.cfg.n_ctx = 256;
         g_srv.cfg.chat_template = "chatml";
         g_srv.cfg.prefix_cache = 1u << 20; /* message boundaries too */
-        walk("server request parse", sc_request, NULL);
+        aw_walk("server request parse", sc_request, NULL);
         ekv_model_free(g_srv.model);
     }
     cli_params_free(&cli);
-    printf("alloc_fail: %ld allocations failed one at a time: %ld clean errors, %ld absorbed (same results)\n", g_total_sites,
-           g_total_clean, g_total_absorbed);
+    printf("alloc_fail: %ld allocations failed one at a time: %ld clean errors, %ld absorbed (same results)\n", aw_sites,
+           aw_clean, aw_absorbed);
     return test_finish("alloc_fail");
 }

@@ -57,6 +57,7 @@ struct conn {
     char *body;
     size_t len, cap;
     bool too_big;
+    bool oom;         /* no memory for the body: the rest dropped, then a 500 */
     bool timeout_off; /* the idle timeout is suspended while the request runs */
     bool http11;      /* HTTP/1.1 or later: an interim 1xx response may be sent (peer_wait) */
 };
@@ -92,6 +93,29 @@ static void count_status(struct srv *srv, int status) {
     pthread_mutex_unlock(&srv->mu);
 }
 
+/* Out of memory: the API's error object from static storage (nothing of
+ * ekv's to allocate), as a 500 answer or as the last events of a stream. */
+static const char k_oom_json[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                                 "\"param\":null,\"code\":null}}";
+static const char k_oom_sse[] = "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                                "\"param\":null,\"code\":null}}\n\ndata: [DONE]\n\n";
+
+static void add_cors(const struct srv *srv, struct MHD_Response *r);
+
+/* A 500 with k_oom_json; the connection closes after it. */
+static enum MHD_Result send_oom(struct srv *srv, struct MHD_Connection *c) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(sizeof k_oom_json - 1, (void *)k_oom_json, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    add_cors(srv, r);
+    enum MHD_Result ret = MHD_queue_response(c, 500, r);
+    MHD_destroy_response(r);
+    count_status(srv, 500);
+    return ret;
+}
+
 /* Queues body (taken) with status and content type; NULL body = 500. */
 static enum MHD_Result send_body_h(struct srv *srv, struct MHD_Connection *c, int status, char *body,
                                    const char *type, int retry_after, const char *hname, const char *hvalue);
@@ -125,14 +149,7 @@ static enum MHD_Result send_body(struct srv *srv, struct MHD_Connection *c, int 
 /* The same with one more header (hname NULL: none). */
 static enum MHD_Result send_body_h(struct srv *srv, struct MHD_Connection *c, int status, char *body,
                                    const char *type, int retry_after, const char *hname, const char *hvalue) {
-    if (!body) {
-        static const char k_oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-                                    "\"param\":null,\"code\":null}}";
-        status = 500;
-        body = strdup(k_oom);
-        type = "application/json";
-        if (!body) return MHD_NO;
-    }
+    if (!body) return send_oom(srv, c);
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(body);
@@ -305,17 +322,20 @@ struct stream {
     size_t tok;       /* next token boundary to look at (job->tok_end) */
     bool first_sent;  /* the role chunk */
     bool finished;    /* final chunk(s) and [DONE] queued */
-    char *pending;    /* bytes of events not yet handed to MHD */
+    bool oom;         /* an event could not be made: k_oom_sse ends the stream */
+    char *pending;    /* bytes of events not yet handed to MHD (whole events) */
     size_t pend_len, pend_off;
+    bool pend_static; /* pending is k_oom_sse (not freed) */
 };
 
+/* Appends event ev (taken); false, s->oom set, when it or the room for it is missing. */
 static bool pend_append(struct stream *s, char *ev) {
-    if (!ev) return false;
+    if (!ev) return !(s->oom = true);
     size_t n = strlen(ev);
     char *p = realloc(s->pending, s->pend_len + n);
     if (!p) {
         free(ev);
-        return false;
+        return !(s->oom = true);
     }
     memcpy(p + s->pend_len, ev, n);
     s->pending = p;
@@ -347,17 +367,11 @@ static bool stream_next(struct stream *s) {
     }
     bool ok = true;
     if (j->err.status) { /* OpenAI streams errors as an event with an error object */
-        ok = pend_append(s, srv_error_json(&j->err)) ? true : false;
-        if (ok) {
-            /* wrap as an SSE event */
-            char *body = malloc(s->pend_len + 16);
-            if (body) {
-                int n = snprintf(body, s->pend_len + 16, "data: %.*s\n\n", (int)s->pend_len, s->pending);
-                free(s->pending);
-                s->pending = body;
-                s->pend_len = (size_t)n;
-            }
-        }
+        char *json = srv_error_json(&j->err), *ev = NULL;
+        const size_t n = json ? strlen(json) + 9 : 0;
+        if (json && (ev = malloc(n))) snprintf(ev, n, "data: %s\n\n", json);
+        free(json);
+        ok = pend_append(s, ev);
         s->finished = true;
     } else {
         const size_t upto = j->state == JOB_DONE ? j->text_len : j->ready;
@@ -386,6 +400,7 @@ static bool stream_next(struct stream *s) {
     }
     pthread_mutex_unlock(&srv->mu);
     if (ok && s->finished) ok = pend_append(s, strdup("data: [DONE]\n\n"));
+    if (!ok && s->oom) s->finished = true; /* stream_read ends it with k_oom_sse */
     return ok;
 }
 
@@ -394,11 +409,18 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     struct stream *s = cls;
     stream_mark(s, false); /* MHD has room: the client takes bytes */
     while (s->pend_off == s->pend_len) {
-        free(s->pending);
+        if (!s->pend_static) free(s->pending);
         s->pending = NULL;
         s->pend_len = s->pend_off = 0;
+        if (s->pend_static) return MHD_CONTENT_READER_END_OF_STREAM; /* k_oom_sse was the end */
+        if (s->oom) { /* out of memory for an event: the error event and [DONE] end the stream */
+            s->pending = (char *)k_oom_sse;
+            s->pend_len = sizeof k_oom_sse - 1;
+            s->pend_static = true;
+            continue;
+        }
         if (s->finished) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (!stream_next(s)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (!stream_next(s) && !s->oom) return MHD_CONTENT_READER_END_WITH_ERROR; /* the client went away */
     }
     size_t n = s->pend_len - s->pend_off;
     if (n > max) n = max;
@@ -415,7 +437,7 @@ static void stream_free(void *cls) {
     if (s->next) s->next->prev = s->prev;
     pthread_mutex_unlock(&s->h->mu);
     srv_release(s->srv, s->job); /* cancels the job when the stream ended early */
-    free(s->pending);
+    if (!s->pend_static) free(s->pending);
     free(s);
 }
 
@@ -498,7 +520,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     struct conn *cs = *con_cls;
     if (!cs) { /* headers only: route, method, key, declared size */
         cs = calloc(1, sizeof *cs);
-        if (!cs) return MHD_NO;
+        if (!cs) return send_oom(srv, c);
         *con_cls = cs;
         cs->route = find_route(url);
         cs->http11 = version && strcmp(version, MHD_HTTP_VERSION_1_0) != 0 && strcmp(version, "HTTP/0.9") != 0;
@@ -533,6 +555,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                         srv->cfg.max_body);
         return MHD_YES;
     }
+    if (cs->oom) { /* no memory for the body: the rest dropped, then a 500 */
+        if (*upload_size == 0) return send_oom(srv, c);
+        *upload_size = 0;
+        return MHD_YES;
+    }
     if (*upload_size > 0) { /* a piece of the body */
         if (!cs->too_big && cs->len + *upload_size > srv->cfg.max_body) {
             cs->too_big = true;
@@ -551,7 +578,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             size_t cap = (cs->len + *upload_size + 1) * 2;
             if (cap > srv->cfg.max_body + 1) cap = srv->cfg.max_body + 1;
             char *b = realloc(cs->body, cap);
-            if (!b) return MHD_NO;
+            if (!b) { /* the rest is dropped; a 500 once it is in (not before: libmicrohttpd would not send it) */
+                free(cs->body);
+                cs->body = NULL;
+                cs->len = cs->cap = 0;
+                cs->oom = true;
+                *upload_size = 0;
+                return MHD_YES;
+            }
             cs->body = b;
             cs->cap = cap;
         }
@@ -670,7 +704,10 @@ enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, stru
         return EKV_ERR_INVALID_ARG;
     }
     struct srv_http *h = calloc(1, sizeof *h);
-    if (!h) return EKV_ERR_NOMEM;
+    if (!h) {
+        fprintf(stderr, "ekv serve: error: out of memory\n");
+        return EKV_ERR_NOMEM;
+    }
     h->srv = srv;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
