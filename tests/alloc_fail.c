@@ -15,8 +15,10 @@
  * decode steps, copy, save and load (stories260K; a tiny-llama3 model from
  * `ekv mkmodel` for the quantised and KIVI storage types); an evaluation
  * (data set, runner, full-cache reference, a policy's ppl/kl/rouge); a
- * server request (chat with per-request KV options and prefix-reuse
- * boundaries, a completion, /tokenize).
+ * vision tower encoding a JPEG and a PNG; the image prompt of each tower
+ * kind (LLaVA-1.6 anyres, Idefics3, Qwen2-VL, Qwen2.5-VL) read by a
+ * sequence; a server request (chat with per-request KV options and
+ * prefix-reuse boundaries, a completion, /tokenize).
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -84,30 +86,52 @@ static enum ekv_status sc_vision(void *argp, double *sum) {
     return s;
 }
 
+static double sum_of(const float *x, int32_t n) {
+    double s = 0;
+    for (int32_t i = 0; i < n; i++) s += (double)x[i] * (double)(i % 7 + 1);
+    return s;
+}
+
 struct prompt_arg {
     const struct ekv_model *model;
-    const char *mmproj, *image;
+    struct ekv_context *ctx;
+    const char *mmproj, *image, *text;
+    const char *policy; /* the sequence that reads the prompt */
 };
 
-/* an Idefics3 (SmolVLM) tower: a chat prompt with an image, its tiles encoded and
- * spliced with their separator tokens */
+/* a vision-language pair: a chat prompt with an image, the image encoded by
+ * the tower (LLaVA-1.6 anyres tiles, Idefics3 tiles with their separator
+ * tokens, Qwen2-VL's grid), then the prompt read by a sequence under an
+ * image-aware policy (M-RoPE positions for Qwen2-VL) */
 static enum ekv_status sc_prompt(void *argp, double *sum) {
     const struct prompt_arg *a = argp;
-    static const char text[] = "<|im_start|>User: <image>\nDescribe<end_of_utterance>\nAssistant:";
     struct ekv_vision *v = NULL;
     struct ekv_prompt *p = NULL;
+    struct ekv_seq *seq = NULL;
     const struct ekv_image_input img = {.path = a->image};
+    struct ekv_model_info mi;
+    ekv_model_get_info(a->model, &mi);
+    const int32_t nv = mi.n_vocab;
+    float *lg = __real_malloc((size_t)nv * sizeof *lg);
     enum ekv_status s = ekv_vision_load(a->mmproj, &v);
-    if (s == EKV_OK) s = ekv_prompt_new(a->model, text, sizeof text - 1, true, &p);
+    if (s == EKV_OK) s = ekv_prompt_new(a->model, a->text, strlen(a->text), true, &p);
     if (s == EKV_OK) s = ekv_prompt_set_images(p, v, NULL, &img, 1);
     const struct ekv_segment *segs = NULL;
     int32_t ns = 0;
     if (s == EKV_OK) s = ekv_prompt_segments(p, &segs, &ns);
     for (int32_t i = 0; s == EKV_OK && i < ns; i++)
         for (int32_t j = 0; j < segs[i].n; j++)
-            *sum += segs[i].embd ? (double)segs[i].embd[(size_t)j * 64] * (j % 7 + 1) : segs[i].tokens[j] * 1e-3;
+            *sum += segs[i].embd ? (double)segs[i].embd[(size_t)j * 16] * (j % 7 + 1) : segs[i].tokens[j] * 1e-3;
+    struct ekv_kv_params kv = ekv_kv_default_params();
+    kv.policy = a->policy;
+    kv.budget = 0.5;
+    if (s == EKV_OK) s = ekv_seq_new(a->ctx, &kv, &seq);
+    if (s == EKV_OK) s = ekv_seq_eval_prompt(seq, p, lg);
+    if (s == EKV_OK) *sum += sum_of(lg, nv);
+    ekv_seq_free(seq);
     ekv_prompt_free(p);
     ekv_vision_free(v);
+    free(lg);
     return s;
 }
 
@@ -117,12 +141,6 @@ struct seq_arg {
     struct ekv_kv_params kv;
     bool no_save; /* a cache that cannot be saved (on a GPU): no save / load part */
 };
-
-static double sum_of(const float *x, int32_t n) {
-    double s = 0;
-    for (int32_t i = 0; i < n; i++) s += (double)x[i] * (double)(i % 7 + 1);
-    return s;
-}
 
 /* prompt, 2 steps, copy, a step of the copy, save, load, a step of the
  * loaded (the last three unless a->no_save) */
@@ -335,6 +353,46 @@ static void walk_gpu(const char *device) {
     ekv_model_free(m);
 }
 
+/* Each kind of vision tower that `ekv mkmodel` writes a tiny pair of: its
+ * image prompt (sc_prompt). */
+static void walk_image_prompts(void) {
+    static const struct {
+        const char *preset, *text, *policy, *image;
+    } k_pairs[] = {
+        {"tiny-llava16", "USER: <image>\nDescribe. ASSISTANT:", "vlcache", "data/images/astronaut_crop.png"},
+        {"tiny-smolvlm", "<|im_start|>User: <image>\nDescribe<end_of_utterance>\nAssistant:", "elastic-v2",
+         "data/images/astronaut_crop.png"},
+        /* Qwen2-VL towers read an image at its own size (320 x 200: 250 rows, 0.1 s a run): a small one */
+        {"tiny-qwen2vl", "<|im_start|>user\n<image>Describe.<|im_end|>\n<|im_start|>assistant\n", "snapkv",
+         "tests/fuzz/corpus/image/rgba_2x2.png"},
+        {"tiny-qwen2.5vl", "<|im_start|>user\n<image>Describe.<|im_end|>\n<|im_start|>assistant\n", "elastic",
+         "tests/fuzz/corpus/image/rgba_2x2.png"},
+    };
+    for (size_t i = 0; i < sizeof k_pairs / sizeof k_pairs[0]; i++) {
+        char path[96], mm[112], cmd[512], name[96];
+        snprintf(path, sizeof path, "/tmp/ekv-alloc-fail-vl-%ld.gguf", (long)getpid());
+        snprintf(mm, sizeof mm, "/tmp/ekv-alloc-fail-vl-%ld.mmproj.gguf", (long)getpid());
+        snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset %s --type f16 --seed 3 -o '%s' > /dev/null 2>&1",
+                 tu_bin(), k_pairs[i].preset, path);
+        CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+        struct prompt_arg pa = {.mmproj = mm, .image = tu_src(k_pairs[i].image), .text = k_pairs[i].text, .policy = k_pairs[i].policy};
+        struct ekv_model *m = NULL;
+        CHECK_OK(ekv_model_load(path, NULL, &m));
+        struct ekv_context_params cp = ekv_context_default_params();
+        cp.device = "cpu";
+        cp.n_threads = 1;
+        cp.n_ctx = 2048;
+        if (m) CHECK_OK(ekv_context_new(m, &cp, &pa.ctx));
+        pa.model = m;
+        snprintf(name, sizeof name, "%s image prompt, %s", k_pairs[i].preset, k_pairs[i].policy);
+        if (pa.ctx) aw_walk(name, sc_prompt, &pa);
+        ekv_context_free(pa.ctx);
+        ekv_model_free(m);
+        remove(path);
+        remove(mm);
+    }
+}
+
 int main(void) {
     const char *gpu = getenv("EKV_ALLOC_FAIL_GPU");
     if (gpu && *gpu) { /* only the GPU walk */
@@ -359,19 +417,7 @@ int main(void) {
     va.image = tu_src("data/images/astronaut_crop.png");
     aw_walk("vision load + encode (PNG)", sc_vision, &va);
     char path[96], cmd[512];
-    /* a SmolVLM-style pair (tiny-smolvlm): the tiled image prompt */
-    char mm[112];
-    snprintf(path, sizeof path, "/tmp/ekv-alloc-fail-sv-%ld.gguf", (long)getpid());
-    snprintf(mm, sizeof mm, "/tmp/ekv-alloc-fail-sv-%ld.mmproj.gguf", (long)getpid());
-    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-smolvlm --type f16 --seed 3 -o '%s' > /dev/null 2>&1",
-             tu_bin(), path);
-    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
-    struct prompt_arg pa = {.mmproj = mm, .image = tu_src("data/images/astronaut_crop.png")};
-    CHECK_OK(ekv_model_load(path, NULL, (struct ekv_model **)&pa.model));
-    if (pa.model) aw_walk("idefics3 image prompt (tiles + separators)", sc_prompt, &pa);
-    ekv_model_free((struct ekv_model *)pa.model);
-    remove(path);
-    remove(mm);
+    walk_image_prompts();
     snprintf(path, sizeof path, "/tmp/ekv-alloc-fail-%ld.gguf", (long)getpid());
     snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-llama3 --n-layer 2 --type q8_0 -o '%s' > /dev/null 2>&1",
              tu_bin(), path);
