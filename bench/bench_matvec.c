@@ -3,10 +3,13 @@
  * ekv's kernels for one weight shape and type: weight GB/s for matvec
  * (what decoding is bound by) and GFLOP/s for matmul (prefill).
  *
- *   bench_matvec [type=q8_0] [rows=5632] [cols=2048] [threads=1] [prefill_rows=64] [ref|x16]
+ *   bench_matvec [type=q8_0] [rows=5632] [cols=2048] [threads=1] [prefill_rows=64] [ref|rows|x16]
  *
- * x16: Q8_0/Q4_0 weights repacked as the model loader does (EKV_LAYOUT_X16);
- * ref: the plain-C kernels. EKV_ISA=avx2|avxvnni|avx512 caps the SIMD level.
+ * The weights are laid out as the model loader lays them out: Q8_0/Q4_0
+ * matrices of a multiple of 16 rows repacked 16 rows interleaved
+ * (EKV_LAYOUT_X16; `x16` says so explicitly), others as in the file.
+ * rows: the file's row layout (what `ekv run --no-repack` uses); ref: the
+ * plain-C kernels. EKV_ISA=avx2|avxvnni|avx512 caps the SIMD level.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +37,7 @@ int main(int argc, char **argv) {
     const int nth = argc > 4 ? atoi(argv[4]) : 1;
     const int64_t np = argc > 5 ? atoll(argv[5]) : 64;
     if (argc > 6 && strcmp(argv[6], "ref") == 0) ekv_kernels_use_reference(true);
-    const bool x16 = argc > 6 && strcmp(argv[6], "x16") == 0;
+    const bool rows_layout = argc > 6 && strcmp(argv[6], "rows") == 0;
     size_t rb;
     if (!ekv_dtype_can_compute(t) || !ekv_dtype_row_bytes(t, ne0, &rb) || ne1 <= 0 || nth < 1 || np < 1) {
         fprintf(stderr, "bad arguments\n");
@@ -51,6 +54,12 @@ int main(int argc, char **argv) {
     struct ekv_pool *pool = NULL;
     if (ekv_pool_new(nth, &pool) != EKV_OK) return 1;
     struct ekv_weight wt = {.type = t, .ne0 = ne0, .ne1 = ne1, .row_bytes = rb, .data = w};
+    /* as the loader: repacked where it can be (ekv_weights_repack_mapped) */
+    if (argc > 6 && strcmp(argv[6], "x16") == 0 && !ekv_weight_can_repack(&wt)) {
+        fprintf(stderr, "cannot repack: not a Q8_0/Q4_0 matrix of a multiple of 16 rows\n");
+        return 2;
+    }
+    const bool x16 = !rows_layout && ekv_weight_can_repack(&wt);
     if (x16 && ekv_weight_repack(&wt, w) != EKV_OK) {
         fprintf(stderr, "cannot repack: %s\n", ekv_last_error());
         return 2;
