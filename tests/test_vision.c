@@ -212,6 +212,20 @@ static void test_image_errors(void) {
     CHECK(s == EKV_ERR_INVALID_ARG);
     CHECK(strstr(ekv_last_error(), "65535 x 65535") != NULL);
     CHECK(img.rgb == NULL);
+    /* A grey 3 x 2 PNG whose first IDAT chunk is empty (stb_image would offset a NULL
+     * pointer): refused, with its CRC and cut inside it (fuzz_image found both). */
+    static const uint8_t empty_idat[] = {
+        0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n',
+        0, 0, 0, 13, 'I', 'H', 'D', 'R', 0, 0, 0, 3, 0, 0, 0, 2, 8, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0, 0, 0, 'I', 'D', 'A', 'T', 0x35, 0xaf, 0x06, 0x1e,
+        0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+    const size_t cuts_idat[] = {sizeof empty_idat, 45, 44, 41};
+    for (size_t i = 0; i < EKV_ARRAY_LEN(cuts_idat); i++) {
+        s = ekv_image_load_memory(empty_idat, cuts_idat[i], "idat.png", &img);
+        CHECK_MSG(s == EKV_ERR_FORMAT && strstr(ekv_last_error(), "empty first IDAT") != NULL,
+                  "cut at %zu: %s: %s", cuts_idat[i], ekv_status_str(s), ekv_last_error());
+        CHECK(img.rgb == NULL);
+    }
     /* Same through a file. */
     char path[256];
     snprintf(path, sizeof path, "%s/huge.png", g_dir);

@@ -92,14 +92,16 @@ static int jpeg_huffman_excess(const uint8_t *p, size_t n) {
 
 /* Whether a PNG's first IDAT chunk is empty: stb_image (Debian's header)
  * then offsets its still-NULL data pointer (undefined behaviour, found by
- * fuzz_image). Such files are refused. */
+ * fuzz_image). Such files are refused. stb_image handles a chunk once its
+ * length and type are read, before its CRC: a file cut inside that CRC
+ * counts too (found by fuzz_image again, 2026-11-28). */
 static bool png_empty_first_idat(const unsigned char *b, size_t n) {
     static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
     if (n < 8 || memcmp(b, sig, 8) != 0) return false;
-    for (size_t at = 8; n - at >= 12;) {
+    for (size_t at = 8; n - at >= 8;) { /* a chunk's length and type */
         const uint32_t len = (uint32_t)b[at] << 24 | (uint32_t)b[at + 1] << 16 | (uint32_t)b[at + 2] << 8 | b[at + 3];
         if (!memcmp(b + at + 4, "IDAT", 4)) return len == 0;
-        if (len > n - at - 12) return false;
+        if (n - at < 12 || len > n - at - 12) return false;
         at += 12 + (size_t)len;
     }
     return false;
