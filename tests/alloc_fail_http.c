@@ -3,7 +3,8 @@
  * server (issue 23): `ekv serve`'s pieces (the door, libmicrohttpd's
  * handlers, request parsing, the engine thread, prefix reuse, responses,
  * streams) started in this process on a loopback port, and a client on a
- * plain socket sending what OpenAI clients send. Every allocation ekv's
+ * plain socket sending what OpenAI clients send (a second server has a
+ * vision tower and gets images as data: URIs). Every allocation ekv's
  * code makes on any of the server's threads is failed in turn
  * (alloc_walk.c); libmicrohttpd's, cJSON's and libc's own are not.
  *
@@ -228,8 +229,7 @@ static int read_stream(bool chat, char *why, size_t why_n) {
 
 /* One request: adds to *sum; 1 as expected, 0 a clean error (aw_msg set),
  * -1 a defect (printed). */
-static int one_request(int port, int i, double *sum) {
-    const struct req *q = &k_reqs[i];
+static int one_request(int port, const struct req *q, int i, double *sum) {
     size_t bl = 0;
     g_resp[0] = 0;
     const int st = http_call(port, q->method, q->path, q->body, &bl);
@@ -284,6 +284,9 @@ static int one_request(int port, int i, double *sum) {
 struct http_arg {
     struct ekv_model *model;
     const char *model_path;
+    const char *mmproj;      /* a vision tower the server loads, or NULL */
+    const struct req *reqs;  /* what the client sends */
+    int n_reqs;
 };
 
 /* stderr into a temporary file while the server starts (capture_stderr),
@@ -341,6 +344,10 @@ static enum ekv_status sc_http(void *argp, double *sum) {
         fprintf(stderr, "ekv serve: error: %s\n", ekv_last_error());
         up = false;
     }
+    if (up && a->mmproj && (s = ekv_vision_load(a->mmproj, &srv->vision)) != EKV_OK) {
+        fprintf(stderr, "ekv serve: error: %s\n", ekv_last_error());
+        up = false;
+    }
     if (up && !pthread_mutex_init(&srv->mu, NULL) && !pthread_cond_init(&srv->engine_cv, NULL)) srv->locks = true;
     if (up && (s = srv_engine_start(srv)) != EKV_OK) {
         fprintf(stderr, "ekv serve: error: cannot start the engine thread\n");
@@ -354,9 +361,8 @@ static enum ekv_status sc_http(void *argp, double *sum) {
         else fprintf(stderr, "  the server did not start and printed nothing\n");
     }
     bool defect = false;
-    const int nr = (int)(sizeof k_reqs / sizeof k_reqs[0]);
-    for (int i = 0; up && i < nr; i++) {
-        const int r = one_request(port, i, sum);
+    for (int i = 0; up && i < a->n_reqs; i++) {
+        const int r = one_request(port, &a->reqs[i], i, sum);
         if (r < 0) defect = true;
         if (r <= 0 && s == EKV_OK) s = EKV_ERR_NOMEM;
     }
@@ -370,13 +376,84 @@ static enum ekv_status sc_http(void *argp, double *sum) {
         pthread_mutex_destroy(&srv->mu);
         pthread_cond_destroy(&srv->engine_cv);
     }
+    ekv_vision_free(srv->vision);
     ekv_context_free(srv->ctx);
     cli_params_free(&cli);
     return s;
 }
 
+/* ---- a server with a vision tower: images as data: URIs ---- */
+
+static char *base64_of(const unsigned char *b, size_t n) {
+    static const char k[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *o = __real_malloc(4 * ((n + 2) / 3) + 1), *p = o;
+    if (!o) return NULL;
+    for (size_t i = 0; i < n; i += 3) {
+        const uint32_t v = (uint32_t)b[i] << 16 | (i + 1 < n ? (uint32_t)b[i + 1] << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
+        *p++ = k[v >> 18 & 63];
+        *p++ = k[v >> 12 & 63];
+        *p++ = i + 1 < n ? k[v >> 6 & 63] : '=';
+        *p++ = i + 2 < n ? k[v & 63] : '=';
+    }
+    *p = 0;
+    return o;
+}
+
+/* tiny-vlm (`ekv mkmodel`: stories260K-sized decoder, 56-px tower) serving a
+ * JPEG in a chat, streamed and not, and a data: URI that is no image. */
+static void walk_vision(void) {
+    char path[96], mm[112], cmd[512];
+    snprintf(path, sizeof path, "/tmp/ekv-alloc-fail-http-%ld.gguf", (long)getpid());
+    snprintf(mm, sizeof mm, "/tmp/ekv-alloc-fail-http-%ld.mmproj.gguf", (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-vlm --type f16 --seed 5 -o '%s' > /dev/null 2>&1", tu_bin(),
+             path);
+    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    size_t jn = 0;
+    char *jpg = tu_read_file(tu_src("data/images/astronaut_crop.jpg"), &jn);
+    char *b64 = jpg ? base64_of((const unsigned char *)jpg, jn) : NULL;
+    const size_t cap = (b64 ? strlen(b64) : 0) + 512;
+    char *chat = __real_malloc(cap), *stream = __real_malloc(cap);
+    struct http_arg a = {.model_path = path, .mmproj = mm};
+    CHECK(b64 && chat && stream);
+    if (b64 && chat && stream) {
+        snprintf(chat, cap,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Describe\"}, "
+                 "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/jpeg;base64,%s\"}}]}], "
+                 "\"max_tokens\": 4, \"temperature\": 0, \"kv\": {\"policy\": \"vlcache\", \"budget\": 0.5}}",
+                 b64);
+        snprintf(stream, cap,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": "
+                 "{\"url\": \"data:image/jpeg;base64,%s\"}}, {\"type\": \"text\", \"text\": \"What?\"}]}], "
+                 "\"max_tokens\": 3, \"temperature\": 0, \"stream\": true, \"kv_policy\": \"elastic-v2\", "
+                 "\"kv_budget\": 0.5}",
+                 b64);
+        const struct req reqs[] = {
+            {"POST", "/v1/chat/completions", chat, RK_JSON_CHAT, 200},
+            {"POST", "/v1/chat/completions", stream, RK_STREAM_CHAT, 200},
+            {"POST", "/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": "
+             "{\"url\": \"data:image/png;base64,iVBORw0KGgoAAAANSUhEUg==\"}}]}]}",
+             RK_JSON, 400},
+        };
+        a.reqs = reqs;
+        a.n_reqs = (int)(sizeof reqs / sizeof reqs[0]);
+        CHECK_OK(ekv_model_load(path, NULL, &a.model));
+        double sum = 0;
+        if (a.model) CHECK_OK(sc_http(&a, &sum));
+        if (a.model) aw_walk("server over HTTP with images (3 requests)", sc_http, &a);
+        ekv_model_free(a.model);
+    }
+    free(chat);
+    free(stream);
+    free(b64);
+    free(jpg);
+    remove(path);
+    remove(mm);
+}
+
 int main(void) {
-    struct http_arg a = {.model_path = tu_src("models/stories260K.gguf")};
+    struct http_arg a = {.model_path = tu_src("models/stories260K.gguf"), .reqs = k_reqs,
+                         .n_reqs = (int)(sizeof k_reqs / sizeof k_reqs[0])};
     CHECK_OK(ekv_model_load(a.model_path, NULL, &a.model));
     if (a.model) {
         double sum = 0;
@@ -385,6 +462,7 @@ int main(void) {
         aw_walk("server over HTTP (13 requests)", sc_http, &a);
     }
     ekv_model_free(a.model);
+    walk_vision();
     printf("alloc_fail_http: %ld allocations failed one at a time: %ld clean errors, %ld absorbed (same results)\n",
            aw_sites, aw_clean, aw_absorbed);
     return test_finish("alloc_fail_http");

@@ -226,6 +226,19 @@ static void test_image_errors(void) {
                   "cut at %zu: %s: %s", cuts_idat[i], ekv_status_str(s), ekv_last_error());
         CHECK(img.rgb == NULL);
     }
+    /* A JPEG Huffman table of more than 256 codes (stb_image would write past its
+     * 257-entry array), behind a start marker with a fill byte (FF FF D8): refused.
+     * fuzz_image's input, corpus/image/crash_jpeg_huffman_fill_soi. */
+    size_t hn = 0;
+    char *huff = tu_read_file(tu_src("tests/fuzz/corpus/image/crash_jpeg_huffman_fill_soi"), &hn);
+    CHECK(huff != NULL && hn > 40);
+    if (huff) {
+        s = ekv_image_load_memory(huff, hn, "huff.jpg", &img);
+        CHECK_MSG(s == EKV_ERR_FORMAT && strstr(ekv_last_error(), "Huffman table of 488 codes") != NULL, "%s: %s",
+                  ekv_status_str(s), ekv_last_error());
+        CHECK(img.rgb == NULL);
+        free(huff);
+    }
     /* Same through a file. */
     char path[256];
     snprintf(path, sizeof path, "%s/huge.png", g_dir);

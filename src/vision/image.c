@@ -55,8 +55,14 @@ void ekv_image_free(struct ekv_image *img) {
  * ones between the scans of a progressive JPEG. Returns the first table's
  * code count over 256, or 0 when all are fine (or the data is no JPEG). */
 static int jpeg_huffman_excess(const uint8_t *p, size_t n) {
-    if (n < 2 || p[0] != 0xFF || p[1] != 0xD8) return 0;
-    size_t i = 2;
+    /* the start-of-image marker as stb reads every marker: 0xFF, any number of
+     * 0xFF fill bytes, then 0xD8 (a file opening FF FF D8 escaped the check:
+     * found by fuzz_image, 2026-11-28) */
+    if (n < 2 || p[0] != 0xFF) return 0;
+    size_t i = 1;
+    while (i < n && p[i] == 0xFF) i++;
+    if (i >= n || p[i] != 0xD8) return 0;
+    i++;
     while (i < n) {
         if (p[i] != 0xFF) {
             i++;
