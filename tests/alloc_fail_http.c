@@ -134,17 +134,17 @@ struct req {
 static const struct req k_reqs[] = {
     {"POST", "/v1/chat/completions",
      "{\"messages\": [{\"role\": \"system\", \"content\": \"Once upon a time there was a dog.\"}, "
-     "{\"role\": \"user\", \"content\": \"Who?\"}], \"max_tokens\": 6, \"temperature\": 0, "
+     "{\"role\": \"user\", \"content\": \"Who?\"}], \"max_tokens\": 3, \"temperature\": 0, "
      "\"kv\": {\"policy\": \"snapkv\", \"budget\": 0.5}}",
      RK_JSON_CHAT, 200},
     {"POST", "/v1/completions",
-     "{\"prompt\": \"Once upon a time\", \"max_tokens\": 5, \"temperature\": 0, \"stream\": true, "
+     "{\"prompt\": \"Once upon a time\", \"max_tokens\": 3, \"temperature\": 0, \"stream\": true, "
      "\"stream_options\": {\"include_usage\": true}, \"kv_policy\": \"elastic-v2\", \"kv_budget\": 0.5}",
      RK_STREAM_COMPLETION, 200},
     /* the same conversation again: its prefix from the prefix cache */
     {"POST", "/v1/chat/completions",
      "{\"messages\": [{\"role\": \"system\", \"content\": \"Once upon a time there was a dog.\"}, "
-     "{\"role\": \"user\", \"content\": \"Who?\"}], \"max_tokens\": 6, \"temperature\": 0, "
+     "{\"role\": \"user\", \"content\": \"Who?\"}], \"max_tokens\": 3, \"temperature\": 0, "
      "\"kv\": {\"policy\": \"snapkv\", \"budget\": 0.5}}",
      RK_JSON_CHAT, 200},
     {"POST", "/v1/chat/completions",
