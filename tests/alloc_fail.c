@@ -369,12 +369,11 @@ static void walk_image_prompts(void) {
          "tests/fuzz/corpus/image/rgba_2x2.png"},
     };
     for (size_t i = 0; i < sizeof k_pairs / sizeof k_pairs[0]; i++) {
-        char path[96], mm[112], cmd[512], name[96];
+        char path[96], mm[112], args[192], name[96];
         snprintf(path, sizeof path, "/tmp/ekv-alloc-fail-vl-%ld.gguf", (long)getpid());
         snprintf(mm, sizeof mm, "/tmp/ekv-alloc-fail-vl-%ld.mmproj.gguf", (long)getpid());
-        snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset %s --type f16 --seed 3 -o '%s' > /dev/null 2>&1",
-                 tu_bin(), k_pairs[i].preset, path);
-        CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+        snprintf(args, sizeof args, "--preset %s --type f16 --seed 3 -o '%s'", k_pairs[i].preset, path);
+        CHECK_MSG(tu_mkmodel(args) == 0, "ekv mkmodel %s failed", args);
         struct prompt_arg pa = {.mmproj = mm, .image = tu_src(k_pairs[i].image), .text = k_pairs[i].text, .policy = k_pairs[i].policy};
         struct ekv_model *m = NULL;
         CHECK_OK(ekv_model_load(path, NULL, &m));

@@ -367,15 +367,7 @@ static enum ekv_status sc_http(void *argp, double *sum) {
         if (r <= 0 && s == EKV_OK) s = EKV_ERR_NOMEM;
     }
     if (defect) aw_defect = true; /* the walk fails */
-    /* shut-down as `ekv serve` does it */
-    srv_engine_stop(srv);
-    srv_engine_wait_released(srv, 10.0);
-    srv_http_wait_idle(http, 5.0);
-    srv_http_stop(http);
-    if (srv->locks) {
-        pthread_mutex_destroy(&srv->mu);
-        pthread_cond_destroy(&srv->engine_cv);
-    }
+    srv_shutdown(srv, http); /* as `ekv serve` does it */
     ekv_vision_free(srv->vision);
     ekv_context_free(srv->ctx);
     cli_params_free(&cli);
@@ -402,12 +394,11 @@ static char *base64_of(const unsigned char *b, size_t n) {
 /* tiny-vlm (`ekv mkmodel`: stories260K-sized decoder, 56-px tower) serving a
  * JPEG in a chat, streamed and not, and a data: URI that is no image. */
 static void walk_vision(void) {
-    char path[96], mm[112], cmd[512];
+    char path[96], mm[112], args[160];
     snprintf(path, sizeof path, "/tmp/ekv-alloc-fail-http-%ld.gguf", (long)getpid());
     snprintf(mm, sizeof mm, "/tmp/ekv-alloc-fail-http-%ld.mmproj.gguf", (long)getpid());
-    snprintf(cmd, sizeof cmd, "'%s/ekv' mkmodel --preset tiny-vlm --type f16 --seed 5 -o '%s' > /dev/null 2>&1", tu_bin(),
-             path);
-    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    snprintf(args, sizeof args, "--preset tiny-vlm --type f16 --seed 5 -o '%s'", path);
+    CHECK_MSG(tu_mkmodel(args) == 0, "ekv mkmodel %s failed", args);
     size_t jn = 0;
     char *jpg = tu_read_file(tu_src("data/images/astronaut_crop.jpg"), &jn);
     char *b64 = jpg ? base64_of((const unsigned char *)jpg, jn) : NULL;

@@ -143,14 +143,7 @@ static int cmd_serve_main(int argc, char **argv) {
         srv_engine_drain(srv, (double)p.drain, &g_signal_again);
         rc = 0;
     }
-    srv_engine_stop(srv); /* every job ends, so no connection thread waits on one */
-    srv_engine_wait_released(srv, 10.0); /* their answers are queued... */
-    srv_http_wait_idle(http, 5.0);       /* ...and sent before the daemon stops */
-    srv_http_stop(http);
-    if (srv->locks) {
-        pthread_mutex_destroy(&srv->mu);
-        pthread_cond_destroy(&srv->engine_cv);
-    }
+    srv_shutdown(srv, http);
     ekv_vision_free(srv->vision);
     ekv_context_free(srv->ctx);
     ekv_model_free(srv->model);

@@ -337,6 +337,11 @@ enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, stru
  * queued last have gone out (they close their connections). */
 void srv_http_wait_idle(struct srv_http *h, double seconds);
 void srv_http_stop(struct srv_http *h);
+/* The end of a server's life after its engine and HTTP side ran (either
+ * may be unstarted; http may be NULL): the engine stops (every job ends),
+ * the answers queued go out, the daemon and the door stop, the locks go.
+ * srv's model, context and vision tower stay the caller's. */
+void srv_shutdown(struct srv *srv, struct srv_http *http);
 
 /* ---- serve_door.c ---- */
 

@@ -768,3 +768,15 @@ void srv_http_stop(struct srv_http *h) {
     pthread_cond_destroy(&h->cv);
     free(h);
 }
+
+void srv_shutdown(struct srv *srv, struct srv_http *http) {
+    srv_engine_stop(srv); /* every job ends, so no connection thread waits on one */
+    if (srv->locks) srv_engine_wait_released(srv, 10.0); /* their answers are queued... */
+    srv_http_wait_idle(http, 5.0);       /* ...and sent before the daemon stops */
+    srv_http_stop(http);
+    if (srv->locks) {
+        pthread_mutex_destroy(&srv->mu);
+        pthread_cond_destroy(&srv->engine_cv);
+        srv->locks = false;
+    }
+}
