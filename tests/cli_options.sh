@@ -74,6 +74,8 @@ k=$("$EKV" info --devices | sed -n 's/^cpu: .*, kernels \([a-z0-9]*\) .*/\1/p')
 case $k in avx512|avxvnni|avx2|reference) ok ;; *) bad "info --devices names no CPU kernels: '$k'" ;; esac
 k=$(EKV_ISA=reference "$EKV" info --devices | sed -n 's/^cpu: .*, kernels \([a-z0-9]*\) .*/\1/p')
 [ "$k" = reference ] && ok || bad "EKV_ISA=reference gives kernels '$k'"
+k=$(EKV_ISA=avx2 "$EKV" info -m "$REPO/models/stories260K.gguf" --no-metadata | sed -n 's/^  CPU kernels on this host: \([a-z0-9]*\) .*/\1/p')
+case $k in avx2|reference) ok ;; *) bad "info -m names no CPU kernels (EKV_ISA=avx2): '$k'" ;; esac
 "$EKV" bench -p 8 -n 2 -r 1 -t 1 --json - 2>/dev/null | grep -q '"cpu_kernels":' && ok || bad "bench --json has no cpu_kernels"
 "$EKV" mkmodel --help | grep -q -- "--preset NAME" && ok || bad "mkmodel --help"
 

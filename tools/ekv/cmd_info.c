@@ -126,6 +126,8 @@ static int cmd_info_main(int argc, char **argv) {
         const char *tmpl = ekv_model_chat_template(m);
         printf("  chat template: %s\n", tmpl ? tmpl : "none recognised (ekv run --chat-template NAME chooses one)");
         printf("  parameters %.3f M, weights %.2f MiB\n", mi.n_params / 1e6, mi.weight_bytes / 1048576.0);
+        printf("  CPU kernels on this host: %s (EKV_ISA=avx2|avxvnni|reference caps them; GPUs: ekv info --devices)\n",
+               ekv_cpu_kernels());
         printf("  KV cache: %" PRIu64 " bytes per token (K+V, %s, %d layers x %d KV heads x %d dims x 2); "
                "full context %.2f MiB\n",
                mi.kv_bytes_per_token, ekv_kv_type_name(ekv_kv_type_default()), mi.n_layer, mi.n_head_kv, mi.head_dim,
