@@ -273,7 +273,59 @@ static void test_writer_exact_bytes(void) {
     remove(p);
 }
 
-static void test_round_trip(void) {
+/* The round trip's fixtures: arrays of every scalar type (3 elements each),
+ * nested arrays, the tensors' bytes. */
+static const uint8_t a_u8[] = {1, 2, 255};
+static const int8_t a_i8[] = {-1, 0, 127};
+static const uint16_t a_u16[] = {1, 65535, 3};
+static const int16_t a_i16[] = {-32768, 2, 3};
+static const uint32_t a_u32[] = {0, 0xdeadbeefu, 9};
+static const int32_t a_i32[] = {-7, 8, INT32_MIN};
+static const float a_f32[] = {0.5f, -2.0f, 1e30f};
+static const uint8_t a_bool[] = {1, 0, 1};
+static const uint64_t a_u64[] = {UINT64_MAX, 1, 2};
+static const int64_t a_i64[] = {INT64_MIN, -1, 5};
+static const double a_f64[] = {3.5, -0.0, 1e300};
+static const struct { const char *key; enum ekv_gguf_type t; const void *d; size_t bytes; } rt_arrs[] = {
+    {"a.u8", GGUF_TYPE_UINT8, a_u8, sizeof a_u8},     {"a.i8", GGUF_TYPE_INT8, a_i8, sizeof a_i8},
+    {"a.u16", GGUF_TYPE_UINT16, a_u16, sizeof a_u16}, {"a.i16", GGUF_TYPE_INT16, a_i16, sizeof a_i16},
+    {"a.u32", GGUF_TYPE_UINT32, a_u32, sizeof a_u32}, {"a.i32", GGUF_TYPE_INT32, a_i32, sizeof a_i32},
+    {"a.f32", GGUF_TYPE_FLOAT32, a_f32, sizeof a_f32}, {"a.bool", GGUF_TYPE_BOOL, a_bool, sizeof a_bool},
+    {"a.u64", GGUF_TYPE_UINT64, a_u64, sizeof a_u64}, {"a.i64", GGUF_TYPE_INT64, a_i64, sizeof a_i64},
+    {"a.f64", GGUF_TYPE_FLOAT64, a_f64, sizeof a_f64},
+};
+
+struct rt_nested { /* [[1, 2], [3], []] of int32, and [[["x"]]] three levels deep */
+    struct ekv_gguf_value inner[3], outer, l3, l2, l1;
+    struct ekv_gguf_str xs;
+};
+
+static void rt_nested_init(struct rt_nested *n) {
+    static const int32_t n1[] = {1, 2}, n2[] = {3};
+    memset(n->inner, 0, sizeof n->inner);
+    for (int i = 0; i < 3; i++) { n->inner[i].type = GGUF_TYPE_ARRAY; n->inner[i].v.arr.type = GGUF_TYPE_INT32; }
+    n->inner[0].v.arr.n = 2; n->inner[0].v.arr.data = n1;
+    n->inner[1].v.arr.n = 1; n->inner[1].v.arr.data = n2;
+    memset(&n->outer, 0, sizeof n->outer);
+    n->outer.type = GGUF_TYPE_ARRAY;
+    n->outer.v.arr.type = GGUF_TYPE_ARRAY;
+    n->outer.v.arr.n = 3;
+    n->outer.v.arr.vals = n->inner;
+    n->xs = (struct ekv_gguf_str){1, "x"};
+    memset(&n->l3, 0, sizeof n->l3); memset(&n->l2, 0, sizeof n->l2); memset(&n->l1, 0, sizeof n->l1);
+    n->l3.type = GGUF_TYPE_ARRAY; n->l3.v.arr.type = GGUF_TYPE_STRING; n->l3.v.arr.n = 1; n->l3.v.arr.strs = &n->xs;
+    n->l2.type = GGUF_TYPE_ARRAY; n->l2.v.arr.type = GGUF_TYPE_ARRAY; n->l2.v.arr.n = 1; n->l2.v.arr.vals = &n->l3;
+    n->l1.type = GGUF_TYPE_ARRAY; n->l1.v.arr.type = GGUF_TYPE_ARRAY; n->l1.v.arr.n = 1; n->l1.v.arr.vals = &n->l2;
+}
+
+static void rt_tensor_data(float f32d[24], uint8_t q4[54]) {
+    for (int i = 0; i < 24; i++) f32d[i] = (float)i * 0.25f - 2.0f;
+    for (size_t i = 0; i < 54; i++) q4[i] = (uint8_t)(i * 13 + 1);
+}
+
+/* Writes the round trip's file to p: scalars, arrays, nested arrays,
+ * tensors, and checks what the writer refuses. */
+static void rt_write(const char *p, const struct rt_nested *n) {
     struct ekv_gguf_writer *w = NULL;
     CHECK_OK(ekv_gguf_writer_new(&w));
     if (!w) return;
@@ -297,57 +349,19 @@ static void test_round_trip(void) {
     CHECK_OK(ekv_gguf_writer_set_str(w, "s.replaced", "second"));
 #undef SETV
     /* arrays of every scalar type, 3 elements each */
-    static const uint8_t a_u8[] = {1, 2, 255};
-    static const int8_t a_i8[] = {-1, 0, 127};
-    static const uint16_t a_u16[] = {1, 65535, 3};
-    static const int16_t a_i16[] = {-32768, 2, 3};
-    static const uint32_t a_u32[] = {0, 0xdeadbeefu, 9};
-    static const int32_t a_i32[] = {-7, 8, INT32_MIN};
-    static const float a_f32[] = {0.5f, -2.0f, 1e30f};
-    static const uint8_t a_bool[] = {1, 0, 1};
-    static const uint64_t a_u64[] = {UINT64_MAX, 1, 2};
-    static const int64_t a_i64[] = {INT64_MIN, -1, 5};
-    static const double a_f64[] = {3.5, -0.0, 1e300};
-    static const struct { const char *key; enum ekv_gguf_type t; const void *d; size_t bytes; } arrs[] = {
-        {"a.u8", GGUF_TYPE_UINT8, a_u8, sizeof a_u8},     {"a.i8", GGUF_TYPE_INT8, a_i8, sizeof a_i8},
-        {"a.u16", GGUF_TYPE_UINT16, a_u16, sizeof a_u16}, {"a.i16", GGUF_TYPE_INT16, a_i16, sizeof a_i16},
-        {"a.u32", GGUF_TYPE_UINT32, a_u32, sizeof a_u32}, {"a.i32", GGUF_TYPE_INT32, a_i32, sizeof a_i32},
-        {"a.f32", GGUF_TYPE_FLOAT32, a_f32, sizeof a_f32}, {"a.bool", GGUF_TYPE_BOOL, a_bool, sizeof a_bool},
-        {"a.u64", GGUF_TYPE_UINT64, a_u64, sizeof a_u64}, {"a.i64", GGUF_TYPE_INT64, a_i64, sizeof a_i64},
-        {"a.f64", GGUF_TYPE_FLOAT64, a_f64, sizeof a_f64},
-    };
-    for (size_t i = 0; i < EKV_ARRAY_LEN(arrs); i++)
-        CHECK_OK(ekv_gguf_writer_set_arr(w, arrs[i].key, arrs[i].t, arrs[i].d, 3));
+    for (size_t i = 0; i < EKV_ARRAY_LEN(rt_arrs); i++)
+        CHECK_OK(ekv_gguf_writer_set_arr(w, rt_arrs[i].key, rt_arrs[i].t, rt_arrs[i].d, 3));
     CHECK_OK(ekv_gguf_writer_set_arr(w, "a.empty", GGUF_TYPE_UINT8, NULL, 0));
     CHECK(ekv_gguf_writer_set_arr(w, "a.bad", GGUF_TYPE_STRING, a_u8, 1) == EKV_ERR_INVALID_ARG);
     const char *strs[] = {"a", "", "ccc"};
     CHECK_OK(ekv_gguf_writer_set_arr_str(w, "a.str", strs, 3));
-    /* nested: [[1, 2], [3], []] of int32, and [[["x"]]] three levels deep */
-    static const int32_t n1[] = {1, 2}, n2[] = {3};
-    struct ekv_gguf_value inner[3], outer;
-    memset(inner, 0, sizeof inner);
-    for (int i = 0; i < 3; i++) { inner[i].type = GGUF_TYPE_ARRAY; inner[i].v.arr.type = GGUF_TYPE_INT32; }
-    inner[0].v.arr.n = 2; inner[0].v.arr.data = n1;
-    inner[1].v.arr.n = 1; inner[1].v.arr.data = n2;
-    memset(&outer, 0, sizeof outer);
-    outer.type = GGUF_TYPE_ARRAY;
-    outer.v.arr.type = GGUF_TYPE_ARRAY;
-    outer.v.arr.n = 3;
-    outer.v.arr.vals = inner;
-    CHECK_OK(ekv_gguf_writer_set_value(w, "a.nested", &outer));
-    struct ekv_gguf_str xs = {1, "x"};
-    struct ekv_gguf_value l3, l2, l1;
-    memset(&l3, 0, sizeof l3); memset(&l2, 0, sizeof l2); memset(&l1, 0, sizeof l1);
-    l3.type = GGUF_TYPE_ARRAY; l3.v.arr.type = GGUF_TYPE_STRING; l3.v.arr.n = 1; l3.v.arr.strs = &xs;
-    l2.type = GGUF_TYPE_ARRAY; l2.v.arr.type = GGUF_TYPE_ARRAY; l2.v.arr.n = 1; l2.v.arr.vals = &l3;
-    l1.type = GGUF_TYPE_ARRAY; l1.v.arr.type = GGUF_TYPE_ARRAY; l1.v.arr.n = 1; l1.v.arr.vals = &l2;
-    CHECK_OK(ekv_gguf_writer_set_value(w, "a.deep", &l1));
+    CHECK_OK(ekv_gguf_writer_set_value(w, "a.nested", &n->outer));
+    CHECK_OK(ekv_gguf_writer_set_value(w, "a.deep", &n->l1));
 
-    /* tensors: f32 and q4_0 from buffers, f16 and q8_0 and a >1 MiB f32 through fill */
     float f32d[8 * 3];
-    for (int i = 0; i < 24; i++) f32d[i] = (float)i * 0.25f - 2.0f;
     uint8_t q4[18 * 3];
-    for (size_t i = 0; i < sizeof q4; i++) q4[i] = (uint8_t)(i * 13 + 1);
+    rt_tensor_data(f32d, q4);
+    /* tensors: f32 and q4_0 from buffers, f16 and q8_0 and a >1 MiB f32 through fill */
     unsigned seed_f16 = 3, seed_q8 = 11, seed_big = 5;
     CHECK_OK(ekv_gguf_writer_add_tensor(w, "t.f32", EKV_F32, 2, (const int64_t[]){8, 3}, f32d, NULL, NULL));
     CHECK_OK(ekv_gguf_writer_add_tensor(w, "t.f16", EKV_F16, 2, (const int64_t[]){32, 2}, NULL, fill_pattern,
@@ -373,13 +387,12 @@ static void test_round_trip(void) {
     CHECK(ekv_gguf_writer_add_tensor(w, "t.huge", EKV_F32, 2, (const int64_t[]){INT64_C(1) << 40, INT64_C(1) << 40},
                                  f32d, NULL, NULL) == EKV_ERR_OVERFLOW);
 
-    const char *p = tmp_path("round.gguf");
     CHECK_OK(ekv_gguf_writer_write(w, p));
     ekv_gguf_writer_free(w);
+}
 
-    struct ekv_gguf_file *f = NULL;
-    CHECK_OK(ekv_gguf_open(p, &f));
-    if (!f) return;
+/* The header, the scalars and the typed getters of the written file. */
+static void rt_check_scalars(const struct ekv_gguf_file *f) {
     CHECK(ekv_gguf_version(f) == 3);
     CHECK(ekv_gguf_alignment(f) == 32);
     CHECK(ekv_gguf_n_kv(f) == 14 + 15); /* scalars + strings, arrays */
@@ -433,11 +446,14 @@ static void test_round_trip(void) {
     CHECK_OK(ekv_gguf_get_bool(f, "s.bool", &b)); CHECK(b);
     CHECK(ekv_gguf_get_bool(f, "nope", &b) == EKV_ERR_NOT_FOUND);
 
+}
+
+static void rt_check_arrays(const struct ekv_gguf_file *f, const struct rt_nested *n) {
     const struct ekv_gguf_value *arr;
-    for (size_t i = 0; i < EKV_ARRAY_LEN(arrs); i++) {
-        CHECK_OK(ekv_gguf_get_arr(f, arrs[i].key, arrs[i].t, &arr));
-        CHECK_MSG(arr && arr->v.arr.n == 3 && memcmp(arr->v.arr.data, arrs[i].d, arrs[i].bytes) == 0, "%s",
-                  arrs[i].key);
+    for (size_t i = 0; i < EKV_ARRAY_LEN(rt_arrs); i++) {
+        CHECK_OK(ekv_gguf_get_arr(f, rt_arrs[i].key, rt_arrs[i].t, &arr));
+        CHECK_MSG(arr && arr->v.arr.n == 3 && memcmp(arr->v.arr.data, rt_arrs[i].d, rt_arrs[i].bytes) == 0, "%s",
+                  rt_arrs[i].key);
     }
     CHECK_OK(ekv_gguf_get_arr(f, "a.empty", GGUF_TYPE_UINT8, &arr));
     CHECK(arr && arr->v.arr.n == 0);
@@ -446,7 +462,7 @@ static void test_round_trip(void) {
     CHECK(arr && arr->v.arr.n == 3 && ekv_gguf_str_eq(arr->v.arr.strs[0], "a") && arr->v.arr.strs[1].len == 0 &&
           ekv_gguf_str_eq(arr->v.arr.strs[2], "ccc"));
     CHECK_OK(ekv_gguf_get_arr(f, "a.nested", GGUF_TYPE_ARRAY, &arr));
-    CHECK(arr && values_equal(arr, &outer));
+    CHECK(arr && values_equal(arr, &n->outer));
     if (arr && arr->v.arr.n == 3) {
         const struct ekv_gguf_value *e = arr->v.arr.vals;
         CHECK(e[0].v.arr.type == GGUF_TYPE_INT32 && e[0].v.arr.n == 2 && e[1].v.arr.n == 1 && e[2].v.arr.n == 0);
@@ -455,9 +471,15 @@ static void test_round_trip(void) {
         CHECK(x == 2);
     }
     CHECK_OK(ekv_gguf_get_arr(f, "a.deep", GGUF_TYPE_ARRAY, &arr));
-    CHECK(arr && values_equal(arr, &l1));
+    CHECK(arr && values_equal(arr, &n->l1));
     if (arr) CHECK(ekv_gguf_str_eq(arr->v.arr.vals[0].v.arr.vals[0].v.arr.strs[0], "x"));
 
+}
+
+static void rt_check_tensors(const struct ekv_gguf_file *f) {
+    float f32d[8 * 3];
+    uint8_t q4[18 * 3];
+    rt_tensor_data(f32d, q4);
     /* tensors: geometry, aligned offsets, and every byte */
     const struct ekv_gguf_tensor *t;
     t = ekv_gguf_find_tensor(f, "t.f32");
@@ -491,6 +513,19 @@ static void test_round_trip(void) {
         expect_off += (t->nbytes + 31) / 32 * 32;
     }
     CHECK(ekv_gguf_file_size(f) == ekv_gguf_data_offset(f) + expect_off);
+}
+
+static void test_round_trip(void) {
+    struct rt_nested n;
+    rt_nested_init(&n);
+    const char *p = tmp_path("round.gguf");
+    rt_write(p, &n);
+    struct ekv_gguf_file *f = NULL;
+    CHECK_OK(ekv_gguf_open(p, &f));
+    if (!f) return;
+    rt_check_scalars(f);
+    rt_check_arrays(f, &n);
+    rt_check_tensors(f);
     ekv_gguf_close(f);
 
     /* the same data through ekv_gguf_open_memory */
@@ -500,7 +535,7 @@ static void test_round_trip(void) {
     if (buf) {
         CHECK_OK(ekv_gguf_open_memory(buf, len, &f));
         if (f) {
-            t = ekv_gguf_find_tensor(f, "t.f32");
+            const struct ekv_gguf_tensor *t = ekv_gguf_find_tensor(f, "t.f32");
             CHECK(t && (const char *)t->data >= buf && (const char *)t->data + t->nbytes <= buf + len);
             ekv_gguf_close(f);
         }
