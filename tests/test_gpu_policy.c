@@ -35,8 +35,8 @@
  * - KIVI storage (kivi2, kivi4) under every compressing policy: kept sets,
  *   rows and bytes against the CPU's, merges on the device, submissions
  *   counted;
- * - what stays on the CPU (a cap on entries, --kv-tokens) is refused with
- *   a reason on a named device;
+ * - `full` with a cap on entries (--kv-tokens) keeps every entry, as on
+ *   the CPU (part "refused", its former rule: refused on the device);
  * - copies (ekv_seq_copy) of full and compressed device caches go on as
  *   their originals, bit for bit, batched with them and alone.
  *
@@ -677,16 +677,42 @@ static void test_kivi(void) {
     ekv_context_free(cg), ekv_context_free(cc);
 }
 
-static void test_refused(void) {
-    const struct ekv_model *m = g_mb;
-    struct ekv_context *cx = m ? gt_ctx_on(m, g_dev, 256) : NULL;
-    if (cx) {
-        struct ekv_kv_params kp = kv_params("full", 1.0, EKV_KV_KIVI4);
-        kp.max_tokens = 32;
-        struct ekv_seq *s = NULL;
-        CHECK(ekv_seq_new(cx, &kp, &s) == EKV_ERR_UNSUPPORTED && !s && strstr(ekv_last_error(), "kv-tokens"));
+/* `full` with a cap on entries (--kv-tokens, which grids of policies pass to
+ * every policy) keeps every entry on the device as on the CPU: the same
+ * logits as without the cap, prompt and decode, in f16 and KIVI4 storage. */
+static void full_capped_on(const struct ekv_model *m, const char *dev) {
+    struct ekv_context *cx = gt_ctx_on(m, dev, 256);
+    const int32_t V = m->info.n_vocab;
+    float *a = cx ? malloc(sizeof(float) * (size_t)V) : NULL, *b = cx ? malloc(sizeof(float) * (size_t)V) : NULL;
+    static const enum ekv_kv_type types[] = {EKV_KV_F16, EKV_KV_KIVI4};
+    for (size_t ti = 0; ti < 2 && a && b; ti++) {
+        struct ekv_kv_params kp = kv_params("full", 1.0, types[ti]);
+        struct ekv_seq *s0 = NULL, *s1 = NULL;
+        CHECK_OK(ekv_seq_new(cx, &kp, &s0));
+        kp.max_tokens = 8;
+        CHECK_OK(ekv_seq_new(cx, &kp, &s1));
+        if (s0 && s1) {
+            CHECK_OK(ekv_seq_prefill(s0, g_toks_b, N_PROMPT, a));
+            CHECK_OK(ekv_seq_prefill(s1, g_toks_b, N_PROMPT, b));
+            int bad = memcmp(a, b, sizeof(float) * (size_t)V) != 0;
+            for (int i = 0; i < 4; i++) {
+                CHECK_OK(ekv_seq_decode(s0, g_toks_b[N_PROMPT + i], a));
+                CHECK_OK(ekv_seq_decode(s1, g_toks_b[N_PROMPT + i], b));
+                bad += memcmp(a, b, sizeof(float) * (size_t)V) != 0;
+            }
+            CHECK_MSG(bad == 0, "full with --kv-tokens 8 on %s (%s): %d of 5 steps differ from no cap", dev,
+                      ekv_kv_type_name(types[ti]), bad);
+        }
+        ekv_seq_free(s0), ekv_seq_free(s1);
     }
+    free(a), free(b);
     ekv_context_free(cx);
+}
+
+static void test_full_capped(void) {
+    if (!g_mb) return;
+    full_capped_on(g_mb, g_dev);
+    full_capped_on(g_mb, "cpu");
 }
 
 /* Copies on the device (ekv_seq_copy): a cache read once and copied goes
@@ -785,7 +811,7 @@ int main(void) {
     if (gt_only("swa")) test_swa();
     if (gt_only("mrope")) test_mrope();
     if (gt_only("kivi")) test_kivi();
-    if (gt_only("refused")) test_refused();
+    if (gt_only("refused")) test_full_capped();
     if (gt_only("copy")) test_copy();
     ekv_model_free(g_mb);
     if (*path_b) remove(path_b);

@@ -86,10 +86,6 @@ static bool compressing(const struct ekv_seq *seq) {
 bool ekv_vk_seq_supported(const struct ekv_seq *seq, const char **why) {
     const struct ekv_kv *kv = seq->kv;
     if (compressing(seq) && !ekv_vk_mg_supported(seq, why)) return false;
-    if (!compressing(seq) && kv->params.max_tokens > 0) {
-        *why = "a cap on cache entries (--kv-tokens) runs on the CPU in this version";
-        return false;
-    }
     const struct ekv_store_fmt *f[2] = {&kv->fk, &kv->fv};
     for (int i = 0; i < 2; i++) {
         if (quantising(f[i]->type) && !ekv_vk_has_f64(seq->ctx->gpu->vk)) {
