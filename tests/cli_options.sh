@@ -77,6 +77,17 @@ k=$(EKV_ISA=reference "$EKV" info --devices | sed -n 's/^cpu: .*, kernels \([a-z
 k=$(EKV_ISA=avx2 "$EKV" info -m "$REPO/models/stories260K.gguf" --no-metadata | sed -n 's/^  CPU kernels on this host: \([a-z0-9]*\) .*/\1/p')
 case $k in avx2|reference) ok ;; *) bad "info -m names no CPU kernels (EKV_ISA=avx2): '$k'" ;; esac
 "$EKV" bench -p 8 -n 2 -r 1 -t 1 --json - 2>/dev/null | grep -q '"cpu_kernels":' && ok || bad "bench --json has no cpu_kernels"
+# llama.cpp's -ngl as a device: 0 = the CPU; N > 0 = the GPU (runs there, or fails naming
+# device 'vulkan' on a host without one); the last of -ngl and --device wins; bad values refused
+"$EKV" run -p hi -n 2 -dev vulkan:0 -ngl 0 > "$T/o" 2>&1 && ! grep -q vulkan "$T/o" && ok \
+  || bad "-ngl 0 after --device must mean the CPU: $(tail -n 2 "$T/o")"
+"$EKV" run -p hi -n 2 -ngl 5 -dev cpu > "$T/o" 2>&1 && ! grep -q vulkan "$T/o" && ok || bad "--device cpu after -ngl 5"
+"$EKV" run -p hi -n 2 -ngl 0 -dev vulkan:0 2>&1 | grep -q "vulkan:0" && ok || bad "--device vulkan:0 after -ngl 0"
+"$EKV" run -p hi -n 2 -ngl 7 2>&1 | grep -q "vulkan" && ok || bad "-ngl 7 must ask for the GPU"
+for v in x -2 3.5 ""; do
+  "$EKV" run -p hi -n 2 -ngl "$v" > /dev/null 2> "$T/e" && bad "-ngl '$v' accepted" \
+    || { grep -q -- "-ngl expects a number of layers" "$T/e" && ok || bad "-ngl '$v': $(cat "$T/e")"; }
+done
 "$EKV" mkmodel --help | grep -q -- "--preset NAME" && ok || bad "mkmodel --help"
 
 cli_finish cli_options

@@ -85,6 +85,7 @@ static bool fn_pool_type(struct cli_params *p, const char *opt, const char *v, c
 static bool fn_compat(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_eval_seed(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_kv_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
+static bool fn_ngl(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 
 static const struct cli_opt k_opts[] = {
     /* model and threads */
@@ -108,6 +109,9 @@ static const struct cli_opt k_opts[] = {
      "compute device: auto (the first GPU, else the CPU), cpu, vulkan\n(a GPU or an error) or vulkan:N "
      "(ekv info --devices lists them)", K_STR, OFF(device), 0, 0, check_device, NULL, "$EKV_DEVICE, else auto",
      false},
+    {R | E | B | S, G_MODEL, "-ngl, --n-gpu-layers", "--gpu-layers", "N",
+     "llama.cpp's flag as a device: 0 = cpu; N > 0 or 'all' = vulkan (every\nlayer: ekv does not split a model "
+     "between devices); -1 or 'auto' = auto", K_FN, 0, 0, 0, NULL, fn_ngl, "", false},
     {R | E | B | S, G_MODEL, "-c, --ctx-size", "--ctx", "N", "positions per sequence", K_LONG, OFF(n_ctx), 0, BIG,
      NULL, NULL, "the model's trained context", false},
 
@@ -487,6 +491,25 @@ static bool fn_pool_type(struct cli_params *p, const char *opt, const char *v, c
         snprintf(err, n, "%s expects avg or max, got '%.64s'", opt, v);
         return false;
     }
+    return true;
+}
+
+/* -ngl N: llama.cpp's layer count, mapped onto --device (the last of the
+ * two on a command line wins). */
+static bool fn_ngl(struct cli_params *p, const char *opt, const char *v, char *err, size_t n) {
+    if (!strcmp(v, "auto") || !strcmp(v, "all")) {
+        p->device = v[1] == 'u' ? "auto" : "vulkan";
+        return true;
+    }
+    char *end = NULL;
+    errno = 0;
+    const long x = strtol(v, &end, 10);
+    if (end == v || *end || errno || x < -1) {
+        snprintf(err, n, "%s expects a number of layers (0 = the CPU, N > 0: the GPU), 'all', 'auto' or -1, got '%.64s'",
+                 opt, v);
+        return false;
+    }
+    p->device = x == 0 ? "cpu" : x > 0 ? "vulkan" : "auto";
     return true;
 }
 
