@@ -851,14 +851,31 @@ struct ekv_sampler_params {
     float top_p;      /* 1 = off (default 0.95) */
     float min_p;      /* 0 = off (default 0.05) */
     uint64_t seed;    /* default 0xEC0 */
+    /* Penalties, as llama.cpp applies them before every other step (greedy
+     * included), over the last repeat_last_n tokens given to
+     * ekv_sampler_accept: a token seen c > 0 times there has its logit l
+     * divided by repeat_penalty (l > 0) or multiplied by it (l <= 0), then
+     * c * frequency_penalty + presence_penalty subtracted. */
+    float repeat_penalty;    /* > 0; 1 = off (default 1) */
+    int32_t repeat_last_n;   /* tokens looked back over, 0 .. 2^24; 0 = off (default 64) */
+    float frequency_penalty; /* per occurrence, finite; 0 = off (default 0) */
+    float presence_penalty;  /* once, finite; 0 = off (default 0) */
 };
 struct ekv_sampler_params ekv_sampler_default_params(void);
 
+/* A sampler (owned by the caller: ekv_sampler_free). params NULL = the
+ * defaults; out of range values are refused (EKV_ERR_INVALID_ARG). */
 enum ekv_status ekv_sampler_new(const struct ekv_sampler_params *params, struct ekv_sampler **out);
 void ekv_sampler_free(struct ekv_sampler *s);
 
 /* Picks the next token from n_vocab logits (not modified). */
 int32_t ekv_sampler_sample(struct ekv_sampler *s, const float *logits, int32_t n_vocab);
+
+/* Gives the penalties a token of the text (the prompt's tokens and each
+ * token sampled, in order; ids outside the vocabulary are never
+ * penalised). Keeps the last repeat_last_n; nothing when no penalty is on.
+ * Allocates nothing (the window is made by ekv_sampler_new). */
+enum ekv_status ekv_sampler_accept(struct ekv_sampler *s, int32_t token);
 
 #ifdef __cplusplus
 }

@@ -56,6 +56,23 @@ post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperat
   && ok || bad "h2o+merge completion differs from ekv run, or equals h2o's, or merged nothing"
 post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "kv_policy": "h2o", "kv_budget": 0.3}' > /dev/null
 [ "$(jget choices.0.text < "$T/r")" = "$want_h" ] && [ "$(jget usage.kv.budget < "$T/r")" = 0.3 ] && ok || bad "kv_* fields"
+# penalties (OpenAI's presence/frequency, llama-server's repeat_penalty/repeat_last_n): the
+# text of ekv run with the same flags, other than without (a token-id prompt too: below);
+# out-of-range values are 400 naming the field
+want_p=$("$EKV" run -c 512 -p "Once upon a time" -n 40 --temp 0 --no-display-prompt --repeat-penalty 1.3 \
+  --frequency-penalty 0.5 --presence-penalty 0.5 --repeat-last-n 32 2>/dev/null)
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "repeat_penalty": 1.3,
+  "frequency_penalty": 0.5, "presence_penalty": 0.5, "repeat_last_n": 32}' > /dev/null
+[ -n "$want_p" ] && [ "$(jget choices.0.text < "$T/r")" = "$want_p" ] && [ "$want_p" != "$want" ] && ok \
+  || bad "penalised completion '$(jget choices.0.text < "$T/r")' != ekv run '$want_p' (or equal to no penalty)"
+post /v1/chat/completions '{"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 40,
+  "temperature": 0, "repeat_penalty": 1.3, "frequency_penalty": 0.5, "presence_penalty": 0.5, "repeat_last_n": 32}' > /dev/null
+[ "$(jget choices.0.message.content < "$T/r")" = "$want_p" ] && ok || bad "penalised chat differs from ekv run"
+for b in '"presence_penalty": 2.5' '"frequency_penalty": -3' '"repeat_penalty": 0' '"repeat_last_n": -2'; do
+  code=$(post /v1/completions '{"prompt": "x", "max_tokens": 2, '"$b"'}')
+  f=${b%%\":*}; f=${f#\"}
+  [ "$code" = 400 ] && [ "$(jget error.param < "$T/r")" = "$f" ] && ok || bad "$b: $code $(head -c 200 "$T/r")"
+done
 
 # ---- /tokenize (llama.cpp's): the tokens a completion counts ----
 n_tok=$(curl -s "$URL/tokenize" -d '{"content": "Once upon a time"}' | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).tokens.length))')
@@ -64,6 +81,9 @@ post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 1}' > /dev/nu
 toks=$(curl -s "$URL/tokenize" -d '{"content": "Once upon a time"}' | jget tokens)
 post /v1/completions '{"prompt": '"$toks"', "max_tokens": 40, "temperature": 0}' > /dev/null
 [ "$(jget choices.0.text < "$T/r")" = "$want" ] && ok || bad "token-id prompt"
+post /v1/completions '{"prompt": '"$toks"', "max_tokens": 40, "temperature": 0, "repeat_penalty": 1.3,
+  "frequency_penalty": 0.5, "presence_penalty": 0.5, "repeat_last_n": 32}' > /dev/null
+[ "$(jget choices.0.text < "$T/r")" = "$want_p" ] && ok || bad "token-id prompt with penalties"
 
 # ---- chat (template none: the content as the prompt) ----
 code=$(post /v1/chat/completions '{"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 40, "temperature": 0}')

@@ -3,6 +3,10 @@
  * reproduces a draw sequence, top-k 1 / top-p tiny / min-p 1 all collapse
  * to greedy, top-k restricts draws to the k best, the empirical frequencies
  * at temperature 1 follow the softmax, and bad parameters are refused.
+ * Penalties (llama.cpp's rule): a worked vector, the window's length, ids
+ * outside the vocabulary ignored, the frequencies at temperature 1 follow
+ * the softmax of the penalised logits, and without penalties accepting
+ * tokens changes no draw.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -10,6 +14,92 @@
 
 #include "ekv.h"
 #include "testutil.h"
+
+/* Penalties on 6 logits after the tokens 0, 0, 2, 4 (and two ids outside
+ * the vocabulary): repeat 2, frequency 0.1, presence 0.2 give token 0 (seen
+ * twice) 2.0 / 2 - (0.2 + 0.2) = 0.6, token 2 -1.0 * 2 - 0.3 = -2.3, token 4
+ * 1.9 / 2 - 0.3 = 0.65, so greedy goes from 0 to 1. */
+static void test_penalties(void) {
+    enum { V = 6 };
+    const float lg[V] = {2.0f, 1.0f, -1.0f, 0.5f, 1.9f, -3.0f};
+    const float pen[V] = {0.6f, 1.0f, -2.3f, 0.5f, 0.65f, -3.0f};
+    static const int32_t seen[] = {0, 99, 0, -5, 2, 4};
+    struct ekv_sampler_params p = ekv_sampler_default_params();
+    struct ekv_sampler *s = NULL;
+    CHECK(p.repeat_penalty == 1.0f && p.repeat_last_n == 64 && p.frequency_penalty == 0.0f &&
+          p.presence_penalty == 0.0f);
+    p.temp = 0.0f;
+    p.repeat_penalty = 2.0f;
+    p.frequency_penalty = 0.1f;
+    p.presence_penalty = 0.2f;
+    CHECK_OK(ekv_sampler_new(&p, &s));
+    CHECK(ekv_sampler_sample(s, lg, V) == 0); /* nothing accepted yet */
+    for (size_t i = 0; i < sizeof seen / sizeof *seen; i++) CHECK_OK(ekv_sampler_accept(s, seen[i]));
+    CHECK(ekv_sampler_sample(s, lg, V) == 1);
+    CHECK(ekv_sampler_sample(s, lg, 1) == 0); /* a vocabulary of one token */
+    ekv_sampler_free(s);
+    /* a window of 2 holds 2 and 4 only: token 0 is not penalised */
+    p.repeat_last_n = 2;
+    CHECK_OK(ekv_sampler_new(&p, &s));
+    for (size_t i = 0; i < sizeof seen / sizeof *seen; i++) CHECK_OK(ekv_sampler_accept(s, seen[i]));
+    CHECK(ekv_sampler_sample(s, lg, V) == 0);
+    CHECK_OK(ekv_sampler_accept(s, 0)); /* now 4 and 0 */
+    CHECK(ekv_sampler_sample(s, lg, V) == 1);
+    ekv_sampler_free(s);
+    /* a window of 0 is off */
+    p.repeat_last_n = 0;
+    CHECK_OK(ekv_sampler_new(&p, &s));
+    for (size_t i = 0; i < sizeof seen / sizeof *seen; i++) CHECK_OK(ekv_sampler_accept(s, seen[i]));
+    CHECK(ekv_sampler_sample(s, lg, V) == 0);
+    ekv_sampler_free(s);
+    /* temperature 1, no filters: the frequencies follow the penalised softmax */
+    p.repeat_last_n = 64;
+    p.temp = 1.0f, p.top_k = 0, p.top_p = 1.0f, p.min_p = 0.0f, p.seed = 11;
+    CHECK_OK(ekv_sampler_new(&p, &s));
+    for (size_t i = 0; i < sizeof seen / sizeof *seen; i++) CHECK_OK(ekv_sampler_accept(s, seen[i]));
+    enum { N = 100000 };
+    int count[V] = {0};
+    for (int i = 0; i < N; i++) count[ekv_sampler_sample(s, lg, V)]++;
+    ekv_sampler_free(s);
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp(pen[i]);
+    for (int i = 0; i < V; i++) {
+        const double pi = exp(pen[i]) / z, sd = sqrt(N * pi * (1 - pi));
+        CHECK_MSG(fabs(count[i] - N * pi) <= 4 * sd + 1, "penalised token %d: %d draws, expected %.0f", i, count[i],
+                  N * pi);
+    }
+    /* penalties off: accepted tokens change no draw */
+    struct ekv_sampler_params q = ekv_sampler_default_params();
+    q.seed = 5;
+    struct ekv_sampler *s2 = NULL;
+    CHECK_OK(ekv_sampler_new(&q, &s));
+    CHECK_OK(ekv_sampler_new(&q, &s2));
+    int differ = 0;
+    for (int i = 0; i < 200 && s && s2; i++) {
+        CHECK_OK(ekv_sampler_accept(s2, i % V));
+        differ += ekv_sampler_sample(s, lg, V) != ekv_sampler_sample(s2, lg, V);
+    }
+    CHECK(differ == 0);
+    ekv_sampler_free(s), ekv_sampler_free(s2);
+    /* refused: a penalty of 0 or below, NaN, a window below 0, infinite penalties; NULL */
+    static const float bad_rp[] = {0.0f, -1.0f, NAN, INFINITY};
+    for (size_t i = 0; i < 4; i++) {
+        q = ekv_sampler_default_params();
+        q.repeat_penalty = bad_rp[i];
+        s = NULL;
+        CHECK(ekv_sampler_new(&q, &s) == EKV_ERR_INVALID_ARG && !s && strstr(ekv_last_error(), "penalt"));
+    }
+    q = ekv_sampler_default_params();
+    q.repeat_last_n = -1;
+    CHECK(ekv_sampler_new(&q, &s) == EKV_ERR_INVALID_ARG);
+    q = ekv_sampler_default_params();
+    q.frequency_penalty = INFINITY;
+    CHECK(ekv_sampler_new(&q, &s) == EKV_ERR_INVALID_ARG);
+    q = ekv_sampler_default_params();
+    q.presence_penalty = NAN;
+    CHECK(ekv_sampler_new(&q, &s) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_sampler_accept(NULL, 1) == EKV_ERR_INVALID_ARG);
+}
 
 int main(void) {
     enum { V = 8 };
@@ -104,5 +194,6 @@ int main(void) {
     p.min_p = 2.0f;
     CHECK(ekv_sampler_new(&p, &s) == EKV_ERR_INVALID_ARG && ekv_last_error()[0]);
     ekv_sampler_free(NULL);
+    test_penalties();
     return test_finish("test_sampler");
 }

@@ -1,10 +1,14 @@
 /*
- * sampler.c — choosing the next token: greedy at temperature <= 0, else
- * llama.cpp's default order: top-k, top-p and min-p on the untempered
- * distribution, then temperature, then a draw from a seeded generator
- * (splitmix64 + xoshiro256**), so a seed reproduces a run.
+ * sampler.c — choosing the next token: the repetition, frequency and
+ * presence penalties over a window of the text's last tokens (llama.cpp's
+ * rule, first), then greedy at temperature <= 0, else llama.cpp's default
+ * order: top-k, top-p and min-p on the untempered distribution, then
+ * temperature, then a draw from a seeded generator (splitmix64 +
+ * xoshiro256**), so a seed reproduces a run. Without penalties (or with an
+ * empty window) the logits are read as given.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,11 +24,21 @@ struct ekv_sampler {
     uint64_t s[4];
     struct cand *buf;
     int32_t cap;
+    /* the penalties' window: a ring of the last w tokens accepted (hn of
+     * them, the next written at hpos), and scratch for its distinct tokens
+     * (ascending) and their counts; NULL when no penalty is on */
+    int32_t *hist, *wt, *wc;
+    int32_t w, hn, hpos;
 };
 
 struct ekv_sampler_params ekv_sampler_default_params(void) {
-    struct ekv_sampler_params p = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0xEC0};
+    struct ekv_sampler_params p = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0xEC0,
+                                   .repeat_penalty = 1.0f, .repeat_last_n = 64};
     return p;
+}
+
+static bool penalties_on(const struct ekv_sampler_params *p) {
+    return p->repeat_last_n > 0 && (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f);
 }
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -55,9 +69,26 @@ enum ekv_status ekv_sampler_new(const struct ekv_sampler_params *params, struct 
         return ekv_err(EKV_ERR_INVALID_ARG,
                        "sampler parameters out of range (temp %g, top-k %d >= 0, top-p %g in (0,1], min-p %g in [0,1])",
                        (double)p.temp, p.top_k, (double)p.top_p, (double)p.min_p);
+    if (!(isfinite(p.repeat_penalty) && p.repeat_penalty > 0.0f) || p.repeat_last_n < 0 ||
+        p.repeat_last_n > (1 << 24) || !isfinite(p.frequency_penalty) || !isfinite(p.presence_penalty))
+        return ekv_err(EKV_ERR_INVALID_ARG,
+                       "sampler penalties out of range (repeat penalty %g > 0, last n %d in [0, 2^24], frequency %g "
+                       "and presence %g finite)",
+                       (double)p.repeat_penalty, (int)p.repeat_last_n, (double)p.frequency_penalty,
+                       (double)p.presence_penalty);
     struct ekv_sampler *s = calloc(1, sizeof *s);
     if (!s) return ekv_err(EKV_ERR_NOMEM, "out of memory");
     s->p = p;
+    if (penalties_on(&p)) {
+        s->w = p.repeat_last_n;
+        s->hist = malloc((size_t)s->w * sizeof *s->hist);
+        s->wt = malloc((size_t)s->w * sizeof *s->wt);
+        s->wc = malloc((size_t)s->w * sizeof *s->wc);
+        if (!s->hist || !s->wt || !s->wc) {
+            ekv_sampler_free(s);
+            return ekv_err(EKV_ERR_NOMEM, "sampler: out of memory for a window of %d tokens", (int)p.repeat_last_n);
+        }
+    }
     uint64_t x = p.seed;
     for (int i = 0; i < 4; i++) s->s[i] = splitmix64(&x);
     *out = s;
@@ -67,7 +98,62 @@ enum ekv_status ekv_sampler_new(const struct ekv_sampler_params *params, struct 
 void ekv_sampler_free(struct ekv_sampler *s) {
     if (!s) return;
     free(s->buf);
+    free(s->hist);
+    free(s->wt);
+    free(s->wc);
     free(s);
+}
+
+enum ekv_status ekv_sampler_accept(struct ekv_sampler *s, int32_t token) {
+    if (!s) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_sampler_accept: NULL sampler");
+    if (!s->hist) return EKV_OK;
+    s->hist[s->hpos] = token;
+    s->hpos = s->hpos + 1 == s->w ? 0 : s->hpos + 1;
+    if (s->hn < s->w) s->hn++;
+    return EKV_OK;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The window's distinct tokens in [0, n_vocab), ascending, into s->wt with
+ * their counts in s->wc; returns how many. */
+static int32_t window_counts(struct ekv_sampler *s, int32_t n_vocab) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->hn; i++)
+        if (s->hist[i] >= 0 && s->hist[i] < n_vocab) s->wt[n++] = s->hist[i];
+    qsort(s->wt, (size_t)n, sizeof *s->wt, cmp_i32);
+    int32_t d = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (d > 0 && s->wt[d - 1] == s->wt[i]) {
+            s->wc[d - 1]++;
+        } else {
+            s->wt[d] = s->wt[i];
+            s->wc[d++] = 1;
+        }
+    }
+    return d;
+}
+
+/* A logit of a token seen c > 0 times in the window, as llama.cpp's
+ * penalties sampler leaves it. */
+static float penalised(const struct ekv_sampler_params *p, float l, int32_t c) {
+    if (l <= 0.0f) l *= p->repeat_penalty;
+    else l /= p->repeat_penalty;
+    return l - ((float)c * p->frequency_penalty + p->presence_penalty);
+}
+
+/* Logit i with the penalties: *k walks the window's distinct tokens (nw of
+ * them, ascending) as i ascends. */
+static inline float logit_at(const struct ekv_sampler *s, const float *logits, int32_t i, int32_t nw, int32_t *k) {
+    if (*k < nw && s->wt[*k] == i) {
+        const int32_t c = s->wc[*k];
+        ++*k;
+        return penalised(&s->p, logits[i], c);
+    }
+    return logits[i];
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -76,29 +162,31 @@ static int cmp_desc(const void *a, const void *b) {
     return x->id - y->id;
 }
 
-static int32_t argmax(const float *l, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[best]) best = i;
-    return best;
-}
-
 int32_t ekv_sampler_sample(struct ekv_sampler *s, const float *logits, int32_t n_vocab) {
     if (n_vocab <= 0) return -1;
-    if (s->p.temp <= 0.0f) return argmax(logits, n_vocab);
+    const int32_t nw = s->hist && s->hn > 0 ? window_counts(s, n_vocab) : 0;
+    int32_t best = 0, k = 0;
+    float mx = logit_at(s, logits, 0, nw, &k);
+    for (int32_t i = 1; i < n_vocab; i++) {
+        const float l = logit_at(s, logits, i, nw, &k);
+        if (l > mx) mx = l, best = i;
+    }
+    if (s->p.temp <= 0.0f) return best;
     if (s->cap < n_vocab) {
         struct cand *nb = realloc(s->buf, (size_t)n_vocab * sizeof *nb);
-        if (!nb) return argmax(logits, n_vocab); /* degrade to greedy rather than fail */
+        if (!nb) return best; /* degrade to greedy rather than fail */
         s->buf = nb;
         s->cap = n_vocab;
     }
     struct cand *c = s->buf;
-    float mx = logits[argmax(logits, n_vocab)];
     /* min-p first as a cheap linear pre-filter: p_i >= min_p * p_max  <=>  l_i >= mx + log(min_p) */
     float floor_l = s->p.min_p > 0.0f ? mx + logf(s->p.min_p) : -INFINITY;
     int32_t n = 0;
-    for (int32_t i = 0; i < n_vocab; i++)
-        if (logits[i] >= floor_l) c[n++] = (struct cand){logits[i], i};
+    k = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        const float l = logit_at(s, logits, i, nw, &k);
+        if (l >= floor_l) c[n++] = (struct cand){l, i};
+    }
     qsort(c, (size_t)n, sizeof *c, cmp_desc);
     if (s->p.top_k > 0 && n > s->p.top_k) n = s->p.top_k;
     if (s->p.top_p < 1.0f) {

@@ -2,7 +2,7 @@
 // OpenAI SDK for Node (npm package `openai`, pinned in package-lock.json),
 // with baseURL pointing at the server. Chat, streaming (chunks reassemble to
 // the non-streamed text), legacy completions, models.list and .retrieve, the per-request KV
-// extension passed through the SDK, and errors the SDK maps to its own
+// extension passed through the SDK, the penalties, and errors the SDK maps to its own
 // classes (400 BadRequestError with OpenAI's error shape, 401
 // AuthenticationError).
 // usage: node sdk.mjs BASE_URL API_KEY
@@ -37,6 +37,18 @@ await check('chat', async () => {
   assert.equal(r.usage.completion_tokens, 48);
   assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 48);
   assert.equal(r.usage.kv.policy, 'full');
+});
+
+// the SDK's own penalty fields: taken (200), the text changed, the same when repeated
+await check('chat penalties', async () => {
+  const ask = () => client.chat.completions.create({
+    model: 'stories', messages, max_tokens: 48, temperature: 0, presence_penalty: 1.5, frequency_penalty: 1,
+  });
+  const a = await ask();
+  const b = await ask();
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  assert.notEqual(a.choices[0].message.content, chatText);
+  assert.equal(a.usage.completion_tokens, 48);
 });
 
 await check('chat stream', async () => {

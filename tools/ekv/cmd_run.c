@@ -384,7 +384,9 @@ static bool run_setup(struct run *r) {
     } else if ((s = ekv_seq_new(r->ctx, &p->kv, &r->seq)) != EKV_OK) {
         return cli_fail(CMD, s), false;
     }
-    if ((s = ekv_sampler_new(&p->sampling, &r->smp)) != EKV_OK) return cli_fail(CMD, s), false;
+    struct ekv_sampler_params sp = p->sampling;
+    if (sp.repeat_last_n < 0) sp.repeat_last_n = r->ctx_size; /* -1: the context */
+    if ((s = ekv_sampler_new(&sp, &r->smp)) != EKV_OK) return cli_fail(CMD, s), false;
     if (p->chat) { /* run_chat builds each turn's prompt */
         r->logits = malloc((size_t)r->mi.n_vocab * sizeof *r->logits);
         r->out_cap = 256;
@@ -424,6 +426,17 @@ static bool run_prefill(struct run *r) {
     return r->p.kv_save ? hist_add_prompt(r) : true;
 }
 
+/* The prompt's tokens into the sampler's penalty window (images have none). */
+static bool accept_prompt(struct run *r) {
+    const int32_t n = ekv_prompt_n_tokens(r->pr);
+    int32_t *t = malloc((size_t)(n > 0 ? n : 1) * sizeof *t);
+    if (!t) return false;
+    ekv_prompt_tokens(r->pr, t);
+    for (int32_t i = 0; i < n; i++) ekv_sampler_accept(r->smp, t[i]);
+    free(t);
+    return true;
+}
+
 static bool append_text(struct run *r, const char *piece, size_t pn) {
     if (r->out_len + pn + 1 > r->out_cap) {
         size_t cap = (r->out_len + pn + 1) * 2;
@@ -447,6 +460,7 @@ static bool run_generate(struct run *r) {
     }
     r->t0 = cli_now();
     if (!run_prefill(r)) return false;
+    if (!accept_prompt(r)) return cli_fail(CMD, EKV_ERR_NOMEM), false;
     r->t1 = cli_now();
     if (r->trace) {
         cJSON_AddNumberToObject(r->trace, "window_start", (double)ekv_seq_kv_window_start(r->seq));
@@ -460,6 +474,7 @@ static bool run_generate(struct run *r) {
             break;
         }
         r->gen[r->n_gen++] = t;
+        ekv_sampler_accept(r->smp, t);
         if (r->n_gen == 1) r->t_first = cli_now();
         char piece[256];
         size_t pn = 0;
@@ -599,6 +614,7 @@ static bool chat_turn(struct run *r, struct chat *c, const char *user, int turn)
         s = EKV_ERR_CONTEXT_FULL;
     }
     if (s == EKV_OK) s = ekv_seq_eval_prompt(r->seq, r->pr, r->logits);
+    if (s == EKV_OK && !accept_prompt(r)) s = EKV_ERR_NOMEM;
     ekv_prompt_free(r->pr);
     r->pr = NULL;
     if (s != EKV_OK) {
@@ -618,6 +634,7 @@ static bool chat_turn(struct run *r, struct chat *c, const char *user, int turn)
             break;
         }
         r->gen[r->n_gen++] = t;
+        ekv_sampler_accept(r->smp, t);
         char piece[256];
         size_t pn = 0;
         if (ekv_token_to_piece(r->model, t, false, piece, sizeof piece, &pn) != EKV_OK) pn = 0;

@@ -158,6 +158,20 @@ static bool parse_sampling(const struct srv *srv, const cJSON *root, struct srv_
     d = r->sampling.min_p;
     if (!get_number(e, root, "min_p", 0, 1, &d)) return false;
     r->sampling.min_p = (float)d;
+    /* penalties: OpenAI's two (-2 .. 2) and llama-server's repeat_penalty and
+     * repeat_last_n, over the last repeat_last_n tokens of prompt and answer */
+    d = r->sampling.presence_penalty;
+    if (!get_number(e, root, "presence_penalty", -2, 2, &d)) return false;
+    r->sampling.presence_penalty = (float)d;
+    d = r->sampling.frequency_penalty;
+    if (!get_number(e, root, "frequency_penalty", -2, 2, &d)) return false;
+    r->sampling.frequency_penalty = (float)d;
+    d = r->sampling.repeat_penalty;
+    if (!get_number(e, root, "repeat_penalty", 1e-6, 1e6, &d)) return false;
+    r->sampling.repeat_penalty = (float)d;
+    x = r->sampling.repeat_last_n;
+    if (!get_int(e, root, "repeat_last_n", -1, 1 << 24, &x)) return false;
+    r->sampling.repeat_last_n = (int32_t)(x < 0 ? srv->cfg.n_ctx : x); /* -1: the context */
     if (field(root, "seed")) {
         if (!get_int(e, root, "seed", -9.2e18, 9.2e18, &x)) return false;
         r->sampling.seed = (uint64_t)x;
@@ -206,11 +220,6 @@ static bool refuse_unsupported(const cJSON *root, struct srv_error *e) {
     long long n = 1;
     if (!get_int(e, root, "n", 1, 1e9, &n)) return false;
     if (n != 1) return UNSUPPORTED("n", "only n = 1 is supported");
-    double pen = 0;
-    if (!get_number(e, root, "presence_penalty", -2, 2, &pen)) return false;
-    if (pen != 0) return UNSUPPORTED("presence_penalty", "presence_penalty is not supported (only 0)");
-    if (!get_number(e, root, "frequency_penalty", -2, 2, &pen)) return false;
-    if (pen != 0) return UNSUPPORTED("frequency_penalty", "frequency_penalty is not supported (only 0)");
     const cJSON *f;
     if ((f = field(root, "logprobs")) && !cJSON_IsFalse(f)) return UNSUPPORTED("logprobs", "logprobs are not supported");
     if (field(root, "top_logprobs")) return UNSUPPORTED("top_logprobs", "top_logprobs are not supported");
