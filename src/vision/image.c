@@ -1,8 +1,9 @@
 /*
  * image.c — photo decoding (stb_image, JPEG and PNG only) and LLaVA-1.5
- * preprocessing. This is the only translation unit that instantiates
- * stb_image; the file is read here (size-capped) and decoded from memory so
- * that the header can be checked before any pixel buffer is allocated.
+ * preprocessing. stb_image decodes (through stb_decode.c, its one
+ * instance); the file is read here (size-capped), checked, and decoded
+ * from memory so that the header can be checked before any pixel buffer
+ * is allocated.
  */
 #include "vision/image.h"
 
@@ -16,28 +17,7 @@
 #include <sys/stat.h>
 
 #include "core/util.h"
-
-#define STBI_ONLY_JPEG
-#define STBI_ONLY_PNG
-#define STBI_NO_STDIO
-#define STBI_NO_LINEAR
-#define STBI_NO_HDR
-#define STB_IMAGE_IMPLEMENTATION
-#define STB_IMAGE_STATIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wsign-compare"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
-#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
-#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
-#pragma GCC diagnostic ignored "-Wmisleading-indentation"
-#pragma GCC diagnostic ignored "-Wtype-limits"
-#include "stb_image.h"
-#pragma GCC diagnostic pop
-/* STB_IMAGE_STATIC keeps stbi_* out of the library's global names (so libekv links
- * beside ggml's copy); GCC reports the static prototypes it never defines at the end
- * of the file, after the pop above. */
-#pragma GCC diagnostic ignored "-Wunused-function"
+#include "vision/stb_decode.h"
 
 void ekv_image_free(struct ekv_image *img) {
     if (!img) return;
@@ -209,28 +189,28 @@ enum ekv_status ekv_image_load_memory(const void *data, size_t n, const char *na
         return s;
     if ((s = stb_check(data, n, name)) != EKV_OK) return s;
     int w = 0, h = 0, comp = 0;
-    if (!stbi_info_from_memory(data, (int)n, &w, &h, &comp))
+    if (!ekv_stb_info(data, (int)n, &w, &h, &comp))
         return ekv_err(EKV_ERR_FORMAT, "%s: not a readable JPEG or PNG image (%s)", name,
-                       stbi_failure_reason() ? stbi_failure_reason() : "unknown");
+                       ekv_stb_failure() ? ekv_stb_failure() : "unknown");
     if ((s = image_bytes(name, w, h, &bytes)) != EKV_OK) return s;
     int w2 = 0, h2 = 0, c2 = 0;
-    unsigned char *px = stbi_load_from_memory(data, (int)n, &w2, &h2, &c2, 3);
+    unsigned char *px = ekv_stb_load(data, (int)n, &w2, &h2, &c2, 3);
     if (!px)
         return ekv_err(EKV_ERR_FORMAT, "%s: cannot decode image (%s)", name,
-                       stbi_failure_reason() ? stbi_failure_reason() : "unknown");
+                       ekv_stb_failure() ? ekv_stb_failure() : "unknown");
     if (w2 != w || h2 != h) {
-        stbi_image_free(px);
+        ekv_stb_free(px);
         return ekv_err(EKV_ERR_FORMAT, "%s: decoded size %dx%d differs from header %dx%d", name, w2,
                        h2, w, h);
     }
     /* Copy into malloc'd memory so that ekv_image_free is plain free(). */
     uint8_t *rgb = malloc(bytes);
     if (!rgb) {
-        stbi_image_free(px);
+        ekv_stb_free(px);
         return ekv_err(EKV_ERR_NOMEM, "%s: %zu bytes for pixels", name, bytes);
     }
     memcpy(rgb, px, bytes);
-    stbi_image_free(px);
+    ekv_stb_free(px);
     out->nx = w;
     out->ny = h;
     out->rgb = rgb;
@@ -250,9 +230,9 @@ enum ekv_status ekv_image_probe_memory(const void *data, size_t n, const char *n
     if (sniff_size(data, n, &hw, &hh) && (s = image_bytes(name, hw, hh, &bytes)) != EKV_OK) return s;
     if ((s = stb_check(data, n, name)) != EKV_OK) return s;
     int w = 0, h = 0, comp = 0;
-    if (!stbi_info_from_memory(data, (int)n, &w, &h, &comp))
+    if (!ekv_stb_info(data, (int)n, &w, &h, &comp))
         return ekv_err(EKV_ERR_FORMAT, "%s: not a readable JPEG or PNG image (%s)", name,
-                       stbi_failure_reason() ? stbi_failure_reason() : "unknown");
+                       ekv_stb_failure() ? ekv_stb_failure() : "unknown");
     if ((s = image_bytes(name, w, h, &bytes)) != EKV_OK) return s;
     *nx = w;
     *ny = h;
