@@ -38,7 +38,8 @@ struct ekv_sampler_params ekv_sampler_default_params(void) {
 }
 
 static bool penalties_on(const struct ekv_sampler_params *p) {
-    return p->repeat_last_n > 0 && (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f);
+    const bool any = p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    return p->repeat_last_n > 0 && any;
 }
 
 static uint64_t splitmix64(uint64_t *x) {

@@ -329,8 +329,8 @@ static int32_t part_end(const struct srv_job *j) {
  * none). */
 static enum ekv_status accept_prompt(struct srv_job *j) {
     const struct ekv_sampler_params *sp = &j->req.sampling;
-    if (sp->repeat_last_n == 0 || (sp->repeat_penalty == 1.0f && sp->frequency_penalty == 0.0f && sp->presence_penalty == 0.0f))
-        return EKV_OK; /* no penalty: no window */
+    const bool any = sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f || sp->presence_penalty != 0.0f;
+    if (sp->repeat_last_n == 0 || !any) return EKV_OK; /* no penalty: no window */
     if (!j->req.prompt) {
         for (int32_t i = 0; j->req.tokens && i < j->req.n_tokens; i++) ekv_sampler_accept(j->smp, j->req.tokens[i]);
         return EKV_OK;
