@@ -876,6 +876,10 @@ int32_t ekv_sampler_sample(struct ekv_sampler *s, const float *logits, int32_t n
  * penalised). Keeps the last repeat_last_n; nothing when no penalty is on.
  * Allocates nothing (the window is made by ekv_sampler_new). */
 enum ekv_status ekv_sampler_accept(struct ekv_sampler *s, int32_t token);
+/* ekv_sampler_accept for each text token of a prompt, in order (image
+ * slots have none); allocates nothing. */
+struct ekv_prompt;
+enum ekv_status ekv_sampler_accept_prompt(struct ekv_sampler *s, const struct ekv_prompt *p);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,16 @@
 #include "ekv.h"
 #include "testutil.h"
 
+/* n draws counted per token follow the softmax of logits (4-sigma bounds). */
+static void check_softmax(const int *count, const float *logits, int v, int n, const char *what) {
+    double z = 0;
+    for (int i = 0; i < v; i++) z += exp(logits[i]);
+    for (int i = 0; i < v; i++) {
+        const double pi = exp(logits[i]) / z, sd = sqrt(n * pi * (1 - pi));
+        CHECK_MSG(fabs(count[i] - n * pi) <= 4 * sd + 1, "%s %d: %d draws, expected %.0f", what, i, count[i], n * pi);
+    }
+}
+
 /* Penalties on 6 logits after the tokens 0, 0, 2, 4 (and two ids outside
  * the vocabulary): repeat 2, frequency 0.1, presence 0.2 give token 0 (seen
  * twice) 2.0 / 2 - (0.2 + 0.2) = 0.6, token 2 -1.0 * 2 - 0.3 = -2.3, token 4
@@ -61,13 +71,7 @@ static void test_penalties(void) {
     int count[V] = {0};
     for (int i = 0; i < N; i++) count[ekv_sampler_sample(s, lg, V)]++;
     ekv_sampler_free(s);
-    double z = 0;
-    for (int i = 0; i < V; i++) z += exp(pen[i]);
-    for (int i = 0; i < V; i++) {
-        const double pi = exp(pen[i]) / z, sd = sqrt(N * pi * (1 - pi));
-        CHECK_MSG(fabs(count[i] - N * pi) <= 4 * sd + 1, "penalised token %d: %d draws, expected %.0f", i, count[i],
-                  N * pi);
-    }
+    check_softmax(count, pen, V, N, "penalised token");
     /* penalties off: accepted tokens change no draw */
     struct ekv_sampler_params q = ekv_sampler_default_params();
     q.seed = 5;
@@ -165,12 +169,7 @@ int main(void) {
     int count[V] = {0};
     for (int i = 0; i < N; i++) count[ekv_sampler_sample(s, logits, V)]++;
     ekv_sampler_free(s);
-    double z = 0;
-    for (int i = 0; i < V; i++) z += exp(logits[i]);
-    for (int i = 0; i < V; i++) {
-        double pi = exp(logits[i]) / z, sd = sqrt(N * pi * (1 - pi));
-        CHECK_MSG(fabs(count[i] - N * pi) <= 4 * sd + 1, "token %d: %d draws, expected %.0f", i, count[i], N * pi);
-    }
+    check_softmax(count, logits, V, N, "token");
     /* temperature 0.5 sharpens: the best pair's share grows */
     p.temp = 0.5f;
     CHECK_OK(ekv_sampler_new(&p, &s));

@@ -185,6 +185,12 @@ void ekv_prompt_tokens(const struct ekv_prompt *p, int32_t *tokens) {
     if (p && tokens && p->n_tokens) memcpy(tokens, p->tokens, (size_t)p->n_tokens * sizeof *tokens);
 }
 
+enum ekv_status ekv_sampler_accept_prompt(struct ekv_sampler *s, const struct ekv_prompt *p) {
+    if (!s || !p) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_sampler_accept_prompt: NULL argument");
+    for (int32_t i = 0; i < p->n_tokens; i++) ekv_sampler_accept(s, p->tokens[i]);
+    return EKV_OK;
+}
+
 static void clear_image(struct prompt_image *im) {
     free(im->embd);
     free(im->sep);

@@ -426,17 +426,6 @@ static bool run_prefill(struct run *r) {
     return r->p.kv_save ? hist_add_prompt(r) : true;
 }
 
-/* The prompt's tokens into the sampler's penalty window (images have none). */
-static bool accept_prompt(struct run *r) {
-    const int32_t n = ekv_prompt_n_tokens(r->pr);
-    int32_t *t = malloc((size_t)(n > 0 ? n : 1) * sizeof *t);
-    if (!t) return false;
-    ekv_prompt_tokens(r->pr, t);
-    for (int32_t i = 0; i < n; i++) ekv_sampler_accept(r->smp, t[i]);
-    free(t);
-    return true;
-}
-
 static bool append_text(struct run *r, const char *piece, size_t pn) {
     if (r->out_len + pn + 1 > r->out_cap) {
         size_t cap = (r->out_len + pn + 1) * 2;
@@ -460,7 +449,7 @@ static bool run_generate(struct run *r) {
     }
     r->t0 = cli_now();
     if (!run_prefill(r)) return false;
-    if (!accept_prompt(r)) return cli_fail(CMD, EKV_ERR_NOMEM), false;
+    ekv_sampler_accept_prompt(r->smp, r->pr); /* the penalties' window */
     r->t1 = cli_now();
     if (r->trace) {
         cJSON_AddNumberToObject(r->trace, "window_start", (double)ekv_seq_kv_window_start(r->seq));
@@ -614,7 +603,7 @@ static bool chat_turn(struct run *r, struct chat *c, const char *user, int turn)
         s = EKV_ERR_CONTEXT_FULL;
     }
     if (s == EKV_OK) s = ekv_seq_eval_prompt(r->seq, r->pr, r->logits);
-    if (s == EKV_OK && !accept_prompt(r)) s = EKV_ERR_NOMEM;
+    if (s == EKV_OK) ekv_sampler_accept_prompt(r->smp, r->pr);
     ekv_prompt_free(r->pr);
     r->pr = NULL;
     if (s != EKV_OK) {

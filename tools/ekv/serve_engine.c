@@ -325,25 +325,6 @@ static int32_t part_end(const struct srv_job *j) {
     return j->part < j->req.n_bounds ? j->req.bounds[j->part] : j->req.n_tokens;
 }
 
-/* The prompt's tokens into the sampler's penalty window (image rows have
- * none). */
-static enum ekv_status accept_prompt(struct srv_job *j) {
-    const struct ekv_sampler_params *sp = &j->req.sampling;
-    const bool any = sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f || sp->presence_penalty != 0.0f;
-    if (sp->repeat_last_n == 0 || !any) return EKV_OK; /* no penalty: no window */
-    if (!j->req.prompt) {
-        for (int32_t i = 0; j->req.tokens && i < j->req.n_tokens; i++) ekv_sampler_accept(j->smp, j->req.tokens[i]);
-        return EKV_OK;
-    }
-    const int32_t n = ekv_prompt_n_tokens(j->req.prompt);
-    int32_t *t = malloc((size_t)(n > 0 ? n : 1) * sizeof *t);
-    if (!t) return EKV_ERR_NOMEM;
-    ekv_prompt_tokens(j->req.prompt, t);
-    for (int32_t i = 0; i < n; i++) ekv_sampler_accept(j->smp, t[i]);
-    free(t);
-    return EKV_OK;
-}
-
 /* Sequence, sampler and the prompt reader of a newly admitted job. A
  * prompt in parts (message by message) starts from the longest cached
  * prefix that ends at one of its bounds, and caches the one that ends at
@@ -353,7 +334,9 @@ static enum ekv_status job_start(struct srv *srv, struct srv_job *j) {
     if (s != EKV_OK) return s;
     struct ekv_sampler_params sp = j->req.sampling;
     if ((s = ekv_sampler_new(&sp, &j->smp)) != EKV_OK) return s;
-    if ((s = accept_prompt(j)) != EKV_OK) return s;
+    if (j->req.prompt) ekv_sampler_accept_prompt(j->smp, j->req.prompt); /* the penalties' window */
+    for (int32_t i = 0; !j->req.prompt && j->req.tokens && i < j->req.n_tokens; i++)
+        ekv_sampler_accept(j->smp, j->req.tokens[i]);
     j->part = 0;
     int32_t from = 0;
     const int32_t nb = j->req.n_bounds;
