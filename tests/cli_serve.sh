@@ -439,10 +439,12 @@ PYEOF
   stop_server ref0 && ok || bad "ref0 server exit"
   # 3: SIGTERM drains: a running stream goes on to its end, a new request gets 503 shutting_down,
   # and the server exits 0; a request still running at the --drain deadline gets 503
-  start_server drain -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --drain 120 || exit 1
-  # 1500 tokens: long enough (about 2 s here at full speed) that the stream is still running
-  # when the requests below come 0.3 s after SIGTERM; 300 tokens ended first on an idle host
-  curl -sN "$URL/v1/completions" -d '{"prompt": "static int", "max_tokens": 1500, "ignore_eos": true, "stream": true,
+  start_server drain -m "$SHARED/models/ekv-ref-28m-f16.gguf" -c 4096 -t 2 --drain 600 || exit 1
+  # 800 tokens: long enough (0.93 s for `ekv run -n 800` of this model in the Release build on the 2-core dev VM) that
+  # the stream still runs when the requests below come 0.3 s after SIGTERM (300 ended first on
+  # an idle host), short enough for the ASan build (~10 tokens/s there) to end well inside
+  # --drain 600 (1,500 tokens were cut at a deadline of 120 s)
+  curl -sN "$URL/v1/completions" -d '{"prompt": "static int", "max_tokens": 800, "ignore_eos": true, "stream": true,
     "stream_options": {"include_usage": true}}' > "$T/ds" & cs=$!
   for _ in $(seq 1 1200); do [ "$(grep -c '^data: {' "$T/ds")" -ge 3 ] && break; sleep 0.05; done
   kill -TERM "$PID_drain"
@@ -453,10 +455,10 @@ PYEOF
   code=$(curl -s -o "$T/r" -w '%{http_code}' "$URL/health")
   [ "$code" = 503 ] && [ "$(jget status < "$T/r")" = "shutting down" ] && ok || bad "/health while draining: $code $(cat "$T/r")"
   wait "$cs"
-  # in full: all 1500 tokens by the usage event (counting events is not it: a token with no text,
+  # in full: all 800 tokens by the usage event (counting events is not it: a token with no text,
   # as an end-of-text token sampled under ignore_eos, or one ending inside a UTF-8 character,
   # adds no event of its own, so sampled text can have fewer events than tokens)
-  [ "$done_at_kill" = 0 ] && [ "$(jget --sse finish < "$T/ds")" = length ] && [ "$(jget --sse usage usage.completion_tokens < "$T/ds")" = 1500 ] \
+  [ "$done_at_kill" = 0 ] && [ "$(jget --sse finish < "$T/ds")" = length ] && [ "$(jget --sse usage usage.completion_tokens < "$T/ds")" = 800 ] \
     && ok || bad "the running stream must end in full after SIGTERM (done at kill: $done_at_kill; $(grep -c '^data: {' "$T/ds") events; $(grep -o '"completion_tokens":[0-9]*' "$T/ds"))"
   srv_wait "$PID_drain" 120 && ok || bad "the draining server must exit 0"
   SRV_PIDS=$(echo "$SRV_PIDS" | sed "s/ $PID_drain\b//"); PID_drain=
