@@ -868,8 +868,23 @@ struct ekv_sampler_params ekv_sampler_default_params(void);
 enum ekv_status ekv_sampler_new(const struct ekv_sampler_params *params, struct ekv_sampler **out);
 void ekv_sampler_free(struct ekv_sampler *s);
 
-/* Picks the next token from n_vocab logits (not modified). */
+/* Picks the next token from n_vocab logits (not modified): logit biases,
+ * then penalties, then greedy or top-k / top-p / min-p / temperature / draw.
+ * Banned tokens (bias -INFINITY) are never drawn; when every token is
+ * banned the result is token 0. */
 int32_t ekv_sampler_sample(struct ekv_sampler *s, const float *logits, int32_t n_vocab);
+
+/* Logit biases, as llama.cpp's logit-bias sampler (first in its chain,
+ * before the penalties) and OpenAI's logit_bias: bias[i] is added to the
+ * logit of token tokens[i] at every step; a token listed twice gets the
+ * sum; -INFINITY bans a token. Replaces any earlier list; n = 0 clears it.
+ * Tokens must be >= 0 and biases finite or -INFINITY (else
+ * EKV_ERR_INVALID_ARG naming the entry, the sampler unchanged); tokens at or
+ * past the vocabulary passed to ekv_sampler_sample are ignored there (front
+ * ends check them against the model). Copies both arrays (the caller keeps
+ * them); EKV_ERR_NOMEM leaves the sampler unchanged. */
+enum ekv_status ekv_sampler_set_logit_bias(struct ekv_sampler *s, const int32_t *tokens, const float *bias,
+                                           int32_t n);
 
 /* Gives the penalties a token of the text (the prompt's tokens and each
  * token sampled, in order; ids outside the vocabulary are never

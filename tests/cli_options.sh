@@ -88,6 +88,19 @@ for v in x -2 3.5 ""; do
   "$EKV" run -p hi -n 2 -ngl "$v" > /dev/null 2> "$T/e" && bad "-ngl '$v' accepted" \
     || { grep -q -- "-ngl expects a number of layers" "$T/e" && ok || bad "-ngl '$v': $(cat "$T/e")"; }
 done
+# -l TOKEN(+|-)BIAS (llama.cpp's): 383 = ' there' banned changes the greedy text, the same
+# token twice sums (+3 +1 = +4), bad spellings and tokens outside the vocabulary refused
+t0=$("$EKV" run -p "Once upon a time" -n 12 --temp 0 --no-display-prompt 2>/dev/null)
+t1=$("$EKV" run -p "Once upon a time" -n 12 --temp 0 --no-display-prompt -l 383-inf -l 317+4 2>/dev/null)
+t2=$("$EKV" run -p "Once upon a time" -n 12 --temp 0 --no-display-prompt -l 383-inf -l 317+3 -l 317+1 2>/dev/null)
+[ -n "$t1" ] && [ "$t1" != "$t0" ] && [ "$t1" = "$t2" ] && case $t1 in *there*) false ;; esac && ok \
+  || bad "-l: '$t0' / '$t1' / '$t2'"
+for v in 383 x-1 383*2 383+inf -5+1 383-nan 383-1e999 "383+" ""; do
+  "$EKV" run -p hi -n 2 -l "$v" > /dev/null 2> "$T/e" && bad "-l '$v' accepted" \
+    || { grep -q -- "-l expects TOKEN+BIAS" "$T/e" && ok || bad "-l '$v': $(cat "$T/e")"; }
+done
+"$EKV" run -p hi -n 2 -l 512+1 > /dev/null 2> "$T/e" && bad "-l 512+1 accepted" \
+  || { grep -q "token 512 is not in the model's vocabulary" "$T/e" && ok || bad "-l 512+1: $(cat "$T/e")"; }
 "$EKV" mkmodel --help | grep -q -- "--preset NAME" && ok || bad "mkmodel --help"
 
 cli_finish cli_options

@@ -5,7 +5,8 @@
 # non-streamed text (and end with data: [DONE]), stop strings, the
 # per-request KV policy visible in usage.kv, /metrics fields and counters,
 # OpenAI-shaped errors (400, 404, 405, 413 by Content-Length and chunked),
-# the API key (401; /health open), admission by --kv-mem (a request that
+# the API key (401; /health open), logit biases (the request's and -l's),
+# admission by --kv-mem (a request that
 # only fits compressed), and on ekv-ref-28m (../shared) 503 + Retry-After
 # when the queue is full and a client that hangs up having its job
 # cancelled and its cache freed at once; the server on a GPU (lavapipe),
@@ -72,6 +73,22 @@ for b in '"presence_penalty": 2.5' '"frequency_penalty": -3' '"repeat_penalty": 
   code=$(post /v1/completions '{"prompt": "x", "max_tokens": 2, '"$b"'}')
   f=${b%%\":*}; f=${f#\"}
   [ "$code" = 400 ] && [ "$(jget error.param < "$T/r")" = "$f" ] && ok || bad "$b: $code $(head -c 200 "$T/r")"
+done
+# logit_bias: OpenAI's object of token ids and llama-server's [token id or text, bias] pairs (false =
+# never; a text: each of its tokens; a token twice: the sum) give the text of ekv run -l with the same
+# biases (383 = ' there', 317 = ' Lily'); bad lists are 400 naming logit_bias
+want_l=$("$EKV" run -c 512 -p "Once upon a time" -n 40 --temp 0 --no-display-prompt -l 383-inf -l 317+4 2>/dev/null)
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0,
+  "logit_bias": {"383": false, "317": 4}}' > /dev/null
+[ -n "$want_l" ] && [ "$(jget choices.0.text < "$T/r")" = "$want_l" ] && [ "$want_l" != "$want" ] && ok \
+  || bad "logit_bias object '$(jget choices.0.text < "$T/r")' != ekv run -l '$want_l' (or equal to none)"
+post /v1/chat/completions '{"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 40,
+  "temperature": 0, "logit_bias": [["there", false], [317, 3], ["Lily", 1]]}' > /dev/null
+[ "$(jget choices.0.message.content < "$T/r")" = "$want_l" ] && ok || bad "logit_bias pairs differ from ekv run -l"
+for b in '{"x": 1}' '{"512": 1}' '{"01": 1}' '{"5": 101}' '{"5": "1"}' '{"5": true}' '[[5]]' '[[-1, 1]]' '[[1.5, 1]]' \
+  '[5, 1]' '"x"'; do
+  code=$(post /v1/completions '{"prompt": "x", "max_tokens": 2, "logit_bias": '"$b"'}')
+  [ "$code" = 400 ] && [ "$(jget error.param < "$T/r")" = logit_bias ] && ok || bad "logit_bias $b: $code $(head -c 200 "$T/r")"
 done
 
 # ---- /tokenize (llama.cpp's): the tokens a completion counts ----
@@ -348,6 +365,18 @@ hwm1=$(hwm)
 code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 2, "logit_bias": {}}')
 [ "$code" != 500 ] && ok || bad "after the refused body: $code"
 stop_server mem && ok || bad "mem server exit"
+
+# ---- -l: the logit biases of requests that give none; a request's logit_bias (even {}) replaces them;
+# a token outside the vocabulary stops the server at start ----
+start_server lb -c 512 -l 383-inf -l 317+4 || exit 1
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}' > /dev/null
+[ "$(jget choices.0.text < "$T/r")" = "$want_l" ] && ok || bad "serve -l: '$(jget choices.0.text < "$T/r")' != '$want_l'"
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "logit_bias": {}}' > /dev/null
+want0=$("$EKV" run -c 512 -p "Once upon a time" -n 40 --temp 0 --no-display-prompt 2>/dev/null)
+[ "$(jget choices.0.text < "$T/r")" = "$want0" ] && ok || bad "logit_bias {} must replace serve -l"
+stop_server lb && ok || bad "lb server exit"
+timeout 60 "$EKV" serve --port 0 -c 512 -l 512+1 > "$T/lb.out" 2>&1 < /dev/null
+[ $? -ne 0 ] && grep -q "token 512 is not in the model's vocabulary" "$T/lb.out" && ok || bad "serve -l 512+1: $(tail -n 2 "$T/lb.out")"
 
 # ---- on real weights with a slow decode: queue full -> 503, hang-up -> cancelled ----
 if [ -f "$SHARED/models/ekv-ref-28m-f16.gguf" ]; then

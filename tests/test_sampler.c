@@ -6,7 +6,10 @@
  * Penalties (llama.cpp's rule): a worked vector, the window's length, ids
  * outside the vocabulary ignored, the frequencies at temperature 1 follow
  * the softmax of the penalised logits, and without penalties accepting
- * tokens changes no draw.
+ * tokens changes no draw. Logit biases: summed per token, applied before
+ * the penalties (the frequencies at temperature 1 tell the two orders
+ * apart), -inf bans, ids outside the vocabulary ignored, bad lists refused
+ * with the sampler unchanged.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -105,6 +108,69 @@ static void test_penalties(void) {
     CHECK(ekv_sampler_accept(NULL, 1) == EKV_ERR_INVALID_ARG);
 }
 
+static void test_logit_bias(void) {
+    enum { V = 6 };
+    const float lg[V] = {2.0f, 1.0f, -1.0f, 0.5f, 1.9f, -3.0f};
+    struct ekv_sampler_params p = ekv_sampler_default_params();
+    struct ekv_sampler *s = NULL;
+    p.temp = 0.0f;
+    CHECK_OK(ekv_sampler_new(&p, &s));
+    /* token 0: 2.0 - 0.5 - 0.2 = 1.3, token 4: 1.9 + 0.2 = 2.1 */
+    const int32_t t1[] = {0, 4, 0, 100};
+    const float b1[] = {-0.5f, 0.2f, -0.2f, 50.0f};
+    CHECK_OK(ekv_sampler_set_logit_bias(s, t1, b1, 4));
+    CHECK(ekv_sampler_sample(s, lg, V) == 4);
+    CHECK(ekv_sampler_sample(s, lg, 4) == 0); /* a vocabulary of 4: token 4 is outside */
+    const int32_t t2[] = {0};
+    const float ban[] = {-INFINITY};
+    CHECK_OK(ekv_sampler_set_logit_bias(s, t2, ban, 1)); /* replaces the list: 4 is back at 1.9 */
+    CHECK(ekv_sampler_sample(s, lg, V) == 4);
+    /* refused, the sampler unchanged: negative token, NaN, +inf, a sum past the range, bad counts */
+    const int32_t tb[] = {1, -3};
+    const float bb[] = {1.0f, 1.0f}, nan1[] = {NAN}, inf1[] = {INFINITY}, big[] = {3e38f, 3e38f};
+    const int32_t tt[] = {2, 2};
+    CHECK(ekv_sampler_set_logit_bias(s, tb, bb, 2) == EKV_ERR_INVALID_ARG && strstr(ekv_last_error(), "-3"));
+    CHECK(ekv_sampler_set_logit_bias(s, t2, nan1, 1) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_sampler_set_logit_bias(s, t2, inf1, 1) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_sampler_set_logit_bias(s, tt, big, 2) == EKV_ERR_INVALID_ARG && strstr(ekv_last_error(), "token 2"));
+    CHECK(ekv_sampler_set_logit_bias(s, NULL, NULL, 1) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_sampler_set_logit_bias(s, t2, ban, -1) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_sampler_set_logit_bias(NULL, t2, ban, 1) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_sampler_sample(s, lg, V) == 4); /* still token 0 banned */
+    CHECK_OK(ekv_sampler_set_logit_bias(s, NULL, NULL, 0)); /* cleared */
+    CHECK(ekv_sampler_sample(s, lg, V) == 0);
+    ekv_sampler_free(s);
+    /* every token banned: token 0, greedy or not */
+    const int32_t all[V] = {0, 1, 2, 3, 4, 5};
+    const float bans[V] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    for (int t = 0; t < 2; t++) {
+        p = ekv_sampler_default_params();
+        p.temp = t ? 1.0f : 0.0f;
+        CHECK_OK(ekv_sampler_new(&p, &s));
+        CHECK_OK(ekv_sampler_set_logit_bias(s, all, bans, V));
+        CHECK(ekv_sampler_sample(s, lg, V) == 0);
+        ekv_sampler_free(s);
+    }
+    /* temperature 1, no filters, repeat penalty 2 after tokens 2 and 3: biases first, so token 2 is
+       (-1 + 3) / 2 = 1.0 and token 3 (0.5 - 2) * 2 = -3.0 (penalties first would give 1.0 and -1.75);
+       token 5 banned is never drawn */
+    p = ekv_sampler_default_params();
+    p.temp = 1.0f, p.top_k = 0, p.top_p = 1.0f, p.min_p = 0.0f, p.seed = 3, p.repeat_penalty = 2.0f;
+    const float want[V] = {2.0f, 1.0f, 1.0f, -3.0f, 1.9f, -INFINITY};
+    const int32_t t3[] = {3, 2, 5};
+    const float b3[] = {-2.0f, 3.0f, -INFINITY};
+    CHECK_OK(ekv_sampler_new(&p, &s));
+    CHECK_OK(ekv_sampler_set_logit_bias(s, t3, b3, 3));
+    CHECK_OK(ekv_sampler_accept(s, 2));
+    CHECK_OK(ekv_sampler_accept(s, 3));
+    enum { N = 100000 };
+    int count[V] = {0};
+    for (int i = 0; i < N; i++) count[ekv_sampler_sample(s, lg, V)]++;
+    ekv_sampler_free(s);
+    CHECK(count[5] == 0);
+    check_softmax(count, want, V, N, "biased token");
+}
+
 int main(void) {
     enum { V = 8 };
     const float logits[V] = {0.5f, 2.0f, 1.0f, 2.0f, -1.0f, 0.0f, 1.5f, -3.0f};
@@ -194,5 +260,6 @@ int main(void) {
     CHECK(ekv_sampler_new(&p, &s) == EKV_ERR_INVALID_ARG && ekv_last_error()[0]);
     ekv_sampler_free(NULL);
     test_penalties();
+    test_logit_bias();
     return test_finish("test_sampler");
 }

@@ -1,11 +1,13 @@
 /*
- * sampler.c — choosing the next token: the repetition, frequency and
- * presence penalties over a window of the text's last tokens (llama.cpp's
- * rule, first), then greedy at temperature <= 0, else llama.cpp's default
- * order: top-k, top-p and min-p on the untempered distribution, then
- * temperature, then a draw from a seeded generator (splitmix64 +
- * xoshiro256**), so a seed reproduces a run. Without penalties (or with an
- * empty window) the logits are read as given.
+ * sampler.c — choosing the next token: logit biases (llama.cpp's first
+ * step, OpenAI's logit_bias), then the repetition, frequency and presence
+ * penalties over a window of the text's last tokens (llama.cpp's rule),
+ * then greedy at temperature <= 0, else llama.cpp's default order: top-k,
+ * top-p and min-p on the untempered distribution, then temperature, then a
+ * draw from a seeded generator (splitmix64 + xoshiro256**), so a seed
+ * reproduces a run. Biases and the window's counts are sorted token lists
+ * walked beside the vocabulary (no n_vocab buffer); without either the
+ * logits are read as given.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -29,6 +31,10 @@ struct ekv_sampler {
      * (ascending) and their counts; NULL when no penalty is on */
     int32_t *hist, *wt, *wc;
     int32_t w, hn, hpos;
+    /* the logit biases: nb distinct tokens ascending, their summed biases */
+    int32_t *bt;
+    float *bv;
+    int32_t nb;
 };
 
 struct ekv_sampler_params ekv_sampler_default_params(void) {
@@ -102,7 +108,62 @@ void ekv_sampler_free(struct ekv_sampler *s) {
     free(s->hist);
     free(s->wt);
     free(s->wc);
+    free(s->bt);
+    free(s->bv);
     free(s);
+}
+
+struct bias_pair {
+    int32_t tok;
+    float bias;
+};
+
+static int cmp_pair(const void *a, const void *b) {
+    const int32_t x = ((const struct bias_pair *)a)->tok, y = ((const struct bias_pair *)b)->tok;
+    return (x > y) - (x < y);
+}
+
+enum ekv_status ekv_sampler_set_logit_bias(struct ekv_sampler *s, const int32_t *tokens, const float *bias,
+                                           int32_t n) {
+    if (!s) return ekv_err(EKV_ERR_INVALID_ARG, "ekv_sampler_set_logit_bias: NULL sampler");
+    if (n < 0 || n > (1 << 24) || (n > 0 && (!tokens || !bias)))
+        return ekv_err(EKV_ERR_INVALID_ARG, "logit bias: %d entries (0 .. 2^24, with both arrays)", (int)n);
+    for (int32_t i = 0; i < n; i++) {
+        if (tokens[i] < 0) return ekv_err(EKV_ERR_INVALID_ARG, "logit bias %d: token %d is negative", (int)i, (int)tokens[i]);
+        if (!(isfinite(bias[i]) || bias[i] == -INFINITY))
+            return ekv_err(EKV_ERR_INVALID_ARG, "logit bias %d (token %d): %g is not finite or -inf", (int)i,
+                           (int)tokens[i], (double)bias[i]);
+    }
+    struct bias_pair *pr = n ? malloc((size_t)n * sizeof *pr) : NULL;
+    if (n && !pr) return ekv_err(EKV_ERR_NOMEM, "logit bias: out of memory for %d entries", (int)n);
+    for (int32_t i = 0; i < n; i++) pr[i] = (struct bias_pair){tokens[i], bias[i]};
+    qsort(pr, (size_t)n, sizeof *pr, cmp_pair);
+    int32_t d = 0;
+    for (int32_t i = 0; i < n; i++) { /* duplicates summed (-inf stays -inf) */
+        if (d > 0 && pr[d - 1].tok == pr[i].tok) pr[d - 1].bias += pr[i].bias;
+        else pr[d++] = pr[i];
+        if (pr[d - 1].bias == INFINITY) {
+            const int32_t t = pr[d - 1].tok;
+            free(pr);
+            return ekv_err(EKV_ERR_INVALID_ARG, "logit bias: the biases of token %d sum past the float range", (int)t);
+        }
+    }
+    int32_t *bt = d ? malloc((size_t)d * sizeof *bt) : NULL;
+    float *bv = d ? malloc((size_t)d * sizeof *bv) : NULL;
+    if (d && (!bt || !bv)) {
+        free(pr);
+        free(bt);
+        free(bv);
+        return ekv_err(EKV_ERR_NOMEM, "logit bias: out of memory for %d entries", (int)d);
+    }
+    for (int32_t i = 0; i < d; i++) bt[i] = pr[i].tok, bv[i] = pr[i].bias;
+    free(pr);
+    free(s->bt);
+    free(s->bv);
+    s->bt = bt;
+    s->bv = bv;
+    s->nb = d;
+    return EKV_OK;
 }
 
 enum ekv_status ekv_sampler_accept(struct ekv_sampler *s, int32_t token) {
@@ -146,15 +207,19 @@ static float penalised(const struct ekv_sampler_params *p, float l, int32_t c) {
     return l - ((float)c * p->frequency_penalty + p->presence_penalty);
 }
 
-/* Logit i with the penalties: *k walks the window's distinct tokens (nw of
- * them, ascending) as i ascends. */
-static inline float logit_at(const struct ekv_sampler *s, const float *logits, int32_t i, int32_t nw, int32_t *k) {
-    if (*k < nw && s->wt[*k] == i) {
-        const int32_t c = s->wc[*k];
-        ++*k;
-        return penalised(&s->p, logits[i], c);
-    }
-    return logits[i];
+/* Where the walk over the vocabulary stands in the two sorted lists: the
+ * window's distinct tokens (k of nw) and the biases (b of s->nb). */
+struct walk {
+    int32_t k, nw, b;
+};
+
+/* Logit i with its bias, then the penalties; i ascends from 0 between
+ * resets of the walk. */
+static inline float logit_at(const struct ekv_sampler *s, const float *logits, int32_t i, struct walk *w) {
+    float l = logits[i];
+    if (w->b < s->nb && s->bt[w->b] == i) l += s->bv[w->b++];
+    if (w->k < w->nw && s->wt[w->k] == i) l = penalised(&s->p, l, s->wc[w->k++]);
+    return l;
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -166,13 +231,14 @@ static int cmp_desc(const void *a, const void *b) {
 int32_t ekv_sampler_sample(struct ekv_sampler *s, const float *logits, int32_t n_vocab) {
     if (n_vocab <= 0) return -1;
     const int32_t nw = s->hist && s->hn > 0 ? window_counts(s, n_vocab) : 0;
-    int32_t best = 0, k = 0;
-    float mx = logit_at(s, logits, 0, nw, &k);
+    int32_t best = 0;
+    struct walk w = {.nw = nw};
+    float mx = logit_at(s, logits, 0, &w);
     for (int32_t i = 1; i < n_vocab; i++) {
-        const float l = logit_at(s, logits, i, nw, &k);
+        const float l = logit_at(s, logits, i, &w);
         if (l > mx) mx = l, best = i;
     }
-    if (s->p.temp <= 0.0f) return best;
+    if (s->p.temp <= 0.0f || mx == -INFINITY) return best; /* every token banned: token 0 */
     if (s->cap < n_vocab) {
         struct cand *nb = realloc(s->buf, (size_t)n_vocab * sizeof *nb);
         if (!nb) return best; /* degrade to greedy rather than fail */
@@ -183,10 +249,10 @@ int32_t ekv_sampler_sample(struct ekv_sampler *s, const float *logits, int32_t n
     /* min-p first as a cheap linear pre-filter: p_i >= min_p * p_max  <=>  l_i >= mx + log(min_p) */
     float floor_l = s->p.min_p > 0.0f ? mx + logf(s->p.min_p) : -INFINITY;
     int32_t n = 0;
-    k = 0;
+    w = (struct walk){.nw = nw};
     for (int32_t i = 0; i < n_vocab; i++) {
-        const float l = logit_at(s, logits, i, nw, &k);
-        if (l >= floor_l) c[n++] = (struct cand){l, i};
+        const float l = logit_at(s, logits, i, &w);
+        if (l >= floor_l && l > -INFINITY) c[n++] = (struct cand){l, i}; /* banned tokens never */
     }
     qsort(c, (size_t)n, sizeof *c, cmp_desc);
     if (s->p.top_k > 0 && n > s->p.top_k) n = s->p.top_k;

@@ -76,7 +76,7 @@ const bad = {
   n: [2, 0, '1', 1.5], presence_penalty: ['x', 5, -2.5], frequency_penalty: [3, 'x', {}],
   repeat_penalty: [0, -1, 'x', 1e7], repeat_last_n: [-2, 1.5, 'x', 1e9],
   logprobs: [true, 'x'], top_logprobs: [3], tools: [[{}]], functions: [[{}]], tool_choice: ['auto', {}],
-  logit_bias: [{ 1: 5 }, 'x'], response_format: [{ type: 'json_object' }, 'x', {}], echo: [true], best_of: [3, 'x'],
+  logit_bias: [{ 99999: 5 }, 'x', 5, { 1: 500 }, { 1: 'x' }, { a: 1 }, { '-1': 1 }, [[1]], [[1, 2, 3]], [[{}, 1]], [1]], response_format: [{ type: 'json_object' }, 'x', {}], echo: [true], best_of: [3, 'x'],
   suffix: ['x'], model: [5, {}, true], user: [5], ignore_eos: ['x', 1],
   kv: [5, 'x', [], true],
 };

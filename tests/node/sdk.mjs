@@ -2,7 +2,7 @@
 // OpenAI SDK for Node (npm package `openai`, pinned in package-lock.json),
 // with baseURL pointing at the server. Chat, streaming (chunks reassemble to
 // the non-streamed text), legacy completions, models.list and .retrieve, the per-request KV
-// extension passed through the SDK, the penalties, and errors the SDK maps to its own
+// extension passed through the SDK, the penalties, logit_bias, and errors the SDK maps to its own
 // classes (400 BadRequestError with OpenAI's error shape, 401
 // AuthenticationError).
 // usage: node sdk.mjs BASE_URL API_KEY
@@ -49,6 +49,23 @@ await check('chat penalties', async () => {
   assert.equal(a.choices[0].message.content, b.choices[0].message.content);
   assert.notEqual(a.choices[0].message.content, chatText);
   assert.equal(a.usage.completion_tokens, 48);
+});
+
+// the SDK's logit_bias (token ids from /tokenize as keys): the answer's first tokens banned
+// (-100) change it, and the list is taken as given (the same when repeated)
+await check('chat logit_bias', async () => {
+  const res = await fetch(`${base}/tokenize`, {
+    method: 'POST', headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ content: chatText, add_special: false }),
+  });
+  const ids = (await res.json()).tokens.slice(0, 3);
+  assert.ok(ids.length > 0);
+  const logit_bias = Object.fromEntries(ids.map((id) => [String(id), -100]));
+  const ask = () => client.chat.completions.create({ model: 'stories', messages, max_tokens: 48, temperature: 0, logit_bias });
+  const a = await ask();
+  const b = await ask();
+  assert.notEqual(a.choices[0].message.content, chatText);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
 });
 
 await check('chat stream', async () => {

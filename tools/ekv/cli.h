@@ -86,6 +86,7 @@ struct cli_params {
     const char *system;
     struct cli_list images;      /* run: --image, repeated */
     struct ekv_sampler_params sampling;
+    struct cli_list logit_bias;  /* run, serve: -l TOKEN(+|-)BIAS, repeated: i = token, d = bias */
     /* KV cache: one policy (run, serve) or grid axes (eval, bench) */
     struct ekv_kv_params kv;
     struct cli_list kv_policies;
@@ -203,6 +204,14 @@ const char *cli_find_file(const char *rel, char *buf, size_t n);
 /* The bundled model when -m is not given (models/stories260K.gguf, found
  * with cli_find_file). */
 const char *cli_default_model(void);
+
+/* -l's value TOKEN(+|-)BIAS (llama.cpp's): a token id, a sign and a finite
+ * number, or TOKEN-inf (a ban: -INFINITY); false when it is not one. */
+bool cli_logit_bias_parse(const char *v, long *tok, double *bias);
+/* -l TOKEN(+|-)BIAS: false (error printed) when a token is not in [0, n_vocab). */
+bool cli_logit_bias_check(const char *cmd, const struct cli_list *l, int32_t n_vocab);
+/* The -l list into a sampler (ekv_sampler_set_logit_bias; nothing when empty). */
+enum ekv_status cli_logit_bias_set(const struct cli_list *l, struct ekv_sampler *smp);
 
 /* Loads p->model (or the bundled model) with p->tokenizer and makes a
  * context with p->threads and p->n_ctx; prints the error and returns false

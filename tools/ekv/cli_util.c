@@ -1,10 +1,14 @@
 /*
  * cli_util.c — the small utilities the ekv sub-commands share (cli.h):
  * printing a failed call's status and message, usage errors, finding the
- * shipped model and files, loading the model the options name, clocks,
+ * shipped model and files, loading the model the options name, the -l
+ * logit biases, clocks,
  * resident memory, reading a whole file. The option layer is common.c.
  */
+#include <ctype.h>
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +23,46 @@ int cli_fail(const char *cmd, enum ekv_status s) {
     const char *d = ekv_last_error();
     fprintf(stderr, "ekv %s: error: %s%s%s\n", cmd, ekv_status_str(s), d[0] ? ": " : "", d);
     return 1;
+}
+
+bool cli_logit_bias_parse(const char *v, long *tok, double *bias) {
+    char *end = NULL;
+    errno = 0;
+    const long t = strtol(v, &end, 10);
+    if (end == v || !isdigit((unsigned char)v[0]) || errno || t > INT32_MAX || (*end != '+' && *end != '-'))
+        return false;
+    const double sign = *end == '-' ? -1.0 : 1.0;
+    const char *num = end + 1;
+    double b;
+    if (!strcmp(num, "inf")) {
+        if (sign > 0) return false;
+        b = INFINITY;
+    } else {
+        if (!isdigit((unsigned char)num[0]) && !(num[0] == '.' && isdigit((unsigned char)num[1]))) return false;
+        errno = 0;
+        b = strtod(num, &end);
+        if (*end || errno || !(b <= FLT_MAX)) return false;
+    }
+    *tok = t;
+    *bias = sign * b;
+    return true;
+}
+
+bool cli_logit_bias_check(const char *cmd, const struct cli_list *l, int32_t n_vocab) {
+    for (int i = 0; i < l->n; i++)
+        if (l->i[i] >= n_vocab) {
+            fprintf(stderr, "ekv %s: error: --logit-bias: token %ld is not in the model's vocabulary [0, %d)\n", cmd,
+                    l->i[i], (int)n_vocab);
+            return false;
+        }
+    return true;
+}
+
+enum ekv_status cli_logit_bias_set(const struct cli_list *l, struct ekv_sampler *smp) {
+    int32_t tok[CLI_LIST_MAX];
+    float val[CLI_LIST_MAX];
+    for (int i = 0; i < l->n; i++) tok[i] = (int32_t)l->i[i], val[i] = (float)l->d[i];
+    return l->n ? ekv_sampler_set_logit_bias(smp, tok, val, l->n) : EKV_OK;
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...) {

@@ -387,6 +387,8 @@ static bool run_setup(struct run *r) {
     struct ekv_sampler_params sp = p->sampling;
     if (sp.repeat_last_n < 0) sp.repeat_last_n = r->ctx_size; /* -1: the context */
     if ((s = ekv_sampler_new(&sp, &r->smp)) != EKV_OK) return cli_fail(CMD, s), false;
+    if (!cli_logit_bias_check(CMD, &p->logit_bias, r->mi.n_vocab)) return false;
+    if ((s = cli_logit_bias_set(&p->logit_bias, r->smp)) != EKV_OK) return cli_fail(CMD, s), false;
     if (p->chat) { /* run_chat builds each turn's prompt */
         r->logits = malloc((size_t)r->mi.n_vocab * sizeof *r->logits);
         r->out_cap = 256;

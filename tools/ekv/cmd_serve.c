@@ -64,6 +64,7 @@ static bool serve_setup(struct srv *srv, const struct cli_params *p) {
     struct srv_config *c = &srv->cfg;
     c->n_ctx = p->n_ctx > 0 ? (int32_t)p->n_ctx : srv->mi.n_ctx_train;
     c->n_threads = p->threads > 0 ? (int32_t)p->threads : ekv_context_default_params().n_threads;
+    if (!cli_logit_bias_check(CMD, &p->logit_bias, srv->mi.n_vocab)) return false;
     c->chat_template = p->chat_template ? p->chat_template : ekv_model_chat_template(srv->model);
     if (!c->chat_template) c->chat_template = "none";
     /* the default policy must be one the library accepts */

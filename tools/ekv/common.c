@@ -86,6 +86,7 @@ static bool fn_compat(struct cli_params *p, const char *opt, const char *v, char
 static bool fn_eval_seed(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_kv_type(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 static bool fn_ngl(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
+static bool fn_logit_bias(struct cli_params *p, const char *opt, const char *v, char *err, size_t n);
 
 static const struct cli_opt k_opts[] = {
     /* model and threads */
@@ -165,6 +166,10 @@ static const struct cli_opt k_opts[] = {
      OFF(sampling.frequency_penalty), -1e6, 1e6, NULL, NULL, NULL, false},
     {R | S, G_GEN, "--presence-penalty", NULL, "F", "subtracted once from a token in that window; 0 = off", K_F32,
      OFF(sampling.presence_penalty), -1e6, 1e6, NULL, NULL, NULL, false},
+    {R | S, G_GEN, "-l, --logit-bias", NULL, "TOKEN(+|-)BIAS",
+     "add BIAS to the logit of token id TOKEN before the penalties ('15043+1',\n'15043-inf' bans it); repeat for "
+     "several tokens (a token twice: the sum);\nserve: the default of requests without logit_bias", K_FN, 0, 0, 0,
+     NULL, fn_logit_bias, "", false},
     {R, G_GEN, "-s, --seed", NULL, "N", "sampling seed", K_U64, OFF(sampling.seed), 0, 0, NULL, NULL, NULL, false},
     {S, G_GEN, "-s, --seed", NULL, "N", "sampling seed of a request that gives none", K_U64, OFF(sampling.seed), 0,
      0, NULL, NULL, "a new one per request", false},
@@ -519,6 +524,24 @@ static bool fn_ngl(struct cli_params *p, const char *opt, const char *v, char *e
         return false;
     }
     p->device = x == 0 ? "cpu" : x > 0 ? "vulkan" : "auto";
+    return true;
+}
+
+static bool fn_logit_bias(struct cli_params *p, const char *opt, const char *v, char *err, size_t n) {
+    struct cli_list *l = &p->logit_bias;
+    long tok;
+    double b;
+    if (!cli_logit_bias_parse(v, &tok, &b)) {
+        snprintf(err, n, "%s expects TOKEN+BIAS or TOKEN-BIAS (a token id and a finite number, or TOKEN-inf), got "
+                 "'%.64s'", opt, v);
+        return false;
+    }
+    if (l->n == CLI_LIST_MAX) {
+        snprintf(err, n, "%s: at most %d", opt, CLI_LIST_MAX);
+        return false;
+    }
+    l->i[l->n] = tok;
+    l->d[l->n++] = b;
     return true;
 }
 

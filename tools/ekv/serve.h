@@ -82,6 +82,11 @@ struct srv_request {
     int32_t *bounds;              /* [n_bounds] owned, or NULL: the prompt is read whole */
     int32_t n_bounds;
     bool cache_prompt;            /* the request's "cache_prompt" (default true) */
+    /* logit_bias: given, the request's list (even empty) replaces the server's -l list */
+    bool lb_given;
+    int32_t *lb_tok;              /* [n_lb] owned token ids */
+    float *lb_val;                /* [n_lb] owned biases (-INFINITY: banned) */
+    int32_t n_lb;
 };
 
 void srv_request_free(struct srv_request *r);
@@ -95,6 +100,9 @@ struct srv_config {
     bool ignore_eos;
     bool seed_fixed;              /* default sampling seed given with -s */
     struct ekv_sampler_params sampling;
+    int32_t lb_tok[CLI_LIST_MAX]; /* -l: the logit biases of requests without logit_bias */
+    float lb_val[CLI_LIST_MAX];
+    int32_t n_lb;
     struct ekv_kv_params kv;      /* default policy */
     char kv_policy[32];
     int32_t n_ctx;

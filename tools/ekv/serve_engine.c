@@ -334,6 +334,10 @@ static enum ekv_status job_start(struct srv *srv, struct srv_job *j) {
     if (s != EKV_OK) return s;
     struct ekv_sampler_params sp = j->req.sampling;
     if ((s = ekv_sampler_new(&sp, &j->smp)) != EKV_OK) return s;
+    const bool own = j->req.lb_given; /* the request's logit_bias, else the server's -l */
+    s = ekv_sampler_set_logit_bias(j->smp, own ? j->req.lb_tok : srv->cfg.lb_tok, own ? j->req.lb_val : srv->cfg.lb_val,
+                                   own ? j->req.n_lb : srv->cfg.n_lb);
+    if (s != EKV_OK) return s;
     if (j->req.prompt) ekv_sampler_accept_prompt(j->smp, j->req.prompt); /* the penalties' window */
     for (int32_t i = 0; !j->req.prompt && j->req.tokens && i < j->req.n_tokens; i++)
         ekv_sampler_accept(j->smp, j->req.tokens[i]);

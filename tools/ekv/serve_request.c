@@ -50,6 +50,8 @@ void srv_request_free(struct srv_request *r) {
     free(r->tokens);
     ekv_prompt_free(r->prompt);
     free(r->bounds);
+    free(r->lb_tok);
+    free(r->lb_val);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
 }
@@ -214,6 +216,98 @@ static bool parse_sampling(const struct srv *srv, const cJSON *root, struct srv_
     return true;
 }
 
+/* One more logit bias; false on no memory (e set). The list grows by
+ * doubling; its length is bounded by the body (a pair or key per entry, at
+ * most a token per byte of a text). */
+static bool lb_push(struct srv_request *r, int32_t tok, float val, int32_t *cap, struct srv_error *e) {
+    if (r->n_lb == *cap) {
+        if (*cap > (1 << 26)) return BAD("logit_bias", "'logit_bias' has too many entries");
+        const int32_t nc = *cap ? 2 * *cap : 16;
+        int32_t *t = realloc(r->lb_tok, (size_t)nc * sizeof *t);
+        if (t) r->lb_tok = t;
+        float *v = t ? realloc(r->lb_val, (size_t)nc * sizeof *v) : NULL;
+        if (v) r->lb_val = v;
+        if (!t || !v) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        *cap = nc;
+    }
+    r->lb_tok[r->n_lb] = tok;
+    r->lb_val[r->n_lb++] = val;
+    return true;
+}
+
+/* A bias: a number in [-100, 100] (OpenAI's range) or false (banned, llama-server's). */
+static bool lb_value(const cJSON *v, float *out, struct srv_error *e) {
+    if (cJSON_IsFalse(v)) {
+        *out = -INFINITY;
+        return true;
+    }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= -100 && v->valuedouble <= 100))
+        return BAD("logit_bias", "a logit bias must be a number in [-100, 100] or false (never the token)");
+    *out = (float)v->valuedouble;
+    return true;
+}
+
+/* A token id of the vocabulary: an integer (array form) or its decimal
+ * digits (an object's key, OpenAI's form). */
+static bool lb_token(const struct srv *srv, const cJSON *v, const char *key, int32_t *out, struct srv_error *e) {
+    double t = -1;
+    if (key) {
+        size_t n = strlen(key);
+        bool digits = n > 0 && n <= 10 && (key[0] != '0' || n == 1);
+        for (size_t i = 0; digits && i < n; i++) digits = isdigit((unsigned char)key[i]);
+        if (!digits) return BAD("logit_bias", "logit_bias keys must be token ids (decimal), got '%.40s'", key);
+        t = strtod(key, NULL);
+    } else if (cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble)) {
+        t = v->valuedouble;
+    } else {
+        return BAD("logit_bias", "a logit_bias pair must start with a token id or a text");
+    }
+    if (!(t >= 0 && t < srv->mi.n_vocab))
+        return BAD("logit_bias", "logit_bias: token %.0f is not in the vocabulary [0, %d)", t, srv->mi.n_vocab);
+    *out = (int32_t)t;
+    return true;
+}
+
+/* logit_bias: OpenAI's object of token ids to biases, or llama-server's
+ * array of [token id or text, bias] pairs (every token of the text, without
+ * BOS, gets the bias). Given, even empty, it replaces the server's -l list. */
+static bool parse_logit_bias(const struct srv *srv, const cJSON *root, struct srv_request *r, struct srv_error *e) {
+    const cJSON *f = field(root, "logit_bias"), *it;
+    if (!f || cJSON_IsNull(f)) return true;
+    if (!cJSON_IsObject(f) && !cJSON_IsArray(f))
+        return BAD("logit_bias", "'logit_bias' must be an object of token ids to biases or an array of "
+                   "[token id or text, bias] pairs");
+    r->lb_given = true;
+    int32_t cap = 0, tok;
+    float val;
+    cJSON_ArrayForEach(it, f) {
+        if (cJSON_IsObject(f)) {
+            if (!lb_token(srv, NULL, it->string, &tok, e) || !lb_value(it, &val, e) || !lb_push(r, tok, val, &cap, e))
+                return false;
+            continue;
+        }
+        if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 2)
+            return BAD("logit_bias", "'logit_bias' as an array holds [token id or text, bias] pairs");
+        const cJSON *k = it->child, *v = k->next;
+        if (!lb_value(v, &val, e)) return false;
+        if (!cJSON_IsString(k)) {
+            if (!lb_token(srv, k, NULL, &tok, e) || !lb_push(r, tok, val, &cap, e)) return false;
+            continue;
+        }
+        const size_t n = strlen(k->valuestring), tcap = 3 * n + 16; /* as /tokenize: room for any tokenizer */
+        size_t got = 0;
+        int32_t *tk = malloc(tcap * sizeof *tk);
+        if (!tk) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        enum ekv_status s = ekv_tokenize(srv->model, k->valuestring, n, false, false, tk, tcap, &got);
+        bool ok = s == EKV_OK || BAD("logit_bias", "logit_bias: cannot tokenize '%.40s': %s", k->valuestring,
+                                     ekv_last_error());
+        for (size_t i = 0; ok && i < got; i++) ok = lb_push(r, tk[i], val, &cap, e);
+        free(tk);
+        if (!ok) return false;
+    }
+    return true;
+}
+
 /* Fields of the OpenAI API that ekv does not implement: refused unless they
  * ask for the default. */
 static bool refuse_unsupported(const cJSON *root, struct srv_error *e) {
@@ -223,8 +317,6 @@ static bool refuse_unsupported(const cJSON *root, struct srv_error *e) {
     const cJSON *f;
     if ((f = field(root, "logprobs")) && !cJSON_IsFalse(f)) return UNSUPPORTED("logprobs", "logprobs are not supported");
     if (field(root, "top_logprobs")) return UNSUPPORTED("top_logprobs", "top_logprobs are not supported");
-    if ((f = field(root, "logit_bias")) && !(cJSON_IsObject(f) && !f->child))
-        return UNSUPPORTED("logit_bias", "logit_bias is not supported");
     if (field(root, "tools") || field(root, "functions")) return UNSUPPORTED("tools", "tools are not supported");
     if ((f = field(root, "tool_choice")) && !(cJSON_IsString(f) && !strcmp(f->valuestring, "none")))
         return UNSUPPORTED("tool_choice", "tools are not supported");
@@ -620,6 +712,11 @@ bool srv_config_init(struct srv *srv, const struct cli_params *p) {
     c->n_predict = p->n_predict;
     c->ignore_eos = p->ignore_eos;
     c->sampling = p->sampling;
+    for (int i = 0; i < p->logit_bias.n; i++) {
+        c->lb_tok[i] = (int32_t)p->logit_bias.i[i];
+        c->lb_val[i] = (float)p->logit_bias.d[i];
+    }
+    c->n_lb = p->logit_bias.n;
     c->seed_fixed = p->sampling.seed != UINT64_MAX;
     c->kv = p->kv;
     snprintf(c->kv_policy, sizeof c->kv_policy, "%s", p->kv.policy ? p->kv.policy : "full");
@@ -682,7 +779,8 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
             if (!isspace((unsigned char)*c)) ok = BAD(NULL, "the body has bytes after its JSON object (at byte %zu)", (size_t)(c - body));
     }
     r->cache_prompt = true;
-    ok = ok && refuse_unsupported(root, e) && parse_sampling(srv, root, r, e) && parse_kv(srv, root, r, e) &&
+    ok = ok && refuse_unsupported(root, e) && parse_sampling(srv, root, r, e) && parse_logit_bias(srv, root, r, e) &&
+         parse_kv(srv, root, r, e) &&
          get_bool(e, root, "cache_prompt", &r->cache_prompt);
     if (ok) ok = kind == SRV_CHAT ? parse_chat(srv, root, r, e) : parse_completion(srv, root, r, e);
     cJSON_Delete(root);
