@@ -886,6 +886,21 @@ int32_t ekv_sampler_sample(struct ekv_sampler *s, const float *logits, int32_t n
 enum ekv_status ekv_sampler_set_logit_bias(struct ekv_sampler *s, const int32_t *tokens, const float *bias,
                                            int32_t n);
 
+/* A token and its log-probability. */
+struct ekv_token_logprob {
+    int32_t token;
+    float logprob;
+};
+
+/* Log-probabilities of the model's distribution (the log-softmax of the
+ * raw logits: before biases, penalties and temperature, as OpenAI and
+ * llama-server report them): *lp gets that of `token` (in [0, n_vocab)),
+ * top[0 .. n_top) the n_top most likely tokens, most likely first (ties:
+ * the lower id). n_top in [0, n_vocab]; top may be NULL when n_top is 0.
+ * Allocates nothing. */
+enum ekv_status ekv_logprobs(const float *logits, int32_t n_vocab, int32_t token, int32_t n_top,
+                             struct ekv_token_logprob *top, float *lp);
+
 /* Gives the penalties a token of the text (the prompt's tokens and each
  * token sampled, in order; ids outside the vocabulary are never
  * penalised). Keeps the last repeat_last_n; nothing when no penalty is on.

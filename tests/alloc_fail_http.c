@@ -159,6 +159,13 @@ static const struct req k_reqs[] = {
      "\"logit_bias\": [[\"there was\", false], [317, 2], [5, 1], [6, 1], [7, 1], [8, 1], [9, 1], [10, 1], "
      "[11, 1], [12, 1], [13, 1], [14, 1], [15, 1], [16, 1], [17, 1], [18, 1], [19, 1]]}",
      RK_JSON_COMPLETION, 200},
+    {"POST", "/v1/chat/completions",
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"Once\"}], \"max_tokens\": 3, \"temperature\": 0, "
+     "\"stream\": true, \"logprobs\": true, \"top_logprobs\": 2}",
+     RK_STREAM_CHAT, 200},
+    {"POST", "/v1/completions",
+     "{\"prompt\": \"Once\", \"max_tokens\": 3, \"temperature\": 0, \"logprobs\": 2, \"stop\": \"re\"}",
+     RK_JSON_COMPLETION, 200},
     {"GET", "/v1/models", NULL, RK_JSON, 200},
     {"GET", "/v1/models/stories260K.gguf", NULL, RK_JSON, 200},
     {"POST", "/tokenize", "{\"content\": \"Once upon a time\"}", RK_JSON, 200},

@@ -6,6 +6,7 @@
 # per-request KV policy visible in usage.kv, /metrics fields and counters,
 # OpenAI-shaped errors (400, 404, 405, 413 by Content-Length and chunked),
 # the API key (401; /health open), logit biases (the request's and -l's),
+# logprobs at a stop string and their refusals,
 # admission by --kv-mem (a request that
 # only fits compressed), and on ekv-ref-28m (../shared) 503 + Retry-After
 # when the queue is full and a client that hangs up having its job
@@ -89,6 +90,26 @@ for b in '{"x": 1}' '{"512": 1}' '{"01": 1}' '{"5": 101}' '{"5": "1"}' '{"5": tr
   '[5, 1]' '"x"'; do
   code=$(post /v1/completions '{"prompt": "x", "max_tokens": 2, "logit_bias": '"$b"'}')
   [ "$code" = 400 ] && [ "$(jget error.param < "$T/r")" = logit_bias ] && ok || bad "logit_bias $b: $code $(head -c 200 "$T/r")"
+done
+# logprobs: the token a stop string cuts keeps its entry (the tokens spell the text and then the
+# cut part), with its text offset; bad combinations are 400 naming the field
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "logprobs": 1, "stop": "ttle"}' > /dev/null
+node -e 'const d = JSON.parse(require("fs").readFileSync(process.argv[1])), c = d.choices[0], l = c.logprobs;
+  const all = l.tokens.join(""), last = l.tokens.length - 1;
+  if (c.finish_reason !== "stop" || !c.text.endsWith("li") || !all.startsWith(c.text + "ttle") || all === c.text ||
+      l.text_offset[last] !== Buffer.byteLength(all) - Buffer.byteLength(l.tokens[last]) ||
+      l.token_logprobs.length !== l.tokens.length || !(l.token_logprobs[last] <= 0)) process.exit(1);' "$T/r" \
+  && ok || bad "logprobs at a stop string: $(head -c 400 "$T/r")"
+for b in 'chat "top_logprobs": 2' 'chat "logprobs": true, "top_logprobs": 21' 'chat "logprobs": 1' \
+  'completions "logprobs": 21' 'completions "top_logprobs": 1' 'completions "logprobs": -1'; do
+  kind=${b%% *}
+  if [ "$kind" = chat ]; then
+    code=$(post /v1/chat/completions '{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, '"${b#chat }"'}')
+  else
+    code=$(post /v1/completions '{"prompt": "x", "max_tokens": 2, '"${b#completions }"'}')
+  fi
+  case $b in *top_logprobs*) f=top_logprobs ;; *) f=logprobs ;; esac
+  [ "$code" = 400 ] && [ "$(jget error.param < "$T/r")" = "$f" ] && ok || bad "$b: $code $(head -c 200 "$T/r")"
 done
 
 # ---- /tokenize (llama.cpp's): the tokens a completion counts ----

@@ -9,7 +9,9 @@
  * tokens changes no draw. Logit biases: summed per token, applied before
  * the penalties (the frequencies at temperature 1 tell the two orders
  * apart), -inf bans, ids outside the vocabulary ignored, bad lists refused
- * with the sampler unchanged.
+ * with the sampler unchanged. ekv_logprobs: the log-softmax against a
+ * double-precision sum (1e-6), the top tokens in order with ties by id,
+ * no overflow at large logits, bad arguments refused.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -171,6 +173,38 @@ static void test_logit_bias(void) {
     check_softmax(count, want, V, N, "biased token");
 }
 
+static void test_logprobs(void) {
+    enum { V = 8 };
+    const float lg[V] = {0.5f, 2.0f, 1.0f, 2.0f, -1.0f, 0.0f, 1.5f, -3.0f};
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp((double)lg[i]);
+    struct ekv_token_logprob top[V];
+    float lp = 0;
+    CHECK_OK(ekv_logprobs(lg, V, 4, 3, top, &lp));
+    CHECK_MSG(fabs(lp - (-1.0 - log(z))) < 1e-6, "logprob %g", (double)lp);
+    CHECK(top[0].token == 1 && top[1].token == 3 && top[2].token == 6); /* the tie 1/3: the lower id first */
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(fabs(top[i].logprob - (lg[top[i].token] - log(z))) < 1e-6, "top %d: %g", i, (double)top[i].logprob);
+    CHECK_OK(ekv_logprobs(lg, V, 0, V, top, &lp)); /* all of them: a permutation, descending, summing to 1 */
+    double sum = 0;
+    int seen = 0;
+    for (int i = 0; i < V; i++) {
+        sum += exp((double)top[i].logprob);
+        seen |= 1 << top[i].token;
+        if (i) CHECK(top[i].logprob <= top[i - 1].logprob);
+    }
+    CHECK(seen == (1 << V) - 1 && fabs(sum - 1.0) < 1e-6);
+    CHECK_OK(ekv_logprobs(lg, V, 2, 0, NULL, &lp));
+    const float big[3] = {1000.0f, 999.0f, -1000.0f};
+    CHECK_OK(ekv_logprobs(big, 3, 1, 1, top, &lp));
+    CHECK_MSG(isfinite(lp) && fabs(lp - (-1.0 - log1p(exp(-1.0)))) < 1e-5 && top[0].token == 0, "large logits: %g", (double)lp);
+    CHECK(ekv_logprobs(lg, V, V, 1, top, &lp) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_logprobs(lg, V, -1, 1, top, &lp) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_logprobs(lg, V, 0, V + 1, top, &lp) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_logprobs(lg, V, 0, 2, NULL, &lp) == EKV_ERR_INVALID_ARG);
+    CHECK(ekv_logprobs(NULL, V, 0, 0, NULL, &lp) == EKV_ERR_INVALID_ARG);
+}
+
 int main(void) {
     enum { V = 8 };
     const float logits[V] = {0.5f, 2.0f, 1.0f, 2.0f, -1.0f, 0.0f, 1.5f, -3.0f};
@@ -261,5 +295,6 @@ int main(void) {
     ekv_sampler_free(NULL);
     test_penalties();
     test_logit_bias();
+    test_logprobs();
     return test_finish("test_sampler");
 }

@@ -7,7 +7,8 @@
  * draw from a seeded generator (splitmix64 + xoshiro256**), so a seed
  * reproduces a run. Biases and the window's counts are sorted token lists
  * walked beside the vocabulary (no n_vocab buffer); without either the
- * logits are read as given.
+ * logits are read as given. ekv_logprobs reports the model's own
+ * distribution for the server's logprobs.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -275,4 +276,32 @@ int32_t ekv_sampler_sample(struct ekv_sampler *s, const float *logits, int32_t n
         if (u < acc) return c[i].id;
     }
     return c[n - 1].id;
+}
+
+enum ekv_status ekv_logprobs(const float *logits, int32_t n_vocab, int32_t token, int32_t n_top,
+                             struct ekv_token_logprob *top, float *lp) {
+    if (!logits || !lp || n_vocab <= 0 || token < 0 || token >= n_vocab || n_top < 0 || n_top > n_vocab ||
+        (n_top > 0 && !top))
+        return ekv_err(EKV_ERR_INVALID_ARG, "ekv_logprobs: token %d, top %d of a vocabulary of %d (and the arrays)",
+                       (int)token, (int)n_top, (int)n_vocab);
+    float mx = logits[0];
+    for (int32_t i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    double z = 0.0;
+    for (int32_t i = 0; i < n_vocab; i++) z += exp((double)logits[i] - mx);
+    const double lz = (double)mx + log(z);
+    *lp = (float)((double)logits[token] - lz);
+    /* the n_top best by insertion into a sorted run (n_top is small: the API allows 20) */
+    int32_t n = 0;
+    for (int32_t i = 0; i < n_vocab && n_top > 0; i++) {
+        const float l = logits[i];
+        if (n == n_top && !(l > top[n - 1].logprob)) continue; /* ties keep the lower id */
+        int32_t k = n < n_top ? n++ : n - 1;
+        while (k > 0 && l > top[k - 1].logprob) {
+            top[k] = top[k - 1];
+            k--;
+        }
+        top[k] = (struct ekv_token_logprob){i, l};
+    }
+    for (int32_t i = 0; i < n; i++) top[i].logprob = (float)((double)top[i].logprob - lz);
+    return EKV_OK;
 }

@@ -2,7 +2,8 @@
 // OpenAI SDK for Node (npm package `openai`, pinned in package-lock.json),
 // with baseURL pointing at the server. Chat, streaming (chunks reassemble to
 // the non-streamed text), legacy completions, models.list and .retrieve, the per-request KV
-// extension passed through the SDK, the penalties, logit_bias, and errors the SDK maps to its own
+// extension passed through the SDK, the penalties, logit_bias, logprobs (chat and
+// legacy completions, streamed and not), and errors the SDK maps to its own
 // classes (400 BadRequestError with OpenAI's error shape, 401
 // AuthenticationError).
 // usage: node sdk.mjs BASE_URL API_KEY
@@ -107,6 +108,48 @@ await check('completions', async () => {
   let text = '';
   for await (const c of s) text += c.choices[0]?.text ?? '';
   assert.equal(text, r.choices[0].text);
+});
+
+// logprobs (OpenAI's two shapes): at temperature 0 each chosen token is its own most likely one;
+// the tokens spell the text; top_logprobs descending with at most the mass 1; a stream carries
+// the same entries, chunk by chunk; the legacy completions' arrays line up with the text
+await check('chat logprobs', async () => {
+  const ask = (stream) => client.chat.completions.create({
+    model: 'stories', messages, max_tokens: 24, temperature: 0, logprobs: true, top_logprobs: 3, stream,
+  });
+  const r = await ask(false);
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, 24);
+  assert.equal(lp.map((e) => e.token).join(''), r.choices[0].message.content);
+  for (const e of lp) {
+    assert.equal(e.top_logprobs.length, 3);
+    assert.equal(e.top_logprobs[0].token, e.token);
+    assert.equal(e.top_logprobs[0].logprob, e.logprob);
+    assert.ok(e.logprob <= 0 && e.top_logprobs[1].logprob <= e.logprob && e.top_logprobs[2].logprob <= e.top_logprobs[1].logprob);
+    assert.ok(e.top_logprobs.reduce((a, t) => a + Math.exp(t.logprob), 0) <= 1 + 1e-6);
+    assert.deepEqual(e.bytes, [...Buffer.from(e.token)]);
+  }
+  const streamed = [];
+  for await (const c of await ask(true)) streamed.push(...(c.choices[0]?.logprobs?.content ?? []));
+  assert.deepEqual(streamed.map((e) => [e.token, e.logprob]), lp.map((e) => [e.token, e.logprob]));
+});
+
+await check('completions logprobs', async () => {
+  const r = await client.completions.create({
+    model: 'stories', prompt: 'Once upon a time', max_tokens: 16, temperature: 0, logprobs: 2,
+  });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.join(''), r.choices[0].text);
+  assert.equal(lp.token_logprobs.length, 16);
+  let off = 0;
+  lp.tokens.forEach((t, i) => {
+    assert.equal(lp.text_offset[i], off);
+    off += Buffer.byteLength(t);
+    const top = Object.entries(lp.top_logprobs[i]);
+    assert.ok(top.length >= 1 && top.length <= 2);
+    assert.equal(top[0][0], t);
+    assert.equal(top[0][1], lp.token_logprobs[i]);
+  });
 });
 
 await check('models', async () => {

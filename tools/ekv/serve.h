@@ -42,6 +42,7 @@
 #include "ekv.h"
 
 #define SRV_MAX_STOP 4
+#define SRV_MAX_TOP_LOGPROBS 20        /* OpenAI's top_logprobs limit */
 #define SRV_ERR_MAX 512
 
 /* An OpenAI-shaped error: HTTP status, message, type, param, code. */
@@ -72,6 +73,7 @@ struct srv_request {
     bool stream;
     bool include_usage;           /* stream_options.include_usage */
     bool ignore_eos;
+    int32_t logprobs;             /* -1: none; else each token's logprob and its n most likely, 0..20 */
     struct ekv_kv_params kv;
     char kv_policy[32];           /* kv.policy points here */
     /* prefix reuse (--prefix-cache, serve_prefix.c): a chat prompt read message by message,
@@ -179,6 +181,8 @@ struct srv_job {
     size_t *tok_end;              /* [n_tok_end] text length after each token (streams send one
                                      event per token) */
     size_t n_tok_end, cap_tok_end;
+    struct ekv_token_logprob *lp; /* with req.logprobs >= 0: [cap_tok_end][1 + req.logprobs], per
+                                     token of tok_end: its own, then the most likely tokens */
     long n_gen;                   /* tokens generated */
     const char *finish;           /* "stop" or "length" once done */
     struct srv_error err;         /* set when the job failed */
@@ -326,9 +330,14 @@ char *srv_slot_action(struct srv *srv, const char *id, const char *action, const
 char *srv_error_json(const struct srv_error *e);
 char *srv_response_json(const struct srv *srv, const struct srv_job *job);
 /* One SSE event "data: {...}\n\n" with `delta` text (first: with the role;
- * final: finish_reason and, when asked, usage). */
+ * final: finish_reason and, when asked, usage) and, with logprobs asked,
+ * those of tokens [lp_from, lp_to) (null when none). */
 char *srv_chunk_sse(const struct srv *srv, const struct srv_job *job, const char *delta, size_t n, bool first,
-                    bool final);
+                    bool final, size_t lp_from, size_t lp_to);
+/* How many of a job's tokens (job->tok_end) have their text in the first
+ * `upto` bytes: those that end there, and once the job is done and upto is
+ * the whole text, the one a stop string cut. */
+size_t srv_lp_upto(const struct srv_job *job, size_t upto);
 char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *job);
 char *srv_models_json(const struct srv *srv);
 /* GET /v1/models/{id} of the served model. */

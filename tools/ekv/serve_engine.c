@@ -38,6 +38,7 @@ static void job_free(struct srv_job *j) {
     srv_request_free(&j->req);
     free(j->text);
     free(j->tok_end);
+    free(j->lp);
     pthread_cond_destroy(&j->cv);
     free(j);
 }
@@ -370,6 +371,7 @@ struct token_out {
     char piece[256];
     size_t n;
     const char *finish; /* NULL: goes on */
+    struct ekv_token_logprob lp[1 + SRV_MAX_TOP_LOGPROBS]; /* with req.logprobs >= 0: the token's, then its top */
 };
 
 /* Samples the next token from logits and decides whether the job ends. */
@@ -383,6 +385,10 @@ static void take_token(struct srv *srv, struct srv_job *j, const float *logits, 
         return;
     }
     if (ekv_token_to_piece(srv->model, t, false, o->piece, sizeof o->piece, &o->n) != EKV_OK) o->n = 0;
+    if (j->req.logprobs >= 0) { /* the model's own distribution (arguments valid: cannot fail) */
+        o->lp[0].token = t;
+        ekv_logprobs(logits, srv->mi.n_vocab, t, j->req.logprobs, o->lp + 1, &o->lp[0].logprob);
+    }
     j->n_gen++;
     j->next = t;
     ekv_sampler_accept(j->smp, t);
@@ -421,15 +427,23 @@ static bool publish_locked(struct srv *srv, struct token_out *o) {
     memcpy(j->text + old, o->piece, o->n);
     j->text_len += o->n;
     j->text[j->text_len] = 0;
+    const size_t w = j->req.logprobs >= 0 ? 1 + (size_t)j->req.logprobs : 0; /* logprobs per token */
     if (j->n_tok_end == j->cap_tok_end) {
         size_t cap = j->cap_tok_end ? 2 * j->cap_tok_end : 64;
         size_t *te = realloc(j->tok_end, cap * sizeof *te);
-        if (te) {
-            j->tok_end = te;
-            j->cap_tok_end = cap;
+        if (te) j->tok_end = te;
+        struct ekv_token_logprob *lp = te && w ? realloc(j->lp, cap * w * sizeof *lp) : NULL;
+        if (lp) j->lp = lp;
+        if (te && (lp || !w)) j->cap_tok_end = cap;
+        else if (w) { /* logprobs need one entry per token */
+            srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory for the logprobs");
+            return true;
         }
     }
-    if (j->n_tok_end < j->cap_tok_end) j->tok_end[j->n_tok_end++] = j->text_len; /* else: events merge */
+    if (j->n_tok_end < j->cap_tok_end) { /* else: events merge */
+        if (w) memcpy(j->lp + j->n_tok_end * w, o->lp, w * sizeof *o->lp);
+        j->tok_end[j->n_tok_end++] = j->text_len;
+    }
     /* a stop string ends the text where it starts (searched where it can be new) */
     for (int i = 0; i < j->req.n_stop; i++) {
         size_t m = strlen(j->req.stop[i]);

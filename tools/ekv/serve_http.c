@@ -320,6 +320,7 @@ struct stream {
     struct peer_watch watch;
     size_t sent;      /* text bytes sent */
     size_t tok;       /* next token boundary to look at (job->tok_end) */
+    size_t lp;        /* tokens whose logprobs were sent */
     bool first_sent;  /* the role chunk */
     bool finished;    /* final chunk(s) and [DONE] queued */
     bool oom;         /* an event could not be made: k_oom_sse ends the stream */
@@ -376,7 +377,7 @@ static bool stream_next(struct stream *s) {
     } else {
         const size_t upto = j->state == JOB_DONE ? j->text_len : j->ready;
         if (!s->first_sent && upto == s->sent) { /* the role, before any text */
-            ok = pend_append(s, srv_chunk_sse(srv, j, "", 0, true, false));
+            ok = pend_append(s, srv_chunk_sse(srv, j, "", 0, true, false, s->lp, s->lp));
             s->first_sent = true;
         }
         while (ok && s->sent < upto) { /* one event per token (a character cut by a token waits for the next) */
@@ -388,12 +389,14 @@ static bool stream_next(struct stream *s) {
                 if (e < upto) b = e;
                 break;
             }
-            ok = pend_append(s, srv_chunk_sse(srv, j, j->text + s->sent, b - s->sent, !s->first_sent, false));
+            const size_t lp = srv_lp_upto(j, b); /* the logprobs of the tokens of this text */
+            ok = pend_append(s, srv_chunk_sse(srv, j, j->text + s->sent, b - s->sent, !s->first_sent, false, s->lp, lp));
             s->first_sent = true;
             s->sent = b;
+            s->lp = lp;
         }
         if (ok && j->state == JOB_DONE) {
-            ok = pend_append(s, srv_chunk_sse(srv, j, "", 0, false, true));
+            ok = pend_append(s, srv_chunk_sse(srv, j, "", 0, false, true, s->lp, s->lp));
             if (ok && j->req.include_usage) ok = pend_append(s, srv_usage_chunk_sse(srv, j));
             s->finished = true;
         }

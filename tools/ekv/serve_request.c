@@ -308,6 +308,30 @@ static bool parse_logit_bias(const struct srv *srv, const cJSON *root, struct sr
     return true;
 }
 
+/* logprobs: chat's `logprobs` (true/false) and `top_logprobs` (0..20, with
+ * logprobs true); completions' `logprobs` N (0..20 most likely tokens
+ * beside each chosen one; OpenAI allows 5; true = 0). */
+static bool parse_logprobs(const cJSON *root, struct srv_request *r, struct srv_error *e) {
+    r->logprobs = -1;
+    const cJSON *f = field(root, "logprobs"), *t = field(root, "top_logprobs");
+    if (f && cJSON_IsNull(f)) f = NULL;
+    if (t && cJSON_IsNull(t)) t = NULL;
+    long long n = 0;
+    if (r->kind == SRV_CHAT) {
+        bool on = false;
+        if (!get_bool(e, root, "logprobs", &on)) return false;
+        if (t && !get_int(e, root, "top_logprobs", 0, SRV_MAX_TOP_LOGPROBS, &n)) return false;
+        if (t && !on) return BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        if (on) r->logprobs = (int32_t)n;
+        return true;
+    }
+    if (t) return BAD("top_logprobs", "'top_logprobs' belongs to /v1/chat/completions; /v1/completions takes 'logprobs': N");
+    if (!f || cJSON_IsFalse(f)) return true;
+    if (!cJSON_IsTrue(f) && !get_int(e, root, "logprobs", 0, SRV_MAX_TOP_LOGPROBS, &n)) return false;
+    r->logprobs = (int32_t)n;
+    return true;
+}
+
 /* Fields of the OpenAI API that ekv does not implement: refused unless they
  * ask for the default. */
 static bool refuse_unsupported(const cJSON *root, struct srv_error *e) {
@@ -315,8 +339,6 @@ static bool refuse_unsupported(const cJSON *root, struct srv_error *e) {
     if (!get_int(e, root, "n", 1, 1e9, &n)) return false;
     if (n != 1) return UNSUPPORTED("n", "only n = 1 is supported");
     const cJSON *f;
-    if ((f = field(root, "logprobs")) && !cJSON_IsFalse(f)) return UNSUPPORTED("logprobs", "logprobs are not supported");
-    if (field(root, "top_logprobs")) return UNSUPPORTED("top_logprobs", "top_logprobs are not supported");
     if (field(root, "tools") || field(root, "functions")) return UNSUPPORTED("tools", "tools are not supported");
     if ((f = field(root, "tool_choice")) && !(cJSON_IsString(f) && !strcmp(f->valuestring, "none")))
         return UNSUPPORTED("tool_choice", "tools are not supported");
@@ -759,6 +781,7 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
                        struct srv_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
+    r->logprobs = -1;
     r->max_tokens = srv->cfg.n_predict;
     r->sampling = srv->cfg.sampling;
     r->ignore_eos = srv->cfg.ignore_eos;
@@ -780,6 +803,7 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
     }
     r->cache_prompt = true;
     ok = ok && refuse_unsupported(root, e) && parse_sampling(srv, root, r, e) && parse_logit_bias(srv, root, r, e) &&
+         parse_logprobs(root, r, e) &&
          parse_kv(srv, root, r, e) &&
          get_bool(e, root, "cache_prompt", &r->cache_prompt);
     if (ok) ok = kind == SRV_CHAT ? parse_chat(srv, root, r, e) : parse_completion(srv, root, r, e);

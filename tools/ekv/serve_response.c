@@ -4,7 +4,10 @@
  * `usage.kv`: the cache kept against the full one, and `timings`, as
  * llama.cpp's server reports them), streaming chunks, errors
  * ({"error": {"message", "type", "param", "code"}}), /v1/models, /health,
- * and /metrics in the Prometheus text format.
+ * and /metrics in the Prometheus text format. Logprobs, when asked, in
+ * the two shapes OpenAI uses: chat's logprobs.content entries (token,
+ * logprob, bytes, top_logprobs) and the legacy completions' parallel arrays
+ * (tokens, token_logprobs, top_logprobs, text_offset).
  *
  * Generated text may end inside a UTF-8 character or hold bytes that are
  * not UTF-8 (a model can emit any byte); JSON needs UTF-8, so such bytes
@@ -92,6 +95,88 @@ static cJSON *head(const struct srv *srv, const struct srv_job *j, bool chunk) {
 }
 
 /* llama.cpp-style timings: prompt and decode, ms and tokens/s. */
+size_t srv_lp_upto(const struct srv_job *j, size_t upto) {
+    size_t k = 0;
+    while (k < j->n_tok_end && j->tok_end[k] <= upto) k++;
+    const size_t start = k ? j->tok_end[k - 1] : 0;
+    if (k < j->n_tok_end && j->state == JOB_DONE && upto == j->text_len && start < upto) k++; /* cut by a stop string */
+    return k;
+}
+
+/* A token's text: the string (invalid UTF-8 as U+FFFD) and, in *raw, its bytes. */
+static char *lp_piece(const struct srv *srv, int32_t tok, char *raw, size_t cap, size_t *n) {
+    if (ekv_token_to_piece(srv->model, tok, false, raw, cap, n) != EKV_OK) *n = 0;
+    return utf8_clean(raw, *n);
+}
+
+/* Chat's entry {token, logprob, bytes[, top_logprobs]} for a token (top: n of them, or NULL). */
+static cJSON *lp_chat_entry(const struct srv *srv, const struct ekv_token_logprob *t,
+                            const struct ekv_token_logprob *top, int n) {
+    char raw[256];
+    size_t len = 0;
+    char *str = lp_piece(srv, t->token, raw, sizeof raw, &len);
+    cJSON *o = cJSON_CreateObject(), *b = cJSON_CreateArray();
+    if (!str || !o || !b) {
+        free(str);
+        cJSON_Delete(o);
+        cJSON_Delete(b);
+        return NULL;
+    }
+    cJSON_AddStringToObject(o, "token", str);
+    free(str);
+    cJSON_AddNumberToObject(o, "logprob", t->logprob);
+    for (size_t i = 0; i < len; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)raw[i]));
+    bool ok = (size_t)cJSON_GetArraySize(b) == len;
+    if (!cJSON_AddItemToObject(o, "bytes", b)) cJSON_Delete(b), ok = false;
+    if (top && ok) {
+        cJSON *a = cJSON_AddArrayToObject(o, "top_logprobs");
+        for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, lp_chat_entry(srv, &top[i], NULL, 0));
+        ok = a && cJSON_GetArraySize(a) == n;
+    }
+    if (!ok) cJSON_Delete(o), o = NULL; /* out of memory: no entry rather than a short one */
+    return o;
+}
+
+/* The logprobs of tokens [from, to): chat's {"content": [...]} or the
+ * completions' arrays; null when not asked (or, streaming, none here). */
+static cJSON *logprobs_json(const struct srv *srv, const struct srv_job *j, size_t from, size_t to, bool stream) {
+    const int n = j->req.logprobs;
+    if (n < 0 || (stream && from == to)) return cJSON_CreateNull();
+    const size_t w = 1 + (size_t)n;
+    cJSON *o = cJSON_CreateObject();
+    if (j->req.kind == SRV_CHAT) {
+        cJSON *c = cJSON_AddArrayToObject(o, "content");
+        for (size_t k = from; c && k < to; k++)
+            cJSON_AddItemToArray(c, lp_chat_entry(srv, &j->lp[k * w], &j->lp[k * w + 1], n));
+        cJSON_AddNullToObject(o, "refusal");
+        if (!c || (size_t)cJSON_GetArraySize(c) != to - from) cJSON_Delete(o), o = NULL; /* out of memory */
+        return o;
+    }
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    for (size_t k = from; toks && lps && tops && offs && k < to; k++) {
+        char raw[256];
+        size_t len;
+        const struct ekv_token_logprob *t = &j->lp[k * w];
+        char *str = lp_piece(srv, t->token, raw, sizeof raw, &len);
+        cJSON_AddItemToArray(toks, str ? cJSON_CreateString(str) : NULL);
+        free(str);
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(t->logprob));
+        cJSON *d = cJSON_CreateObject();
+        for (int i = 0; d && i < n; i++) {
+            char *ts = lp_piece(srv, t[1 + i].token, raw, sizeof raw, &len);
+            if (ts && !cJSON_GetObjectItemCaseSensitive(d, ts)) cJSON_AddNumberToObject(d, ts, t[1 + i].logprob);
+            free(ts); /* tokens of the same text: the most likely one's */
+        }
+        cJSON_AddItemToArray(tops, d);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(k ? j->tok_end[k - 1] : 0)));
+    }
+    const cJSON *arrs[] = {toks, lps, tops, offs};
+    for (int i = 0; i < 4 && o; i++)
+        if (!arrs[i] || (size_t)cJSON_GetArraySize(arrs[i]) != to - from) cJSON_Delete(o), o = NULL; /* out of memory */
+    return o;
+}
+
 static cJSON *timings(const struct srv_job *j) {
     cJSON *t = cJSON_CreateObject();
     if (!t) return NULL;
@@ -160,7 +245,13 @@ char *srv_response_json(const struct srv *srv, const struct srv_job *j) {
         cJSON_AddStringToObject(c, "text", text);
     }
     free(text);
-    cJSON_AddNullToObject(c, "logprobs");
+    cJSON *lp = logprobs_json(srv, j, 0, srv_lp_upto(j, j->text_len), false);
+    if (!lp) {
+        cJSON_Delete(c);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToObject(c, "logprobs", lp);
     cJSON_AddStringToObject(c, "finish_reason", j->finish ? j->finish : "length");
     cJSON_AddItemToArray(choices, c);
     cJSON_AddItemToObject(o, "usage", usage(srv, j));
@@ -180,7 +271,7 @@ static char *sse(cJSON *o) {
 }
 
 char *srv_chunk_sse(const struct srv *srv, const struct srv_job *j, const char *delta, size_t n, bool first,
-                    bool final) {
+                    bool final, size_t lp_from, size_t lp_to) {
     cJSON *o = head(srv, j, true);
     if (!o) return NULL;
     char *text = utf8_clean(delta, n);
@@ -200,7 +291,13 @@ char *srv_chunk_sse(const struct srv *srv, const struct srv_job *j, const char *
         cJSON_AddStringToObject(c, "text", text);
     }
     free(text);
-    cJSON_AddNullToObject(c, "logprobs");
+    cJSON *lp = logprobs_json(srv, j, lp_from, lp_to, true);
+    if (!lp) {
+        cJSON_Delete(c);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToObject(c, "logprobs", lp);
     if (final) cJSON_AddStringToObject(c, "finish_reason", j->finish ? j->finish : "length");
     else cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);
