@@ -6,7 +6,7 @@
 # per-request KV policy visible in usage.kv, /metrics fields and counters,
 # OpenAI-shaped errors (400, 404, 405, 413 by Content-Length and chunked),
 # the API key (401; /health open), logit biases (the request's and -l's),
-# logprobs at a stop string and their refusals,
+# logprobs at a stop string and their refusals, /detokenize, /props, /apply-template,
 # admission by --kv-mem (a request that
 # only fits compressed), and on ekv-ref-28m (../shared) 503 + Retry-After
 # when the queue is full and a client that hangs up having its job
@@ -122,6 +122,14 @@ post /v1/completions '{"prompt": '"$toks"', "max_tokens": 40, "temperature": 0}'
 post /v1/completions '{"prompt": '"$toks"', "max_tokens": 40, "temperature": 0, "repeat_penalty": 1.3,
   "frequency_penalty": 0.5, "presence_penalty": 0.5, "repeat_last_n": 32}' > /dev/null
 [ "$(jget choices.0.text < "$T/r")" = "$want_p" ] && ok || bad "token-id prompt with penalties"
+# /detokenize (llama-server's): the tokens of /tokenize back to their text (BOS as its text);
+# ids outside the vocabulary and a missing list are 400 naming tokens
+curl -s "$URL/tokenize" -d '{"content": "Once upon a time"}' | curl -s "$URL/detokenize" -d @- > "$T/r"
+[ "$(jget content < "$T/r")" = "<s> Once upon a time" ] && ok || bad "/detokenize: $(head -c 200 "$T/r")"
+for b in '{"tokens": [512]}' '{"tokens": [1.5]}' '{"tokens": "x"}' '{}'; do
+  code=$(post /detokenize "$b")
+  [ "$code" = 400 ] && [ "$(jget error.param < "$T/r")" = tokens ] && ok || bad "/detokenize $b: $code $(head -c 200 "$T/r")"
+done
 
 # ---- chat (template none: the content as the prompt) ----
 code=$(post /v1/chat/completions '{"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 40, "temperature": 0}')
@@ -389,9 +397,23 @@ stop_server mem && ok || bad "mem server exit"
 
 # ---- -l: the logit biases of requests that give none; a request's logit_bias (even {}) replaces them;
 # a token outside the vocabulary stops the server at start ----
-start_server lb -c 512 -l 383-inf -l 317+4 || exit 1
+start_server lb -c 512 -l 383-inf -l 317+4 --chat-template chatml --temp 0.7 || exit 1
 post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}' > /dev/null
 [ "$(jget choices.0.text < "$T/r")" = "$want_l" ] && ok || bad "serve -l: '$(jget choices.0.text < "$T/r")' != '$want_l'"
+# llama-server's /props (the defaults a request gets) and /apply-template (the chat template's text:
+# the prompt a chat completion counts)
+curl -s "$URL/props" > "$T/p"
+[ "$(jget default_generation_settings.n_ctx < "$T/p")" = 512 ] && [ "$(jget default_generation_settings.params.temperature < "$T/p")" = 0.7 ] \
+  && [ "$(jget default_generation_settings.params.logit_bias.1.1 < "$T/p")" = 4 ] && [ "$(jget chat_template < "$T/p")" = chatml ] \
+  && [ "$(jget total_slots < "$T/p")" -ge 1 ] && ok || bad "/props: $(head -c 400 "$T/p")"
+msgs='"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Once upon a time"}]'
+post /apply-template "{$msgs}" > /dev/null
+prompt=$(jget prompt < "$T/r")
+case $prompt in *"<|im_start|>user"*"Once upon a time<|im_end|>"*"<|im_start|>assistant"*) ok ;; *) bad "/apply-template: $prompt" ;; esac
+n_tok=$(node -e 'console.log(JSON.stringify({content: JSON.parse(require("fs").readFileSync(process.argv[1])).prompt}))' "$T/r" |
+  curl -s "$URL/tokenize" -d @- | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).tokens.length))')
+post /v1/chat/completions "{$msgs, \"max_tokens\": 1}" > /dev/null
+[ "$n_tok" = "$(jget usage.prompt_tokens < "$T/r")" ] && ok || bad "/apply-template's prompt is $n_tok tokens, the chat counted $(jget usage.prompt_tokens < "$T/r")"
 post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "logit_bias": {}}' > /dev/null
 want0=$("$EKV" run -c 512 -p "Once upon a time" -n 40 --temp 0 --no-display-prompt 2>/dev/null)
 [ "$(jget choices.0.text < "$T/r")" = "$want0" ] && ok || bad "logit_bias {} must replace serve -l"

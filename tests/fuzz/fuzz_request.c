@@ -3,10 +3,11 @@
  * validated options, without HTTP (issue 23): srv_request_parse for
  * /v1/completions and /v1/chat/completions (JSON syntax, fields, sampling,
  * the per-request KV options through the CLI's option rows, the chat
- * template, tokenization with stories260K) and srv_tokenize_json; and the
- * front door's screen of a request head (srv_door_screen, serve_door.c).
- * The first byte picks the endpoint (modulo 4: completions, chat,
- * tokenize, door), the rest is the body or the head.
+ * template, tokenization with stories260K), srv_tokenize_json,
+ * srv_detokenize_json and srv_apply_template_json; and the front door's
+ * screen of a request head (srv_door_screen, serve_door.c). The first byte
+ * picks the endpoint (modulo 6: completions, chat, tokenize, door,
+ * detokenize, apply-template), the rest is the body or the head.
  *
  * Built two ways: a libFuzzer target (clang, -DEKV_FUZZ=ON: fuzz_request)
  * and, always, with fuzz_replay.c's driver (fuzz_request_replay FILE|DIR...)
@@ -50,7 +51,7 @@ static int setup(void) {
 static int run_one(const uint8_t *data, size_t size) {
     if (setup() != 0) abort(); /* the harness itself is broken: say so loudly */
     if (size < 1) return 0;
-    const int which = data[0] % 4;
+    const int which = data[0] % 6;
     const char *body = (const char *)data + 1;
     const size_t len = size - 1;
     struct srv_error e;
@@ -63,8 +64,10 @@ static int run_one(const uint8_t *data, size_t size) {
             abort(); /* a refusal without its status, code or message */
         return v == 1;
     }
-    if (which == 2) {
-        char *out = srv_tokenize_json(&g_srv, body, len, &e);
+    if (which == 2 || which == 4 || which == 5) {
+        char *out = (which == 2 ? srv_tokenize_json : which == 4 ? srv_detokenize_json : srv_apply_template_json)(
+            &g_srv, body, len, &e);
+        if (!out && (!e.message[0] || e.status < 400)) abort(); /* a refusal without its status or message */
         free(out);
         return out != NULL;
     }

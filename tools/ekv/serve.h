@@ -263,6 +263,13 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
 /* POST /tokenize (llama.cpp's): {"content": "...", "add_special": true} ->
  * {"tokens": [...]}; NULL with e set on a bad request. */
 char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e);
+/* POST /detokenize (llama-server's): {"tokens": [...]} -> {"content": "..."}
+ * (control tokens as their text); NULL with e set on a bad request. */
+char *srv_detokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e);
+/* POST /apply-template (llama-server's): {"messages": [...]} -> {"prompt":
+ * "..."}, the text the chat template makes of them (as /v1/chat/completions
+ * would read it); NULL with e set on a bad request. */
+char *srv_apply_template_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e);
 /* RFC 8259 syntax of s[0..n) (serve_json.c); false with the byte offset and
  * a static reason. *values (may be NULL) gets the number of values and
  * object keys, which cJSON would spend ~100 bytes each on. */
@@ -343,6 +350,8 @@ char *srv_models_json(const struct srv *srv);
 /* GET /v1/models/{id} of the served model. */
 char *srv_model_json(const struct srv *srv);
 char *srv_metrics_text(struct srv *srv); /* takes srv->mu */
+/* GET /props (llama-server's): the defaults a request gets, slots, model, template. */
+char *srv_props_json(const struct srv *srv);
 char *srv_health_json(struct srv *srv);  /* takes srv->mu */
 
 /* ---- serve_http.c ---- */

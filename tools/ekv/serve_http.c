@@ -49,7 +49,10 @@ struct srv_http {
     bool watching, stop;
 };
 
-enum route { R_NONE, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_SLOTS, R_SLOT };
+enum route {
+    R_NONE, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_PROPS, R_MODELS, R_MODEL, R_HEALTH,
+    R_METRICS, R_SLOTS, R_SLOT
+};
 
 /* Per-request state of a connection (MHD's con_cls). */
 struct conn {
@@ -79,6 +82,7 @@ static enum route find_route(const char *url) {
         {"/v1/models", R_MODELS}, {"/models", R_MODELS},
         {"/health", R_HEALTH}, {"/v1/health", R_HEALTH},
         {"/metrics", R_METRICS}, {"/tokenize", R_TOKENIZE}, {"/slots", R_SLOTS},
+        {"/detokenize", R_DETOKENIZE}, {"/apply-template", R_TEMPLATE}, {"/props", R_PROPS},
     };
     for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
         if (!strcmp(url, k_routes[i].path)) return k_routes[i].r;
@@ -538,7 +542,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                "Bearer");
         }
         const bool wants_post =
-            cs->route == R_CHAT || cs->route == R_COMPLETIONS || cs->route == R_TOKENIZE || cs->route == R_SLOT;
+            cs->route == R_CHAT || cs->route == R_COMPLETIONS || cs->route == R_TOKENIZE || cs->route == R_SLOT ||
+            cs->route == R_DETOKENIZE || cs->route == R_TEMPLATE;
         if ((wants_post && !post) || (!wants_post && !get))
             return fail(srv, c, 405, "invalid_request_error", "method_not_allowed", "%.200s does not take %.16s",
                         url, method);
@@ -626,11 +631,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         char *body = srv_slot_action(srv, url + 7, action, cs->body ? cs->body : "", cs->len, &e);
         return body ? send_body(srv, c, 200, body, "application/json", 0) : send_error(srv, c, &e);
     }
-    case R_TOKENIZE: {
+    case R_TOKENIZE:
+    case R_DETOKENIZE:
+    case R_TEMPLATE: {
         struct srv_error e = {0};
-        char *body = srv_tokenize_json(srv, cs->body ? cs->body : "", cs->len, &e);
+        char *(*fn)(const struct srv *, const char *, size_t, struct srv_error *) =
+            cs->route == R_TOKENIZE ? srv_tokenize_json : cs->route == R_DETOKENIZE ? srv_detokenize_json
+                                                                                   : srv_apply_template_json;
+        char *body = fn(srv, cs->body ? cs->body : "", cs->len, &e);
         return body ? send_body(srv, c, 200, body, "application/json", 0) : send_error(srv, c, &e);
     }
+    case R_PROPS: return send_body(srv, c, 200, srv_props_json(srv), "application/json", 0);
     default: return MHD_NO;
     }
 }

@@ -840,3 +840,95 @@ char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, str
     cJSON_Delete(root);
     return out;
 }
+
+/* The body of a small endpoint: valid UTF-8 JSON, an object; NULL with e set. */
+static cJSON *small_body(const char *body, size_t len, struct srv_error *e) {
+    if (len == 0 || !srv_utf8_valid(body, len)) return BAD(NULL, "the body must be a JSON object in UTF-8"), NULL;
+    if (!body_json_ok(body, len, e)) return NULL;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return BAD(NULL, "the body must be a JSON object"), NULL;
+    }
+    return root;
+}
+
+/* {"key": "<text>"} malloc'd, or NULL with e set (out of memory). */
+static char *one_string_json(const char *key, const char *text, struct srv_error *e) {
+    cJSON *o = cJSON_CreateObject();
+    char *out = o && cJSON_AddStringToObject(o, key, text) ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!out) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return out;
+}
+
+char *srv_detokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e) {
+    cJSON *root = small_body(body, len, e);
+    if (!root) return NULL;
+    const cJSON *a = field(root, "tokens"), *it;
+    char *out = NULL, *text = NULL;
+    int32_t *tok = NULL;
+    size_t n = 0, cap = 256, got = 0;
+    if (!a || !cJSON_IsArray(a)) {
+        BAD("tokens", "'tokens' (an array of token ids) is required");
+        goto done;
+    }
+    if (!(tok = malloc(((size_t)cJSON_GetArraySize(a) + 1) * sizeof *tok))) goto oom;
+    cJSON_ArrayForEach(it, a) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 ||
+            it->valuedouble >= srv->mi.n_vocab) {
+            BAD("tokens", "token ids must be integers in [0, %d)", srv->mi.n_vocab);
+            goto done;
+        }
+        tok[n++] = (int32_t)it->valuedouble;
+    }
+    for (;;) { /* pieces as llama-server joins them: control tokens as their text */
+        if (!(text = malloc(cap))) goto oom;
+        enum ekv_status s = ekv_detokenize(srv->model, tok, n, true, false, text, cap, &got);
+        if (s == EKV_OK && got < cap) break;
+        free(text);
+        text = NULL;
+        if (s == EKV_ERR_NOMEM) goto oom;
+        if (got < cap) { /* not a matter of room */
+            BAD("tokens", "cannot detokenize: %s", ekv_last_error());
+            goto done;
+        }
+        cap = got + 1;
+    }
+    text[got] = 0;
+    if (!srv_utf8_valid(text, got)) { /* a byte token alone is not UTF-8: JSON strings must be */
+        BAD("tokens", "the tokens do not make valid UTF-8 text");
+        goto done;
+    }
+    out = one_string_json("content", text, e);
+    goto done;
+oom:
+    srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+done:
+    free(text);
+    free(tok);
+    cJSON_Delete(root);
+    return out;
+}
+
+char *srv_apply_template_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e) {
+    cJSON *root = small_body(body, len, e);
+    if (!root) return NULL;
+    struct chat c = {0};
+    struct images im = {0};
+    char *text = NULL, *out = NULL;
+    size_t n = 0;
+    if (parse_messages(srv, field(root, "messages"), &c, &im, e)) {
+        enum ekv_status s = ekv_chat_apply(srv->cfg.chat_template, c.msgs, (size_t)c.n, true, NULL, 0, &n);
+        if (s == EKV_OK && !(text = malloc(n + 1))) s = EKV_ERR_NOMEM;
+        if (s == EKV_OK) s = ekv_chat_apply(srv->cfg.chat_template, c.msgs, (size_t)c.n, true, text, n + 1, &n);
+        if (s == EKV_ERR_NOMEM) srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        else if (s != EKV_OK) BAD("messages", "chat template %s: %s", srv->cfg.chat_template, ekv_last_error());
+        else out = one_string_json("prompt", text, e);
+    }
+    free(text);
+    images_free(&im);
+    chat_free(&c);
+    cJSON_Delete(root);
+    return out;
+}

@@ -15,6 +15,7 @@
  * engine holds back partial ones), so the chunks concatenate to the
  * non-streamed text.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,6 +354,56 @@ char *srv_models_json(const struct srv *srv) {
 char *srv_model_json(const struct srv *srv) {
     cJSON *m = model_object(srv);
     return m ? print(m) : NULL;
+}
+
+/* A float setting as the user wrote it (6 digits), not as its double prints. */
+static double num6(float f) {
+    char b[32];
+    snprintf(b, sizeof b, "%.6g", (double)f);
+    return strtod(b, NULL);
+}
+
+char *srv_props_json(const struct srv *srv) {
+    const struct srv_config *c = &srv->cfg;
+    cJSON *o = cJSON_CreateObject(), *d = cJSON_AddObjectToObject(o, "default_generation_settings");
+    cJSON *p = cJSON_AddObjectToObject(d, "params"), *kv = cJSON_AddObjectToObject(d, "kv");
+    if (!p || !kv) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(d, "n_ctx", c->n_ctx);
+    const struct ekv_sampler_params *sp = &c->sampling;
+    cJSON_AddNumberToObject(p, "n_predict", (double)c->n_predict);
+    cJSON_AddNumberToObject(p, "temperature", num6(sp->temp));
+    cJSON_AddNumberToObject(p, "top_k", sp->top_k);
+    cJSON_AddNumberToObject(p, "top_p", num6(sp->top_p));
+    cJSON_AddNumberToObject(p, "min_p", num6(sp->min_p));
+    cJSON_AddNumberToObject(p, "repeat_penalty", num6(sp->repeat_penalty));
+    cJSON_AddNumberToObject(p, "repeat_last_n", sp->repeat_last_n < 0 ? c->n_ctx : sp->repeat_last_n);
+    cJSON_AddNumberToObject(p, "frequency_penalty", num6(sp->frequency_penalty));
+    cJSON_AddNumberToObject(p, "presence_penalty", num6(sp->presence_penalty));
+    if (c->seed_fixed) cJSON_AddNumberToObject(p, "seed", (double)sp->seed);
+    else cJSON_AddNumberToObject(p, "seed", -1); /* a new one per request */
+    cJSON_AddBoolToObject(p, "ignore_eos", c->ignore_eos);
+    cJSON *lb = cJSON_AddArrayToObject(p, "logit_bias"); /* -l, as [token, bias] pairs (false: banned) */
+    for (int i = 0; lb && i < c->n_lb; i++) {
+        cJSON *pair = cJSON_CreateArray();
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber(c->lb_tok[i]));
+        cJSON_AddItemToArray(pair, isinf(c->lb_val[i]) ? cJSON_CreateFalse() : cJSON_CreateNumber(num6(c->lb_val[i])));
+        cJSON_AddItemToArray(lb, pair);
+    }
+    cJSON_AddStringToObject(kv, "policy", c->kv_policy);
+    cJSON_AddNumberToObject(kv, "budget", c->kv.budget);
+    cJSON_AddNumberToObject(o, "total_slots", c->parallel);
+    cJSON_AddStringToObject(o, "model_alias", c->model_id);
+    cJSON_AddStringToObject(o, "model_path", c->model_path);
+    cJSON_AddStringToObject(o, "chat_template", c->chat_template);
+    cJSON *m = cJSON_AddObjectToObject(o, "modalities");
+    cJSON_AddBoolToObject(m, "vision", srv->vision != NULL);
+    char b[32];
+    snprintf(b, sizeof b, "ekv-%s", ekv_version());
+    cJSON_AddStringToObject(o, "build_info", b);
+    return print(o);
 }
 
 char *srv_health_json(struct srv *srv) {
