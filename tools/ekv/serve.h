@@ -343,8 +343,9 @@ char *srv_chunk_sse(const struct srv *srv, const struct srv_job *job, const char
                     bool final, size_t lp_from, size_t lp_to);
 /* How many of a job's tokens (job->tok_end) have their text in the first
  * `upto` bytes: those that end there, and once the job is done and upto is
- * the whole text, the one a stop string cut. */
-size_t srv_lp_upto(const struct srv_job *job, size_t upto);
+ * the whole text, the one a stop string cut; counted on from `from` (tokens
+ * known to be in: a stream's earlier answer). */
+size_t srv_lp_upto(const struct srv_job *job, size_t from, size_t upto);
 char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *job);
 char *srv_models_json(const struct srv *srv);
 /* GET /v1/models/{id} of the served model. */

@@ -393,7 +393,7 @@ static bool stream_next(struct stream *s) {
                 if (e < upto) b = e;
                 break;
             }
-            const size_t lp = srv_lp_upto(j, b); /* the logprobs of the tokens of this text */
+            const size_t lp = srv_lp_upto(j, s->lp, b); /* the logprobs of the tokens of this text */
             ok = pend_append(s, srv_chunk_sse(srv, j, j->text + s->sent, b - s->sent, !s->first_sent, false, s->lp, lp));
             s->first_sent = true;
             s->sent = b;

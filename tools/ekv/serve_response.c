@@ -96,8 +96,8 @@ static cJSON *head(const struct srv *srv, const struct srv_job *j, bool chunk) {
 }
 
 /* llama.cpp-style timings: prompt and decode, ms and tokens/s. */
-size_t srv_lp_upto(const struct srv_job *j, size_t upto) {
-    size_t k = 0;
+size_t srv_lp_upto(const struct srv_job *j, size_t from, size_t upto) {
+    size_t k = from;
     while (k < j->n_tok_end && j->tok_end[k] <= upto) k++;
     const size_t start = k ? j->tok_end[k - 1] : 0;
     if (k < j->n_tok_end && j->state == JOB_DONE && upto == j->text_len && start < upto) k++; /* cut by a stop string */
@@ -246,7 +246,7 @@ char *srv_response_json(const struct srv *srv, const struct srv_job *j) {
         cJSON_AddStringToObject(c, "text", text);
     }
     free(text);
-    cJSON *lp = logprobs_json(srv, j, 0, srv_lp_upto(j, j->text_len), false);
+    cJSON *lp = logprobs_json(srv, j, 0, srv_lp_upto(j, 0, j->text_len), false);
     if (!lp) {
         cJSON_Delete(c);
         cJSON_Delete(o);
