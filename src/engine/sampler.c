@@ -138,7 +138,7 @@ enum ekv_status ekv_sampler_set_logit_bias(struct ekv_sampler *s, const int32_t 
     struct bias_pair *pr = n ? malloc((size_t)n * sizeof *pr) : NULL;
     if (n && !pr) return ekv_err(EKV_ERR_NOMEM, "logit bias: out of memory for %d entries", (int)n);
     for (int32_t i = 0; i < n; i++) pr[i] = (struct bias_pair){tokens[i], bias[i]};
-    qsort(pr, (size_t)n, sizeof *pr, cmp_pair);
+    if (n > 1) qsort(pr, (size_t)n, sizeof *pr, cmp_pair);
     int32_t d = 0;
     for (int32_t i = 0; i < n; i++) { /* duplicates summed (-inf stays -inf) */
         if (d > 0 && pr[d - 1].tok == pr[i].tok) pr[d - 1].bias += pr[i].bias;
