@@ -811,16 +811,26 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
     return ok;
 }
 
-char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e) {
+/* The body of a small endpoint: valid UTF-8 JSON, an object; NULL with e set. */
+static cJSON *small_body(const char *body, size_t len, struct srv_error *e) {
     if (len == 0 || !srv_utf8_valid(body, len)) return BAD(NULL, "the body must be a JSON object in UTF-8"), NULL;
     if (!body_json_ok(body, len, e)) return NULL;
     cJSON *root = cJSON_ParseWithLength(body, len);
-    const cJSON *content = root && cJSON_IsObject(root) ? field(root, "content") : NULL;
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return BAD(NULL, "the body must be a JSON object"), NULL;
+    }
+    return root;
+}
+
+char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e) {
+    cJSON *root = small_body(body, len, e);
+    if (!root) return NULL;
+    const cJSON *content = field(root, "content");
     bool add_special = true;
     char *out = NULL;
     int32_t *tok = NULL;
-    if (!root || !cJSON_IsObject(root)) BAD(NULL, "the body must be a JSON object");
-    else if (!content || !cJSON_IsString(content)) BAD("content", "'content' (a string) is required");
+    if (!content || !cJSON_IsString(content)) BAD("content", "'content' (a string) is required");
     else if (get_bool(e, root, "add_special", &add_special)) {
         size_t n = strlen(content->valuestring), got = 0, cap = 3 * n + 16;
         tok = malloc(cap * sizeof *tok);
@@ -839,18 +849,6 @@ char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, str
     free(tok);
     cJSON_Delete(root);
     return out;
-}
-
-/* The body of a small endpoint: valid UTF-8 JSON, an object; NULL with e set. */
-static cJSON *small_body(const char *body, size_t len, struct srv_error *e) {
-    if (len == 0 || !srv_utf8_valid(body, len)) return BAD(NULL, "the body must be a JSON object in UTF-8"), NULL;
-    if (!body_json_ok(body, len, e)) return NULL;
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return BAD(NULL, "the body must be a JSON object"), NULL;
-    }
-    return root;
 }
 
 /* {"key": "<text>"} malloc'd, or NULL with e set (out of memory). */
