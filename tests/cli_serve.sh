@@ -100,6 +100,9 @@ node -e 'const d = JSON.parse(require("fs").readFileSync(process.argv[1])), c = 
       l.text_offset[last] !== Buffer.byteLength(all) - Buffer.byteLength(l.tokens[last]) ||
       l.token_logprobs.length !== l.tokens.length || !(l.token_logprobs[last] <= 0)) process.exit(1);' "$T/r" \
   && ok || bad "logprobs at a stop string: $(head -c 400 "$T/r")"
+# a completion's logprobs kept for the GPU server below (its values must match these)
+post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "logprobs": 3}' > /dev/null
+cp "$T/r" "$T/lp_cpu"
 for b in 'chat "top_logprobs": 2' 'chat "logprobs": true, "top_logprobs": 21' 'chat "logprobs": 1' \
   'completions "logprobs": 21' 'completions "top_logprobs": 1' 'completions "logprobs": -1'; do
   kind=${b%% *}
@@ -583,6 +586,27 @@ if start_server gpu -m models/stories260K.gguf --device "$GDEV" -c 512 -t 2 --pr
   code=$(post /v1/completions '{"prompt": "'"$P"'", "max_tokens": 32, "temperature": 0, "kv": {"policy": "h2o", "budget": 0.5, "type": "kivi4", "group": 8, "residual": 8}}')
   [ "$code" = 200 ] && [ -n "$want_hk" ] && [ "$(jget choices.0.text < "$T/r")" = "$want_hk" ] && ok \
     || bad "GPU server, h2o with kivi4: $code $(head -c 300 "$T/r") != CPU '$want_hk'"
+  # logit biases and penalties act on the logits the device returns: the CPU's text
+  want_lb=$("$EKV" run --device cpu -c 512 -p "Once upon a time" -n 40 --temp 0 --no-display-prompt -l 383-inf -l 317+4 \
+    --repeat-penalty 1.3 --frequency-penalty 0.5 --presence-penalty 0.5 --repeat-last-n 32 2>/dev/null)
+  code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "logit_bias": {"383": false,
+    "317": 4}, "repeat_penalty": 1.3, "frequency_penalty": 0.5, "presence_penalty": 0.5, "repeat_last_n": 32}')
+  [ "$code" = 200 ] && [ -n "$want_lb" ] && [ "$(jget choices.0.text < "$T/r")" = "$want_lb" ] && ok \
+    || bad "GPU server, logit_bias and penalties: $code $(head -c 300 "$T/r") != CPU '$want_lb'"
+  # logprobs of the device's logits: the CPU server's tokens and most likely tokens, the values
+  # near the CPU's (f32 logits summed in another order: seen 1e-4 apart on the chosen tokens,
+  # 2.4e-3 on unlikely ones near -8.4; allowed 2e-3 x (1 + |value|))
+  code=$(post /v1/completions '{"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "logprobs": 3}')
+  [ "$code" = 200 ] && node -e 'const fs = require("fs"), c = JSON.parse(fs.readFileSync(process.argv[1])).choices[0].logprobs,
+      g = JSON.parse(fs.readFileSync(process.argv[2])).choices[0].logprobs, near = (a, b) => Math.abs(a - b) <= 2e-3 * (1 + Math.abs(b));
+    if (g.tokens.length !== 16 || g.tokens.join("|") !== c.tokens.join("|")) process.exit(1);
+    for (let i = 0; i < 16; i++) {
+      if (!near(g.token_logprobs[i], c.token_logprobs[i])) process.exit(2);
+      const gt = g.top_logprobs[i], ct = c.top_logprobs[i], gk = Object.keys(gt), ck = Object.keys(ct);
+      const best = (o, k) => k.reduce((x, y) => (o[y] > o[x] ? y : x));
+      if (gk.length !== ck.length || best(gt, gk) !== best(ct, ck)) process.exit(3);
+      for (const k of gk) if (k in ct && !near(gt[k], ct[k])) process.exit(4);
+    }' "$T/lp_cpu" "$T/r" && ok || bad "GPU server, logprobs against the CPU server's: $code $(head -c 400 "$T/r")"
   # 16 requests at once, of mixed policies and storage types (decoded in shared
   # forwards), each answer equal to the same request sent alone
   GP=(full h2o snapkv elastic-v2 tova local scissorhands roco pyramidkv vlcache random elastic h2o snapkv elastic-v2 local)
