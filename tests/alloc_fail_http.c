@@ -123,7 +123,8 @@ static int http_call(int port, const char *method, const char *path, const char 
 
 /* ---- one run ---- */
 
-enum req_kind { RK_JSON_CHAT, RK_JSON_COMPLETION, RK_STREAM_CHAT, RK_STREAM_COMPLETION, RK_JSON, RK_TEXT };
+enum req_kind { RK_JSON_CHAT, RK_JSON_COMPLETION, RK_JSON_NATIVE, RK_STREAM_CHAT, RK_STREAM_COMPLETION, RK_STREAM_NATIVE,
+                RK_JSON, RK_TEXT };
 
 struct req {
     const char *method, *path, *body;
@@ -159,6 +160,11 @@ static const struct req k_reqs[] = {
      "[11, 1], [12, 1], [13, 1], [14, 1], [15, 1], [16, 1], [17, 1], [18, 1], [19, 1]], \"logprobs\": 2, "
      "\"stop\": \"re\"}",
      RK_JSON_COMPLETION, 200},
+    /* llama-server's native /completion: a prompt of ids and text, n_probs and ids in each event */
+    {"POST", "/completion",
+     "{\"prompt\": [1, 403, \" upon a time\"], \"n_predict\": 3, \"temperature\": 0, \"stream\": true, "
+     "\"n_probs\": 2, \"stop\": [\"x\"]}",
+     RK_STREAM_NATIVE, 200},
     {"GET", "/v1/models", NULL, RK_JSON, 200},
     {"GET", "/v1/models/stories260K.gguf", NULL, RK_JSON, 200},
     {"POST", "/tokenize", "{\"content\": \"Once upon a time\"}", RK_JSON, 200},
@@ -184,17 +190,22 @@ static const char *error_message(const cJSON *o) {
     return cJSON_IsString(m) && m->valuestring[0] ? m->valuestring : NULL;
 }
 
-/* The text of a non-streamed completion object, NULL if it has none. */
-static const char *completion_text(const cJSON *o, bool chat) {
-    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
-    const cJSON *t = chat ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c0, "message"), "content")
-                          : cJSON_GetObjectItemCaseSensitive(c0, "text");
+/* The text of a completion object or of a stream's event (chat: message or
+ * delta content; completions: choices[0].text; native: content), NULL if it has none. */
+static const char *completion_text(const cJSON *o, enum req_kind k) {
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), *t;
+    if (k == RK_JSON_NATIVE || k == RK_STREAM_NATIVE) t = cJSON_GetObjectItemCaseSensitive(o, "content");
+    else if (k == RK_JSON_CHAT || k == RK_STREAM_CHAT)
+        t = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c0, k == RK_JSON_CHAT ? "message" : "delta"),
+                                             "content");
+    else t = cJSON_GetObjectItemCaseSensitive(c0, "text");
     return cJSON_IsString(t) ? t->valuestring : NULL;
 }
 
-/* A stream's events into g_text; 1: whole ([DONE] after the final chunk),
- * 0: an error event (message in aw_msg), -1: malformed or cut. */
-static int read_stream(bool chat, char *why, size_t why_n) {
+/* A stream's events into g_text; 1: whole ([DONE] after the final chunk;
+ * native: an event with "stop": true), 0: an error event (message in
+ * aw_msg), -1: malformed or cut. */
+static int read_stream(enum req_kind k, char *why, size_t why_n) {
     size_t tn = 0;
     bool done = false;
     g_text[0] = 0;
@@ -221,18 +232,17 @@ static int read_stream(bool chat, char *why, size_t why_n) {
             cJSON_Delete(o);
             return 0;
         }
-        const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
-        const cJSON *t = chat ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c0, "delta"), "content")
-                              : cJSON_GetObjectItemCaseSensitive(c0, "text");
-        if (cJSON_IsString(t)) {
-            const size_t l = strlen(t->valuestring);
-            if (tn + l < RESP_MAX) memcpy(g_text + tn, t->valuestring, l), tn += l;
+        const char *t = completion_text(o, k);
+        if (t) {
+            const size_t l = strlen(t);
+            if (tn + l < RESP_MAX) memcpy(g_text + tn, t, l), tn += l;
         }
+        if (k == RK_STREAM_NATIVE && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "stop"))) done = true;
         cJSON_Delete(o);
         ev = next + 2;
     }
     g_text[tn] = 0;
-    if (!done) return snprintf(why, why_n, "the stream ended without [DONE]"), -1;
+    if (!done) return snprintf(why, why_n, "the stream ended without [DONE] (native: \"stop\": true)"), -1;
     return 1;
 }
 
@@ -254,10 +264,10 @@ static int one_request(int port, const struct req *q, int i, double *sum) {
     }
     *sum += st * (i + 1);
     if (q->kind == RK_TEXT && st == q->want) return bl > 0 ? 1 : -1;
-    const bool stream = (q->kind == RK_STREAM_CHAT || q->kind == RK_STREAM_COMPLETION) && st == 200;
-    const bool chat = q->kind == RK_JSON_CHAT || q->kind == RK_STREAM_CHAT;
+    const bool stream =
+        (q->kind == RK_STREAM_CHAT || q->kind == RK_STREAM_COMPLETION || q->kind == RK_STREAM_NATIVE) && st == 200;
     if (stream) {
-        const int r = read_stream(chat, why, sizeof why);
+        const int r = read_stream(q->kind, why, sizeof why);
         if (r > 0) *sum += hash_of(g_text, strlen(g_text));
         if (r < 0) fprintf(stderr, "  request %d (%s %s): 200 stream: %s\n", i, q->method, q->path, why);
         return r;
@@ -267,7 +277,7 @@ static int one_request(int port, const struct req *q, int i, double *sum) {
     if (!o) {
         snprintf(why, sizeof why, "status %d, the body is not JSON: %.60s", st, g_body);
     } else if (st == q->want && st == 200) {
-        const char *t = q->kind == RK_JSON ? g_body : completion_text(o, chat);
+        const char *t = q->kind == RK_JSON ? g_body : completion_text(o, q->kind);
         if (t) {
             /* JSON bodies other than completions: only their shape counts (ids, times, counters vary) */
             if (q->kind != RK_JSON) *sum += hash_of(t, strlen(t));
@@ -459,7 +469,7 @@ int main(void) {
         double sum = 0;
         /* the answers themselves first: a run without failures gives every expected status */
         CHECK_OK(sc_http(&a, &sum));
-        aw_walk("server over HTTP (16 requests)", sc_http, &a);
+        aw_walk("server over HTTP (17 requests)", sc_http, &a);
     }
     ekv_model_free(a.model);
     walk_vision();

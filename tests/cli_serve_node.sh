@@ -5,7 +5,10 @@
 # give exactly the texts each gives alone), and robustness (malformed.mjs:
 # over 1,000 malformed requests each answered with a 4xx JSON error, then a
 # normal answer exactly as before; image cases on a tiny synthetic
-# vision-language model). Every server must exit 0 on SIGTERM.
+# vision-language model), and llama-server's native /completion as its
+# clients use it (native.mjs: answers, streams, stop types, mixed prompts,
+# n_probs, samplers, images as multimodal_data). Every server must exit 0 on
+# SIGTERM.
 # usage: cli_serve_node.sh EKV REPO SHARED
 set -u
 EKV=$1; REPO=$2
@@ -30,6 +33,10 @@ start_server bad -c 512 -t 2 --max-body 65536 || exit 1
 start_server vlm -m "$T/vlm.gguf" --mmproj "$T/vlm-mmproj.gguf" -c 512 -t 2 || exit 1
 node tests/node/malformed.mjs "http://127.0.0.1:$PORT_bad" 65536 "http://127.0.0.1:$PORT_vlm" && ok || bad "malformed requests"
 stop_server bad && ok || bad "server exit after the malformed requests"
+start_server native -c 512 -t 2 || exit 1
+node tests/node/native.mjs "http://127.0.0.1:$PORT_native" "http://127.0.0.1:$PORT_vlm" data/images/astronaut_crop.png \
+  && ok || bad "llama-server's native /completion"
+stop_server native && ok || bad "native server exit"
 stop_server vlm && ok || bad "vlm server exit"
 
 cli_finish cli_serve_node

@@ -1,13 +1,15 @@
 /*
  * fuzz_request.c — the server's request parsing, from body bytes to
  * validated options, without HTTP (issue 23): srv_request_parse for
- * /v1/completions and /v1/chat/completions (JSON syntax, fields, sampling,
+ * /v1/completions, /v1/chat/completions and llama-server's native
+ * /completion (JSON syntax, fields, sampling,
  * the per-request KV options through the CLI's option rows, the chat
  * template, tokenization with stories260K), srv_tokenize_json,
  * srv_detokenize_json and srv_apply_template_json; and the front door's
  * screen of a request head (srv_door_screen, serve_door.c). The first byte
- * picks the endpoint (modulo 6: completions, chat, tokenize, door,
- * detokenize, apply-template), the rest is the body or the head.
+ * picks the endpoint (modulo 7: completions, chat, tokenize, door,
+ * detokenize, apply-template, native completion), the rest is the body or
+ * the head.
  *
  * Built two ways: a libFuzzer target (clang, -DEKV_FUZZ=ON: fuzz_request)
  * and, always, with fuzz_replay.c's driver (fuzz_request_replay FILE|DIR...)
@@ -51,7 +53,7 @@ static int setup(void) {
 static int run_one(const uint8_t *data, size_t size) {
     if (setup() != 0) abort(); /* the harness itself is broken: say so loudly */
     if (size < 1) return 0;
-    const int which = data[0] % 6;
+    const int which = data[0] % 7;
     const char *body = (const char *)data + 1;
     const size_t len = size - 1;
     struct srv_error e;
@@ -72,7 +74,8 @@ static int run_one(const uint8_t *data, size_t size) {
         return out != NULL;
     }
     struct srv_request r;
-    const bool ok = srv_request_parse(&g_srv, which == 0 ? SRV_COMPLETION : SRV_CHAT, body, len, &r, &e);
+    const bool ok = srv_request_parse(&g_srv, which == 0 ? SRV_COMPLETION : which == 6 ? SRV_NATIVE : SRV_CHAT, body,
+                                      len, &r, &e);
     srv_request_free(&r);
     return ok;
 }

@@ -16,6 +16,10 @@
  *                     bytes, a FIFO of waiting jobs, prompts read in bounded
  *                     pieces, one batched decode step over all running
  *                     sequences per iteration
+ *   serve_native.c    llama-server's native /completion: its request fields
+ *                     (n_predict, n_probs, prompts of tokens and text mixed,
+ *                     images as multimodal_data) and its answer and stream
+ *                     shapes (content, stop_type, completion_probabilities)
  *   serve_response.c  response, chunk, error, /v1/models and /metrics bodies
  *   cmd_serve.c       the command: flags, set-up, signals, shut-down
  *
@@ -58,7 +62,8 @@ struct srv_error {
 bool srv_fail(struct srv_error *e, int status, const char *type, const char *param, const char *code,
               const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
-enum srv_kind { SRV_CHAT, SRV_COMPLETION };
+/* /v1/chat/completions, /v1/completions, and llama-server's native /completion */
+enum srv_kind { SRV_CHAT, SRV_COMPLETION, SRV_NATIVE };
 
 /* A validated request; everything owned by it (srv_request_free). */
 struct srv_request {
@@ -66,7 +71,8 @@ struct srv_request {
     struct ekv_prompt *prompt;    /* text tokens and image slots (images set), or NULL: */
     int32_t *tokens;              /* the prompt as token ids (completions with a token array) */
     int32_t n_tokens;             /* positions of the prompt (tokens + image rows) */
-    long max_tokens;              /* -1: until end of text or context */
+    long max_tokens;              /* -1: until end of text or context; 0 (native n_predict 0): the
+                                     prompt is read, nothing generated */
     struct ekv_sampler_params sampling;
     char *stop[SRV_MAX_STOP];
     int n_stop;
@@ -89,6 +95,10 @@ struct srv_request {
     int32_t *lb_tok;              /* [n_lb] owned token ids */
     float *lb_val;                /* [n_lb] owned biases (-INFINITY: banned) */
     int32_t n_lb;
+    bool to_ctx_end;              /* max_tokens is the room left in the context (srv_submit) */
+    /* native /completion only */
+    bool return_tokens;           /* "tokens" in the answer (streams always carry them) */
+    bool timings_per_token;       /* "timings" in every streamed event */
 };
 
 void srv_request_free(struct srv_request *r);
@@ -178,13 +188,16 @@ struct srv_job {
     char *text;                   /* generated text so far (stop strings cut) */
     size_t text_len, text_cap;
     size_t ready;                 /* bytes of text safe to send (whole UTF-8, no stop prefix) */
-    size_t *tok_end;              /* [n_tok_end] text length after each token (streams send one
-                                     event per token) */
+    size_t *tok_end;              /* [n_tok_end] text length after each generated token (streams
+                                     send one event per token) */
+    int32_t *toks;                /* [cap_tok_end] the generated tokens' ids */
     size_t n_tok_end, cap_tok_end;
     struct ekv_token_logprob *lp; /* with req.logprobs >= 0: [cap_tok_end][1 + req.logprobs], per
                                      token of tok_end: its own, then the most likely tokens */
     long n_gen;                   /* tokens generated */
     const char *finish;           /* "stop" or "length" once done */
+    int stop_hit;                 /* the stop string that ended the text, or -1 */
+    bool truncated;               /* ended because the context was full (not by max_tokens) */
     struct srv_error err;         /* set when the job failed */
     struct ekv_kv_stats kv_stats; /* at the end */
     uint64_t reserve;             /* bytes reserved for admission */
@@ -270,6 +283,48 @@ char *srv_detokenize_json(const struct srv *srv, const char *body, size_t len, s
  * "..."}, the text the chat template makes of them (as /v1/chat/completions
  * would read it); NULL with e set on a bad request. */
 char *srv_apply_template_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e);
+/* Typed fields of a request object, shared with serve_native.c: the field
+ * (NULL when absent or JSON null); a number in [lo, hi]; an integer in
+ * [lo, hi]; a boolean. Absent: *out unchanged and true; wrong: false, e set
+ * (400 naming the field). */
+const cJSON *srv_field(const cJSON *o, const char *name);
+bool srv_get_number(struct srv_error *e, const cJSON *o, const char *name, double lo, double hi, double *out);
+bool srv_get_int(struct srv_error *e, const cJSON *o, const char *name, double lo, double hi, long long *out);
+bool srv_get_bool(struct srv_error *e, const cJSON *o, const char *name, bool *out);
+/* Images of a request, decoded from base64 (owned: srv_images_free). */
+#define SRV_MAX_IMAGES 16
+struct srv_images {
+    unsigned char *data[SRV_MAX_IMAGES];
+    size_t size[SRV_MAX_IMAGES];
+    int n;
+};
+void srv_images_free(struct srv_images *im);
+/* One more image from n bytes of base64 (not a data: URI); false with e set
+ * (400 naming param; no vision tower, bad base64, too many images). */
+bool srv_images_add_b64(const struct srv *srv, const char *b64, size_t n, struct srv_images *im, const char *param,
+                        struct srv_error *e);
+/* r's prompt from text with EKV_IMAGE_MARKER markers for im's images (BOS
+ * as the model wants); false with e set (400 naming param). */
+bool srv_prompt_from_text(const struct srv *srv, const char *text, size_t len, struct srv_images *im,
+                          struct srv_request *r, const char *param, struct srv_error *e);
+
+/* ---- serve_native.c ---- */
+
+/* The native /completion's own fields of root (the prompt in its shapes,
+ * return_tokens, timings_per_token, llama-server's sampler switches, which
+ * ekv takes only at the values that turn them off) into r; false with e
+ * set. srv_request_parse calls it for SRV_NATIVE. */
+bool srv_native_parse(const struct srv *srv, const cJSON *root, struct srv_request *r, struct srv_error *e);
+/* The answer to a native request once done: {"content", "tokens", "stop":
+ * true, "stop_type", "stopping_word", "tokens_predicted", "timings",
+ * "completion_probabilities" (with n_probs), ...}; NULL on out of memory. */
+char *srv_native_json(const struct srv *srv, const struct srv_job *job);
+/* One native stream event "data: {...}\n\n": text delta[0..n) and the
+ * job's tokens [tok_from, tok_to) ("stop": false); final: the whole
+ * answer's fields with empty content ("stop": true). NULL on out of memory. */
+char *srv_native_chunk_sse(const struct srv *srv, const struct srv_job *job, const char *delta, size_t n,
+                           bool final, size_t tok_from, size_t tok_to);
+
 /* RFC 8259 syntax of s[0..n) (serve_json.c); false with the byte offset and
  * a static reason. *values (may be NULL) gets the number of values and
  * object keys, which cJSON would spend ~100 bytes each on. */
@@ -347,6 +402,22 @@ char *srv_chunk_sse(const struct srv *srv, const struct srv_job *job, const char
  * known to be in: a stream's earlier answer). */
 size_t srv_lp_upto(const struct srv_job *job, size_t from, size_t upto);
 char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *job);
+/* Helpers shared with serve_native.c: s[0..n) with bytes that are not
+ * UTF-8 as U+FFFD (malloc'd); llama.cpp-style timings of a job; a token's
+ * logprob entry {["id",] "token", "logprob", "bytes"[, "top_logprobs": n
+ * entries of top]} (NULL on out of memory). */
+char *srv_text_clean(const char *s, size_t n);
+/* o printed (NULL when o is NULL or on out of memory), o freed; the same as
+ * one SSE event "data: <json>\n\n". */
+char *srv_json_take(cJSON *o);
+char *srv_sse_take(cJSON *o);
+cJSON *srv_timings_json(const struct srv_job *job);
+/* ekv's cache statistics of a finished job (usage.kv). */
+cJSON *srv_kv_json(const struct srv_job *job);
+/* The settings a job runs with, as llama-server's generation_settings. */
+cJSON *srv_job_settings_json(const struct srv *srv, const struct srv_job *job);
+cJSON *srv_lp_entry(const struct srv *srv, const struct ekv_token_logprob *t, const struct ekv_token_logprob *top,
+                    int n, bool with_id);
 char *srv_models_json(const struct srv *srv);
 /* GET /v1/models/{id} of the served model. */
 char *srv_model_json(const struct srv *srv);

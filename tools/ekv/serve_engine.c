@@ -38,6 +38,7 @@ static void job_free(struct srv_job *j) {
     srv_request_free(&j->req);
     free(j->text);
     free(j->tok_end);
+    free(j->toks);
     free(j->lp);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -127,13 +128,16 @@ struct srv_job *srv_submit(struct srv *srv, struct srv_request *req, struct srv_
     const struct srv_config *cfg = &srv->cfg;
     const int64_t n_prompt = req->n_tokens;
     if (n_prompt >= cfg->n_ctx) {
-        srv_fail(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
+        srv_fail(e, 400, "invalid_request_error", req->kind == SRV_CHAT ? "messages" : "prompt", "context_length_exceeded",
                  "the prompt has %lld tokens; the context holds %d (at least one must be left to generate)",
                  (long long)n_prompt, cfg->n_ctx);
         return NULL;
     }
     long room = cfg->n_ctx - (long)n_prompt;
-    if (req->max_tokens < 0 || req->max_tokens > room) req->max_tokens = room;
+    if (req->max_tokens < 0 || req->max_tokens > room) { /* the context's end is the limit */
+        req->max_tokens = room;
+        req->to_ctx_end = true;
+    }
     struct ekv_kv_projection proj;
     enum ekv_status s = ekv_kv_project(srv->model, &req->kv, n_prompt, req->max_tokens, &proj);
     if (s != EKV_OK) {
@@ -162,6 +166,7 @@ struct srv_job *srv_submit(struct srv *srv, struct srv_request *req, struct srv_
     j->proj = proj;
     j->t_arrive = cli_now();
     j->refs = 2;
+    j->stop_hit = -1;
     pthread_mutex_lock(&srv->mu);
     /* --queue 0: nothing waits; a request runs if a slot (and, with
      * --kv-mem, the memory it projects, by the engine's last count) is free
@@ -371,6 +376,9 @@ struct token_out {
     char piece[256];
     size_t n;
     const char *finish; /* NULL: goes on */
+    bool gen;           /* a token was generated (not: the end of text, an error, n_predict 0) */
+    int32_t tok;        /* which, when gen */
+    bool ctx_full;      /* the context is full after it */
     struct ekv_token_logprob lp[1 + SRV_MAX_TOP_LOGPROBS]; /* with req.logprobs >= 0: the token's, then its top */
 };
 
@@ -379,6 +387,7 @@ static void take_token(struct srv *srv, struct srv_job *j, const float *logits, 
     o->job = j;
     o->n = 0;
     o->finish = NULL;
+    o->gen = o->ctx_full = false;
     int32_t t = ekv_sampler_sample(j->smp, logits, srv->mi.n_vocab);
     if (!j->req.ignore_eos && ekv_token_is_eog(srv->model, t)) {
         o->finish = "stop";
@@ -391,8 +400,11 @@ static void take_token(struct srv *srv, struct srv_job *j, const float *logits, 
     }
     j->n_gen++;
     j->next = t;
+    o->gen = true;
+    o->tok = t;
     ekv_sampler_accept(j->smp, t);
-    if (j->n_gen >= j->req.max_tokens || ekv_seq_n_seen(j->seq) + 1 > srv->cfg.n_ctx) o->finish = "length";
+    o->ctx_full = ekv_seq_n_seen(j->seq) + 1 > srv->cfg.n_ctx || (j->req.to_ctx_end && j->n_gen >= j->req.max_tokens);
+    if (j->n_gen >= j->req.max_tokens || o->ctx_full) o->finish = "length";
 }
 
 /* The longest suffix of text that is a proper prefix of a stop string. */
@@ -428,31 +440,36 @@ static bool publish_locked(struct srv *srv, struct token_out *o) {
     j->text_len += o->n;
     j->text[j->text_len] = 0;
     const size_t w = j->req.logprobs >= 0 ? 1 + (size_t)j->req.logprobs : 0; /* logprobs per token */
-    if (j->n_tok_end == j->cap_tok_end) {
+    if (o->gen && j->n_tok_end == j->cap_tok_end) {
         size_t cap = j->cap_tok_end ? 2 * j->cap_tok_end : 64;
         size_t *te = realloc(j->tok_end, cap * sizeof *te);
         if (te) j->tok_end = te;
-        struct ekv_token_logprob *lp = te && w ? realloc(j->lp, cap * w * sizeof *lp) : NULL;
+        int32_t *tk = te ? realloc(j->toks, cap * sizeof *tk) : NULL;
+        if (tk) j->toks = tk;
+        struct ekv_token_logprob *lp = tk && w ? realloc(j->lp, cap * w * sizeof *lp) : NULL;
         if (lp) j->lp = lp;
-        if (te && (lp || !w)) j->cap_tok_end = cap;
-        else if (w) { /* logprobs need one entry per token */
-            srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory for the logprobs");
+        if (tk && (lp || !w)) j->cap_tok_end = cap;
+        else if (w || j->req.kind == SRV_NATIVE) { /* logprobs and native answers' token ids need one entry per token */
+            srv_fail(&j->err, 500, "server_error", NULL, NULL, "out of memory for the tokens' entries");
             return true;
         }
     }
-    if (j->n_tok_end < j->cap_tok_end) { /* else: events merge */
+    if (o->gen && j->n_tok_end < j->cap_tok_end) { /* else: events merge */
         if (w) memcpy(j->lp + j->n_tok_end * w, o->lp, w * sizeof *o->lp);
+        j->toks[j->n_tok_end] = o->tok;
         j->tok_end[j->n_tok_end++] = j->text_len;
     }
+    if (o->ctx_full) j->truncated = true;
     /* a stop string ends the text where it starts (searched where it can be new) */
     for (int i = 0; i < j->req.n_stop; i++) {
         size_t m = strlen(j->req.stop[i]);
         size_t from = old >= m ? old - m + 1 : 0;
         char *hit = memmem(j->text + from, j->text_len - from, j->req.stop[i], m);
-        if (hit) {
+        if (hit) { /* a later stop string only looks at the text before this one */
             j->text_len = (size_t)(hit - j->text);
             j->text[j->text_len] = 0;
             o->finish = "stop";
+            j->stop_hit = i;
         }
     }
     if (o->finish) {
@@ -502,6 +519,10 @@ static bool step_prefill(struct srv *srv, struct srv_job *j, float *logits, stru
         return false;
     }
     j->t_prompt_done = j->t_first = cli_now();
+    if (j->req.max_tokens == 0) { /* native n_predict 0: the prompt read, nothing generated */
+        *o = (struct token_out){.job = j, .finish = "length"};
+        return true;
+    }
     take_token(srv, j, logits, o);
     return true;
 }

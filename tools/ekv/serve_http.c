@@ -50,7 +50,7 @@ struct srv_http {
 };
 
 enum route {
-    R_NONE, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_PROPS, R_MODELS, R_MODEL, R_HEALTH,
+    R_NONE, R_CHAT, R_COMPLETIONS, R_NATIVE, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_PROPS, R_MODELS, R_MODEL, R_HEALTH,
     R_METRICS, R_SLOTS, R_SLOT
 };
 
@@ -79,6 +79,7 @@ static enum route find_route(const char *url) {
     static const struct { const char *path; enum route r; } k_routes[] = {
         {"/v1/chat/completions", R_CHAT}, {"/chat/completions", R_CHAT},
         {"/v1/completions", R_COMPLETIONS}, {"/completions", R_COMPLETIONS},
+        {"/completion", R_NATIVE}, /* llama-server's own (serve_native.c) */
         {"/v1/models", R_MODELS}, {"/models", R_MODELS},
         {"/health", R_HEALTH}, {"/v1/health", R_HEALTH},
         {"/metrics", R_METRICS}, {"/tokenize", R_TOKENIZE}, {"/slots", R_SLOTS},
@@ -380,6 +381,8 @@ static bool stream_next(struct stream *s) {
         s->finished = true;
     } else {
         const size_t upto = j->state == JOB_DONE ? j->text_len : j->ready;
+        const bool native = j->req.kind == SRV_NATIVE; /* llama-server's events: no role, no usage, no [DONE] */
+        if (native) s->first_sent = true;
         if (!s->first_sent && upto == s->sent) { /* the role, before any text */
             ok = pend_append(s, srv_chunk_sse(srv, j, "", 0, true, false, s->lp, s->lp));
             s->first_sent = true;
@@ -393,20 +396,24 @@ static bool stream_next(struct stream *s) {
                 if (e < upto) b = e;
                 break;
             }
-            const size_t lp = srv_lp_upto(j, s->lp, b); /* the logprobs of the tokens of this text */
-            ok = pend_append(s, srv_chunk_sse(srv, j, j->text + s->sent, b - s->sent, !s->first_sent, false, s->lp, lp));
+            const size_t lp = srv_lp_upto(j, s->lp, b); /* the tokens (and logprobs) of this text */
+            ok = pend_append(s, native ? srv_native_chunk_sse(srv, j, j->text + s->sent, b - s->sent, false, s->lp, lp)
+                                       : srv_chunk_sse(srv, j, j->text + s->sent, b - s->sent, !s->first_sent, false,
+                                                       s->lp, lp));
             s->first_sent = true;
             s->sent = b;
             s->lp = lp;
         }
         if (ok && j->state == JOB_DONE) {
-            ok = pend_append(s, srv_chunk_sse(srv, j, "", 0, false, true, s->lp, s->lp));
-            if (ok && j->req.include_usage) ok = pend_append(s, srv_usage_chunk_sse(srv, j));
+            ok = pend_append(s, native ? srv_native_chunk_sse(srv, j, "", 0, true, s->lp, s->lp)
+                                       : srv_chunk_sse(srv, j, "", 0, false, true, s->lp, s->lp));
+            if (ok && j->req.include_usage && !native) ok = pend_append(s, srv_usage_chunk_sse(srv, j));
             s->finished = true;
         }
     }
+    const bool done_mark = j->req.kind != SRV_NATIVE;
     pthread_mutex_unlock(&srv->mu);
-    if (ok && s->finished) ok = pend_append(s, strdup("data: [DONE]\n\n"));
+    if (ok && s->finished && done_mark) ok = pend_append(s, strdup("data: [DONE]\n\n"));
     if (!ok && s->oom) s->finished = true; /* stream_read ends it with k_oom_sse */
     return ok;
 }
@@ -490,7 +497,7 @@ static enum MHD_Result completions(struct srv_http *h, struct MHD_Connection *c,
     cs->timeout_off = true;
     struct srv_request req;
     struct srv_error e = {0};
-    enum srv_kind kind = cs->route == R_CHAT ? SRV_CHAT : SRV_COMPLETION;
+    enum srv_kind kind = cs->route == R_CHAT ? SRV_CHAT : cs->route == R_NATIVE ? SRV_NATIVE : SRV_COMPLETION;
     if (!srv_request_parse(srv, kind, cs->body ? cs->body : "", cs->len, &req, &e)) {
         srv_request_free(&req);
         return send_error(srv, c, &e);
@@ -512,8 +519,10 @@ static enum MHD_Result completions(struct srv_http *h, struct MHD_Connection *c,
         srv_release(srv, job);
         return MHD_NO;
     }
+    char *(*answer)(const struct srv *, const struct srv_job *) =
+        job->req.kind == SRV_NATIVE ? srv_native_json : srv_response_json;
     enum MHD_Result ret = job->err.status ? send_error(srv, c, &job->err)
-                                          : send_body(srv, c, 200, srv_response_json(srv, job), "application/json", 0);
+                                          : send_body(srv, c, 200, answer(srv, job), "application/json", 0);
     srv_release(srv, job);
     return ret;
 }
@@ -542,7 +551,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                "Bearer");
         }
         const bool wants_post =
-            cs->route == R_CHAT || cs->route == R_COMPLETIONS || cs->route == R_TOKENIZE || cs->route == R_SLOT ||
+            cs->route == R_CHAT || cs->route == R_COMPLETIONS || cs->route == R_NATIVE || cs->route == R_TOKENIZE ||
+            cs->route == R_SLOT ||
             cs->route == R_DETOKENIZE || cs->route == R_TEMPLATE;
         if ((wants_post && !post) || (!wants_post && !get))
             return fail(srv, c, 405, "invalid_request_error", "method_not_allowed", "%.200s does not take %.16s",
@@ -608,7 +618,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                     "the body is larger than the server's --max-body of %zu bytes", srv->cfg.max_body);
     switch (cs->route) {
     case R_CHAT:
-    case R_COMPLETIONS: return completions(h, c, cs);
+    case R_COMPLETIONS:
+    case R_NATIVE: return completions(h, c, cs);
     case R_MODELS: return send_body(srv, c, 200, srv_models_json(srv), "application/json", 0);
     case R_MODEL: {
         const char *id = model_in_url(url);

@@ -6,8 +6,8 @@
  *
  * Every field is type- and range-checked: the body must be valid UTF-8 and
  * one JSON object; numbers must be finite and, where counts are meant,
- * integers in range; fields ekv does not implement (n > 1, penalties, tools,
- * logprobs, ...) are refused rather than silently ignored. Chat messages go
+ * integers in range; fields ekv does not implement (n > 1, tools, echo,
+ * response_format json, ...) are refused rather than silently ignored. Chat messages go
  * through the chat template (--chat-template, else the one the GGUF
  * declares, else "none"); image_url parts with base64 data: URIs are decoded
  * here and encoded by the vision tower (--mmproj) into the prompt's image
@@ -25,7 +25,6 @@
 #include "serve.h"
 
 #define SRV_MAX_MESSAGES 4096
-#define SRV_MAX_IMAGES 16
 #define SRV_MAX_STOP_LEN 1024
 
 bool srv_fail(struct srv_error *e, int status, const char *type, const char *param, const char *code,
@@ -144,6 +143,15 @@ static bool get_bool(struct srv_error *e, const cJSON *o, const char *name, bool
     return true;
 }
 
+const cJSON *srv_field(const cJSON *o, const char *name) { return field(o, name); }
+bool srv_get_number(struct srv_error *e, const cJSON *o, const char *name, double lo, double hi, double *out) {
+    return get_number(e, o, name, lo, hi, out);
+}
+bool srv_get_int(struct srv_error *e, const cJSON *o, const char *name, double lo, double hi, long long *out) {
+    return get_int(e, o, name, lo, hi, out);
+}
+bool srv_get_bool(struct srv_error *e, const cJSON *o, const char *name, bool *out) { return get_bool(e, o, name, out); }
+
 /* Sampling, length, stop strings, streaming. */
 static bool parse_sampling(const struct srv *srv, const cJSON *root, struct srv_request *r, struct srv_error *e) {
     double d;
@@ -179,11 +187,17 @@ static bool parse_sampling(const struct srv *srv, const cJSON *root, struct srv_
         r->sampling.seed = (uint64_t)x;
     } else if (!srv->cfg.seed_fixed) { /* a new seed per request, like llama-server's default */
         static uint64_t counter;
-        r->sampling.seed = (uint64_t)(cli_now() * 1e9) ^ (__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull);
+        r->sampling.seed = ((uint64_t)(cli_now() * 1e9) ^ (__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull)) &
+                           ((1ull << 53) - 1); /* exact as a JSON number: the seed an answer reports can be sent back */
     }
     x = r->max_tokens;
-    const char *mt = field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    if (!get_int(e, root, mt, 1, 1 << 24, &x)) return false;
+    if (r->kind == SRV_NATIVE && field(root, "n_predict")) { /* llama-server's: -1 (and -2) until the end, 0 none */
+        if (!get_int(e, root, "n_predict", -2, 1 << 24, &x)) return false;
+        if (x < 0) x = -1;
+    } else {
+        const char *mt = field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+        if (!get_int(e, root, mt, 1, 1 << 24, &x)) return false;
+    }
     r->max_tokens = (long)x;
     if (!get_bool(e, root, "stream", &r->stream)) return false;
     const cJSON *so = field(root, "stream_options");
@@ -317,6 +331,11 @@ static bool parse_logprobs(const cJSON *root, struct srv_request *r, struct srv_
     if (f && cJSON_IsNull(f)) f = NULL;
     if (t && cJSON_IsNull(t)) t = NULL;
     long long n = 0;
+    if (r->kind == SRV_NATIVE) { /* llama-server's n_probs: > 0 gives each token's logprob and its n most likely */
+        if (!get_int(e, root, "n_probs", 0, SRV_MAX_TOP_LOGPROBS, &n)) return false;
+        if (n > 0) r->logprobs = (int32_t)n;
+        return true;
+    }
     if (r->kind == SRV_CHAT) {
         bool on = false;
         if (!get_bool(e, root, "logprobs", &on)) return false;
@@ -455,19 +474,30 @@ static bool b64_decode(const char *s, size_t n, unsigned char **out, size_t *n_o
     return true;
 }
 
-struct images {
-    unsigned char *data[SRV_MAX_IMAGES];
-    size_t size[SRV_MAX_IMAGES];
-    int n;
-};
-
-static void images_free(struct images *im) {
+void srv_images_free(struct srv_images *im) {
     for (int i = 0; i < im->n; i++) free(im->data[i]);
     im->n = 0;
 }
 
+bool srv_images_add_b64(const struct srv *srv, const char *b64, size_t len, struct srv_images *im, const char *param,
+                        struct srv_error *e) {
+    if (!srv->vision) return UNSUPPORTED(param, "this server has no vision tower: images need 'ekv serve --mmproj'");
+    if (im->n == SRV_MAX_IMAGES) return BAD(param, "at most %d images per request", SRV_MAX_IMAGES);
+    unsigned char *bytes;
+    size_t n;
+    if (!b64_decode(b64, len, &bytes, &n)) return BAD(param, "image %d: not valid base64", im->n);
+    if (n == 0) {
+        free(bytes);
+        return BAD(param, "image %d: no bytes", im->n);
+    }
+    im->data[im->n] = bytes;
+    im->size[im->n] = n;
+    im->n++;
+    return true;
+}
+
 /* An image_url part: {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}} */
-static bool parse_image(const struct srv *srv, const cJSON *part, struct images *im, struct srv_error *e) {
+static bool parse_image(const struct srv *srv, const cJSON *part, struct srv_images *im, struct srv_error *e) {
     if (!srv->vision)
         return UNSUPPORTED("messages", "this server has no vision tower: image_url parts need 'ekv serve --mmproj'");
     const cJSON *iu = field(part, "image_url"), *url = NULL;
@@ -480,18 +510,7 @@ static bool parse_image(const struct srv *srv, const cJSON *part, struct images 
     const char *comma = strchr(u, ',');
     if (!comma || comma - u < 12 || strncmp(comma - 7, ";base64", 7) != 0)
         return BAD("messages", "image data: URI must be 'data:<type>;base64,<data>'");
-    if (im->n == SRV_MAX_IMAGES) return BAD("messages", "at most %d images per request", SRV_MAX_IMAGES);
-    unsigned char *bytes;
-    size_t n;
-    if (!b64_decode(comma + 1, strlen(comma + 1), &bytes, &n)) return BAD("messages", "image %d: the data: URI is not valid base64", im->n);
-    if (n == 0) {
-        free(bytes);
-        return BAD("messages", "image %d: the data: URI holds no bytes", im->n);
-    }
-    im->data[im->n] = bytes;
-    im->size[im->n] = n;
-    im->n++;
-    return true;
+    return srv_images_add_b64(srv, comma + 1, strlen(comma + 1), im, "messages", e);
 }
 
 /* ------------------------------------------------------------------ */
@@ -526,11 +545,11 @@ static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n
 
 /* A message's content: a string, or text and image_url parts (each image
  * becomes a marker where it stands). *out is malloc'd. */
-static bool message_content_(const struct srv *srv, const cJSON *content, struct images *im, char **out,
+static bool message_content_(const struct srv *srv, const cJSON *content, struct srv_images *im, char **out,
                              struct srv_error *e);
 
 /* As message_content_, with *out freed (NULL) on failure. */
-static bool message_content(const struct srv *srv, const cJSON *content, struct images *im, char **out,
+static bool message_content(const struct srv *srv, const cJSON *content, struct srv_images *im, char **out,
                             struct srv_error *e) {
     if (message_content_(srv, content, im, out, e)) return true;
     free(*out);
@@ -538,7 +557,7 @@ static bool message_content(const struct srv *srv, const cJSON *content, struct 
     return false;
 }
 
-static bool message_content_(const struct srv *srv, const cJSON *content, struct images *im, char **out,
+static bool message_content_(const struct srv *srv, const cJSON *content, struct srv_images *im, char **out,
                              struct srv_error *e) {
     size_t len = 0, cap = 0;
     *out = NULL;
@@ -563,7 +582,7 @@ static bool message_content_(const struct srv *srv, const cJSON *content, struct
     return ok ? true : srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
 }
 
-static bool parse_messages(const struct srv *srv, const cJSON *msgs, struct chat *c, struct images *im,
+static bool parse_messages(const struct srv *srv, const cJSON *msgs, struct chat *c, struct srv_images *im,
                            struct srv_error *e) {
     if (!msgs) return BAD("messages", "'messages' is required");
     if (!cJSON_IsArray(msgs)) return BAD("messages", "'messages' must be an array");
@@ -626,8 +645,7 @@ static int32_t prefix_positions(const struct srv *srv, const struct ekv_prompt *
     return at;
 }
 
-/* The request's prompt from text. */
-static bool make_prompt(const struct srv *srv, const char *text, size_t len, struct images *im,
+bool srv_prompt_from_text(const struct srv *srv, const char *text, size_t len, struct srv_images *im,
                         struct srv_request *r, const char *param, struct srv_error *e) {
     enum ekv_status s = ekv_prompt_new(srv->model, text, len, true, &r->prompt);
     if (s != EKV_OK) return BAD(param, "cannot tokenize the prompt: %s", ekv_last_error());
@@ -675,7 +693,7 @@ static void message_bounds(const struct srv *srv, const struct chat *c, const ch
 
 static bool parse_chat(const struct srv *srv, const cJSON *root, struct srv_request *r, struct srv_error *e) {
     struct chat c = {0};
-    struct images im = {0};
+    struct srv_images im = {0};
     char *text = NULL;
     bool ok = parse_messages(srv, field(root, "messages"), &c, &im, e);
     size_t len = 0;
@@ -685,10 +703,10 @@ static bool parse_chat(const struct srv *srv, const cJSON *root, struct srv_requ
         if (s == EKV_OK) s = ekv_chat_apply(srv->cfg.chat_template, c.msgs, (size_t)c.n, true, text, len + 1, &len);
         if (s != EKV_OK) ok = BAD("messages", "chat template %s: %s", srv->cfg.chat_template, ekv_last_error());
     }
-    if (ok) ok = make_prompt(srv, text, len, &im, r, "messages", e);
+    if (ok) ok = srv_prompt_from_text(srv, text, len, &im, r, "messages", e);
     if (ok) message_bounds(srv, &c, text, len, r);
     free(text);
-    images_free(&im);
+    srv_images_free(&im);
     chat_free(&c);
     return ok;
 }
@@ -715,8 +733,8 @@ static bool parse_completion(const struct srv *srv, const cJSON *root, struct sr
         return BAD("messages", "'messages' belongs to /v1/chat/completions; /v1/completions takes 'prompt'");
     if (!p) return BAD("prompt", "'prompt' is required");
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child)) p = p->child; /* ["text"], [[1, 2]] */
-    struct images none = {0};
-    if (cJSON_IsString(p)) return make_prompt(srv, p->valuestring, strlen(p->valuestring), &none, r, "prompt", e);
+    struct srv_images none = {0};
+    if (cJSON_IsString(p)) return srv_prompt_from_text(srv, p->valuestring, strlen(p->valuestring), &none, r, "prompt", e);
     if (cJSON_IsArray(p) && (!p->child || cJSON_IsNumber(p->child))) return prompt_tokens(srv, p, r, e);
     if (cJSON_IsArray(p)) return UNSUPPORTED("prompt", "one prompt per request (a string, a token array, or an array of one)");
     return BAD("prompt", "'prompt' must be a string or an array of token ids");
@@ -806,7 +824,9 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
          parse_logprobs(root, r, e) &&
          parse_kv(srv, root, r, e) &&
          get_bool(e, root, "cache_prompt", &r->cache_prompt);
-    if (ok) ok = kind == SRV_CHAT ? parse_chat(srv, root, r, e) : parse_completion(srv, root, r, e);
+    if (ok) ok = kind == SRV_CHAT     ? parse_chat(srv, root, r, e)
+                 : kind == SRV_NATIVE ? srv_native_parse(srv, root, r, e)
+                                      : parse_completion(srv, root, r, e);
     cJSON_Delete(root);
     return ok;
 }
@@ -913,7 +933,7 @@ char *srv_apply_template_json(const struct srv *srv, const char *body, size_t le
     cJSON *root = small_body(body, len, e);
     if (!root) return NULL;
     struct chat c = {0};
-    struct images im = {0};
+    struct srv_images im = {0};
     char *text = NULL, *out = NULL;
     size_t n = 0;
     if (parse_messages(srv, field(root, "messages"), &c, &im, e)) {
@@ -925,7 +945,7 @@ char *srv_apply_template_json(const struct srv *srv, const char *body, size_t le
         else out = one_string_json("prompt", text, e);
     }
     free(text);
-    images_free(&im);
+    srv_images_free(&im);
     chat_free(&c);
     cJSON_Delete(root);
     return out;

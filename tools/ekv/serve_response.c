@@ -24,7 +24,7 @@
 #include "serve.h"
 
 /* s[0..n) with every byte that is not part of valid UTF-8 replaced by U+FFFD; malloc'd. */
-static char *utf8_clean(const char *s, size_t n) {
+char *srv_text_clean(const char *s, size_t n) {
     char *out = malloc(3 * n + 1), *o = out;
     if (!out) return NULL;
     for (size_t i = 0; i < n;) {
@@ -49,7 +49,7 @@ static char *utf8_clean(const char *s, size_t n) {
     return out;
 }
 
-static char *print(cJSON *o) {
+char *srv_json_take(cJSON *o) {
     char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return s;
@@ -57,8 +57,8 @@ static char *print(cJSON *o) {
 
 char *srv_error_json(const struct srv_error *e) {
     cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
-    if (!er) return print(o);
-    char *msg = utf8_clean(e->message, strlen(e->message));
+    if (!er) return srv_json_take(o);
+    char *msg = srv_text_clean(e->message, strlen(e->message));
     cJSON_AddStringToObject(er, "message", msg ? msg : "error");
     free(msg);
     cJSON_AddStringToObject(er, "type", e->type ? e->type : "invalid_request_error");
@@ -66,7 +66,7 @@ char *srv_error_json(const struct srv_error *e) {
     else cJSON_AddNullToObject(er, "param");
     if (e->code) cJSON_AddStringToObject(er, "code", e->code);
     else cJSON_AddNullToObject(er, "code");
-    return print(o);
+    return srv_json_take(o);
 }
 
 /* The served model's name, as OpenAI answers (never the request's own
@@ -95,7 +95,6 @@ static cJSON *head(const struct srv *srv, const struct srv_job *j, bool chunk) {
     return o;
 }
 
-/* llama.cpp-style timings: prompt and decode, ms and tokens/s. */
 size_t srv_lp_upto(const struct srv_job *j, size_t from, size_t upto) {
     size_t k = from;
     while (k < j->n_tok_end && j->tok_end[k] <= upto) k++;
@@ -107,12 +106,13 @@ size_t srv_lp_upto(const struct srv_job *j, size_t from, size_t upto) {
 /* A token's text: the string (invalid UTF-8 as U+FFFD) and, in *raw, its bytes. */
 static char *lp_piece(const struct srv *srv, int32_t tok, char *raw, size_t cap, size_t *n) {
     if (ekv_token_to_piece(srv->model, tok, false, raw, cap, n) != EKV_OK) *n = 0;
-    return utf8_clean(raw, *n);
+    return srv_text_clean(raw, *n);
 }
 
-/* Chat's entry {token, logprob, bytes[, top_logprobs]} for a token (top: n of them, or NULL). */
-static cJSON *lp_chat_entry(const struct srv *srv, const struct ekv_token_logprob *t,
-                            const struct ekv_token_logprob *top, int n) {
+/* Chat's entry {token, logprob, bytes[, top_logprobs]} for a token (top: n of them, or NULL);
+ * with_id: the native answers' {id, token, logprob, bytes[, top_logprobs]}. */
+cJSON *srv_lp_entry(const struct srv *srv, const struct ekv_token_logprob *t, const struct ekv_token_logprob *top,
+                    int n, bool with_id) {
     char raw[256];
     size_t len = 0;
     char *str = lp_piece(srv, t->token, raw, sizeof raw, &len);
@@ -123,6 +123,7 @@ static cJSON *lp_chat_entry(const struct srv *srv, const struct ekv_token_logpro
         cJSON_Delete(b);
         return NULL;
     }
+    if (with_id) cJSON_AddNumberToObject(o, "id", t->token);
     cJSON_AddStringToObject(o, "token", str);
     free(str);
     cJSON_AddNumberToObject(o, "logprob", t->logprob);
@@ -131,7 +132,7 @@ static cJSON *lp_chat_entry(const struct srv *srv, const struct ekv_token_logpro
     if (!cJSON_AddItemToObject(o, "bytes", b)) cJSON_Delete(b), ok = false;
     if (top && ok) {
         cJSON *a = cJSON_AddArrayToObject(o, "top_logprobs");
-        for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, lp_chat_entry(srv, &top[i], NULL, 0));
+        for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, srv_lp_entry(srv, &top[i], NULL, 0, with_id));
         ok = a && cJSON_GetArraySize(a) == n;
     }
     if (!ok) cJSON_Delete(o), o = NULL; /* out of memory: no entry rather than a short one */
@@ -148,7 +149,7 @@ static cJSON *logprobs_json(const struct srv *srv, const struct srv_job *j, size
     if (j->req.kind == SRV_CHAT) {
         cJSON *c = cJSON_AddArrayToObject(o, "content");
         for (size_t k = from; c && k < to; k++)
-            cJSON_AddItemToArray(c, lp_chat_entry(srv, &j->lp[k * w], &j->lp[k * w + 1], n));
+            cJSON_AddItemToArray(c, srv_lp_entry(srv, &j->lp[k * w], &j->lp[k * w + 1], n, false));
         cJSON_AddNullToObject(o, "refusal");
         if (!c || (size_t)cJSON_GetArraySize(c) != to - from) cJSON_Delete(o), o = NULL; /* out of memory */
         return o;
@@ -178,7 +179,8 @@ static cJSON *logprobs_json(const struct srv *srv, const struct srv_job *j, size
     return o;
 }
 
-static cJSON *timings(const struct srv_job *j) {
+/* llama.cpp-style timings: prompt and decode, ms and tokens/s. */
+cJSON *srv_timings_json(const struct srv_job *j) {
     cJSON *t = cJSON_CreateObject();
     if (!t) return NULL;
     const double prompt_ms = j->t_prompt_done > 0 ? 1e3 * (j->t_prompt_done - j->t_admit) : 0;
@@ -207,7 +209,14 @@ static cJSON *usage(const struct srv *srv, const struct srv_job *j) {
     cJSON_AddNumberToObject(u, "total_tokens", (double)(j->req.n_tokens + j->n_gen));
     cJSON *det = cJSON_AddObjectToObject(u, "prompt_tokens_details"); /* OpenAI's: positions from a cached prefix */
     if (det) cJSON_AddNumberToObject(det, "cached_tokens", j->n_cached);
-    cJSON *kv = cJSON_AddObjectToObject(u, "kv");
+    cJSON_AddItemToObject(u, "kv", srv_kv_json(j));
+    cJSON_AddItemToObject(u, "timings", srv_timings_json(j));
+    return u;
+}
+
+/* ekv's cache statistics of a finished job: policy, bytes and entries kept against the full cache's. */
+cJSON *srv_kv_json(const struct srv_job *j) {
+    cJSON *kv = cJSON_CreateObject();
     if (kv) {
         const struct ekv_kv_stats *st = &j->kv_stats;
         cJSON_AddStringToObject(kv, "policy", j->req.kv_policy);
@@ -222,14 +231,13 @@ static cJSON *usage(const struct srv *srv, const struct srv_job *j) {
         cJSON_AddNumberToObject(kv, "bytes_projected", (double)j->proj.bytes_final);
         cJSON_AddNumberToObject(kv, "bytes_peak_projected", (double)j->proj.bytes_peak);
     }
-    cJSON_AddItemToObject(u, "timings", timings(j));
-    return u;
+    return kv;
 }
 
 char *srv_response_json(const struct srv *srv, const struct srv_job *j) {
     cJSON *o = head(srv, j, false);
     if (!o) return NULL;
-    char *text = utf8_clean(j->text ? j->text : "", j->text_len);
+    char *text = srv_text_clean(j->text ? j->text : "", j->text_len);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
     if (!text || !choices || !c) {
         free(text);
@@ -256,13 +264,12 @@ char *srv_response_json(const struct srv *srv, const struct srv_job *j) {
     cJSON_AddStringToObject(c, "finish_reason", j->finish ? j->finish : "length");
     cJSON_AddItemToArray(choices, c);
     cJSON_AddItemToObject(o, "usage", usage(srv, j));
-    cJSON_AddItemToObject(o, "timings", timings(j));
-    return print(o);
+    cJSON_AddItemToObject(o, "timings", srv_timings_json(j));
+    return srv_json_take(o);
 }
 
-/* "data: <json>\n\n", malloc'd. */
-static char *sse(cJSON *o) {
-    char *js = print(o);
+char *srv_sse_take(cJSON *o) {
+    char *js = srv_json_take(o);
     if (!js) return NULL;
     size_t n = strlen(js);
     char *ev = malloc(n + 9);
@@ -275,7 +282,7 @@ char *srv_chunk_sse(const struct srv *srv, const struct srv_job *j, const char *
                     bool final, size_t lp_from, size_t lp_to) {
     cJSON *o = head(srv, j, true);
     if (!o) return NULL;
-    char *text = utf8_clean(delta, n);
+    char *text = srv_text_clean(delta, n);
     cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
     if (!text || !choices || !c) {
         free(text);
@@ -302,8 +309,8 @@ char *srv_chunk_sse(const struct srv *srv, const struct srv_job *j, const char *
     if (final) cJSON_AddStringToObject(c, "finish_reason", j->finish ? j->finish : "length");
     else cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);
-    if (final) cJSON_AddItemToObject(o, "timings", timings(j));
-    return sse(o);
+    if (final) cJSON_AddItemToObject(o, "timings", srv_timings_json(j));
+    return srv_sse_take(o);
 }
 
 char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *j) {
@@ -311,7 +318,7 @@ char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *j) {
     if (!o) return NULL;
     cJSON_AddArrayToObject(o, "choices");
     cJSON_AddItemToObject(o, "usage", usage(srv, j));
-    return sse(o);
+    return srv_sse_take(o);
 }
 
 /* The served model as /v1/models lists it (cJSON object, caller-owned). */
@@ -348,12 +355,12 @@ char *srv_models_json(const struct srv *srv) {
         return NULL;
     }
     cJSON_AddItemToArray(data, m);
-    return print(o);
+    return srv_json_take(o);
 }
 
 char *srv_model_json(const struct srv *srv) {
     cJSON *m = model_object(srv);
-    return m ? print(m) : NULL;
+    return m ? srv_json_take(m) : NULL;
 }
 
 /* A float setting as the user wrote it (6 digits), not as its double prints. */
@@ -361,6 +368,52 @@ static double num6(float f) {
     char b[32];
     snprintf(b, sizeof b, "%.6g", (double)f);
     return strtod(b, NULL);
+}
+
+/* llama-server's sampling params: sp, n_predict, seed (-1 when each request gets a new one),
+ * ignore_eos, the logit biases as [token, bias] pairs (false: banned). */
+static void add_params(cJSON *p, const struct ekv_sampler_params *sp, long n_predict, int32_t n_ctx, bool seed_known,
+                       bool ignore_eos, const int32_t *lb_tok, const float *lb_val, int32_t n_lb) {
+    cJSON_AddNumberToObject(p, "n_predict", (double)n_predict);
+    cJSON_AddNumberToObject(p, "temperature", num6(sp->temp));
+    cJSON_AddNumberToObject(p, "top_k", sp->top_k);
+    cJSON_AddNumberToObject(p, "top_p", num6(sp->top_p));
+    cJSON_AddNumberToObject(p, "min_p", num6(sp->min_p));
+    cJSON_AddNumberToObject(p, "repeat_penalty", num6(sp->repeat_penalty));
+    cJSON_AddNumberToObject(p, "repeat_last_n", sp->repeat_last_n < 0 ? n_ctx : sp->repeat_last_n);
+    cJSON_AddNumberToObject(p, "frequency_penalty", num6(sp->frequency_penalty));
+    cJSON_AddNumberToObject(p, "presence_penalty", num6(sp->presence_penalty));
+    char seed[24] = "-1"; /* -1: a new one per request */
+    if (seed_known) snprintf(seed, sizeof seed, "%llu", (unsigned long long)sp->seed);
+    cJSON_AddRawToObject(p, "seed", seed); /* every digit (cJSON rounds numbers past 15 digits) */
+    cJSON_AddBoolToObject(p, "ignore_eos", ignore_eos);
+    cJSON *lb = cJSON_AddArrayToObject(p, "logit_bias");
+    for (int i = 0; lb && i < n_lb; i++) {
+        cJSON *pair = cJSON_CreateArray();
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber(lb_tok[i]));
+        cJSON_AddItemToArray(pair, isinf(lb_val[i]) ? cJSON_CreateFalse() : cJSON_CreateNumber(num6(lb_val[i])));
+        cJSON_AddItemToArray(lb, pair);
+    }
+}
+
+cJSON *srv_job_settings_json(const struct srv *srv, const struct srv_job *j) {
+    const struct srv_request *r = &j->req;
+    cJSON *g = cJSON_CreateObject();
+    if (!g) return NULL;
+    add_params(g, &r->sampling, r->max_tokens, srv->cfg.n_ctx, true, r->ignore_eos, r->lb_given ? r->lb_tok : srv->cfg.lb_tok,
+               r->lb_given ? r->lb_val : srv->cfg.lb_val, r->lb_given ? r->n_lb : srv->cfg.n_lb);
+    cJSON_AddNumberToObject(g, "n_probs", r->logprobs > 0 ? r->logprobs : 0);
+    cJSON_AddBoolToObject(g, "stream", r->stream);
+    cJSON *st = cJSON_AddArrayToObject(g, "stop");
+    for (int i = 0; st && i < r->n_stop; i++) cJSON_AddItemToArray(st, cJSON_CreateString(r->stop[i]));
+    cJSON_AddNumberToObject(g, "n_ctx", srv->cfg.n_ctx);
+    cJSON_AddStringToObject(g, "model", srv->cfg.model_id);
+    cJSON *kv = cJSON_AddObjectToObject(g, "kv");
+    if (kv) {
+        cJSON_AddStringToObject(kv, "policy", r->kv_policy);
+        cJSON_AddNumberToObject(kv, "budget", r->kv.budget);
+    }
+    return g;
 }
 
 char *srv_props_json(const struct srv *srv) {
@@ -372,26 +425,7 @@ char *srv_props_json(const struct srv *srv) {
         return NULL;
     }
     cJSON_AddNumberToObject(d, "n_ctx", c->n_ctx);
-    const struct ekv_sampler_params *sp = &c->sampling;
-    cJSON_AddNumberToObject(p, "n_predict", (double)c->n_predict);
-    cJSON_AddNumberToObject(p, "temperature", num6(sp->temp));
-    cJSON_AddNumberToObject(p, "top_k", sp->top_k);
-    cJSON_AddNumberToObject(p, "top_p", num6(sp->top_p));
-    cJSON_AddNumberToObject(p, "min_p", num6(sp->min_p));
-    cJSON_AddNumberToObject(p, "repeat_penalty", num6(sp->repeat_penalty));
-    cJSON_AddNumberToObject(p, "repeat_last_n", sp->repeat_last_n < 0 ? c->n_ctx : sp->repeat_last_n);
-    cJSON_AddNumberToObject(p, "frequency_penalty", num6(sp->frequency_penalty));
-    cJSON_AddNumberToObject(p, "presence_penalty", num6(sp->presence_penalty));
-    if (c->seed_fixed) cJSON_AddNumberToObject(p, "seed", (double)sp->seed);
-    else cJSON_AddNumberToObject(p, "seed", -1); /* a new one per request */
-    cJSON_AddBoolToObject(p, "ignore_eos", c->ignore_eos);
-    cJSON *lb = cJSON_AddArrayToObject(p, "logit_bias"); /* -l, as [token, bias] pairs (false: banned) */
-    for (int i = 0; lb && i < c->n_lb; i++) {
-        cJSON *pair = cJSON_CreateArray();
-        cJSON_AddItemToArray(pair, cJSON_CreateNumber(c->lb_tok[i]));
-        cJSON_AddItemToArray(pair, isinf(c->lb_val[i]) ? cJSON_CreateFalse() : cJSON_CreateNumber(num6(c->lb_val[i])));
-        cJSON_AddItemToArray(lb, pair);
-    }
+    add_params(p, &c->sampling, c->n_predict, c->n_ctx, c->seed_fixed, c->ignore_eos, c->lb_tok, c->lb_val, c->n_lb);
     cJSON_AddStringToObject(kv, "policy", c->kv_policy);
     cJSON_AddNumberToObject(kv, "budget", c->kv.budget);
     cJSON_AddNumberToObject(o, "total_slots", c->parallel);
@@ -400,10 +434,11 @@ char *srv_props_json(const struct srv *srv) {
     cJSON_AddStringToObject(o, "chat_template", c->chat_template);
     cJSON *m = cJSON_AddObjectToObject(o, "modalities");
     cJSON_AddBoolToObject(m, "vision", srv->vision != NULL);
+    cJSON_AddStringToObject(o, "media_marker", EKV_IMAGE_MARKER); /* where /completion's multimodal_data go */
     char b[32];
     snprintf(b, sizeof b, "ekv-%s", ekv_version());
     cJSON_AddStringToObject(o, "build_info", b);
-    return print(o);
+    return srv_json_take(o);
 }
 
 char *srv_health_json(struct srv *srv) {
@@ -414,7 +449,7 @@ char *srv_health_json(struct srv *srv) {
     cJSON_AddNumberToObject(o, "slots_processing", srv->n_active);
     cJSON_AddNumberToObject(o, "requests_queued", (double)srv->n_queued);
     pthread_mutex_unlock(&srv->mu);
-    return print(o);
+    return srv_json_take(o);
 }
 
 /* ---- /metrics ---- */
