@@ -10,19 +10,10 @@
 // images as multimodal_data equal to the chat endpoint's answer.
 // usage: node native.mjs TEXT_URL VLM_URL IMAGE_FILE
 import assert from 'node:assert/strict';
+import { check, counts } from './check.mjs';
 import { readFileSync } from 'node:fs';
 
 const [base, vlm, imageFile] = process.argv.slice(2);
-let passed = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    passed++;
-  } catch (e) {
-    console.error(`FAIL ${name}: ${e.stack || e}`);
-    process.exitCode = 1;
-  }
-}
 async function post(url, path, body) {
   const r = await fetch(url + path, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
   return { status: r.status, text: await r.text() };
@@ -238,4 +229,4 @@ await check('multimodal_data', async () => {
   assert.equal(junk.status, 400, junk.text);
 });
 
-console.log(`native.mjs: ${passed} checks passed`);
+console.log(`native.mjs: ${counts.passed} checks passed`);

@@ -9,19 +9,10 @@
 // usage: node sdk.mjs BASE_URL API_KEY
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
+import { check, counts } from './check.mjs';
 
 const [base, key] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0, timeout: 120000 });
-let passed = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    passed++;
-  } catch (e) {
-    console.error(`FAIL ${name}: ${e.stack || e}`);
-    process.exitCode = 1;
-  }
-}
 
 const messages = [
   { role: 'system', content: 'A story for children.' },
@@ -200,4 +191,4 @@ await check('abort mid-stream', async () => {
   assert.equal(r.choices[0].message.content, chatText);
 });
 
-console.log(`sdk: ${passed} passed`);
+console.log(`sdk: ${counts.passed} passed`);
