@@ -41,7 +41,9 @@
 #define RESP_MAX (1u << 20)
 static char g_resp[RESP_MAX + 1];  /* the raw answer */
 static char g_body[RESP_MAX + 1];  /* its body, de-chunked */
-static char g_text[RESP_MAX + 1];  /* the generated text of a stream */
+static char g_text[RESP_MAX + 1];  /* the generated text of a stream (its choices in index order) */
+#define CHOICES_MAX 4
+static char g_part[CHOICES_MAX][RESP_MAX / CHOICES_MAX]; /* a stream's text by choice (events interleave) */
 
 /* Sends one request and reads the answer until the server closes; the
  * status (0: no status line), the body in g_body; -1 on a socket error or
@@ -139,7 +141,7 @@ static const struct req k_reqs[] = {
      "\"kv\": {\"policy\": \"snapkv\", \"budget\": 0.5}}",
      RK_JSON_CHAT, 200},
     {"POST", "/v1/completions",
-     "{\"prompt\": \"Once upon a time\", \"max_tokens\": 3, \"temperature\": 0, \"stream\": true, "
+     "{\"prompt\": \"Once upon a time\", \"max_tokens\": 3, \"temperature\": 0, \"stream\": true, \"n\": 2, "
      "\"stream_options\": {\"include_usage\": true}, \"kv_policy\": \"elastic-v2\", \"kv_budget\": 0.5}",
      RK_STREAM_COMPLETION, 200},
     /* the same conversation again: its prefix from the prefix cache */
@@ -206,7 +208,7 @@ static const char *completion_text(const cJSON *o, enum req_kind k) {
  * native: an event with "stop": true), 0: an error event (message in
  * aw_msg), -1: malformed or cut. */
 static int read_stream(enum req_kind k, char *why, size_t why_n) {
-    size_t tn = 0;
+    size_t tn = 0, pn[CHOICES_MAX] = {0};
     bool done = false;
     g_text[0] = 0;
     for (char *ev = g_body; *ev;) {
@@ -233,13 +235,21 @@ static int read_stream(enum req_kind k, char *why, size_t why_n) {
             return 0;
         }
         const char *t = completion_text(o, k);
+        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0),
+                                                           "index");
+        const int c = cJSON_IsNumber(ix) && ix->valueint >= 0 && ix->valueint < CHOICES_MAX ? ix->valueint : 0;
         if (t) {
             const size_t l = strlen(t);
-            if (tn + l < RESP_MAX) memcpy(g_text + tn, t, l), tn += l;
+            if (pn[c] + l < sizeof g_part[c]) memcpy(g_part[c] + pn[c], t, l), pn[c] += l;
         }
         if (k == RK_STREAM_NATIVE && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "stop"))) done = true;
         cJSON_Delete(o);
         ev = next + 2;
+    }
+    for (int c = 0; c < CHOICES_MAX; c++) {
+        memcpy(g_text + tn, g_part[c], pn[c]);
+        tn += pn[c];
+        g_text[tn++] = '|';
     }
     g_text[tn] = 0;
     if (!done) return snprintf(why, why_n, "the stream ended without [DONE] (native: \"stop\": true)"), -1;

@@ -73,7 +73,7 @@ const bad = {
   seed: ['x', 1.5, 1e30, true, {}],
   stop: [5, [1], ['a', 'b', 'c', 'd', 'e'], [''], {}, '', ['x'.repeat(2000)], true],
   stream: ['yes', 1, {}], stream_options: [5, 'x', { include_usage: 'x' }],
-  n: [2, 0, '1', 1.5], presence_penalty: ['x', 5, -2.5], frequency_penalty: [3, 'x', {}],
+  n: [17, 0, '1', 1.5], presence_penalty: ['x', 5, -2.5], frequency_penalty: [3, 'x', {}],
   repeat_penalty: [0, -1, 'x', 1e7], repeat_last_n: [-2, 1.5, 'x', 1e9],
   logprobs: ['x', 21, -1, 1.5, {}], top_logprobs: [3, 21, -1, 'x'], tools: [[{}]], functions: [[{}]], tool_choice: ['auto', {}],
   logit_bias: [{ 99999: 5 }, 'x', 5, { 1: 500 }, { 1: 'x' }, { a: 1 }, { '-1': 1 }, [[1]], [[1, 2, 3]], [[{}, 1]], [1]], response_format: [{ type: 'json_object' }, 'x', {}], echo: [true], best_of: [3, 'x'],

@@ -1,7 +1,7 @@
 // sdk.mjs — ekv serve driven by a client nobody here wrote: the official
 // OpenAI SDK for Node (npm package `openai`, pinned in package-lock.json),
 // with baseURL pointing at the server. Chat, streaming (chunks reassemble to
-// the non-streamed text), legacy completions, models.list and .retrieve, the per-request KV
+// the non-streamed text), legacy completions, n choices, models.list and .retrieve, the per-request KV
 // extension passed through the SDK, the penalties, logit_bias, logprobs (chat and
 // legacy completions, streamed and not), and errors the SDK maps to its own
 // classes (400 BadRequestError with OpenAI's error shape, 401
@@ -123,6 +123,34 @@ await check('chat logprobs', async () => {
   const streamed = [];
   for await (const c of await ask(true)) streamed.push(...(c.choices[0]?.logprobs?.content ?? []));
   assert.deepEqual(streamed.map((e) => [e.token, e.logprob]), lp.map((e) => [e.token, e.logprob]));
+});
+
+// n choices: choice i is the request sent alone with seed + i (each its own cache); usage
+// counts the prompt once and every choice's tokens; a stream's chunks, sorted by their index,
+// reassemble to the same choices
+await check('n choices', async () => {
+  const q = { model: 'stories', messages, max_tokens: 24, temperature: 0.9, seed: 11 };
+  const r = await client.chat.completions.create({ ...q, n: 3 });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  for (let i = 0; i < 3; i++) {
+    const one = await client.chat.completions.create({ ...q, seed: 11 + i });
+    assert.equal(r.choices[i].message.content, one.choices[0].message.content);
+    if (i === 0) assert.equal(r.usage.prompt_tokens, one.usage.prompt_tokens);
+  }
+  assert.equal(r.usage.completion_tokens, 72);
+  assert.ok(new Set(r.choices.map((c) => c.message.content)).size > 1, 'three equal samples at temperature 0.9');
+  const text = ['', '', ''];
+  let usage = null;
+  const stream = await client.chat.completions.create({ ...q, n: 3, stream: true, stream_options: { include_usage: true } });
+  for await (const c of stream) {
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) text[ch.index] += ch.delta?.content ?? '';
+  }
+  assert.deepEqual(text, r.choices.map((c) => c.message.content));
+  assert.equal(usage.completion_tokens, 72);
+  const g = await client.completions.create({ model: 'stories', prompt: 'Once upon a time', max_tokens: 16, temperature: 0, n: 2 });
+  assert.equal(g.choices.length, 2);
+  assert.equal(g.choices[0].text, g.choices[1].text);
 });
 
 await check('completions logprobs', async () => {

@@ -47,6 +47,7 @@
 
 #define SRV_MAX_STOP 4
 #define SRV_MAX_TOP_LOGPROBS 20        /* OpenAI's top_logprobs limit */
+#define SRV_MAX_CHOICES 16             /* OpenAI's n (OpenAI allows 128) */
 #define SRV_ERR_MAX 512
 
 /* An OpenAI-shaped error: HTTP status, message, type, param, code. */
@@ -96,6 +97,8 @@ struct srv_request {
     float *lb_val;                /* [n_lb] owned biases (-INFINITY: banned) */
     int32_t n_lb;
     bool to_ctx_end;              /* max_tokens is the room left in the context (srv_submit) */
+    int32_t n_choices;            /* OpenAI's n: the request runs as n jobs (SRV_MAX_CHOICES at most) */
+    int32_t choice;               /* which of them this is: sampled with seed + choice */
     /* native /completion only */
     bool return_tokens;           /* "tokens" in the answer (streams always carry them) */
     bool timings_per_token;       /* "timings" in every streamed event */
@@ -179,6 +182,8 @@ enum { SRV_SLOT_SAVE = 1, SRV_SLOT_RESTORE, SRV_SLOT_ERASE };
 struct srv_job {
     struct srv_request req;
     uint64_t id;
+    const struct srv_job *lead;   /* (HTTP) the request's first choice (its id and time in every
+                                     answer), or NULL: this one */
     double t_arrive;
     int refs;                     /* (shared) 2 while both sides hold it */
     enum srv_state state;         /* (shared) */
@@ -390,7 +395,8 @@ char *srv_slot_action(struct srv *srv, const char *id, const char *action, const
 
 /* Bodies, malloc'd NUL-terminated strings (NULL on out of memory). */
 char *srv_error_json(const struct srv_error *e);
-char *srv_response_json(const struct srv *srv, const struct srv_job *job);
+/* The answer to a request of n choices (jobs[i] is choice i). */
+char *srv_response_json(const struct srv *srv, struct srv_job *const *jobs, int n);
 /* One SSE event "data: {...}\n\n" with `delta` text (first: with the role;
  * final: finish_reason and, when asked, usage) and, with logprobs asked,
  * those of tokens [lp_from, lp_to) (null when none). */
@@ -401,7 +407,7 @@ char *srv_chunk_sse(const struct srv *srv, const struct srv_job *job, const char
  * the whole text, the one a stop string cut; counted on from `from` (tokens
  * known to be in: a stream's earlier answer). */
 size_t srv_lp_upto(const struct srv_job *job, size_t from, size_t upto);
-char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *job);
+char *srv_usage_chunk_sse(const struct srv *srv, struct srv_job *const *jobs, int n);
 /* Helpers shared with serve_native.c: s[0..n) with bytes that are not
  * UTF-8 as U+FFFD (malloc'd); llama.cpp-style timings of a job; a token's
  * logprob entry {["id",] "token", "logprob", "bytes"[, "top_logprobs": n
@@ -412,8 +418,8 @@ char *srv_text_clean(const char *s, size_t n);
 char *srv_json_take(cJSON *o);
 char *srv_sse_take(cJSON *o);
 cJSON *srv_timings_json(const struct srv_job *job);
-/* ekv's cache statistics of a finished job (usage.kv). */
-cJSON *srv_kv_json(const struct srv_job *job);
+/* ekv's cache statistics of a request's finished jobs (usage.kv; n choices: summed). */
+cJSON *srv_kv_json(struct srv_job *const *jobs, int n);
 /* The settings a job runs with, as llama-server's generation_settings. */
 cJSON *srv_job_settings_json(const struct srv *srv, const struct srv_job *job);
 cJSON *srv_lp_entry(const struct srv *srv, const struct ekv_token_logprob *t, const struct ekv_token_logprob *top,

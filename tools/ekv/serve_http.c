@@ -321,12 +321,16 @@ struct stream {
     int outq;                   /* the socket's send queue then (bytes) */
     bool waiting;               /* blocked for the job's next tokens: not the client's fault */
     bool dropped;
-    struct srv_job *job;
     struct peer_watch watch;
-    size_t sent;      /* text bytes sent */
-    size_t tok;       /* next token boundary to look at (job->tok_end) */
-    size_t lp;        /* tokens whose logprobs were sent */
-    bool first_sent;  /* the role chunk */
+    struct choice_out {   /* each choice of the request (OpenAI's n), events in its index */
+        struct srv_job *job;
+        size_t sent;      /* text bytes sent */
+        size_t tok;       /* next token boundary to look at (job->tok_end) */
+        size_t lp;        /* tokens whose logprobs (native: ids) were sent */
+        bool first_sent;  /* the role chunk */
+        bool final_sent;  /* its last chunk */
+    } ch[SRV_MAX_CHOICES];
+    int n_ch;
     bool finished;    /* final chunk(s) and [DONE] queued */
     bool oom;         /* an event could not be made: k_oom_sse ends the stream */
     char *pending;    /* bytes of events not yet handed to MHD (whole events) */
@@ -358,60 +362,92 @@ static void stream_mark(struct stream *s, bool waiting) {
     pthread_mutex_unlock(&s->h->mu);
 }
 
-/* Produces the next events into s->pending; false on error or hang-up. */
+/* One choice's events for the text it has ready (one per token), and its last chunk once its
+ * job is done (locked); false on out of memory. */
+static bool choice_events(struct stream *s, struct choice_out *c) {
+    struct srv *srv = s->srv;
+    struct srv_job *j = c->job;
+    const size_t upto = j->state == JOB_DONE ? j->text_len : j->ready;
+    const bool native = j->req.kind == SRV_NATIVE; /* llama-server's events: no role, no usage, no [DONE] */
+    bool ok = true;
+    if (native) c->first_sent = true;
+    if (!c->first_sent && upto == c->sent) { /* the role, before any text */
+        ok = pend_append(s, srv_chunk_sse(srv, j, "", 0, true, false, c->lp, c->lp));
+        c->first_sent = true;
+    }
+    while (ok && c->sent < upto) { /* one event per token (a character cut by a token waits for the next) */
+        size_t b = upto;
+        for (; c->tok < j->n_tok_end; c->tok++) {
+            size_t e = j->tok_end[c->tok];
+            if (e <= c->sent) continue;
+            if (e < upto && srv_utf8_whole(j->text, e) != e) continue;
+            if (e < upto) b = e;
+            break;
+        }
+        const size_t lp = srv_lp_upto(j, c->lp, b); /* the tokens (and logprobs) of this text */
+        ok = pend_append(s, native ? srv_native_chunk_sse(srv, j, j->text + c->sent, b - c->sent, false, c->lp, lp)
+                                   : srv_chunk_sse(srv, j, j->text + c->sent, b - c->sent, !c->first_sent, false,
+                                                   c->lp, lp));
+        c->first_sent = true;
+        c->sent = b;
+        c->lp = lp;
+    }
+    if (ok && j->state == JOB_DONE) {
+        ok = pend_append(s, native ? srv_native_chunk_sse(srv, j, "", 0, true, c->lp, c->lp)
+                                   : srv_chunk_sse(srv, j, "", 0, false, true, c->lp, c->lp));
+        c->final_sent = true;
+    }
+    return ok;
+}
+
+/* Produces the next events into s->pending; false on error or hang-up. With
+ * several choices it waits on the first one not finished while none has
+ * anything new: the engine decodes them in the same steps, so the others'
+ * tokens come with its own. */
 static bool stream_next(struct stream *s) {
     struct srv *srv = s->srv;
-    struct srv_job *j = s->job;
     stream_mark(s, true);
     pthread_mutex_lock(&srv->mu);
-    const enum peer_wait wr = wait_job_locked(srv, j, s->sent, &s->watch);
+    struct choice_out *wait_on = NULL;
+    for (int i = 0; i < s->n_ch; i++) {
+        const struct choice_out *c = &s->ch[i];
+        if (c->final_sent) continue;
+        if (c->job->state == JOB_DONE || c->job->ready > c->sent) { /* something to send now */
+            wait_on = NULL;
+            break;
+        }
+        if (!wait_on) wait_on = &s->ch[i];
+    }
+    const enum peer_wait wr = wait_on ? wait_job_locked(srv, wait_on->job, wait_on->sent, &s->watch) : WAIT_READY;
     stream_mark(s, false);
     if (wr != WAIT_READY) {
         pthread_mutex_unlock(&srv->mu);
         /* a half-closed client: a comment line, which a closed socket answers with a reset */
         return wr == WAIT_PROBE && pend_append(s, strdup(": ping\n\n"));
     }
-    bool ok = true;
-    if (j->err.status) { /* OpenAI streams errors as an event with an error object */
-        char *json = srv_error_json(&j->err), *ev = NULL;
-        const size_t n = json ? strlen(json) + 9 : 0;
-        if (json && (ev = malloc(n))) snprintf(ev, n, "data: %s\n\n", json);
-        free(json);
-        ok = pend_append(s, ev);
-        s->finished = true;
-    } else {
-        const size_t upto = j->state == JOB_DONE ? j->text_len : j->ready;
-        const bool native = j->req.kind == SRV_NATIVE; /* llama-server's events: no role, no usage, no [DONE] */
-        if (native) s->first_sent = true;
-        if (!s->first_sent && upto == s->sent) { /* the role, before any text */
-            ok = pend_append(s, srv_chunk_sse(srv, j, "", 0, true, false, s->lp, s->lp));
-            s->first_sent = true;
-        }
-        while (ok && s->sent < upto) { /* one event per token (a character cut by a token waits for the next) */
-            size_t b = upto;
-            for (; s->tok < j->n_tok_end; s->tok++) {
-                size_t e = j->tok_end[s->tok];
-                if (e <= s->sent) continue;
-                if (e < upto && srv_utf8_whole(j->text, e) != e) continue;
-                if (e < upto) b = e;
-                break;
-            }
-            const size_t lp = srv_lp_upto(j, s->lp, b); /* the tokens (and logprobs) of this text */
-            ok = pend_append(s, native ? srv_native_chunk_sse(srv, j, j->text + s->sent, b - s->sent, false, s->lp, lp)
-                                       : srv_chunk_sse(srv, j, j->text + s->sent, b - s->sent, !s->first_sent, false,
-                                                       s->lp, lp));
-            s->first_sent = true;
-            s->sent = b;
-            s->lp = lp;
-        }
-        if (ok && j->state == JOB_DONE) {
-            ok = pend_append(s, native ? srv_native_chunk_sse(srv, j, "", 0, true, s->lp, s->lp)
-                                       : srv_chunk_sse(srv, j, "", 0, false, true, s->lp, s->lp));
-            if (ok && j->req.include_usage && !native) ok = pend_append(s, srv_usage_chunk_sse(srv, j));
+    bool ok = true, all_final = true;
+    struct srv_job *j0 = s->ch[0].job;
+    for (int i = 0; ok && i < s->n_ch && !s->finished; i++) {
+        struct srv_job *j = s->ch[i].job;
+        if (j->err.status) { /* OpenAI streams errors as an event with an error object; the stream ends */
+            char *json = srv_error_json(&j->err), *ev = NULL;
+            const size_t n = json ? strlen(json) + 9 : 0;
+            if (json && (ev = malloc(n))) snprintf(ev, n, "data: %s\n\n", json);
+            free(json);
+            ok = pend_append(s, ev);
             s->finished = true;
+            break;
         }
+        if (!s->ch[i].final_sent) ok = choice_events(s, &s->ch[i]);
+        all_final &= s->ch[i].final_sent;
     }
-    const bool done_mark = j->req.kind != SRV_NATIVE;
+    if (ok && !s->finished && all_final) {
+        struct srv_job *jobs[SRV_MAX_CHOICES];
+        for (int i = 0; i < s->n_ch; i++) jobs[i] = s->ch[i].job;
+        if (j0->req.include_usage && j0->req.kind != SRV_NATIVE) ok = pend_append(s, srv_usage_chunk_sse(srv, jobs, s->n_ch));
+        s->finished = true;
+    }
+    const bool done_mark = j0->req.kind != SRV_NATIVE;
     pthread_mutex_unlock(&srv->mu);
     if (ok && s->finished && done_mark) ok = pend_append(s, strdup("data: [DONE]\n\n"));
     if (!ok && s->oom) s->finished = true; /* stream_read ends it with k_oom_sse */
@@ -450,21 +486,23 @@ static void stream_free(void *cls) {
     else s->h->streams = s->next;
     if (s->next) s->next->prev = s->prev;
     pthread_mutex_unlock(&s->h->mu);
-    srv_release(s->srv, s->job); /* cancels the job when the stream ended early */
+    for (int i = 0; i < s->n_ch; i++) srv_release(s->srv, s->ch[i].job); /* cancels jobs when the stream ended early */
     if (!s->pend_static) free(s->pending);
     free(s);
 }
 
-static enum MHD_Result start_stream(struct srv_http *h, struct MHD_Connection *c, struct srv_job *job) {
+/* Streams the n jobs of a request (taking the caller's references). */
+static enum MHD_Result start_stream(struct srv_http *h, struct MHD_Connection *c, struct srv_job **jobs, int n) {
     struct srv *srv = h->srv;
     struct stream *s = calloc(1, sizeof *s);
     if (!s) {
-        srv_release(srv, job);
+        for (int i = 0; i < n; i++) srv_release(srv, jobs[i]);
         return fail(srv, c, 500, "server_error", NULL, "out of memory");
     }
     s->srv = srv;
     s->h = h;
-    s->job = job;
+    for (int i = 0; i < n; i++) s->ch[i].job = jobs[i];
+    s->n_ch = n;
     s->watch.fd = conn_fd(c); /* response bytes, not an interim response: an SSE comment probes */
     s->progress_at = cli_now();
     s->outq = -1;
@@ -498,32 +536,46 @@ static enum MHD_Result completions(struct srv_http *h, struct MHD_Connection *c,
     struct srv_request req;
     struct srv_error e = {0};
     enum srv_kind kind = cs->route == R_CHAT ? SRV_CHAT : cs->route == R_NATIVE ? SRV_NATIVE : SRV_COMPLETION;
-    if (!srv_request_parse(srv, kind, cs->body ? cs->body : "", cs->len, &req, &e)) {
+    struct srv_job *jobs[SRV_MAX_CHOICES];
+    int n = 0, want = 1;
+    uint64_t seed = 0;
+    /* OpenAI's n: one job per choice, each from its own parse of the body (its own prompt and
+     * cache), choice i sampled with the first one's seed + i */
+    while (n < want) {
+        if (!srv_request_parse(srv, kind, cs->body ? cs->body : "", cs->len, &req, &e)) break;
+        if (n == 0) want = req.n_choices, seed = req.sampling.seed;
+        req.choice = n;
+        req.sampling.seed = seed + (uint64_t)n;
+        struct srv_job *job = srv_submit(srv, &req, &e);
+        if (!job) break;
+        job->lead = n ? jobs[0] : NULL;
+        jobs[n++] = job;
+    }
+    if (n < want) { /* refused: the choices already taken are cancelled */
         srv_request_free(&req);
+        for (int i = 0; i < n; i++) srv_release(srv, jobs[i]);
         return send_error(srv, c, &e);
     }
-    struct srv_job *job = srv_submit(srv, &req, &e);
-    if (!job) {
-        srv_request_free(&req);
-        return send_error(srv, c, &e);
-    }
-    if (job->req.stream) return start_stream(h, c, job);
+    if (jobs[0]->req.stream) return start_stream(h, c, jobs, n);
     struct peer_watch w = {.fd = conn_fd(c), .interim = cs->http11};
     pthread_mutex_lock(&srv->mu);
     /* gone, or (WAIT_PROBE) an HTTP/1.0 client's half-close, which cannot be probed: a hang-up, as before */
-    while (job->state != JOB_DONE)
-        if (wait_job_locked(srv, job, (size_t)-1, &w) != WAIT_READY) break;
-    const bool done = job->state == JOB_DONE;
-    pthread_mutex_unlock(&srv->mu);
-    if (!done) { /* the client left: cancel, and close the connection */
-        srv_release(srv, job);
-        return MHD_NO;
+    bool done = true;
+    for (int i = 0; i < n && done; i++) {
+        while (jobs[i]->state != JOB_DONE)
+            if (wait_job_locked(srv, jobs[i], (size_t)-1, &w) != WAIT_READY) break;
+        done = jobs[i]->state == JOB_DONE;
     }
-    char *(*answer)(const struct srv *, const struct srv_job *) =
-        job->req.kind == SRV_NATIVE ? srv_native_json : srv_response_json;
-    enum MHD_Result ret = job->err.status ? send_error(srv, c, &job->err)
-                                          : send_body(srv, c, 200, answer(srv, job), "application/json", 0);
-    srv_release(srv, job);
+    pthread_mutex_unlock(&srv->mu);
+    const struct srv_error *err = NULL;
+    for (int i = 0; i < n && done && !err; i++)
+        if (jobs[i]->err.status) err = &jobs[i]->err;
+    enum MHD_Result ret = MHD_NO; /* the client left: cancel, and close the connection */
+    if (done && err) ret = send_error(srv, c, err);
+    else if (done)
+        ret = send_body(srv, c, 200, kind == SRV_NATIVE ? srv_native_json(srv, jobs[0]) : srv_response_json(srv, jobs, n),
+                        "application/json", 0);
+    for (int i = 0; i < n; i++) srv_release(srv, jobs[i]);
     return ret;
 }
 

@@ -253,7 +253,7 @@ static cJSON *body(const struct srv *srv, const struct srv_job *j, const char *t
         cJSON_AddBoolToObject(o, "truncated", j->truncated);
         cJSON_AddBoolToObject(o, "has_new_line", j->text && memchr(j->text, '\n', j->text_len) != NULL);
         ok = cJSON_AddItemToObject(o, "generation_settings", srv_job_settings_json(srv, j)) &&
-             cJSON_AddItemToObject(o, "kv", srv_kv_json(j));
+             cJSON_AddItemToObject(o, "kv", srv_kv_json((struct srv_job *const *)&j, 1));
     }
     if (!ok) cJSON_Delete(o), o = NULL;
     return o;

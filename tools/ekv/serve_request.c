@@ -353,10 +353,12 @@ static bool parse_logprobs(const cJSON *root, struct srv_request *r, struct srv_
 
 /* Fields of the OpenAI API that ekv does not implement: refused unless they
  * ask for the default. */
-static bool refuse_unsupported(const cJSON *root, struct srv_error *e) {
+static bool refuse_unsupported(const cJSON *root, struct srv_request *r, struct srv_error *e) {
     long long n = 1;
     if (!get_int(e, root, "n", 1, 1e9, &n)) return false;
-    if (n != 1) return UNSUPPORTED("n", "only n = 1 is supported");
+    if (n > SRV_MAX_CHOICES) return UNSUPPORTED("n", "at most n = %d choices per request", SRV_MAX_CHOICES);
+    if (n > 1 && r->kind == SRV_NATIVE) return UNSUPPORTED("n", "/completion takes one choice ('n_cmpl' 1)");
+    r->n_choices = (int32_t)n;
     const cJSON *f;
     if (field(root, "tools") || field(root, "functions")) return UNSUPPORTED("tools", "tools are not supported");
     if ((f = field(root, "tool_choice")) && !(cJSON_IsString(f) && !strcmp(f->valuestring, "none")))
@@ -800,6 +802,7 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
     memset(r, 0, sizeof *r);
     r->kind = kind;
     r->logprobs = -1;
+    r->n_choices = 1;
     r->max_tokens = srv->cfg.n_predict;
     r->sampling = srv->cfg.sampling;
     r->ignore_eos = srv->cfg.ignore_eos;
@@ -820,7 +823,7 @@ bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *bo
             if (!isspace((unsigned char)*c)) ok = BAD(NULL, "the body has bytes after its JSON object (at byte %zu)", (size_t)(c - body));
     }
     r->cache_prompt = true;
-    ok = ok && refuse_unsupported(root, e) && parse_sampling(srv, root, r, e) && parse_logit_bias(srv, root, r, e) &&
+    ok = ok && refuse_unsupported(root, r, e) && parse_sampling(srv, root, r, e) && parse_logit_bias(srv, root, r, e) &&
          parse_logprobs(root, r, e) &&
          parse_kv(srv, root, r, e) &&
          get_bool(e, root, "cache_prompt", &r->cache_prompt);

@@ -77,17 +77,19 @@ static const char *model_id(const struct srv *srv, const struct srv_job *j) {
     return srv->cfg.model_id;
 }
 
-/* id, object, created, model: the head of every completion object. */
+/* id, object, created, model: the head of every completion object (the
+ * id and time of the request's first choice, the same in all its choices). */
 static cJSON *head(const struct srv *srv, const struct srv_job *j, bool chunk) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
+    const struct srv_job *l = j->lead ? j->lead : j;
     char id[48];
-    snprintf(id, sizeof id, "%s-%llu", j->req.kind == SRV_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)j->id);
+    snprintf(id, sizeof id, "%s-%llu", j->req.kind == SRV_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)l->id);
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "object",
                             j->req.kind == SRV_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
                                                     : "text_completion");
-    cJSON_AddNumberToObject(o, "created", (double)(srv->t_epoch + (long long)(j->t_arrive - srv->t_start)));
+    cJSON_AddNumberToObject(o, "created", (double)(srv->t_epoch + (long long)(l->t_arrive - srv->t_start)));
     cJSON_AddStringToObject(o, "model", model_id(srv, j));
     char fp[32];
     snprintf(fp, sizeof fp, "ekv-%s", ekv_version());
@@ -199,53 +201,61 @@ cJSON *srv_timings_json(const struct srv_job *j) {
     return t;
 }
 
-/* usage with ekv's kv and timings. */
-static cJSON *usage(const struct srv *srv, const struct srv_job *j) {
-    (void)srv;
+/* usage with ekv's kv and timings, of all n choices: the prompt counted once (each choice
+ * read it into a cache of its own), the answers' tokens and the caches' bytes summed. */
+static cJSON *usage(struct srv_job *const *jobs, int n) {
+    const struct srv_job *j = jobs[0];
+    long gen = 0;
+    for (int i = 0; i < n; i++) gen += jobs[i]->n_gen;
     cJSON *u = cJSON_CreateObject();
     if (!u) return NULL;
     cJSON_AddNumberToObject(u, "prompt_tokens", j->req.n_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)j->n_gen);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(j->req.n_tokens + j->n_gen));
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)gen);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(j->req.n_tokens + gen));
     cJSON *det = cJSON_AddObjectToObject(u, "prompt_tokens_details"); /* OpenAI's: positions from a cached prefix */
     if (det) cJSON_AddNumberToObject(det, "cached_tokens", j->n_cached);
-    cJSON_AddItemToObject(u, "kv", srv_kv_json(j));
+    cJSON_AddItemToObject(u, "kv", srv_kv_json(jobs, n));
     cJSON_AddItemToObject(u, "timings", srv_timings_json(j));
     return u;
 }
 
-/* ekv's cache statistics of a finished job: policy, bytes and entries kept against the full cache's. */
-cJSON *srv_kv_json(const struct srv_job *j) {
+cJSON *srv_kv_json(struct srv_job *const *jobs, int n) {
+    const struct srv_job *j = jobs[0];
+    struct ekv_kv_stats st = {0};
+    uint64_t proj = 0, peak = 0;
+    for (int i = 0; i < n; i++) {
+        const struct ekv_kv_stats *s = &jobs[i]->kv_stats;
+        st.bytes += s->bytes, st.bytes_full += s->bytes_full, st.entries += s->entries;
+        st.entries_full += s->entries_full, st.evicted += s->evicted, st.merged += s->merged;
+        proj += jobs[i]->proj.bytes_final, peak += jobs[i]->proj.bytes_peak;
+    }
     cJSON *kv = cJSON_CreateObject();
     if (kv) {
-        const struct ekv_kv_stats *st = &j->kv_stats;
         cJSON_AddStringToObject(kv, "policy", j->req.kv_policy);
         cJSON_AddNumberToObject(kv, "budget", j->req.kv.budget);
         if (j->req.kv.max_tokens > 0) cJSON_AddNumberToObject(kv, "tokens", j->req.kv.max_tokens);
-        cJSON_AddNumberToObject(kv, "bytes", (double)st->bytes);
-        cJSON_AddNumberToObject(kv, "bytes_full", (double)st->bytes_full);
-        cJSON_AddNumberToObject(kv, "entries", (double)st->entries);
-        cJSON_AddNumberToObject(kv, "entries_full", (double)st->entries_full);
-        cJSON_AddNumberToObject(kv, "evicted", (double)st->evicted);
-        cJSON_AddNumberToObject(kv, "merged", (double)st->merged);
-        cJSON_AddNumberToObject(kv, "bytes_projected", (double)j->proj.bytes_final);
-        cJSON_AddNumberToObject(kv, "bytes_peak_projected", (double)j->proj.bytes_peak);
+        cJSON_AddNumberToObject(kv, "bytes", (double)st.bytes);
+        cJSON_AddNumberToObject(kv, "bytes_full", (double)st.bytes_full);
+        cJSON_AddNumberToObject(kv, "entries", (double)st.entries);
+        cJSON_AddNumberToObject(kv, "entries_full", (double)st.entries_full);
+        cJSON_AddNumberToObject(kv, "evicted", (double)st.evicted);
+        cJSON_AddNumberToObject(kv, "merged", (double)st.merged);
+        cJSON_AddNumberToObject(kv, "bytes_projected", (double)proj);
+        cJSON_AddNumberToObject(kv, "bytes_peak_projected", (double)peak);
     }
     return kv;
 }
 
-char *srv_response_json(const struct srv *srv, const struct srv_job *j) {
-    cJSON *o = head(srv, j, false);
-    if (!o) return NULL;
+/* One choice of a non-streamed answer; NULL on out of memory. */
+static cJSON *choice_json(const struct srv *srv, const struct srv_job *j) {
     char *text = srv_text_clean(j->text ? j->text : "", j->text_len);
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-    if (!text || !choices || !c) {
+    cJSON *c = cJSON_CreateObject();
+    if (!text || !c) {
         free(text);
         cJSON_Delete(c);
-        cJSON_Delete(o);
         return NULL;
     }
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", j->req.choice);
     if (j->req.kind == SRV_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
@@ -257,14 +267,22 @@ char *srv_response_json(const struct srv *srv, const struct srv_job *j) {
     cJSON *lp = logprobs_json(srv, j, 0, srv_lp_upto(j, 0, j->text_len), false);
     if (!lp) {
         cJSON_Delete(c);
-        cJSON_Delete(o);
         return NULL;
     }
     cJSON_AddItemToObject(c, "logprobs", lp);
     cJSON_AddStringToObject(c, "finish_reason", j->finish ? j->finish : "length");
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddItemToObject(o, "usage", usage(srv, j));
-    cJSON_AddItemToObject(o, "timings", srv_timings_json(j));
+    return c;
+}
+
+char *srv_response_json(const struct srv *srv, struct srv_job *const *jobs, int n) {
+    cJSON *o = head(srv, jobs[0], false), *choices = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; choices && i < n; i++) cJSON_AddItemToArray(choices, choice_json(srv, jobs[i]));
+    if (!choices || cJSON_GetArraySize(choices) != n) { /* out of memory */
+        cJSON_Delete(o);
+        return NULL;
+    }
+    cJSON_AddItemToObject(o, "usage", usage(jobs, n));
+    cJSON_AddItemToObject(o, "timings", srv_timings_json(jobs[0]));
     return srv_json_take(o);
 }
 
@@ -290,7 +308,7 @@ char *srv_chunk_sse(const struct srv *srv, const struct srv_job *j, const char *
         cJSON_Delete(o);
         return NULL;
     }
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", j->req.choice);
     if (j->req.kind == SRV_CHAT) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
         if (first) cJSON_AddStringToObject(d, "role", "assistant");
@@ -313,11 +331,11 @@ char *srv_chunk_sse(const struct srv *srv, const struct srv_job *j, const char *
     return srv_sse_take(o);
 }
 
-char *srv_usage_chunk_sse(const struct srv *srv, const struct srv_job *j) {
-    cJSON *o = head(srv, j, true);
+char *srv_usage_chunk_sse(const struct srv *srv, struct srv_job *const *jobs, int n) {
+    cJSON *o = head(srv, jobs[0], true);
     if (!o) return NULL;
     cJSON_AddArrayToObject(o, "choices");
-    cJSON_AddItemToObject(o, "usage", usage(srv, j));
+    cJSON_AddItemToObject(o, "usage", usage(jobs, n));
     return srv_sse_take(o);
 }
 
