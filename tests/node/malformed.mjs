@@ -65,7 +65,7 @@ add('deep nesting 2', { path: H, body: '{"messages": [' + '{"a":'.repeat(3000) +
 
 // 3. wrong types and absurd numbers, field by field
 const bad = {
-  prompt: [true, 5, {}, [], [[]], [1.5], [-1], [1e9], ['a', 'b'], [[1], [2]], [null]],
+  prompt: [true, 5, {}, [], [[]], [1.5], [-1], [1e9], ['a', 5], [[1], {}], [['a']], Array(65).fill('a'), [null]],
   max_tokens: ['10', true, -1, 0, 1.5, 1e30, -1e30, [], {}, 2 ** 31],
   max_completion_tokens: [0, 'x', -5],
   temperature: ['0', -0.1, 2.5, 1e308, true, [], {}],

@@ -153,6 +153,23 @@ await check('n choices', async () => {
   assert.equal(g.choices[0].text, g.choices[1].text);
 });
 
+// a batch of prompts (legacy completions; lm-evaluation-harness sends its batches so): choice c of
+// prompt k has index k * n + c and is that prompt sent alone (seed + c); usage sums the prompts
+await check('batch of prompts', async () => {
+  const prompts = ['Once upon a time', 'Lily and Tom', [1, 403, 407]];
+  const q = { model: 'stories', max_tokens: 12, temperature: 0.9, seed: 3, n: 2 };
+  const r = await client.completions.create({ ...q, prompt: prompts });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2, 3, 4, 5]);
+  let promptTokens = 0;
+  for (let k = 0; k < 3; k++) {
+    const one = await client.completions.create({ ...q, prompt: prompts[k] });
+    assert.deepEqual([r.choices[2 * k].text, r.choices[2 * k + 1].text], one.choices.map((c) => c.text));
+    promptTokens += one.usage.prompt_tokens;
+  }
+  assert.equal(r.usage.prompt_tokens, promptTokens);
+  assert.equal(r.usage.completion_tokens, 72);
+});
+
 await check('completions logprobs', async () => {
   const r = await client.completions.create({
     model: 'stories', prompt: 'Once upon a time', max_tokens: 16, temperature: 0, logprobs: 2,

@@ -48,6 +48,7 @@
 #define SRV_MAX_STOP 4
 #define SRV_MAX_TOP_LOGPROBS 20        /* OpenAI's top_logprobs limit */
 #define SRV_MAX_CHOICES 16             /* OpenAI's n (OpenAI allows 128) */
+#define SRV_MAX_JOBS 64                /* prompts x choices of one request */
 #define SRV_ERR_MAX 512
 
 /* An OpenAI-shaped error: HTTP status, message, type, param, code. */
@@ -97,8 +98,11 @@ struct srv_request {
     float *lb_val;                /* [n_lb] owned biases (-INFINITY: banned) */
     int32_t n_lb;
     bool to_ctx_end;              /* max_tokens is the room left in the context (srv_submit) */
-    int32_t n_choices;            /* OpenAI's n: the request runs as n jobs (SRV_MAX_CHOICES at most) */
-    int32_t choice;               /* which of them this is: sampled with seed + choice */
+    int32_t n_choices;            /* OpenAI's n: each prompt runs as n jobs (SRV_MAX_CHOICES at most) */
+    int32_t n_prompts;            /* /v1/completions' prompts in the body (a batch), 1 otherwise */
+    int32_t prompt_at;            /* which of them this job reads */
+    int32_t choice;               /* its index in the answer, prompt_at * n_choices + c; choice c of
+                                     a prompt samples with seed + c */
     /* native /completion only */
     bool return_tokens;           /* "tokens" in the answer (streams always carry them) */
     bool timings_per_token;       /* "timings" in every streamed event */
@@ -278,6 +282,10 @@ bool srv_config_init(struct srv *srv, const struct cli_params *p);
  * false with e set (4xx) on any problem. Tokenizes with srv's model. */
 bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *body, size_t len,
                        struct srv_request *r, struct srv_error *e);
+/* The same for the nth prompt of a /v1/completions batch ("prompt": ["a", [1, 2], ...]; r->n_prompts
+ * says how many there are). */
+bool srv_request_parse_nth(const struct srv *srv, enum srv_kind kind, const char *body, size_t len, int32_t nth,
+                           struct srv_request *r, struct srv_error *e);
 /* POST /tokenize (llama.cpp's): {"content": "...", "add_special": true} ->
  * {"tokens": [...]}; NULL with e set on a bad request. */
 char *srv_tokenize_json(const struct srv *srv, const char *body, size_t len, struct srv_error *e);

@@ -329,7 +329,7 @@ struct stream {
         size_t lp;        /* tokens whose logprobs (native: ids) were sent */
         bool first_sent;  /* the role chunk */
         bool final_sent;  /* its last chunk */
-    } ch[SRV_MAX_CHOICES];
+    } ch[SRV_MAX_JOBS];
     int n_ch;
     bool finished;    /* final chunk(s) and [DONE] queued */
     bool oom;         /* an event could not be made: k_oom_sse ends the stream */
@@ -442,7 +442,7 @@ static bool stream_next(struct stream *s) {
         all_final &= s->ch[i].final_sent;
     }
     if (ok && !s->finished && all_final) {
-        struct srv_job *jobs[SRV_MAX_CHOICES];
+        struct srv_job *jobs[SRV_MAX_JOBS];
         for (int i = 0; i < s->n_ch; i++) jobs[i] = s->ch[i].job;
         if (j0->req.include_usage && j0->req.kind != SRV_NATIVE) ok = pend_append(s, srv_usage_chunk_sse(srv, jobs, s->n_ch));
         s->finished = true;
@@ -536,16 +536,17 @@ static enum MHD_Result completions(struct srv_http *h, struct MHD_Connection *c,
     struct srv_request req;
     struct srv_error e = {0};
     enum srv_kind kind = cs->route == R_CHAT ? SRV_CHAT : cs->route == R_NATIVE ? SRV_NATIVE : SRV_COMPLETION;
-    struct srv_job *jobs[SRV_MAX_CHOICES];
-    int n = 0, want = 1;
+    struct srv_job *jobs[SRV_MAX_JOBS];
+    int n = 0, want = 1, per = 1;
     uint64_t seed = 0;
-    /* OpenAI's n: one job per choice, each from its own parse of the body (its own prompt and
-     * cache), choice i sampled with the first one's seed + i */
+    /* OpenAI's n and a batch of prompts: one job per prompt and choice, each from its own
+     * parse of the body (its own prompt and cache); choice c of a prompt samples with the
+     * first one's seed + c, as the prompt sent alone would */
     while (n < want) {
-        if (!srv_request_parse(srv, kind, cs->body ? cs->body : "", cs->len, &req, &e)) break;
-        if (n == 0) want = req.n_choices, seed = req.sampling.seed;
+        if (!srv_request_parse_nth(srv, kind, cs->body ? cs->body : "", cs->len, n / per, &req, &e)) break;
+        if (n == 0) per = req.n_choices, want = req.n_prompts * req.n_choices, seed = req.sampling.seed;
         req.choice = n;
-        req.sampling.seed = seed + (uint64_t)n;
+        req.sampling.seed = seed + (uint64_t)(n % per);
         struct srv_job *job = srv_submit(srv, &req, &e);
         if (!job) break;
         job->lead = n ? jobs[0] : NULL;

@@ -734,12 +734,23 @@ static bool parse_completion(const struct srv *srv, const cJSON *root, struct sr
     if (!p && field(root, "messages"))
         return BAD("messages", "'messages' belongs to /v1/chat/completions; /v1/completions takes 'prompt'");
     if (!p) return BAD("prompt", "'prompt' is required");
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child)) p = p->child; /* ["text"], [[1, 2]] */
+    if (cJSON_IsArray(p) && p->child && !cJSON_IsNumber(p->child)) { /* a batch: ["a", [1, 2], ...], one job each */
+        const int k = cJSON_GetArraySize(p);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, p) if (!cJSON_IsString(it) && !cJSON_IsArray(it))
+            return BAD("prompt", "a batch of prompts holds strings and token-id arrays");
+        if ((long)k * r->n_choices > SRV_MAX_JOBS)
+            return UNSUPPORTED("prompt", "%d prompts x n = %d choices: at most %d per request", k, r->n_choices,
+                               SRV_MAX_JOBS);
+        if (r->prompt_at >= k) return BAD("prompt", "the batch has %d prompts", k);
+        r->n_prompts = k;
+        p = cJSON_GetArrayItem(p, r->prompt_at);
+    }
     struct srv_images none = {0};
     if (cJSON_IsString(p)) return srv_prompt_from_text(srv, p->valuestring, strlen(p->valuestring), &none, r, "prompt", e);
     if (cJSON_IsArray(p) && (!p->child || cJSON_IsNumber(p->child))) return prompt_tokens(srv, p, r, e);
-    if (cJSON_IsArray(p)) return UNSUPPORTED("prompt", "one prompt per request (a string, a token array, or an array of one)");
-    return BAD("prompt", "'prompt' must be a string or an array of token ids");
+    if (cJSON_IsArray(p)) return BAD("prompt", "a token-id array holds integers only");
+    return BAD("prompt", "'prompt' must be a string, an array of token ids, or an array of those");
 }
 
 bool srv_config_init(struct srv *srv, const struct cli_params *p) {
@@ -799,7 +810,14 @@ static bool body_json_ok(const char *body, size_t len, struct srv_error *e) {
 
 bool srv_request_parse(const struct srv *srv, enum srv_kind kind, const char *body, size_t len, struct srv_request *r,
                        struct srv_error *e) {
+    return srv_request_parse_nth(srv, kind, body, len, 0, r, e);
+}
+
+bool srv_request_parse_nth(const struct srv *srv, enum srv_kind kind, const char *body, size_t len, int32_t nth,
+                           struct srv_request *r, struct srv_error *e) {
     memset(r, 0, sizeof *r);
+    r->prompt_at = nth;
+    r->n_prompts = 1;
     r->kind = kind;
     r->logprobs = -1;
     r->n_choices = 1;

@@ -201,19 +201,23 @@ cJSON *srv_timings_json(const struct srv_job *j) {
     return t;
 }
 
-/* usage with ekv's kv and timings, of all n choices: the prompt counted once (each choice
- * read it into a cache of its own), the answers' tokens and the caches' bytes summed. */
+/* usage with ekv's kv and timings, of all jobs of a request: each prompt counted once (its
+ * choices read it into caches of their own), the answers' tokens and the caches' bytes summed. */
 static cJSON *usage(struct srv_job *const *jobs, int n) {
     const struct srv_job *j = jobs[0];
-    long gen = 0;
-    for (int i = 0; i < n; i++) gen += jobs[i]->n_gen;
+    long gen = 0, prompt = 0, cached = 0;
+    for (int i = 0; i < n; i++) {
+        gen += jobs[i]->n_gen;
+        if (jobs[i]->req.choice % jobs[i]->req.n_choices == 0) /* a prompt's first choice */
+            prompt += jobs[i]->req.n_tokens, cached += jobs[i]->n_cached;
+    }
     cJSON *u = cJSON_CreateObject();
     if (!u) return NULL;
-    cJSON_AddNumberToObject(u, "prompt_tokens", j->req.n_tokens);
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)gen);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(j->req.n_tokens + gen));
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + gen));
     cJSON *det = cJSON_AddObjectToObject(u, "prompt_tokens_details"); /* OpenAI's: positions from a cached prefix */
-    if (det) cJSON_AddNumberToObject(det, "cached_tokens", j->n_cached);
+    if (det) cJSON_AddNumberToObject(det, "cached_tokens", (double)cached);
     cJSON_AddItemToObject(u, "kv", srv_kv_json(jobs, n));
     cJSON_AddItemToObject(u, "timings", srv_timings_json(j));
     return u;
