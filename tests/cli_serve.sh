@@ -10,8 +10,9 @@
 # admission by --kv-mem (a request that
 # only fits compressed), and on ekv-ref-28m (../shared) 503 + Retry-After
 # when the queue is full and a client that hangs up having its job
-# cancelled and its cache freed at once; the server on a GPU (lavapipe),
-# images encoded there too.
+# cancelled and its cache freed at once; the server on a GPU (lavapipe):
+# texts (also with logit biases and penalties) and logprobs equal to the
+# CPU's, images encoded there too.
 # Every server must exit 0 on SIGTERM.
 # usage: cli_serve.sh EKV REPO SHARED
 set -u
