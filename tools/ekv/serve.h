@@ -206,7 +206,6 @@ struct srv_job {
     long n_gen;                   /* tokens generated */
     const char *finish;           /* "stop" or "length" once done */
     int stop_hit;                 /* the stop string that ended the text, or -1 */
-    bool truncated;               /* ended because the context was full (not by max_tokens) */
     struct srv_error err;         /* set when the job failed */
     struct ekv_kv_stats kv_stats; /* at the end */
     uint64_t reserve;             /* bytes reserved for admission */

@@ -378,7 +378,6 @@ struct token_out {
     const char *finish; /* NULL: goes on */
     bool gen;           /* a token was generated (not: the end of text, an error, n_predict 0) */
     int32_t tok;        /* which, when gen */
-    bool ctx_full;      /* the context is full after it */
     struct ekv_token_logprob lp[1 + SRV_MAX_TOP_LOGPROBS]; /* with req.logprobs >= 0: the token's, then its top */
 };
 
@@ -387,7 +386,7 @@ static void take_token(struct srv *srv, struct srv_job *j, const float *logits, 
     o->job = j;
     o->n = 0;
     o->finish = NULL;
-    o->gen = o->ctx_full = false;
+    o->gen = false;
     int32_t t = ekv_sampler_sample(j->smp, logits, srv->mi.n_vocab);
     if (!j->req.ignore_eos && ekv_token_is_eog(srv->model, t)) {
         o->finish = "stop";
@@ -403,8 +402,7 @@ static void take_token(struct srv *srv, struct srv_job *j, const float *logits, 
     o->gen = true;
     o->tok = t;
     ekv_sampler_accept(j->smp, t);
-    o->ctx_full = ekv_seq_n_seen(j->seq) + 1 > srv->cfg.n_ctx || (j->req.to_ctx_end && j->n_gen >= j->req.max_tokens);
-    if (j->n_gen >= j->req.max_tokens || o->ctx_full) o->finish = "length";
+    if (j->n_gen >= j->req.max_tokens || ekv_seq_n_seen(j->seq) + 1 > srv->cfg.n_ctx) o->finish = "length";
 }
 
 /* The longest suffix of text that is a proper prefix of a stop string. */
@@ -459,7 +457,6 @@ static bool publish_locked(struct srv *srv, struct token_out *o) {
         j->toks[j->n_tok_end] = o->tok;
         j->tok_end[j->n_tok_end++] = j->text_len;
     }
-    if (o->ctx_full) j->truncated = true;
     /* a stop string ends the text where it starts (searched where it can be new) */
     for (int i = 0; i < j->req.n_stop; i++) {
         size_t m = strlen(j->req.stop[i]);

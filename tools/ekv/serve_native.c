@@ -250,7 +250,9 @@ static cJSON *body(const struct srv *srv, const struct srv_job *j, const char *t
         cJSON_AddStringToObject(o, "stop_type", type);
         cJSON_AddStringToObject(o, "stopping_word", j->stop_hit >= 0 ? j->req.stop[j->stop_hit] : "");
         cJSON_AddNumberToObject(o, "tokens_cached", j->n_cached);
-        cJSON_AddBoolToObject(o, "truncated", j->truncated);
+        /* truncated: the context's end stopped it (max_tokens was the room left, or it came first) */
+        const bool length = j->finish && !strcmp(j->finish, "length");
+        cJSON_AddBoolToObject(o, "truncated", length && (j->n_gen < j->req.max_tokens || j->req.to_ctx_end));
         cJSON_AddBoolToObject(o, "has_new_line", j->text && memchr(j->text, '\n', j->text_len) != NULL);
         ok = cJSON_AddItemToObject(o, "generation_settings", srv_job_settings_json(srv, j)) &&
              cJSON_AddItemToObject(o, "kv", srv_kv_json((struct srv_job *const *)&j, 1));
