@@ -153,7 +153,7 @@ function request(method, path, body, extraHeaders = '') {
 }
 
 // ---- counters ----
-const tot = { sent: 0, ok: 0, busy: 0, refused4xx: 0, cancelled: 0, stalled: 0, fail: 0, nonJsonError: 0, htmlBadChunks: 0 };
+const tot = { sent: 0, ok: 0, busy: 0, refused4xx: 0, cancelled: 0, stalled: 0, fail: 0, nonJsonError: 0 };
 const byKind = {};
 let iv = { ok: 0, busy: 0, fail: 0, lat: [], ttft: [] };
 const failures = [];
@@ -178,8 +178,7 @@ function check(kind, x, expect, stream) {
   if (isBusy(r)) { tot.busy++; iv.busy++; byKind[kind].busy++; return; }
   if (expect === 'error') {
     if (r.status < 400 || r.status >= 500) return fail(kind, `expected a 4xx, got ${r.status}: ${r.body.slice(0, 120)}`);
-    if (!isJsonError(r) && kind === 'bad_chunks') tot.htmlBadChunks++;
-    else if (!isJsonError(r)) { tot.nonJsonError++; if (failures.length < 20) failures.push(`${kind}: ${r.status} not the JSON error object: ${r.body.slice(0, 120)}`); }
+    if (!isJsonError(r)) { tot.nonJsonError++; if (failures.length < 20) failures.push(`${kind}: ${r.status} not the JSON error object: ${r.body.slice(0, 120)}`); }
     tot.refused4xx++;
     byKind[kind].err4xx++;
     return;
@@ -231,9 +230,25 @@ const malformed = [
   () => Buffer.from('POST /v1/completions HTTP/1.1\r\nHost: h\r\nConnection: close\r\nContent-Length: 1x\r\n\r\n'),
   () => Buffer.from('POST /v1/completions HTTP/1.1\r\nHost: h\r\nConnection: close\r\nBad header line\r\n\r\n'),
 ];
-// a chunked body whose chunk syntax is wrong: libmicrohttpd answers it (400, in HTML: the one
-// known non-JSON error, docs/reliability.md), counted apart
+// a chunked body whose chunk syntax is wrong (the door answers it: JSON like every other error)
 const badChunks = () => Buffer.from('POST /v1/completions HTTP/1.1\r\nHost: h\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n');
+
+// two answers on one connection: the first request's (200, or 503 busy), then the JSON 4xx of a malformed one
+function checkKeptAlive(kind, x) {
+  (byKind[kind] ??= { n: 0, ok: 0, busy: 0, err4xx: 0 }).n++;
+  if (x.how === 'error' || x.how === 'timeout') return fail(kind, `no answer (${x.how} ${x.err ?? ''})`);
+  const r1 = parseResponse(x.data);
+  if (r1.error) return fail(kind, `first answer: ${r1.error}`);
+  if (isBusy(r1)) { tot.busy++; iv.busy++; byKind[kind].busy++; return; }
+  if (r1.status !== 200) return fail(kind, `first answer: status ${r1.status}: ${r1.body.slice(0, 200)}`);
+  const r2 = parseResponse(x.data.subarray(x.data.length - r1.extra));
+  if (r2.error) return fail(kind, `second answer: ${r2.error}: ${JSON.stringify(x.data.subarray(x.data.length - r1.extra).toString('latin1').slice(0, 120))}`);
+  if (r2.extra) return fail(kind, `${r2.extra} bytes after the second answer`);
+  if (r2.status < 400 || r2.status >= 500) return fail(kind, `second answer: expected a 4xx, got ${r2.status}`);
+  if (!isJsonError(r2)) { tot.nonJsonError++; if (failures.length < 20) failures.push(`${kind}: ${r2.status} not the JSON error object: ${r2.body.slice(0, 120)}`); }
+  tot.ok++; iv.ok++; byKind[kind].ok++;
+  tot.refused4xx++; byKind[kind].err4xx++;
+}
 
 async function one(id) {
   const u = rnd();
@@ -265,9 +280,16 @@ async function one(id) {
     tot.stalled++;
     (byKind.stalled_reader ??= { n: 0 }).n++;
     if (x.how !== 'stalled') check('stalled_reader', x, 'any', true);
-  } else if (u < 0.94) {
+  } else if (u < 0.935) {
     const x = await exchange(pick(malformed)(), 'read', 60000);
     check('malformed', x, 'error', false);
+  } else if (u < 0.94) {
+    // kept alive: a completion, then on the same connection (pipelined) a malformed request
+    const first = Buffer.from(request('POST', '/v1/completions', JSON.stringify({ prompt: prompt(), ...base }))
+      .toString('latin1').replace('Connection: close\r\n', ''), 'latin1');
+    const bad = pick(malformed)();
+    const x = await exchange(Buffer.concat([first, Buffer.isBuffer(bad) ? bad : Buffer.from(bad, 'latin1')]), 'read', 60000);
+    checkKeptAlive('kept_alive_malformed', x);
   } else if (u < 0.95) {
     const x = await exchange(badChunks(), 'read', 60000);
     check('bad_chunks', x, 'error', false);

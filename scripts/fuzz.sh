@@ -28,7 +28,7 @@ command -v clang > /dev/null || { echo "fuzz.sh: clang is missing: run scripts/s
 if [ "$MODE" = coverage ]; then
     # target: the source files it is there to exercise
     FILES_gguf="src/model/gguf.c"
-    FILES_request="tools/ekv/serve_request.c tools/ekv/serve_native.c tools/ekv/serve_json.c tools/ekv/serve_door.c"
+    FILES_request="tools/ekv/serve_request.c tools/ekv/serve_native.c tools/ekv/serve_json.c tools/ekv/serve_frame.c"
     FILES_tokenizer="src/model/tokenizer_bpe.c src/model/tokenizer_spm.c src/model/vocab.c src/model/unicode.c"
     FILES_chat="src/engine/chat.c"
     FILES_jsonl="src/eval/dataset.c"

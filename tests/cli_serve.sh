@@ -272,6 +272,52 @@ for want in "cl_negative 1 400 invalid_content_length" "cl_text 1 400 invalid_co
   "head_16k 1 431 request_header_fields_too_large" "slow_head 1 200 not-json:"; do
   grep -q "^$want" "$T/door" && ok || bad "door: want '$want', got '$(grep "^${want%% *} " "$T/door")'"
 done
+# 6 and 7, the rest: every later request of a kept-alive connection and every chunked body are
+# screened too (the door relays each connection's bytes): answers before a refused request go out
+# first, in order, then one JSON error, then the close; good chunked bodies (trailers, extensions)
+# and pipelined requests still pass
+python3 - "$URL" > "$T/door2" << 'PYEOF'
+import json, re, socket, sys
+host, port = sys.argv[1].split('//')[1].split(':')
+def conv(raw):
+    s = socket.create_connection((host, int(port)), timeout=20)
+    s.sendall(raw)
+    out = b''
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        out += d
+    s.close()
+    codes = [json.loads(m)['error']['code'] for m in re.findall(rb'\{"error":\{.*?\}\}', out)]
+    texts = re.findall(rb'"text":"([^"]*)"|"status":"(ok)"', out)
+    return '%s %s %d' % (','.join(m.decode()[9:] for m in re.findall(rb'HTTP/1\.1 \d{3}', out)),
+                         ','.join(codes) or '-', len(texts))
+body = b'{"prompt": "Once", "max_tokens": 2}'
+P = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'
+ok = P + b'Content-Length: %d\r\n\r\n' % len(body) + body
+C = P + b'Transfer-Encoding: chunked\r\n\r\n'
+end = b'GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n'
+for name, raw in [('later_garbage', ok + b'GARBAGE\r\n\r\n'),
+                  ('later_cl_text', ok + P + b'Content-Length: abc\r\n\r\n'),
+                  ('pipelined_then_bad', ok + ok + b'GET /health HTTP/1.1\r\nBad line\r\n\r\n'),
+                  ('chunk_not_hex', C + b'zz\r\nhello\r\n0\r\n\r\n'),
+                  ('chunk_bare_lf', C + b'5\nhello\r\n0\r\n\r\n'),
+                  ('chunk_no_crlf_after_data', C + b'5\r\nhelloXX0\r\n\r\n'),
+                  ('chunk_17_digits', C + b'10000000000000000\r\nhello\r\n0\r\n\r\n'),
+                  ('chunk_bad_trailer', C + b'5\r\n{"pro\r\n0\r\nno colon here\r\n\r\n'),
+                  ('later_bad_chunk', ok + C + b'5\r\n{"pro\r\n-1\r\n'),
+                  ('chunked_trailer_then_get', C + b'000%x;name=val\r\n' % len(body) + body + b'\r\n0\r\nX-T: 1\r\n\r\n' + end),
+                  ('pipelined_ok', ok + ok + end)]:
+    print(name, conv(raw))
+PYEOF
+for want in "later_garbage 200,400 malformed_request 1" "later_cl_text 200,400 invalid_content_length 1" \
+  "pipelined_then_bad 200,200,400 malformed_request 2" "chunk_not_hex 400 malformed_chunked_body 0" \
+  "chunk_bare_lf 400 malformed_chunked_body 0" "chunk_no_crlf_after_data 400 malformed_chunked_body 0" \
+  "chunk_17_digits 413 request_too_large 0" "chunk_bad_trailer 400 malformed_chunked_body 0" \
+  "later_bad_chunk 200,400 malformed_chunked_body 1" "chunked_trailer_then_get 200,200 - 2" "pipelined_ok 200,200,200 - 3"; do
+  grep -qx "$want" "$T/door2" && ok || bad "door, later requests: want '$want', got '$(grep "^${want%% *} " "$T/door2")'"
+done
 # 11 (the other half is with --cors below): without --cors, OPTIONS is 405 and no CORS header is sent
 code=$(curl -s -D "$T/h" -o /dev/null -w '%{http_code}' -X OPTIONS "$URL/v1/completions")
 [ "$code" = 405 ] && ! grep -qi '^access-control' "$T/h" && ok || bad "OPTIONS without --cors: $code"

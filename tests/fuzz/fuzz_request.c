@@ -6,10 +6,11 @@
  * the per-request KV options through the CLI's option rows, the chat
  * template, tokenization with stories260K), srv_tokenize_json,
  * srv_detokenize_json and srv_apply_template_json; and the front door's
- * screen of a request head (srv_door_screen, serve_door.c). The first byte
+ * screen of a connection's bytes (serve_frame.c: heads, bodies, chunks,
+ * whole and cut in pieces). The first byte
  * picks the endpoint (modulo 7: completions, chat, tokenize, door,
  * detokenize, apply-template, native completion), the rest is the body or
- * the head.
+ * the connection's bytes.
  *
  * Built two ways: a libFuzzer target (clang, -DEKV_FUZZ=ON: fuzz_request)
  * and, always, with fuzz_replay.c's driver (fuzz_request_replay FILE|DIR...)
@@ -49,6 +50,56 @@ static int setup(void) {
     return 0;
 }
 
+/* The front door's screen of a connection's bytes (serve_frame.c): fed whole, then in pieces cut where
+ * the bytes themselves say (as the network may cut them), with libmicrohttpd's completions arriving
+ * late; both must pass the same bytes and give the same verdict. Taken = whole requests only. */
+static int door_one(const char *b, size_t n, struct srv_error *e) {
+    struct srv_frame f;
+    srv_frame_init(&f);
+    long v = 0; /* whole: each call opens one head (libmicrohttpd completes each request at once) */
+    for (size_t at = 0;;) {
+        const long k = srv_frame_screen(&f, b + at, n - at, true, e);
+        if (k < -1 || k > (long)(n - at)) abort();
+        if (k < 0) {
+            v = -1;
+            break;
+        }
+        at += (size_t)k;
+        v = (long)at;
+        if (k == 0 || at == n) break;
+    }
+    if (v < 0 && (!e->message[0] || !e->code || (e->status != 400 && e->status != 413 && e->status != 431 &&
+                                                 e->status != 501 && e->status != 505)))
+        abort(); /* a refusal without its status, code or message */
+    /* in pieces: the door holds what did not pass and screens it again with the next piece */
+    struct srv_frame g;
+    srv_frame_init(&g);
+    struct srv_error e2 = {0};
+    size_t have = 0, passed = 0;
+    long w = 0;
+    unsigned h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)b[i]) * 16777619u;
+    while (w >= 0 && have < n) {
+        h = h * 1103515245u + 12345u;
+        const size_t piece = 1 + (h >> 8) % 97;
+        have = have + piece < n ? have + piece : n;
+        bool may_open = (h >> 20) & 1; /* libmicrohttpd's completion of the last request: now or late */
+        for (;;) {
+            w = srv_frame_screen(&g, b + passed, have - passed, may_open, &e2);
+            if (w < 0) break;
+            passed += (size_t)w;
+            if ((w == 0 && may_open) || passed == have) break;
+            may_open = true; /* it came: a held head goes on */
+        }
+    }
+    if (w < 0) w = -1;
+    else w = (long)passed;
+    if ((v < 0) != (w < 0) || (v >= 0 && v != w) || (v < 0 && e->status != e2.status) || f.heads != g.heads ||
+        f.ends != g.ends)
+        abort(); /* the cut changed the verdict */
+    return v == (long)n && f.ends == f.heads && f.heads > 0;
+}
+
 /* 1: the request was taken, 0: refused (a 4xx with its message) */
 static int run_one(const uint8_t *data, size_t size) {
     if (setup() != 0) abort(); /* the harness itself is broken: say so loudly */
@@ -58,14 +109,7 @@ static int run_one(const uint8_t *data, size_t size) {
     const size_t len = size - 1;
     struct srv_error e;
     memset(&e, 0, sizeof e);
-    if (which == 3) { /* taken = a whole head passed on; refused = refused or not complete */
-        const int v = srv_door_screen(body, len, &e);
-        if (v < -1 || v > 1) abort();
-        if (v < 0 && (!e.message[0] || !e.code || (e.status != 400 && e.status != 413 && e.status != 431 &&
-                                                   e.status != 501 && e.status != 505)))
-            abort(); /* a refusal without its status, code or message */
-        return v == 1;
-    }
+    if (which == 3) return door_one(body, len, &e);
     if (which == 2 || which == 4 || which == 5) {
         char *out = (which == 2 ? srv_tokenize_json : which == 4 ? srv_detokenize_json : srv_apply_template_json)(
             &g_srv, body, len, &e);

@@ -2,9 +2,11 @@
  * serve.h — the pieces of `ekv serve` (docs/architecture.md "Serving") and how they
  * meet:
  *
- *   serve_door.c      accepts connections and refuses request heads that
- *                     libmicrohttpd would answer itself (in HTML) with the
- *                     API's JSON error, then hands the socket on
+ *   serve_door.c      accepts connections and relays their bytes to and
+ *                     from libmicrohttpd (a socket pair each), refusing with
+ *                     the API's JSON error what it would answer itself in
+ *                     HTML: every request head, every chunked body
+ *   serve_frame.c     the door's screen of those bytes (pure)
  *   serve_http.c      libmicrohttpd: routing, body limits, the API key,
  *                     waiting for a job and streaming it (SSE), noticing
  *                     clients that went away
@@ -454,28 +456,67 @@ void srv_http_stop(struct srv_http *h);
  * srv's model, context and vision tower stay the caller's. */
 void srv_shutdown(struct srv *srv, struct srv_http *http);
 
+/* ---- serve_frame.c ---- */
+
+/* A request head that passed the screen. */
+struct srv_head {
+    size_t len;              /* its bytes, the empty line (and empty lines before it) included */
+    uint64_t content_length; /* 0 without the header */
+    bool chunked;            /* Transfer-Encoding: chunked */
+};
+/* Screens the bytes of one request head at buf[0, n): 1 = a whole head
+ * that libmicrohttpd may have (*h filled when h is not NULL), 0 = not
+ * complete yet, -1 = refused (e set: 400, 413, 431, 501 or 505). */
+int srv_door_screen(const char *buf, size_t n, struct srv_head *h, struct srv_error *e);
+
+/* Where a connection's byte stream is: in a head, a body, a chunk... */
+struct srv_frame {
+    int state;
+    uint64_t left;   /* bytes to go of a body or a chunk's data */
+    size_t trailer;  /* bytes of the trailer section so far */
+    uint64_t heads;  /* request heads passed */
+    uint64_t ends;   /* requests passed whole (head and body) */
+};
+void srv_frame_init(struct srv_frame *f);
+/* True between requests (the next byte starts a head). */
+bool srv_frame_at_head(const struct srv_frame *f);
+/* Screens buf[0, n), the connection's bytes from where the last call's
+ * passed bytes ended: returns how many of them passed (heads whole, bodies
+ * and chunk data as they come, chunk lines whole), stopping early at a
+ * line or head not complete yet and before a request's head unless
+ * may_open (then before the second: one head per call); -1 = refused (e set: the statuses above, or 400
+ * malformed_chunked_body), f then says where. */
+long srv_frame_screen(struct srv_frame *f, const char *buf, size_t n, bool may_open, struct srv_error *e);
+
 /* ---- serve_door.c ---- */
 
-/* Takes a connection whose first request head passed (the callee owns fd). */
-typedef void (*srv_door_pass_fn)(void *cls, int fd, const struct sockaddr *addr, socklen_t alen);
+/* Takes libmicrohttpd's end of a connection (a socket pair; the callee
+ * owns fd) whose first request head passed; addr is the client's. False:
+ * refused (fd closed). */
+typedef bool (*srv_door_pass_fn)(void *cls, int fd, const struct sockaddr *addr, socklen_t alen);
 /* Told the status of each answer the door gave itself (for /metrics). */
 typedef void (*srv_door_answered_fn)(void *cls, int status);
 struct srv_door_params {
-    double timeout;  /* seconds a connection may take to send its head */
+    double timeout;  /* seconds a connection may take to send its first head, or an answer to go out */
     srv_door_pass_fn pass;
     srv_door_answered_fn answered; /* or NULL */
     void *cls;
     const char *cors; /* --cors origin for the door's answers, or NULL (borrowed) */
 };
 struct srv_door;
-/* Screens the first n bytes of a connection: 1 = a whole request head that
- * libmicrohttpd may have, 0 = not complete yet, -1 = refused (e set). */
-int srv_door_screen(const char *buf, size_t n, struct srv_error *e);
 /* Listens on addr (port 0: any; *port_out gets it) and starts the door's
  * thread; errno tells why on EKV_ERR_IO. Free with srv_door_stop. */
 enum ekv_status srv_door_start(const struct sockaddr_in *addr, const struct srv_door_params *p, struct srv_door **out,
                                int *port_out);
-/* Stops accepting and closes the heads still waiting; NULL is harmless. */
+/* libmicrohttpd finished a request on its end fd of a pair (any thread):
+ * the door may pass the connection's next request on. */
+void srv_door_completed(struct srv_door *d, int fd);
+/* Stops accepting and closes the connections that have not passed a head
+ * yet; returns once the door will pass nothing more (then libmicrohttpd may
+ * stop). NULL is harmless. */
+void srv_door_quiesce(struct srv_door *d);
+/* Relays what libmicrohttpd still sends (a few seconds at most), then
+ * closes every connection and frees d; NULL is harmless. */
 void srv_door_stop(struct srv_door *d);
 
 #endif

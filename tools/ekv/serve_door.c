@@ -1,32 +1,42 @@
 /*
  * serve_door.c — the front door of `ekv serve`: it accepts the connections
- * itself and looks at each one's first request head (peeked, not read)
- * before handing the socket to libmicrohttpd. Why: libmicrohttpd 0.9.75
- * (Debian 12's) answers requests it cannot parse itself, with an HTML page
- * instead of the API's JSON error object (issue 23, defect 7), and for a
- * Content-Length that is not a number it sends its status line and headers
- * twice (defect 6). The door refuses exactly those heads, with one JSON
- * answer: a request line that is not `METHOD TARGET HTTP/x.y` (400; 505 for
- * a version other than 1.x), a header line without a colon (400), a
- * Content-Length that is not digits (400) or too large to be a number (413),
- * two of them (400), a Transfer-Encoding other than chunked (501) or one
- * beside a Content-Length (400: request smuggling), a head over 16 KiB (431).
- * Everything else goes to libmicrohttpd unchanged, with its kernel send
- * buffer capped (DOOR_SNDBUF). After an answer the
- * connection is closed gracefully (the rest of the request is read and
- * dropped for a moment), so that the client sees the answer, not a reset.
- * One thread, epoll, edge-triggered: a peek does not consume bytes, so only
- * new bytes wake it; a head not complete within --timeout is dropped.
- * Not covered: the later requests of a kept-alive connection (libmicrohttpd
- * reads them) and chunked bodies whose chunk syntax is wrong.
+ * itself and relays each one's bytes to libmicrohttpd through a socket pair
+ * (and libmicrohttpd's answers back), passing on only what serve_frame.c's
+ * screen let through. Why: libmicrohttpd 0.9.75 (Debian 12's) answers
+ * requests it cannot parse itself, with an HTML page instead of the API's
+ * JSON error object (issue 23, defect 7), and for a Content-Length that is
+ * not a number it sends its status line and headers twice (defect 6). A
+ * door that only looked at a connection's first head (this file's first
+ * version) left two cases to it: a later request on a kept-alive
+ * connection, and chunked bodies; relaying every byte covers both.
+ *
+ * One request at a time goes to libmicrohttpd: the next one's head waits
+ * in the door until libmicrohttpd reported the last one complete
+ * (srv_door_completed, from its completion callback), so that when a later
+ * request is refused, the answers before it go out first, then the door's
+ * JSON error, in order, and the connection closes. A refusal inside a
+ * chunked body ends that request in libmicrohttpd (its end of the pair
+ * sees the end of input) and the door answers for it. The client's state
+ * is mirrored onto the pair: its half-close shuts down the pair's direction
+ * to libmicrohttpd (which still answers), a reset or an error closes the
+ * pair (which libmicrohttpd sees as a hang-up: the job is cancelled).
+ *
+ * Bounded: each connection holds at most DOOR_IN_CAP + DOOR_OUT_CAP bytes
+ * in the door, the pair's buffers are capped (DOOR_PAIR_BUF) and the
+ * client's kernel send buffer too (DOOR_SNDBUF), so a client that stops
+ * reading stalls its own stream only (serve_http.c's stall watch sees it on
+ * the pair). One thread, epoll, edge-triggered; a first head not complete
+ * within --timeout is dropped, and an answer not taken within --timeout
+ * too. After an answer the rest of the request is read and dropped for a
+ * moment, so that the client sees the answer, not a reset.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -35,21 +45,52 @@
 
 #include "serve.h"
 
-#define DOOR_HEAD_MAX 16384 /* bytes of a request head, its empty line included */
-#define DOOR_PENDING_MAX 512
-#define DOOR_LINGER_S 2.0          /* a refused connection's rest is read for at most this long... */
+#define DOOR_CONN_MAX 1024           /* connections at once (libmicrohttpd's limit is 1000) */
+#define DOOR_IN_CAP (20 * 1024)      /* client bytes held: a whole head (16 KiB) must fit */
+#define DOOR_OUT_CAP (16 * 1024)     /* libmicrohttpd's bytes held on their way to the client */
+#define DOOR_PAIR_BUF (64 * 1024)    /* each end of a pair's kernel send buffer */
+#define DOOR_LINGER_S 2.0            /* a closing connection's rest is read for at most this long... */
 #define DOOR_LINGER_BYTES (1u << 20) /* ...or this many bytes */
+#define DOOR_STOP_S 2.0              /* srv_door_stop relays what is left for at most this long */
+#define DOOR_FD_TRACK 65536          /* completions are counted for libmicrohttpd's fds below this */
 /* Each connection's kernel send buffer (Linux doubles it): what a client that stops reading can
  * make the kernel hold for it. Autotuning would let it grow to tcp_wmem's maximum (4 MiB). */
 #define DOOR_SNDBUF (256 * 1024)
 
+#define ID_LISTEN UINT64_MAX
+#define ID_WAKE (UINT64_MAX - 1)
+
+enum door_phase {
+    PH_OPEN,   /* the client's requests go to libmicrohttpd (none yet while ifd < 0) */
+    PH_DRAIN,  /* nothing more goes in; libmicrohttpd's bytes (and the door's answer) go out */
+    PH_LINGER, /* all sent; the client's rest is read and dropped, then the close */
+};
+
+struct door_buf {
+    size_t in_len;           /* client bytes held, in[0, in_len) */
+    size_t in_pass;          /* of them, in[0, in_pass) passed the screen (not yet sent on) */
+    size_t out_off, out_len; /* out[out_off, out_len): bytes not yet sent to the client */
+    char in[DOOR_IN_CAP];
+    char out[DOOR_OUT_CAP];
+};
+
 struct door_conn {
-    int fd; /* -1: a free slot */
-    bool closing; /* answered: reading what is left before closing */
+    int fd;  /* the client's socket; -1: a free slot */
+    int ifd; /* the door's end of the pair; -1: no head passed yet, or closed */
+    int mfd; /* libmicrohttpd's end (its number: completions name it) */
+    uint32_t gen; /* the slot's generation: epoll events of an earlier connection in it are ignored */
+    enum door_phase phase;
+    struct srv_frame fr;
+    bool cl_eof;     /* the client's FIN was read */
+    bool in_shut;    /* the pair's direction to libmicrohttpd is shut down */
+    bool in_eof;     /* libmicrohttpd's end said end of input (or there is none) */
+    bool answer_due; /* the door answers err once libmicrohttpd's bytes are out */
+    struct srv_error err;
     size_t drained;
-    double deadline;
+    double deadline; /* the first head's (ifd < 0), or PH_DRAIN's / PH_LINGER's */
     struct sockaddr_storage addr;
     socklen_t alen;
+    struct door_buf *b;
 };
 
 struct srv_door {
@@ -61,101 +102,20 @@ struct srv_door {
     srv_door_answered_fn answered;
     void *cls;
     const char *cors;
-    struct door_conn conns[DOOR_PENDING_MAX];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int cmd;        /* under mu: 1 quiesce, 2 stop */
+    bool quiesced;  /* under mu */
+    _Atomic uint64_t *completed; /* [DOOR_FD_TRACK]: requests completed, by libmicrohttpd's fd */
+    struct door_conn conns[DOOR_CONN_MAX];
 };
 
-/* ---- the screen: pure, on the bytes peeked so far ---- */
+static bool again(void) { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
 
-static bool is_tchar(unsigned char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || strchr("!#$%&'*+-.^_`|~", c);
+/* An epoll event's tag: the slot's generation, the slot, which socket (0 the client's, 1 the pair's). */
+static uint64_t event_id(const struct srv_door *d, const struct door_conn *c, int side) {
+    return (uint64_t)c->gen << 32 | ((uint64_t)(c - d->conns) * 2 + (uint64_t)side);
 }
-
-static int refuse(struct srv_error *e, int status, const char *code, const char *msg) {
-    e->status = status;
-    e->type = "invalid_request_error";
-    e->param = NULL;
-    e->code = code;
-    snprintf(e->message, sizeof e->message, "%s", msg);
-    return -1;
-}
-
-/* One line [s, s + n) without its line end; trims spaces and tabs around a value. */
-static void trim(const char **s, size_t *n) {
-    while (*n && (**s == ' ' || **s == '\t')) ++*s, --*n;
-    while (*n && ((*s)[*n - 1] == ' ' || (*s)[*n - 1] == '\t')) --*n;
-}
-
-static int screen_request_line(const char *s, size_t n, struct srv_error *e) {
-    const char *sp = memchr(s, ' ', n);
-    if (!sp || sp == s) return refuse(e, 400, "malformed_request", "the request line is not 'METHOD TARGET HTTP/1.1'");
-    for (const char *p = s; p < sp; p++)
-        if (!is_tchar((unsigned char)*p)) return refuse(e, 400, "malformed_request", "the request method is not a token");
-    size_t m = n;
-    while (m && s[m - 1] == ' ') m--;
-    const char *v = s + m;
-    while (v > sp && v[-1] != ' ') v--;
-    if (v <= sp + 1 || m - (size_t)(v - s) != 8 || memcmp(v, "HTTP/", 5) || v[6] != '.' || v[5] < '0' || v[5] > '9' ||
-        v[7] < '0' || v[7] > '9')
-        return refuse(e, 400, "malformed_request", "the request line is not 'METHOD TARGET HTTP/1.1'");
-    if (v[5] != '1') return refuse(e, 505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1 are served");
-    return 1;
-}
-
-/* 1: pass on; 0: the head is not complete yet; -1: refuse (e says how). */
-int srv_door_screen(const char *buf, size_t n, struct srv_error *e) {
-    size_t at = 0;
-    while (at < n && (buf[at] == '\r' || buf[at] == '\n')) at++; /* empty lines before the request (RFC 9112 2.2) */
-    int n_cl = 0, n_te = 0, lines = 0;
-    bool cl_bad = false, cl_huge = false, te_bad = false;
-    for (;;) {
-        const char *nl = memchr(buf + at, '\n', n - at);
-        if (!nl) {
-            if (n >= DOOR_HEAD_MAX)
-                return refuse(e, 431, "request_header_fields_too_large", "the request head is larger than 16 KiB");
-            return 0;
-        }
-        const char *s = buf + at;
-        size_t len = (size_t)(nl - s);
-        if (len && s[len - 1] == '\r') len--;
-        at = (size_t)(nl - buf) + 1;
-        if (at > DOOR_HEAD_MAX)
-            return refuse(e, 431, "request_header_fields_too_large", "the request head is larger than 16 KiB");
-        if (lines++ == 0) {
-            if (screen_request_line(s, len, e) < 0) return -1;
-            continue;
-        }
-        if (len == 0) break; /* the end of the head */
-        if (s[0] == ' ' || s[0] == '\t') continue; /* a folded line (libmicrohttpd joins it) */
-        const char *colon = memchr(s, ':', len);
-        if (!colon || colon == s) return refuse(e, 400, "malformed_request", "a header line has no name and colon");
-        const size_t kn = (size_t)(colon - s);
-        const char *val = colon + 1;
-        size_t vn = len - kn - 1;
-        trim(&val, &vn);
-        if (kn == 14 && !strncasecmp(s, "Content-Length", 14)) {
-            n_cl++;
-            size_t d = 0;
-            while (d < vn && val[d] >= '0' && val[d] <= '9') d++;
-            if (d == 0 || d != vn) cl_bad = true;
-            else {
-                while (d > 1 && *val == '0') val++, d--;
-                if (d > 19 || (d == 19 && memcmp(val, "9223372036854775807", 19) > 0)) cl_huge = true;
-            }
-        } else if (kn == 17 && !strncasecmp(s, "Transfer-Encoding", 17)) {
-            n_te++;
-            if (vn != 7 || strncasecmp(val, "chunked", 7)) te_bad = true;
-        }
-    }
-    if (n_te && n_cl) return refuse(e, 400, "malformed_request", "the request has both Transfer-Encoding and Content-Length");
-    if (n_te > 1 || te_bad)
-        return refuse(e, 501, "unsupported_transfer_encoding", "the only Transfer-Encoding served is one 'chunked'");
-    if (n_cl > 1) return refuse(e, 400, "duplicate_content_length", "the request has more than one Content-Length header");
-    if (cl_bad) return refuse(e, 400, "invalid_content_length", "the Content-Length header is not a number of bytes");
-    if (cl_huge) return refuse(e, 413, "request_too_large", "the Content-Length header is too large");
-    return 1;
-}
-
-/* ---- the thread ---- */
 
 static void conn_close(struct srv_door *d, struct door_conn *c) {
     epoll_ctl(d->ep, EPOLL_CTL_DEL, c->fd, NULL);
@@ -163,7 +123,12 @@ static void conn_close(struct srv_door *d, struct door_conn *c) {
     for (int i = 0; i < 16 && recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
     } /* bytes left unread would make the close a reset */
     close(c->fd);
-    c->fd = -1;
+    if (c->ifd >= 0) {
+        epoll_ctl(d->ep, EPOLL_CTL_DEL, c->ifd, NULL);
+        close(c->ifd); /* libmicrohttpd sees a hang-up */
+    }
+    free(c->b);
+    *c = (struct door_conn){.fd = -1, .ifd = -1, .gen = c->gen};
 }
 
 static const char *reason(int status) {
@@ -172,63 +137,190 @@ static const char *reason(int status) {
     case 413: return "Content Too Large";
     case 431: return "Request Header Fields Too Large";
     case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
     case 505: return "HTTP Version Not Supported";
     default: return "Error";
     }
 }
 
-/* Answers e on c (small: one send fits the socket's buffer), then reads what is left for a moment. */
-static void answer(struct srv_door *d, struct door_conn *c, const struct srv_error *e) {
+/* The door's own answer (head and JSON body) into buf; its length, 0 if it does not fit. */
+static size_t compose(const struct srv_door *d, const struct srv_error *e, char *buf, size_t cap) {
     char *body = srv_error_json(e);
     char date[64] = "";
     const time_t now = time(NULL);
     struct tm tm;
     if (gmtime_r(&now, &tm)) strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-    char head[600];
-    const int hn = snprintf(head, sizeof head,
+    const size_t bn = body ? strlen(body) : 0;
+    const int hn = snprintf(buf, cap,
                             "HTTP/1.1 %d %s\r\nDate: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
                             "Connection: close\r\n%s%.200s%s\r\n",
-                            e->status, reason(e->status), date, body ? strlen(body) : 0,
-                            d->cors ? "Access-Control-Allow-Origin: " : "", d->cors ? d->cors : "", d->cors ? "\r\n" : "");
-    if (hn > 0 && (size_t)hn < sizeof head && send(c->fd, head, (size_t)hn, MSG_NOSIGNAL | MSG_MORE) == hn && body)
-        (void)!send(c->fd, body, strlen(body), MSG_NOSIGNAL);
+                            e->status, reason(e->status), date, bn, d->cors ? "Access-Control-Allow-Origin: " : "",
+                            d->cors ? d->cors : "", d->cors ? "\r\n" : "");
+    size_t n = 0;
+    if (hn > 0 && (size_t)hn + bn <= cap) {
+        if (bn) memcpy(buf + hn, body, bn);
+        n = (size_t)hn + bn;
+    }
     free(body);
-    if (d->answered) d->answered(d->cls, e->status);
+    return n;
+}
+
+static void start_linger(struct door_conn *c) {
     shutdown(c->fd, SHUT_WR);
-    c->closing = true;
+    c->phase = PH_LINGER;
     c->drained = 0;
     c->deadline = cli_now() + DOOR_LINGER_S;
 }
 
-/* New bytes on c: screen its head (or drain a refused one). */
-static void on_bytes(struct srv_door *d, struct door_conn *c) {
-    static char buf[DOOR_HEAD_MAX + 1];
-    if (c->closing) {
-        for (;;) {
-            const ssize_t r = recv(c->fd, buf, sizeof buf, 0);
-            if (r > 0 && (c->drained += (size_t)r) < DOOR_LINGER_BYTES) continue;
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-            conn_close(d, c); /* the peer's end, an error, or enough */
-            return;
+/* Refuses with e: what libmicrohttpd still sends goes out first, then the answer. */
+static void refuse_conn(struct srv_door *d, struct door_conn *c, const struct srv_error *e, bool answer) {
+    c->err = *e;
+    c->answer_due = answer;
+    c->phase = PH_DRAIN;
+    c->deadline = cli_now() + d->timeout;
+    if (c->ifd < 0) c->in_eof = true;
+    else if (!c->in_shut) {
+        shutdown(c->ifd, SHUT_WR); /* libmicrohttpd ends a request it is reading, or its idle connection */
+        c->in_shut = true;
+    }
+}
+
+static uint64_t completed(const struct srv_door *d, const struct door_conn *c) {
+    return c->mfd >= 0 && c->mfd < DOOR_FD_TRACK ? atomic_load(&d->completed[c->mfd]) : UINT64_MAX;
+}
+
+/* The first head passed: a pair, libmicrohttpd gets its end. False: refused (c answers 503). */
+static bool open_pair(struct srv_door *d, struct door_conn *c) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) return false;
+    const int buf = DOOR_PAIR_BUF;
+    (void)setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    (void)setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.u64 = event_id(d, c, 1)};
+    if (epoll_ctl(d->ep, EPOLL_CTL_ADD, sv[0], &ev) != 0) {
+        close(sv[0]);
+        close(sv[1]);
+        return false;
+    }
+    c->ifd = sv[0];
+    c->mfd = sv[1];
+    if (c->mfd < DOOR_FD_TRACK) atomic_store(&d->completed[c->mfd], 0);
+    if (!d->pass(d->cls, sv[1], (const struct sockaddr *)&c->addr, c->alen)) { /* it closed sv[1] */
+        c->mfd = -1;
+        epoll_ctl(d->ep, EPOLL_CTL_DEL, c->ifd, NULL);
+        close(c->ifd);
+        c->ifd = -1;
+        return false;
+    }
+    return true;
+}
+
+/* PH_OPEN: the client's bytes in, screened, the passed ones on to libmicrohttpd. True if anything moved. */
+static bool pump_in(struct srv_door *d, struct door_conn *c) {
+    struct door_buf *b = c->b;
+    bool moved = false;
+    if (!c->cl_eof && b->in_len < DOOR_IN_CAP) {
+        const ssize_t r = recv(c->fd, b->in + b->in_len, DOOR_IN_CAP - b->in_len, 0);
+        if (r > 0) b->in_len += (size_t)r, moved = true;
+        else if (r == 0) c->cl_eof = moved = true;
+        else if (!again()) return c->phase = PH_LINGER, c->deadline = 0, true; /* a reset: deadline 0 closes now */
+    }
+    if (b->in_pass < b->in_len) {
+        const bool may_open = c->ifd < 0 ? c->fr.heads == 0 : completed(d, c) >= c->fr.heads;
+        struct srv_error e = {0};
+        const long v = srv_frame_screen(&c->fr, b->in + b->in_pass, b->in_len - b->in_pass, may_open, &e);
+        if (v < 0) {
+            /* a head is screened only when libmicrohttpd is through with the requests before it; inside
+             * a body libmicrohttpd may have answered already (early, e.g. 413): no second answer then */
+            refuse_conn(d, c, &e, srv_frame_at_head(&c->fr) || c->ifd < 0 || completed(d, c) < c->fr.heads);
+            return true;
+        }
+        if (v > 0) b->in_pass += (size_t)v, moved = true;
+    }
+    if (c->ifd < 0 && c->fr.heads > 0 && !open_pair(d, c)) {
+        const struct srv_error busy = {.status = 503, .type = "server_error", .code = "server_busy",
+                                       .message = "the server has too many connections open; retry later"};
+        refuse_conn(d, c, &busy, true);
+        return true;
+    }
+    if (c->ifd >= 0 && b->in_pass > 0 && !c->in_shut) {
+        const ssize_t w = send(c->ifd, b->in, b->in_pass, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            memmove(b->in, b->in + w, b->in_len - (size_t)w);
+            b->in_len -= (size_t)w;
+            b->in_pass -= (size_t)w;
+            moved = true;
+        } else if (w < 0 && !again()) c->in_shut = true; /* libmicrohttpd's end is gone: its EOF follows */
+    }
+    if (c->cl_eof && b->in_pass == 0 && !c->in_shut) {
+        if (c->ifd < 0) return c->phase = PH_LINGER, c->deadline = 0, true; /* gone before a whole head */
+        shutdown(c->ifd, SHUT_WR); /* a half-close: libmicrohttpd still answers */
+        c->in_shut = moved = true;
+    }
+    return moved;
+}
+
+/* libmicrohttpd's bytes out to the client (every phase but PH_LINGER). True if anything moved. */
+static bool pump_out(struct srv_door *d, struct door_conn *c) {
+    struct door_buf *b = c->b;
+    bool moved = false;
+    if (b->out_off == b->out_len) b->out_off = b->out_len = 0;
+    if (c->ifd >= 0 && !c->in_eof && b->out_len < DOOR_OUT_CAP) {
+        const ssize_t r = recv(c->ifd, b->out + b->out_len, DOOR_OUT_CAP - b->out_len, 0);
+        if (r > 0) b->out_len += (size_t)r, moved = true;
+        else if (r == 0 || !again()) {
+            c->in_eof = moved = true; /* libmicrohttpd closed: it said all it will */
+            if (c->phase == PH_OPEN) c->phase = PH_DRAIN, c->deadline = cli_now() + d->timeout;
         }
     }
-    const ssize_t r = recv(c->fd, buf, sizeof buf, MSG_PEEK);
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    if (r <= 0) { /* gone before a whole head */
-        conn_close(d, c);
-        return;
+    if (b->out_off < b->out_len) {
+        const ssize_t w = send(c->fd, b->out + b->out_off, b->out_len - b->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) b->out_off += (size_t)w, moved = true;
+        else if (w < 0 && !again()) return c->phase = PH_LINGER, c->deadline = 0, true; /* the client is gone */
     }
-    struct srv_error e = {0};
-    const int v = srv_door_screen(buf, (size_t)r, &e);
-    if (v == 0) return;
-    if (v < 0) {
-        answer(d, c, &e);
-        return;
+    if (c->phase == PH_DRAIN && c->in_eof && b->out_off == b->out_len) {
+        if (c->answer_due) {
+            c->answer_due = false;
+            b->out_off = 0;
+            b->out_len = compose(d, &c->err, b->out, DOOR_OUT_CAP);
+            if (d->answered) d->answered(d->cls, c->err.status);
+        } else start_linger(c);
+        moved = true;
     }
-    epoll_ctl(d->ep, EPOLL_CTL_DEL, c->fd, NULL);
-    const int fd = c->fd;
-    c->fd = -1;
-    d->pass(d->cls, fd, (const struct sockaddr *)&c->addr, c->alen); /* it owns the socket now */
+    return moved;
+}
+
+/* Everything that can move on c moves (edge-triggered: until nothing does). */
+static void pump(struct srv_door *d, struct door_conn *c) {
+    for (;;) {
+        if (c->phase == PH_LINGER) {
+            char sink[4096];
+            for (;;) {
+                if (c->deadline == 0) break;
+                const ssize_t r = recv(c->fd, sink, sizeof sink, 0);
+                if (r > 0 && (c->drained += (size_t)r) < DOOR_LINGER_BYTES) continue;
+                if (r < 0 && again()) return;
+                break; /* the peer's end, an error, or enough */
+            }
+            conn_close(d, c);
+            return;
+        }
+        bool moved = c->phase == PH_OPEN && pump_in(d, c);
+        if (c->phase != PH_LINGER) moved |= pump_out(d, c);
+        if (!moved) return;
+    }
+}
+
+/* A connection whose buffers cannot be had: the 503 goes out directly (small: one send fits), then
+ * the rest of its request is read and dropped for a moment like after any answer of the door. */
+static void refuse_unbuffered(struct srv_door *d, struct door_conn *c) {
+    const struct srv_error busy = {.status = 503, .type = "server_error", .code = "server_busy",
+                                   .message = "the server is out of memory for a connection; retry later"};
+    char buf[2048];
+    const size_t n = compose(d, &busy, buf, sizeof buf);
+    if (n) (void)!send(c->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (d->answered) d->answered(d->cls, 503);
+    start_linger(c);
 }
 
 static void on_listen(struct srv_door *d) {
@@ -238,37 +330,81 @@ static void on_listen(struct srv_door *d) {
         const int fd = accept4(d->lfd, (struct sockaddr *)&a, &al, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return; /* EAGAIN, or a connection that went away; EMFILE: the next wake retries */
         struct door_conn *c = NULL;
-        for (int i = 0; i < DOOR_PENDING_MAX && !c; i++)
+        for (int i = 0; i < DOOR_CONN_MAX && !c; i++)
             if (d->conns[i].fd < 0) c = &d->conns[i];
-        if (!c) { /* too many heads waiting: the oldest keep their places */
+        if (!c) { /* full: the open ones keep their places */
             close(fd);
             continue;
         }
+        struct door_buf *b = malloc(sizeof *b); /* NULL: answered 503 (refuse_unbuffered) */
+        if (b) b->in_len = b->in_pass = b->out_off = b->out_len = 0;
         const int sndbuf = DOOR_SNDBUF;
         (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-        *c = (struct door_conn){.fd = fd, .deadline = cli_now() + d->timeout, .addr = a, .alen = al};
-        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.u32 = (uint32_t)(c - d->conns)};
+        *c = (struct door_conn){.fd = fd, .ifd = -1, .mfd = -1, .gen = c->gen + 1, .deadline = cli_now() + d->timeout,
+                                .addr = a, .alen = al, .b = b};
+        srv_frame_init(&c->fr);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.u64 = event_id(d, c, 0)};
         if (epoll_ctl(d->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
             close(fd);
-            c->fd = -1;
-        }
+            free(b);
+            *c = (struct door_conn){.fd = -1, .ifd = -1, .gen = c->gen};
+        } else if (!b) refuse_unbuffered(d, c);
+    }
+}
+
+/* A command from srv_door_quiesce / srv_door_stop (under d->mu). */
+static void on_command(struct srv_door *d, int cmd) {
+    if (cmd >= 1 && d->lfd >= 0) {
+        epoll_ctl(d->ep, EPOLL_CTL_DEL, d->lfd, NULL);
+        close(d->lfd);
+        d->lfd = -1;
+        for (int i = 0; i < DOOR_CONN_MAX; i++) /* not passed to libmicrohttpd yet: never will be */
+            if (d->conns[i].fd >= 0 && d->conns[i].ifd < 0 && d->conns[i].phase == PH_OPEN) conn_close(d, &d->conns[i]);
+        d->quiesced = true;
+        pthread_cond_broadcast(&d->cv);
     }
 }
 
 static void *door_main(void *arg) {
     struct srv_door *d = arg;
+    double stop_at = 0;
     for (;;) {
         struct epoll_event ev[64];
-        const int n = epoll_wait(d->ep, ev, 64, 500);
+        const int n = epoll_wait(d->ep, ev, 64, stop_at > 0 ? 50 : 500);
         for (int i = 0; i < n; i++) {
-            const uint32_t k = ev[i].data.u32;
-            if (k == UINT32_MAX - 1) return NULL; /* stop */
-            if (k == UINT32_MAX) on_listen(d);
-            else if (k < DOOR_PENDING_MAX && d->conns[k].fd >= 0) on_bytes(d, &d->conns[k]);
+            const uint64_t k = ev[i].data.u64;
+            if (k == ID_LISTEN) {
+                if (d->lfd >= 0) on_listen(d);
+            } else if (k == ID_WAKE) {
+                uint64_t v;
+                (void)!read(d->wake, &v, sizeof v);
+                pthread_mutex_lock(&d->mu);
+                const int cmd = d->cmd;
+                on_command(d, cmd);
+                pthread_mutex_unlock(&d->mu);
+                if (cmd == 2 && stop_at == 0) stop_at = cli_now() + DOOR_STOP_S;
+                for (int j = 0; j < DOOR_CONN_MAX; j++) /* a completion may let a held head go on */
+                    if (d->conns[j].fd >= 0 && d->conns[j].phase == PH_OPEN && d->conns[j].b->in_pass < d->conns[j].b->in_len)
+                        pump(d, &d->conns[j]);
+            } else if ((k & 0xffffffffu) / 2 < DOOR_CONN_MAX) {
+                struct door_conn *c = &d->conns[(k & 0xffffffffu) / 2];
+                /* an event of a connection closed earlier in this batch: its slot may hold a new one */
+                if (c->fd < 0 || (uint32_t)(k >> 32) != c->gen) continue;
+                /* the client reset (or errored): libmicrohttpd must see it gone (its job is cancelled);
+                 * a hang-up without an error comes only after the door's own shutdown (PH_LINGER) */
+                if ((k & 1) == 0 && (ev[i].events & (EPOLLERR | EPOLLHUP)) && c->phase != PH_LINGER) conn_close(d, c);
+                else pump(d, c);
+            }
         }
         const double now = cli_now();
-        for (int i = 0; i < DOOR_PENDING_MAX; i++)
-            if (d->conns[i].fd >= 0 && now >= d->conns[i].deadline) conn_close(d, &d->conns[i]);
+        bool any = false;
+        for (int i = 0; i < DOOR_CONN_MAX; i++) {
+            struct door_conn *c = &d->conns[i];
+            if (c->fd < 0) continue;
+            if ((c->ifd < 0 || c->phase != PH_OPEN) && now >= c->deadline) conn_close(d, c);
+            else any = true;
+        }
+        if (stop_at > 0 && (!any || now >= stop_at)) return NULL;
     }
 }
 
@@ -282,15 +418,22 @@ enum ekv_status srv_door_start(const struct sockaddr_in *addr, const struct srv_
     d->answered = p->answered;
     d->cls = p->cls;
     d->cors = p->cors;
-    for (int i = 0; i < DOOR_PENDING_MAX; i++) d->conns[i].fd = -1;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    for (int i = 0; i < DOOR_CONN_MAX; i++) d->conns[i] = (struct door_conn){.fd = -1, .ifd = -1};
+    d->completed = calloc(DOOR_FD_TRACK, sizeof *d->completed);
     d->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     d->ep = epoll_create1(EPOLL_CLOEXEC);
     d->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (!d->completed) {
+        srv_door_stop(d);
+        return EKV_ERR_NOMEM;
+    }
     const int one = 1;
     struct sockaddr_in bound;
     socklen_t bl = sizeof bound;
-    struct epoll_event lev = {.events = EPOLLIN, .data.u32 = UINT32_MAX};
-    struct epoll_event wev = {.events = EPOLLIN, .data.u32 = UINT32_MAX - 1};
+    struct epoll_event lev = {.events = EPOLLIN, .data.u64 = ID_LISTEN};
+    struct epoll_event wev = {.events = EPOLLIN, .data.u64 = ID_WAKE};
     if (d->wake < 0 || d->ep < 0 || d->lfd < 0 || setsockopt(d->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
         bind(d->lfd, (const struct sockaddr *)addr, sizeof *addr) != 0 || listen(d->lfd, 128) != 0 ||
         getsockname(d->lfd, (struct sockaddr *)&bound, &bl) != 0 || epoll_ctl(d->ep, EPOLL_CTL_ADD, d->lfd, &lev) != 0 ||
@@ -300,28 +443,54 @@ enum ekv_status srv_door_start(const struct sockaddr_in *addr, const struct srv_
         errno = err;
         return EKV_ERR_IO;
     }
+    *out = d; /* before the thread runs: completions of its first connections may name it */
     if (pthread_create(&d->th, NULL, door_main, d) != 0) {
+        *out = NULL;
         srv_door_stop(d);
         errno = EAGAIN;
         return EKV_ERR_NOMEM;
     }
     d->started = true;
     *port_out = ntohs(bound.sin_port);
-    *out = d;
     return EKV_OK;
+}
+
+void srv_door_completed(struct srv_door *d, int fd) {
+    if (!d || fd < 0 || fd >= DOOR_FD_TRACK) return;
+    atomic_fetch_add(&d->completed[fd], 1);
+    const uint64_t one = 1;
+    (void)!write(d->wake, &one, sizeof one);
+}
+
+static void command(struct srv_door *d, int cmd) {
+    pthread_mutex_lock(&d->mu);
+    if (d->cmd < cmd) d->cmd = cmd;
+    pthread_mutex_unlock(&d->mu);
+    const uint64_t one = 1;
+    (void)!write(d->wake, &one, sizeof one);
+}
+
+void srv_door_quiesce(struct srv_door *d) {
+    if (!d || !d->started) return;
+    command(d, 1);
+    pthread_mutex_lock(&d->mu);
+    while (!d->quiesced) pthread_cond_wait(&d->cv, &d->mu);
+    pthread_mutex_unlock(&d->mu);
 }
 
 void srv_door_stop(struct srv_door *d) {
     if (!d) return;
     if (d->started) {
-        const uint64_t one = 1;
-        (void)!write(d->wake, &one, sizeof one);
+        command(d, 2);
         pthread_join(d->th, NULL);
     }
-    for (int i = 0; i < DOOR_PENDING_MAX; i++)
-        if (d->conns[i].fd >= 0) close(d->conns[i].fd);
+    for (int i = 0; i < DOOR_CONN_MAX; i++)
+        if (d->conns[i].fd >= 0) conn_close(d, &d->conns[i]);
     if (d->lfd >= 0) close(d->lfd);
     if (d->ep >= 0) close(d->ep);
     if (d->wake >= 0) close(d->wake);
+    free(d->completed);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
     free(d);
 }

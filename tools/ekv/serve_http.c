@@ -41,7 +41,7 @@ struct stream;
 struct srv_http {
     struct MHD_Daemon *d;
     struct srv *srv;
-    struct srv_door *door; /* accepts, screens first heads, hands sockets to d */
+    struct srv_door *door; /* accepts, screens every request, relays between the clients and d */
     pthread_mutex_t mu;    /* streams, stop */
     pthread_cond_t cv;
     struct stream *streams; /* open streams (the stall watch's list) */
@@ -711,7 +711,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    const struct srv *srv = ((const struct srv_http *)cls)->srv;
+    struct srv_http *h = cls;
+    const struct srv *srv = h->srv;
+    srv_door_completed(h->door, conn_fd(c)); /* the connection's next request may come in */
     struct conn *cs = *con_cls;
     if (cs && cs->timeout_off && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
         MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, srv->cfg.timeout);
@@ -761,9 +763,9 @@ static void *watch_main(void *arg) {
     return NULL;
 }
 
-static void door_pass(void *cls, int fd, const struct sockaddr *addr, socklen_t alen) {
+static bool door_pass(void *cls, int fd, const struct sockaddr *addr, socklen_t alen) {
     struct srv_http *h = cls;
-    (void)MHD_add_connection(h->d, fd, addr, alen); /* on failure it closes fd */
+    return MHD_add_connection(h->d, fd, addr, alen) == MHD_YES; /* on failure it closes fd */
 }
 
 static void door_answered(void *cls, int status) {
@@ -795,7 +797,7 @@ enum ekv_status srv_http_start(struct srv *srv, const char *host, int port, stru
         return EKV_ERR_NOMEM;
     }
     h->watching = true;
-    /* the door (serve_door.c) listens and accepts; libmicrohttpd gets the sockets it passes */
+    /* the door (serve_door.c) listens and accepts; libmicrohttpd gets one end of a socket pair per connection */
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
                                 MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC,
                             0, NULL, NULL, on_request, h, MHD_OPTION_CONNECTION_TIMEOUT, srv->cfg.timeout,
@@ -833,8 +835,9 @@ void srv_http_wait_idle(struct srv_http *h, double seconds) {
 
 void srv_http_stop(struct srv_http *h) {
     if (!h) return;
-    srv_door_stop(h->door); /* no new connections, then the open ones */
+    srv_door_quiesce(h->door); /* no new connections: nothing more is passed to libmicrohttpd */
     if (h->d) MHD_stop_daemon(h->d);
+    srv_door_stop(h->door); /* what libmicrohttpd sent last goes out, then the connections close */
     if (h->watching) {
         pthread_mutex_lock(&h->mu);
         h->stop = true;
