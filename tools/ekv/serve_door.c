@@ -40,6 +40,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -107,6 +108,8 @@ struct srv_door {
     int cmd;        /* under mu: 1 quiesce, 2 stop */
     bool quiesced;  /* under mu */
     _Atomic uint64_t *completed; /* [DOOR_FD_TRACK]: requests completed, by libmicrohttpd's fd */
+    _Atomic uint64_t *ino;       /* [DOOR_FD_TRACK]: the inode of the pair end that fd is (a completion
+                                  * reported for an fd number already reused is not counted) */
     struct door_conn conns[DOOR_CONN_MAX];
 };
 
@@ -204,7 +207,11 @@ static bool open_pair(struct srv_door *d, struct door_conn *c) {
     }
     c->ifd = sv[0];
     c->mfd = sv[1];
-    if (c->mfd < DOOR_FD_TRACK) atomic_store(&d->completed[c->mfd], 0);
+    struct stat st;
+    if (c->mfd < DOOR_FD_TRACK) {
+        atomic_store(&d->completed[c->mfd], 0);
+        atomic_store(&d->ino[c->mfd], fstat(c->mfd, &st) == 0 ? (uint64_t)st.st_ino : 0);
+    }
     if (!d->pass(d->cls, sv[1], (const struct sockaddr *)&c->addr, c->alen)) { /* it closed sv[1] */
         c->mfd = -1;
         epoll_ctl(d->ep, EPOLL_CTL_DEL, c->ifd, NULL);
@@ -422,10 +429,11 @@ enum ekv_status srv_door_start(const struct sockaddr_in *addr, const struct srv_
     pthread_cond_init(&d->cv, NULL);
     for (int i = 0; i < DOOR_CONN_MAX; i++) d->conns[i] = (struct door_conn){.fd = -1, .ifd = -1};
     d->completed = calloc(DOOR_FD_TRACK, sizeof *d->completed);
+    d->ino = calloc(DOOR_FD_TRACK, sizeof *d->ino);
     d->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     d->ep = epoll_create1(EPOLL_CLOEXEC);
     d->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (!d->completed) {
+    if (!d->completed || !d->ino) {
         srv_door_stop(d);
         return EKV_ERR_NOMEM;
     }
@@ -457,6 +465,8 @@ enum ekv_status srv_door_start(const struct sockaddr_in *addr, const struct srv_
 
 void srv_door_completed(struct srv_door *d, int fd) {
     if (!d || fd < 0 || fd >= DOOR_FD_TRACK) return;
+    struct stat st; /* still the pair end the door made for this number? */
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != atomic_load(&d->ino[fd])) return;
     atomic_fetch_add(&d->completed[fd], 1);
     const uint64_t one = 1;
     (void)!write(d->wake, &one, sizeof one);
@@ -490,6 +500,7 @@ void srv_door_stop(struct srv_door *d) {
     if (d->ep >= 0) close(d->ep);
     if (d->wake >= 0) close(d->wake);
     free(d->completed);
+    free(d->ino);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
     free(d);
