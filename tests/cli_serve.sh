@@ -271,6 +271,7 @@ for name, raw in [('cl_negative', P + b'Content-Length: -5\r\n\r\n'), ('cl_text'
                   ('te_gzip', P + b'Transfer-Encoding: gzip\r\n\r\nzz'),
                   ('te_and_cl', P + b'Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n'),
                   ('no_colon', P + b'Bad header line\r\n\r\n'), ('garbage', b'GARBAGE\r\n\r\n'),
+                  ('space_before_colon', P + b'Content-Length : 2\r\n\r\n{}'),
                   ('http2', b'GET /health HTTP/2.0\r\nHost: x\r\n\r\n'),
                   ('head_16k', b'GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ' + b'a' * 17000 + b'\r\n\r\n')]:
     print(name, ask(raw))
@@ -299,7 +300,7 @@ for name, raw in [('later_garbage', ok + b'GARBAGE\r\n\r\n'),
 PYEOF
 for want in "cl_negative 1 400 invalid_content_length" "cl_text 1 400 invalid_content_length" \
   "cl_huge 1 413 request_too_large" "te_gzip 1 501 unsupported_transfer_encoding" "te_and_cl 1 400 malformed_request" \
-  "no_colon 1 400 malformed_request" "garbage 1 400 malformed_request" "http2 1 505 http_version_not_supported" \
+  "no_colon 1 400 malformed_request" "garbage 1 400 malformed_request" "space_before_colon 1 400 malformed_request" "http2 1 505 http_version_not_supported" \
   "head_16k 1 431 request_header_fields_too_large" "slow_head 1 200 not-json:"; do
   grep -q "^$want" "$T/door" && ok || bad "door: want '$want', got '$(grep "^${want%% *} " "$T/door")'"
 done

@@ -12,7 +12,8 @@
  * Pure functions on bytes (no sockets), so the fuzzer (tests/fuzz/
  * fuzz_request.c) drives them with arbitrary splits of a connection's
  * bytes. The rules: a request line `METHOD TARGET HTTP/1.x` (505 for
- * another version), header lines with a name and a colon, at most one
+ * another version), header lines with a name (a token: no space before the
+ * colon, RFC 9112 5.1) and a colon, at most one
  * Content-Length and it all digits (413 past 2^63 - 1), Transfer-Encoding
  * only one `chunked` and never beside a Content-Length (400: request
  * smuggling), a head of at most 16 KiB (431); a chunked body as RFC 9112
@@ -113,6 +114,9 @@ int srv_door_screen(const char *buf, size_t n, struct srv_head *h, struct srv_er
         if (s[0] == ' ' || s[0] == '\t') continue; /* a folded line (libmicrohttpd joins it) */
         const char *colon = memchr(s, ':', len);
         if (!colon || colon == s) return refuse(e, 400, "malformed_request", "a header line has no name and colon");
+        for (const char *p = s; p < colon; p++) /* RFC 9112 5.1: no whitespace before the colon (a 400) */
+            if (!is_tchar((unsigned char)*p))
+                return refuse(e, 400, "malformed_request", "a header field name is not a token (no space before ':')");
         const size_t kn = (size_t)(colon - s);
         const char *val = colon + 1;
         size_t vn = len - kn - 1;
