@@ -33,6 +33,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -345,8 +346,11 @@ static void on_listen(struct srv_door *d) {
         }
         struct door_buf *b = malloc(sizeof *b); /* NULL: answered 503 (refuse_unbuffered) */
         if (b) b->in_len = b->in_pass = b->out_off = b->out_len = 0;
-        const int sndbuf = DOOR_SNDBUF;
+        const int sndbuf = DOOR_SNDBUF, one = 1;
         (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+        /* the door sends what libmicrohttpd wrote as soon as it has it (a stream's events one by one):
+         * Nagle's algorithm would hold a small piece back until the last one is acknowledged */
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         *c = (struct door_conn){.fd = fd, .ifd = -1, .mfd = -1, .gen = c->gen + 1, .deadline = cli_now() + d->timeout,
                                 .addr = a, .alen = al, .b = b};
         srv_frame_init(&c->fr);
