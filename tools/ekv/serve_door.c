@@ -176,6 +176,20 @@ static void start_linger(struct door_conn *c) {
     c->deadline = cli_now() + DOOR_LINGER_S;
 }
 
+/* The client is gone: pump() closes c at once (PH_LINGER with deadline 0). True, for pump_in/out. */
+static bool close_now(struct door_conn *c) {
+    c->phase = PH_LINGER;
+    c->deadline = 0;
+    return true;
+}
+
+/* The door's 503 when it cannot take a connection on. */
+static struct srv_error busy_error(const char *why) {
+    struct srv_error e = {.status = 503, .type = "server_error", .code = "server_busy"};
+    snprintf(e.message, sizeof e.message, "%s; retry later", why);
+    return e;
+}
+
 /* Refuses with e: what libmicrohttpd still sends goes out first, then the answer. */
 static void refuse_conn(struct srv_door *d, struct door_conn *c, const struct srv_error *e, bool answer) {
     c->err = *e;
@@ -231,7 +245,7 @@ static bool pump_in(struct srv_door *d, struct door_conn *c) {
         const ssize_t r = recv(c->fd, b->in + b->in_len, DOOR_IN_CAP - b->in_len, 0);
         if (r > 0) b->in_len += (size_t)r, moved = true;
         else if (r == 0) c->cl_eof = moved = true;
-        else if (!again()) return c->phase = PH_LINGER, c->deadline = 0, true; /* a reset: deadline 0 closes now */
+        else if (!again()) return close_now(c); /* a reset */
     }
     if (b->in_pass < b->in_len) {
         const bool may_open = c->ifd < 0 ? c->fr.heads == 0 : completed(d, c) >= c->fr.heads;
@@ -246,8 +260,7 @@ static bool pump_in(struct srv_door *d, struct door_conn *c) {
         if (v > 0) b->in_pass += (size_t)v, moved = true;
     }
     if (c->ifd < 0 && c->fr.heads > 0 && !open_pair(d, c)) {
-        const struct srv_error busy = {.status = 503, .type = "server_error", .code = "server_busy",
-                                       .message = "the server has too many connections open; retry later"};
+        const struct srv_error busy = busy_error("the server has too many connections open");
         refuse_conn(d, c, &busy, true);
         return true;
     }
@@ -261,7 +274,7 @@ static bool pump_in(struct srv_door *d, struct door_conn *c) {
         } else if (w < 0 && !again()) c->in_shut = true; /* libmicrohttpd's end is gone: its EOF follows */
     }
     if (c->cl_eof && b->in_pass == 0 && !c->in_shut) {
-        if (c->ifd < 0) return c->phase = PH_LINGER, c->deadline = 0, true; /* gone before a whole head */
+        if (c->ifd < 0) return close_now(c); /* gone before a whole head */
         shutdown(c->ifd, SHUT_WR); /* a half-close: libmicrohttpd still answers */
         c->in_shut = moved = true;
     }
@@ -284,7 +297,7 @@ static bool pump_out(struct srv_door *d, struct door_conn *c) {
     if (b->out_off < b->out_len) {
         const ssize_t w = send(c->fd, b->out + b->out_off, b->out_len - b->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w > 0) b->out_off += (size_t)w, moved = true;
-        else if (w < 0 && !again()) return c->phase = PH_LINGER, c->deadline = 0, true; /* the client is gone */
+        else if (w < 0 && !again()) return close_now(c); /* the client is gone */
     }
     if (c->phase == PH_DRAIN && c->in_eof && b->out_off == b->out_len) {
         if (c->answer_due) {
@@ -322,8 +335,7 @@ static void pump(struct srv_door *d, struct door_conn *c) {
 /* A connection whose buffers cannot be had: the 503 goes out directly (small: one send fits), then
  * the rest of its request is read and dropped for a moment like after any answer of the door. */
 static void refuse_unbuffered(struct srv_door *d, struct door_conn *c) {
-    const struct srv_error busy = {.status = 503, .type = "server_error", .code = "server_busy",
-                                   .message = "the server is out of memory for a connection; retry later"};
+    const struct srv_error busy = busy_error("the server is out of memory for a connection");
     char buf[2048];
     const size_t n = compose(d, &busy, buf, sizeof buf);
     if (n) (void)!send(c->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);

@@ -47,6 +47,14 @@ static int refuse(struct srv_error *e, int status, const char *code, const char 
     return -1;
 }
 
+/* A field name [s, colon) is a token (RFC 9112 5.1: no whitespace before the colon). */
+static bool field_name_ok(const char *s, const char *colon) {
+    if (colon == s) return false;
+    for (const char *p = s; p < colon; p++)
+        if (!is_tchar((unsigned char)*p)) return false;
+    return true;
+}
+
 /* One line [s, s + n) without its line end; trims spaces and tabs around a value. */
 static void trim(const char **s, size_t *n) {
     while (*n && (**s == ' ' || **s == '\t')) ++*s, --*n;
@@ -114,9 +122,8 @@ int srv_door_screen(const char *buf, size_t n, struct srv_head *h, struct srv_er
         if (s[0] == ' ' || s[0] == '\t') continue; /* a folded line (libmicrohttpd joins it) */
         const char *colon = memchr(s, ':', len);
         if (!colon || colon == s) return refuse(e, 400, "malformed_request", "a header line has no name and colon");
-        for (const char *p = s; p < colon; p++) /* RFC 9112 5.1: no whitespace before the colon (a 400) */
-            if (!is_tchar((unsigned char)*p))
-                return refuse(e, 400, "malformed_request", "a header field name is not a token (no space before ':')");
+        if (!field_name_ok(s, colon))
+            return refuse(e, 400, "malformed_request", "a header field name is not a token (no space before ':')");
         const size_t kn = (size_t)(colon - s);
         const char *val = colon + 1;
         size_t vn = len - kn - 1;
@@ -179,8 +186,7 @@ static int chunk_size_line(const char *s, size_t n, uint64_t *size, struct srv_e
 static int trailer_line(const char *s, size_t n, struct srv_error *e) {
     const char *colon = memchr(s, ':', n);
     if (!colon || colon == s) return bad_chunk(e, "a trailer line of a chunked body has no name and colon");
-    for (const char *p = s; p < colon; p++)
-        if (!is_tchar((unsigned char)*p)) return bad_chunk(e, "a trailer field name of a chunked body is not a token");
+    if (!field_name_ok(s, colon)) return bad_chunk(e, "a trailer field name of a chunked body is not a token");
     for (size_t i = 0; i < n; i++)
         if (s[i] == '\r' || s[i] == '\0') return bad_chunk(e, "a trailer line holds a CR or NUL byte");
     return 1;
