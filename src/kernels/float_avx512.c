@@ -26,7 +26,9 @@
 #define EKV_INLINE static inline __attribute__((always_inline))
 #define RMAX 4
 #define TMAX 6
-#define TOK_BLOCK 48
+#ifndef ROW_BLOCK
+#define ROW_BLOCK (256 * 1024)
+#endif
 
 enum fkind { FK_F32, FK_F16, FK_BF16 };
 
@@ -166,20 +168,28 @@ EKV_INLINE void ftile_n(enum fkind k, int R, int T, int64_t n, const void *const
     }
 }
 
+/* Prompt: rows [r0, r1) in blocks of about ROW_BLOCK bytes of weights
+ * (they stay in the L2 cache); in each block, every tile of TMAX
+ * activation rows (in L1) meets every group of RMAX weight rows. Blocks of
+ * 48 activation rows meeting a group of weight rows held in L1 instead
+ * ran 5-13 % slower on an AMD Zen 5 host (the activations streamed from
+ * L2 at 6 rows x 64 bytes per step); docs/performance.md, "Zen 5". */
 EKV_INLINE void fgemm(enum fkind k, const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, size_t xs,
                       int64_t n, float *y, int64_t ldy) {
     const void *wr[RMAX] = {NULL};
     const float *xr[TMAX] = {NULL};
-    for (int64_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
-        const int64_t t1 = EKV_MIN(n, t0 + TOK_BLOCK);
-        for (int64_t r = r0; r < r1; r += RMAX) {
-            const int R = (int)EKV_MIN((int64_t)RMAX, r1 - r);
+    int64_t rb = (int64_t)(ROW_BLOCK / (w->row_bytes ? w->row_bytes : 1)) / RMAX * RMAX;
+    if (rb < RMAX) rb = RMAX;
+    for (int64_t b0 = r0; b0 < r1; b0 += rb) {
+        const int64_t b1 = EKV_MIN(r1, b0 + rb);
+        for (int64_t t = 0; t < n; t += TMAX) {
+            const int T = (int)EKV_MIN((int64_t)TMAX, n - t);
             #pragma GCC unroll 16
-            for (int i = 0; i < R; i++) wr[i] = (const char *)w->data + (size_t)(r + i) * w->row_bytes;
-            for (int64_t t = t0; t < t1; t += TMAX) {
-                const int T = (int)EKV_MIN((int64_t)TMAX, t1 - t);
+            for (int i = 0; i < T; i++) xr[i] = (const float *)(const void *)((const char *)xa + (size_t)(t + i) * xs);
+            for (int64_t r = b0; r < b1; r += RMAX) {
+                const int R = (int)EKV_MIN((int64_t)RMAX, b1 - r);
                 #pragma GCC unroll 16
-                for (int i = 0; i < T; i++) xr[i] = (const float *)(const void *)((const char *)xa + (size_t)(t + i) * xs);
+                for (int i = 0; i < R; i++) wr[i] = (const char *)w->data + (size_t)(r + i) * w->row_bytes;
                 ftile_n(k, R, T, w->ne0, wr, xr, y + t * ldy + r, ldy);
             }
         }

@@ -23,7 +23,7 @@
 #define EKV_INLINE static inline __attribute__((always_inline))
 
 /* activation rows per cache block in the prefill kernels */
-#define TOK_BLOCK 32
+#define ROW_BLOCK (256 * 1024)
 
 /* ------------------------------------------------------------------ */
 /* Float weights (F32, F16, BF16): per output two 8-lane accumulators    */
@@ -213,17 +213,21 @@ EKV_INLINE void gemv_k(enum kind k, const struct ekv_weight *w, int64_t r0, int6
     }
 }
 
-/* Tiles of 4 weight rows x 3 activation rows over blocks of TOK_BLOCK
- * activation rows (smaller tiles at the edges). */
+/* Tiles of 4 weight rows x 3 activation rows (smaller at the edges): rows
+ * [r0, r1) in blocks of about ROW_BLOCK bytes of weights (held in L2), in
+ * each block every tile of activation rows meets every group of weight
+ * rows, as float_avx512.c does. */
 EKV_INLINE void gemm_k(enum kind k, const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, size_t xs,
                        int64_t n, float *y, int64_t ldy) {
     float out[4][4];
-    for (int64_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
-        const int64_t t1 = EKV_MIN(n, t0 + TOK_BLOCK);
-        for (int64_t r = r0; r < r1; r += 4) {
-            const int R = (int)EKV_MIN((int64_t)4, r1 - r);
-            for (int64_t t = t0; t < t1; t += 3) {
-                const int T = (int)EKV_MIN((int64_t)3, t1 - t);
+    int64_t rb = (int64_t)(ROW_BLOCK / (w->row_bytes ? w->row_bytes : 1)) / 4 * 4;
+    if (rb < 4) rb = 4;
+    for (int64_t b0 = r0; b0 < r1; b0 += rb) {
+        const int64_t b1 = EKV_MIN(r1, b0 + rb);
+        for (int64_t t = 0; t < n; t += 3) {
+            const int T = (int)EKV_MIN((int64_t)3, n - t);
+            for (int64_t r = b0; r < b1; r += 4) {
+                const int R = (int)EKV_MIN((int64_t)4, b1 - r);
                 tile(k, R, T, w, r, xa, xs, t, out);
                 for (int i = 0; i < T; i++) memcpy(y + (t + i) * ldy + r, out[i], (size_t)R * sizeof(float));
             }

@@ -223,7 +223,7 @@ static const struct cli_opt k_opts[] = {
      1, 1024, NULL, NULL, NULL, false},
     {B, G_BENCH, "-r, --repetitions", NULL, "N", "repetitions of every grid point", K_LONG, OFF(reps), 1, 256, NULL,
      NULL, NULL, false},
-    {B, G_BENCH, "--no-warmup", NULL, NULL, "skip the warm-up step that pages the weights in", K_NOFLAG,
+    {B, G_BENCH, "--no-warmup", NULL, NULL, "skip the untimed warm-up (one decode step, one prompt of the longest -p)", K_NOFLAG,
      OFF(warmup), 0, 0, NULL, NULL, NULL, false},
 
     /* server */
