@@ -31,14 +31,15 @@ mkdir -p "$OUT" "$MODELS"
 REF=${REF:-$(dirname "$0")/../../shared/models/ekv-ref-28m-f16.gguf}
 TL8=$MODELS/tinyllama-1.1b-q8_0.gguf
 TL4=$MODELS/tinyllama-1.1b-q4_0.gguf
+TL16=$MODELS/tinyllama-1.1b-f16.gguf
 SM8=$MODELS/smollm2-135m-q8_0.gguf
-for spec in "tinyllama-1.1b q8_0 $TL8" "tinyllama-1.1b q4_0 $TL4" "smollm2-135m q8_0 $SM8"; do
+for spec in "tinyllama-1.1b q8_0 $TL8" "tinyllama-1.1b q4_0 $TL4" "tinyllama-1.1b f16 $TL16" "smollm2-135m q8_0 $SM8"; do
     set -- $spec
     [ -f "$3" ] || "$EKV" mkmodel --preset "$1" --type "$2" -o "$3" >&2 || exit 1
 done
 
 # figure: name | label | ekv arguments | llama.cpp tool | llama.cpp arguments | what the number is
-FIGS_ALL="tl8_pp tl8_tg tl4_pp tl4_tg tl8_d4096 sm8_tg1024 sm8_pp1024 sm8_b8 ref_pp ref_tg el_d4096"
+FIGS_ALL="tl8_pp tl8_tg tl4_pp tl4_tg tl16_pp tl16_tg tl8_d4096 sm8_tg1024 sm8_pp1024 sm8_b8 ref_pp ref_tg el_d4096"
 FIGS=${FIGS:-$FIGS_ALL}
 fig() {
     case $1 in
@@ -46,6 +47,8 @@ fig() {
     tl8_tg) echo "TinyLlama-1.1B Q8_0 decode, empty context|-m $TL8 -p 0 -n 64|bench|-m $TL8 -p 0 -n 64|decode" ;;
     tl4_pp) echo "TinyLlama-1.1B Q4_0 prompt 512|-m $TL4 -p 512 -n 0|bench|-m $TL4 -p 512 -n 0|prompt" ;;
     tl4_tg) echo "TinyLlama-1.1B Q4_0 decode, empty context|-m $TL4 -p 0 -n 64|bench|-m $TL4 -p 0 -n 64|decode" ;;
+    tl16_pp) echo "TinyLlama-1.1B F16 prompt 512|-m $TL16 -p 512 -n 0|bench|-m $TL16 -p 512 -n 0|prompt" ;;
+    tl16_tg) echo "TinyLlama-1.1B F16 decode, empty context|-m $TL16 -p 0 -n 32|bench|-m $TL16 -p 0 -n 32|decode" ;;
     tl8_d4096) echo "TinyLlama Q8_0 decode at depth 4096, full cache|-m $TL8 -p 0 -n 32 -d 4096|bench|-m $TL8 -p 0 -n 32 -d 4096 -fa 1|decode" ;;
     sm8_tg1024) echo "SmolLM2-135M Q8_0 decode, 1 sequence after 1,024 tokens|-m $SM8 -p 0 -n 128 -d 1024|bench|-m $SM8 -p 0 -n 128 -d 1024|decode" ;;
     sm8_pp1024) echo "SmolLM2-135M Q8_0 prompt 1,024|-m $SM8 -p 1024 -n 0|bench|-m $SM8 -p 1024 -n 0|prompt" ;;

@@ -87,17 +87,20 @@ struct ekv_model;
 struct ekv_model_params {
     const char *tokenizer_path; /* llama2.c checkpoints only: tokenizer .bin;
                                    NULL = tok<vocab>.bin beside the model */
-    bool no_repack;             /* keep the file's layout of Q8_0/Q4_0 matrices
-                                   (default false: interleaved at load for the
-                                   int8 kernels, in place, same memory) */
+    bool no_repack;             /* read the matrices where the file maps them
+                                   (default false: Q8_0/Q4_0 interleaved for
+                                   the int8 kernels and F32/F16/BF16 copied,
+                                   into anonymous memory, the file's pages
+                                   released: one copy resident) */
 };
 
 struct ekv_model_params ekv_model_default_params(void);
 
 /* Loads a GGUF (v2/v3) or llama2.c checkpoint; the format is detected from
  * the file's first bytes. The file is memory-mapped (privately: never
- * written); weights are used in place (only 1-D tensors are copied), Q8_0
- * and Q4_0 matrices rearranged in the mapping unless params->no_repack. On success *out is a new model owned by the caller
+ * written); unless params->no_repack, the 2-D matrices move into one
+ * anonymous arena at load (Q8_0/Q4_0 rearranged, float types as they are)
+ * and their file pages are released; 1-D tensors are copied. On success *out is a new model owned by the caller
  * (free with ekv_model_free). The model may be shared by several contexts,
  * read-only, from several threads. */
 enum ekv_status ekv_model_load(const char *path, const struct ekv_model_params *params,

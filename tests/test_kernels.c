@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/util.h"
 #include "kernels/kernels.h"
@@ -731,6 +733,84 @@ static void test_ops(void) {
     CHECK_NEAR(d1, ekv_dot_f32(q1, k1, 8), 1e-5);
 }
 
+/* ------------------------------------------------------------------ */
+/* ekv_weights_repack_mapped on a read-only file mapping: Q8_0 repacked,
+ * F16 copied as it is, a tied view of the F16 bytes follows them (one
+ * copy in the arena), and products give the same bits as from the file. */
+static void test_repack_mapped(void) {
+    char path[] = "/tmp/ekv-test-repack-XXXXXX";
+    const int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    const int64_t ne0 = 64, ne1 = 32;
+    const size_t f16_bytes = (size_t)(ne0 * ne1) * 2, q8_bytes = (size_t)ne1 * 2 * 34;
+    const size_t q8_off = 4096, total = q8_off + q8_bytes;
+    uint8_t *img = calloc(1, total);
+    float *wf = malloc((size_t)(ne0 * ne1) * sizeof(float));
+    fill(wf, ne0 * ne1, 0.5f);
+    for (int64_t r = 0; r < ne1; r++) {
+        CHECK_OK(ekv_quantize_row(EKV_F16, wf + r * ne0, img + (size_t)r * (size_t)ne0 * 2, ne0));
+        CHECK_OK(ekv_quantize_row(EKV_Q8_0, wf + r * ne0, img + q8_off + (size_t)r * 68, ne0));
+    }
+    CHECK(write(fd, img, total) == (ssize_t)total);
+    void *map = mmap(NULL, total, PROT_READ, MAP_PRIVATE, fd, 0);
+    CHECK(map != MAP_FAILED);
+    close(fd);
+    unlink(path);
+    if (map == MAP_FAILED) return;
+    struct ekv_weight f16 = {.type = EKV_F16, .ne0 = ne0, .ne1 = ne1, .row_bytes = (size_t)ne0 * 2, .data = map};
+    struct ekv_weight tied = f16;
+    struct ekv_weight q8 = {.type = EKV_Q8_0, .ne0 = ne0, .ne1 = ne1, .row_bytes = 68, .data = (char *)map + q8_off};
+    float x[64], before[2][32], after[3][32];
+    fill(x, ne0, 2.0f);
+    CHECK_OK(ekv_matvec(NULL, &f16, x, before[0]));
+    CHECK_OK(ekv_matvec(NULL, &q8, x, before[1]));
+    struct ekv_weight *ws[3] = {&f16, &q8, &tied};
+    struct ekv_repack_arena arena;
+    CHECK_OK(ekv_weights_repack_mapped(ws, 3, &arena));
+    const char *lo = arena.base, *hi = lo + arena.bytes;
+    CHECK_MSG(arena.bytes == ((f16_bytes + 63) & ~(size_t)63) + ((q8_bytes + 63) & ~(size_t)63),
+              "arena %zu bytes: one copy of each matrix expected", arena.bytes);
+    CHECK(f16.layout == EKV_LAYOUT_ROWS && tied.data == f16.data && tied.layout == EKV_LAYOUT_ROWS);
+    CHECK(q8.layout == EKV_LAYOUT_X16);
+    CHECK((const char *)f16.data >= lo && (const char *)f16.data < hi && (const char *)q8.data >= lo &&
+          (const char *)q8.data < hi);
+    CHECK(memcmp(f16.data, img, f16_bytes) == 0);
+    CHECK_OK(ekv_matvec(NULL, &f16, x, after[0]));
+    CHECK_OK(ekv_matvec(NULL, &q8, x, after[1]));
+    CHECK_OK(ekv_matvec(NULL, &tied, x, after[2]));
+    CHECK(same_bits(before[0], after[0], 32) && same_bits(before[1], after[1], 32) && same_bits(before[0], after[2], 32));
+    /* the file's bytes read again through the released mapping are intact */
+    CHECK(memcmp(map, img, total) == 0);
+    ekv_repack_arena_free(&arena);
+    ekv_repack_arena_free(NULL);
+    munmap(map, total);
+    free(wf);
+    free(img);
+    /* an arena of 2 MiB or more starts on a 2 MiB boundary (huge pages) */
+    const int64_t bn0 = 1024, bn1 = 1040;
+    const size_t bb = (size_t)(bn0 * bn1) * 2;
+    uint16_t *big = malloc(bb);
+    for (size_t i = 0; i < bb / 2; i++) big[i] = (uint16_t)(0x3C00u ^ (i & 0x3FFu));
+    char bpath[] = "/tmp/ekv-test-repack-big-XXXXXX";
+    const int bfd = mkstemp(bpath);
+    CHECK(bfd >= 0 && write(bfd, big, bb) == (ssize_t)bb);
+    void *bmap = bfd >= 0 ? mmap(NULL, bb, PROT_READ, MAP_PRIVATE, bfd, 0) : MAP_FAILED;
+    if (bfd >= 0) close(bfd);
+    unlink(bpath);
+    CHECK(bmap != MAP_FAILED);
+    if (bmap != MAP_FAILED) {
+        struct ekv_weight bw = {.type = EKV_F16, .ne0 = bn0, .ne1 = bn1, .row_bytes = (size_t)bn0 * 2, .data = bmap};
+        struct ekv_weight *bws[1] = {&bw};
+        CHECK_OK(ekv_weights_repack_mapped(bws, 1, &arena));
+        CHECK(arena.bytes == bb && ((uintptr_t)arena.base & (((uintptr_t)2 << 20) - 1)) == 0 && bw.data == arena.base);
+        CHECK(memcmp(bw.data, big, bb) == 0);
+        ekv_repack_arena_free(&arena);
+        munmap(bmap, bb);
+    }
+    free(big);
+}
+
 int main(void) {
     test_fp16();
     test_bf16();
@@ -738,6 +818,7 @@ int main(void) {
     test_codecs();
     test_layouts();
     test_products();
+    test_repack_mapped();
     test_ops();
     return test_finish("test_kernels");
 }

@@ -82,10 +82,13 @@ bool ekv_weight_can_repack(const struct ekv_weight *w);
 enum ekv_status ekv_weight_repack(struct ekv_weight *w, void *dst);
 /* Memory holding repacked weights (owned by whoever loaded the model). */
 struct ekv_repack_arena {
-    void *base;
+    void *base;       /* the weights: bytes of them from base */
     size_t bytes;
+    void *map;        /* the mapping holding them (base aligned to 2 MiB inside) */
+    size_t map_bytes;
 };
-/* Repacks the weights among ws[0..n) that can be (ekv_weight_can_repack)
+/* Repacks the weights among ws[0..n) that can be (ekv_weight_can_repack),
+ * and copies the F32/F16/BF16 ones unchanged (rows without padding),
  * into one new anonymous arena, and releases the pages of their old bytes
  * from the process when those lie in a read-only file mapping (madvise
  * MADV_DONTNEED: the file is re-read if they are ever touched again), so

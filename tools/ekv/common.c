@@ -100,7 +100,7 @@ static const struct cli_opt k_opts[] = {
     {R | E | S, G_MODEL, "--mmproj", NULL, "FILE", "vision tower (llama.cpp-style mmproj GGUF) for images", K_STR,
      OFF(mmproj), 0, 0, NULL, NULL, NULL, false},
     {R | E | B | S, G_MODEL, "--no-repack", NULL, NULL,
-     "keep Q8_0/Q4_0 matrices in the file's layout (default: interleaved\nat load for the int8 kernels; same memory)",
+     "read the matrices from the file mapping (default: moved to\nanonymous memory at load, Q8_0/Q4_0 interleaved for the int8\nkernels; one copy resident)",
      K_FLAG, OFF(no_repack), 0, 0, NULL, NULL, NULL, false},
     {R | E | S, G_MODEL, "-t, --threads", NULL, "N", "worker threads", K_LONG, OFF(threads), 1, 256, NULL, NULL,
      "online cores, at most 8", false},
