@@ -26,9 +26,7 @@
 #define EKV_INLINE static inline __attribute__((always_inline))
 #define RMAX 4
 #define TMAX 6
-#ifndef ROW_BLOCK
-#define ROW_BLOCK (256 * 1024)
-#endif
+#define ROW_BLOCK (256 * 1024) /* bytes of weight rows per prompt block (held in L2) */
 
 enum fkind { FK_F32, FK_F16, FK_BF16 };
 

@@ -22,7 +22,7 @@
 
 #define EKV_INLINE static inline __attribute__((always_inline))
 
-/* activation rows per cache block in the prefill kernels */
+/* bytes of weight rows per cache block in the prefill kernels (held in L2) */
 #define ROW_BLOCK (256 * 1024)
 
 /* ------------------------------------------------------------------ */
