@@ -433,13 +433,15 @@ static void test_products_type(enum ekv_dtype t, struct ekv_pool **pools) {
     const int bs = (int)ekv_dtype_get(t)->block_size;
     /* blocks of 3 and 37 (not multiples of 8 blocks); float types also get
      * 77 = 4*16 + 8 + 5 and 172 (stories260K's hidden size) to reach every tail */
-    int64_t ne0s[] = {bs == 256 ? 256 * 3 : 32 * 3, bs == 256 ? 256 : 64, bs == 256 ? 256 * 9 : 32 * 37, 0, 0};
+    int64_t ne0s[] = {bs == 256 ? 256 * 3 : 32 * 3, bs == 256 ? 256 : 64, bs == 256 ? 256 * 9 : 32 * 37, 0, 0, 0};
     if (bs == 1) {
         ne0s[3] = 77;
         ne0s[4] = 172;
+        ne0s[5] = 1101; /* 68*16 + 8 + 5: a long row with both tails */
     } else {
         ne0s[3] = bs;
         ne0s[4] = bs * 5;
+        ne0s[5] = bs * 2;
     }
     for (size_t a = 0; a < EKV_ARRAY_LEN(ne0s); a++) {
         for (size_t b = 0; b < EKV_ARRAY_LEN(ne1s); b++) {
