@@ -10,6 +10,18 @@
 #include <stdint.h>
 
 /* Sum of the 8 lanes, in a fixed order. */
+/* Prompt GEMMs (matmul_avx2.c, float_avx512.c) walk a thread's weight rows
+ * in blocks of about this many bytes, held in L2, so that every tile of
+ * activation rows (in L1) meets every row group of a block
+ * (docs/performance.md, "AMD AVX-512 host (Zen 5)"). */
+#define EKV_GEMM_ROW_BLOCK (256 * 1024)
+
+/* Rows per such block for rows of row_bytes: a multiple of group, at least one group. */
+static inline int64_t ekv_gemm_row_block(size_t row_bytes, int64_t group) {
+    const int64_t rb = (int64_t)(EKV_GEMM_ROW_BLOCK / (row_bytes ? row_bytes : 1)) / group * group;
+    return rb < group ? group : rb;
+}
+
 static inline float ekv_hsum8(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     lo = _mm_add_ps(lo, hi);

@@ -26,7 +26,6 @@
 #define EKV_INLINE static inline __attribute__((always_inline))
 #define RMAX 4
 #define TMAX 6
-#define ROW_BLOCK (256 * 1024) /* bytes of weight rows per prompt block (held in L2) */
 
 enum fkind { FK_F32, FK_F16, FK_BF16 };
 
@@ -166,7 +165,7 @@ EKV_INLINE void ftile_n(enum fkind k, int R, int T, int64_t n, const void *const
     }
 }
 
-/* Prompt: rows [r0, r1) in blocks of about ROW_BLOCK bytes of weights
+/* Prompt: rows [r0, r1) in blocks of about EKV_GEMM_ROW_BLOCK bytes of weights
  * (they stay in the L2 cache); in each block, every tile of TMAX
  * activation rows (in L1) meets every group of RMAX weight rows. Blocks of
  * 48 activation rows meeting a group of weight rows held in L1 instead
@@ -176,8 +175,7 @@ EKV_INLINE void fgemm(enum fkind k, const struct ekv_weight *w, int64_t r0, int6
                       int64_t n, float *y, int64_t ldy) {
     const void *wr[RMAX] = {NULL};
     const float *xr[TMAX] = {NULL};
-    int64_t rb = (int64_t)(ROW_BLOCK / (w->row_bytes ? w->row_bytes : 1)) / RMAX * RMAX;
-    if (rb < RMAX) rb = RMAX;
+    const int64_t rb = ekv_gemm_row_block(w->row_bytes, RMAX);
     for (int64_t b0 = r0; b0 < r1; b0 += rb) {
         const int64_t b1 = EKV_MIN(r1, b0 + rb);
         for (int64_t t = 0; t < n; t += TMAX) {

@@ -22,8 +22,6 @@
 
 #define EKV_INLINE static inline __attribute__((always_inline))
 
-/* bytes of weight rows per cache block in the prefill kernels (held in L2) */
-#define ROW_BLOCK (256 * 1024)
 
 /* ------------------------------------------------------------------ */
 /* Float weights (F32, F16, BF16): per output two 8-lane accumulators    */
@@ -214,14 +212,13 @@ EKV_INLINE void gemv_k(enum kind k, const struct ekv_weight *w, int64_t r0, int6
 }
 
 /* Tiles of 4 weight rows x 3 activation rows (smaller at the edges): rows
- * [r0, r1) in blocks of about ROW_BLOCK bytes of weights (held in L2), in
+ * [r0, r1) in blocks of about EKV_GEMM_ROW_BLOCK bytes of weights (held in L2), in
  * each block every tile of activation rows meets every group of weight
  * rows, as float_avx512.c does. */
 EKV_INLINE void gemm_k(enum kind k, const struct ekv_weight *w, int64_t r0, int64_t r1, const void *xa, size_t xs,
                        int64_t n, float *y, int64_t ldy) {
     float out[4][4];
-    int64_t rb = (int64_t)(ROW_BLOCK / (w->row_bytes ? w->row_bytes : 1)) / 4 * 4;
-    if (rb < 4) rb = 4;
+    const int64_t rb = ekv_gemm_row_block(w->row_bytes, 4);
     for (int64_t b0 = r0; b0 < r1; b0 += rb) {
         const int64_t b1 = EKV_MIN(r1, b0 + rb);
         for (int64_t t = 0; t < n; t += 3) {

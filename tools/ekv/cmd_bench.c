@@ -362,23 +362,20 @@ static bool bench_setup(struct bench *b) {
     return true;
 }
 
-/* Untimed, once per context: one decode step (pages every weight in) and,
- * when the grid reads prompts, one prompt of the longest -p (as
- * llama-bench warms up with its prompt): the context's first prompt of a
- * given length grows and first touches its row buffers and per-thread
+/* Untimed, once per context: when the grid reads prompts, one prompt of the
+ * longest -p (as llama-bench warms up with its prompt), then one decode
+ * step. The decode step pages every weight in; the context's first prompt
+ * of a given length grows and first touches its row buffers and per-thread
  * attention scratch, which on the 2-core AMD Zen 5 host made the first
  * 512-token repetition 30 % slower than the next ones (docs/performance.md). */
 static void bench_warmup(struct ekv_context *ctx, int32_t n_vocab, long max_p) {
     struct ekv_seq *w = NULL;
     float *lg = malloc((size_t)n_vocab * sizeof *lg);
     int32_t *toks = max_p > 0 ? malloc((size_t)max_p * sizeof *toks) : NULL;
-    if (lg && ekv_seq_new(ctx, NULL, &w) == EKV_OK) (void)ekv_seq_decode(w, 0, lg);
-    ekv_seq_free(w);
-    w = NULL;
-    if (lg && toks && ekv_seq_new(ctx, NULL, &w) == EKV_OK) {
+    if (lg && (max_p == 0 || toks) && ekv_seq_new(ctx, NULL, &w) == EKV_OK) {
         uint64_t seed = 0x3A3A;
         for (long j = 0; j < max_p; j++) toks[j] = (int32_t)(rng_next(&seed) % (uint64_t)n_vocab);
-        (void)ekv_seq_prefill(w, toks, (int32_t)max_p, lg);
+        if (max_p == 0 || ekv_seq_prefill(w, toks, (int32_t)max_p, lg) == EKV_OK) (void)ekv_seq_decode(w, 0, lg);
     }
     ekv_seq_free(w);
     free(toks);

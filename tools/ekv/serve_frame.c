@@ -47,9 +47,9 @@ static int refuse(struct srv_error *e, int status, const char *code, const char 
     return -1;
 }
 
-/* A field name [s, colon) is a token (RFC 9112 5.1: no whitespace before the colon). */
+/* A field name [s, colon) is a token (RFC 9112 5.1: no whitespace before the colon); the
+ * callers have refused an empty name already. */
 static bool field_name_ok(const char *s, const char *colon) {
-    if (colon == s) return false;
     for (const char *p = s; p < colon; p++)
         if (!is_tchar((unsigned char)*p)) return false;
     return true;
