@@ -1,6 +1,7 @@
 /*
  * avx2_util.h — small AVX2/FMA helpers shared by the *_avx2.c kernels
- * (horizontal sums, a vector expf, half-precision loads). Include only
+ * (horizontal sums, a vector expf, half-precision loads) and the row-block
+ * rule of the prompt GEMMs (also used by float_avx512.c). Include only
  * from files compiled with -mavx2 -mfma -mf16c.
  */
 #ifndef EKV_AVX2_UTIL_H
@@ -9,7 +10,6 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-/* Sum of the 8 lanes, in a fixed order. */
 /* Prompt GEMMs (matmul_avx2.c, float_avx512.c) walk a thread's weight rows
  * in blocks of about this many bytes, held in L2, so that every tile of
  * activation rows (in L1) meets every row group of a block
@@ -22,6 +22,7 @@ static inline int64_t ekv_gemm_row_block(size_t row_bytes, int64_t group) {
     return rb < group ? group : rb;
 }
 
+/* Sum of the 8 lanes, in a fixed order. */
 static inline float ekv_hsum8(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     lo = _mm_add_ps(lo, hi);

@@ -22,7 +22,6 @@
 
 #define EKV_INLINE static inline __attribute__((always_inline))
 
-
 /* ------------------------------------------------------------------ */
 /* Float weights (F32, F16, BF16): per output two 8-lane accumulators    */
 /* over 16 columns per step, one 8-column step, then scalars.           */
