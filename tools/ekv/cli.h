@@ -180,11 +180,13 @@ void cli_print_help(FILE *out, const struct cli_params *p, const struct cli_help
 bool cli_set_option(struct cli_params *p, const char *name, const char *value, char *err, size_t errn);
 
 /* The policy-name check every command uses: NULL when `name` is in the
- * library's registry, else a static message listing the known names. */
+ * library's registry, else a message listing the known names, in a buffer
+ * of the calling thread (valid until its next call there). */
 const char *cli_check_policy(const char *name);
 /* Storage types: "T" (keys and values) or "K/V"; false with a message in err. */
 bool cli_parse_kv_types(const char *v, enum ekv_kv_type *tk, enum ekv_kv_type *tv, char *err, size_t n);
-/* cli_parse_kv_types as a K_STR/K_LIST_STR check: NULL or a static message. */
+/* cli_parse_kv_types as a K_STR/K_LIST_STR check: NULL or a message in a
+ * buffer of the calling thread. */
 const char *cli_check_kv_type(const char *v);
 
 /* ------------------------------------------------------------------ */

@@ -405,8 +405,12 @@ static const struct cli_opt k_opts[] = {
 /* checks and custom handlers                                           */
 /* ------------------------------------------------------------------ */
 
+/* A check's message lives in a buffer of the calling thread: the server
+ * checks each request's "kv" fields with these on its connection threads,
+ * at the same time (one static buffer was written by two of them). */
+
 const char *cli_check_policy(const char *name) {
-    static char msg[512];
+    static _Thread_local char msg[512];
     for (int i = 0; i < ekv_kv_policy_count(); i++)
         if (name && strlen(ekv_kv_policy_name(i)) == strcspn(name, ":+") &&
             !strncmp(name, ekv_kv_policy_name(i), strcspn(name, ":+")))
@@ -419,7 +423,7 @@ const char *cli_check_policy(const char *name) {
 }
 
 static const char *check_rope_scaling(const char *v) {
-    static char msg[160];
+    static _Thread_local char msg[160];
     if (!strcmp(v, "none") || !strcmp(v, "linear") || !strcmp(v, "yarn")) return NULL;
     snprintf(msg, sizeof msg, "unknown RoPE scaling '%.64s' (known: none, linear, yarn)", v);
     return msg;
@@ -434,7 +438,7 @@ static const char *check_device(const char *v) {
 }
 
 static const char *check_template(const char *v) {
-    static char msg[512];
+    static _Thread_local char msg[512];
     size_t n;
     if (ekv_chat_apply(v, NULL, 0, false, NULL, 0, &n) == EKV_OK) return NULL; /* a name or an alias */
     size_t used = (size_t)snprintf(msg, sizeof msg, "unknown chat template '%.64s' (known:", v);
@@ -572,7 +576,7 @@ bool cli_parse_kv_types(const char *v, enum ekv_kv_type *tk, enum ekv_kv_type *t
 }
 
 const char *cli_check_kv_type(const char *v) {
-    static char msg[256];
+    static _Thread_local char msg[256];
     enum ekv_kv_type a, b;
     return cli_parse_kv_types(v, &a, &b, msg, sizeof msg) ? NULL : msg;
 }
@@ -759,7 +763,7 @@ static bool apply(struct cli_params *p, const struct cli_opt *o, const char *opt
 
 /* Two rows with a common spelling must not share a command. */
 static const char *table_conflict(void) {
-    static char msg[160];
+    static _Thread_local char msg[160];
     const size_t n = sizeof k_opts / sizeof k_opts[0];
     for (size_t i = 0; i < n; i++)
         for (size_t j = i + 1; j < n; j++) {

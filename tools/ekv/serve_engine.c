@@ -97,9 +97,15 @@ static void active_finish_locked(struct srv *srv, struct srv_job *j) {
     job_finish_locked(srv, j);
 }
 
-static void job_error(struct srv_job *j, int status, const char *what, enum ekv_status s) {
+/* Sets j's error from the engine thread, which holds no lock while it
+ * computes: under the lock, because a stream's thread may be reading
+ * j->err (an error event made between the status and the message being
+ * written went out with an empty message). */
+static void job_error(struct srv *srv, struct srv_job *j, int status, const char *what, enum ekv_status s) {
+    pthread_mutex_lock(&srv->mu);
     srv_fail(&j->err, status, status >= 500 ? "server_error" : "invalid_request_error", NULL, NULL, "%s: %s: %s",
              what, ekv_status_str(s), ekv_last_error());
+    pthread_mutex_unlock(&srv->mu);
 }
 
 /* ------------------------------------------------------------------ */
@@ -377,6 +383,7 @@ struct token_out {
     size_t n;
     const char *finish; /* NULL: goes on */
     bool gen;           /* a token was generated (not: the end of text, an error, n_predict 0) */
+    double t_prompt;    /* > 0: the prompt was read then (the job's t_prompt_done and t_first) */
     int32_t tok;        /* which, when gen */
     struct ekv_token_logprob lp[1 + SRV_MAX_TOP_LOGPROBS]; /* with req.logprobs >= 0: the token's, then its top */
 };
@@ -387,6 +394,7 @@ static void take_token(struct srv *srv, struct srv_job *j, const float *logits, 
     o->n = 0;
     o->finish = NULL;
     o->gen = false;
+    o->t_prompt = 0;
     int32_t t = ekv_sampler_sample(j->smp, logits, srv->mi.n_vocab);
     if (!j->req.ignore_eos && ekv_token_is_eog(srv->model, t)) {
         o->finish = "stop";
@@ -397,12 +405,12 @@ static void take_token(struct srv *srv, struct srv_job *j, const float *logits, 
         o->lp[0].token = t;
         ekv_logprobs(logits, srv->mi.n_vocab, t, j->req.logprobs, o->lp + 1, &o->lp[0].logprob);
     }
-    j->n_gen++;
     j->next = t;
     o->gen = true;
     o->tok = t;
     ekv_sampler_accept(j->smp, t);
-    if (j->n_gen >= j->req.max_tokens || ekv_seq_n_seen(j->seq) + 1 > srv->cfg.n_ctx) o->finish = "length";
+    /* j->n_gen counts it under the lock (engine_main): HTTP threads read it for timings */
+    if (j->n_gen + 1 >= j->req.max_tokens || ekv_seq_n_seen(j->seq) + 1 > srv->cfg.n_ctx) o->finish = "length";
 }
 
 /* The longest suffix of text that is a proper prefix of a stop string. */
@@ -485,19 +493,15 @@ static bool publish_locked(struct srv *srv, struct token_out *o) {
 static bool step_prefill(struct srv *srv, struct srv_job *j, float *logits, struct token_out *o) {
     enum ekv_status s = EKV_OK;
     if (!j->seq && (s = job_start(srv, j)) != EKV_OK) {
-        job_error(j, s == EKV_ERR_NOMEM ? 503 : 400, "cannot start the sequence", s);
-        o->job = j;
-        o->n = 0;
-        o->finish = "error";
+        job_error(srv, j, s == EKV_ERR_NOMEM ? 503 : 400, "cannot start the sequence", s);
+        *o = (struct token_out){.job = j, .finish = "error"};
         return true;
     }
     bool done = false;
     s = ekv_prefill_step(j->prefill, srv->mi.n_layer, logits, &done);
     if (s != EKV_OK) {
-        job_error(j, 500, "prompt", s);
-        o->job = j;
-        o->n = 0;
-        o->finish = "error";
+        job_error(srv, j, 500, "prompt", s);
+        *o = (struct token_out){.job = j, .finish = "error"};
         return true;
     }
     if (!done) return false;
@@ -507,20 +511,19 @@ static bool step_prefill(struct srv *srv, struct srv_job *j, float *logits, stru
         const int32_t from = j->req.bounds[j->part++];
         if (j->part == j->req.n_bounds && j->pkey.ids) srv_prefix_put(srv, &j->pkey, j->seq);
         if ((s = prompt_start(srv, j, from, part_end(j))) != EKV_OK) {
-            job_error(j, 500, "prompt", s);
-            o->job = j;
-            o->n = 0;
-            o->finish = "error";
+            job_error(srv, j, 500, "prompt", s);
+            *o = (struct token_out){.job = j, .finish = "error"};
             return true;
         }
         return false;
     }
-    j->t_prompt_done = j->t_first = cli_now();
+    const double now = cli_now(); /* the job's times are set under the lock (engine_main) */
     if (j->req.max_tokens == 0) { /* native n_predict 0: the prompt read, nothing generated */
-        *o = (struct token_out){.job = j, .finish = "length"};
+        *o = (struct token_out){.job = j, .finish = "length", .t_prompt = now};
         return true;
     }
     take_token(srv, j, logits, o);
+    o->t_prompt = now;
     return true;
 }
 
@@ -560,7 +563,7 @@ static void step_decode(struct srv *srv, struct engine_buf *b, int n) {
     enum ekv_status s = ekv_decode_batch(srv->ctx, b->seqs, b->toks, n, b->logits);
     for (int i = 0; i < n; i++) {
         if (s != EKV_OK) {
-            job_error(b->jobs[i], 500, "decode", s);
+            job_error(srv, b->jobs[i], 500, "decode", s);
             b->outs[i] = (struct token_out){.job = b->jobs[i], .finish = "error"};
         } else {
             take_token(srv, b->jobs[i], b->logits + (size_t)i * srv->mi.n_vocab, &b->outs[i]);
@@ -651,6 +654,8 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < n_out; i++) {
             struct token_out *o = &b.outs[i];
             struct srv_job *j = o->job;
+            if (o->gen) j->n_gen++;
+            if (o->t_prompt > 0) j->t_prompt_done = j->t_first = o->t_prompt;
             bool end = o->finish && !strcmp(o->finish, "error");
             if (!end) end = publish_locked(srv, o);
             if (j->state == JOB_PREFILL) j->state = JOB_RUNNING;

@@ -42,7 +42,7 @@ struct srv_http {
     struct MHD_Daemon *d;
     struct srv *srv;
     struct srv_door *door; /* accepts, screens every request, relays between the clients and d */
-    pthread_mutex_t mu;    /* streams, stop */
+    pthread_mutex_t mu;    /* streams, stop; taken after srv->mu, never before it (TSan: lock order) */
     pthread_cond_t cv;
     struct stream *streams; /* open streams (the stall watch's list) */
     pthread_t watch;
@@ -743,6 +743,7 @@ static void *watch_main(void *arg) {
         const struct timespec ts = deadline_in_ms(500);
         pthread_cond_timedwait(&h->cv, &h->mu, &ts);
         const double now = cli_now();
+        uint64_t stalled = 0;
         for (struct stream *s = h->streams; s && !h->stop; s = s->next) {
             int q = 0;
             if (s->dropped || s->watch.fd < 0 || ioctl(s->watch.fd, TIOCOUTQ, &q) != 0) continue;
@@ -754,9 +755,14 @@ static void *watch_main(void *arg) {
             if (now - s->progress_at < limit) continue;
             s->dropped = true;
             shutdown(s->watch.fd, SHUT_RDWR);
+            stalled++;
+        }
+        if (stalled) { /* the counter is under srv->mu, which is taken before h->mu (stream_next): not inside it */
+            pthread_mutex_unlock(&h->mu);
             pthread_mutex_lock(&h->srv->mu);
-            h->srv->st.streams_stalled++;
+            h->srv->st.streams_stalled += stalled;
             pthread_mutex_unlock(&h->srv->mu);
+            pthread_mutex_lock(&h->mu);
         }
     }
     pthread_mutex_unlock(&h->mu);
