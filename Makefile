@@ -8,4 +8,4 @@ demo:
 test:
 	./scripts/test.sh
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-tsan

@@ -229,6 +229,11 @@ static int read_stream(enum req_kind k, char *why, size_t why_n) {
         cJSON *o = cJSON_Parse(ev);
         if (!o) return snprintf(why, why_n, "an event that is not JSON: %.60s", ev), -1;
         const char *msg = error_message(o);
+        if (!msg && cJSON_GetObjectItemCaseSensitive(o, "error")) {
+            snprintf(why, why_n, "an error event without a message: %.80s", ev);
+            cJSON_Delete(o);
+            return -1;
+        }
         if (msg) {
             if (!aw_msg[0]) snprintf(aw_msg, sizeof aw_msg, "stream error event: %s", msg);
             cJSON_Delete(o);
@@ -256,6 +261,19 @@ static int read_stream(enum req_kind k, char *why, size_t why_n) {
     return 1;
 }
 
+/* What each request added to the checksum and the text it hashed, in the
+ * run without failures (aw_failing() == 0) and in the run now going on: a
+ * run that succeeds with other results names the request that differs. */
+#define REQS_MAX 32
+#define SHOWN_MAX 200
+static double g_ref_sum[REQS_MAX];
+static char g_ref_text[REQS_MAX][SHOWN_MAX];
+static char g_last_text[SHOWN_MAX];
+
+static void keep_text(const char *t, size_t n) {
+    snprintf(g_last_text, sizeof g_last_text, "%.*s", (int)(n < SHOWN_MAX - 1 ? n : SHOWN_MAX - 1), t);
+}
+
 /* One request: adds to *sum; 1 as expected, 0 a clean error (aw_msg set),
  * -1 a defect (printed). */
 static int one_request(int port, const struct req *q, int i, double *sum) {
@@ -273,12 +291,13 @@ static int one_request(int port, const struct req *q, int i, double *sum) {
         return -1;
     }
     *sum += st * (i + 1);
+    g_last_text[0] = 0;
     if (q->kind == RK_TEXT && st == q->want) return bl > 0 ? 1 : -1;
     const bool stream =
         (q->kind == RK_STREAM_CHAT || q->kind == RK_STREAM_COMPLETION || q->kind == RK_STREAM_NATIVE) && st == 200;
     if (stream) {
         const int r = read_stream(q->kind, why, sizeof why);
-        if (r > 0) *sum += hash_of(g_text, strlen(g_text));
+        if (r > 0) *sum += hash_of(g_text, strlen(g_text)), keep_text(g_text, strlen(g_text));
         if (r < 0) fprintf(stderr, "  request %d (%s %s): 200 stream: %s\n", i, q->method, q->path, why);
         return r;
     }
@@ -290,7 +309,7 @@ static int one_request(int port, const struct req *q, int i, double *sum) {
         const char *t = q->kind == RK_JSON ? g_body : completion_text(o, q->kind);
         if (t) {
             /* JSON bodies other than completions: only their shape counts (ids, times, counters vary) */
-            if (q->kind != RK_JSON) *sum += hash_of(t, strlen(t));
+            if (q->kind != RK_JSON) *sum += hash_of(t, strlen(t)), keep_text(t, strlen(t));
             r = 1;
         } else {
             snprintf(why, sizeof why, "200 without a completion's text: %.60s", g_body);
@@ -391,7 +410,18 @@ static enum ekv_status sc_http(void *argp, double *sum) {
     }
     bool defect = false;
     for (int i = 0; up && i < a->n_reqs; i++) {
+        const double before = *sum;
         const int r = one_request(port, &a->reqs[i], i, sum);
+        if (r > 0 && i < REQS_MAX && !aw_failing()) {
+            g_ref_sum[i] = *sum - before;
+            memcpy(g_ref_text[i], g_last_text, SHOWN_MAX);
+        } else if (r > 0 && i < REQS_MAX && *sum - before != g_ref_sum[i]) {
+            fprintf(stderr, "  allocation %ld failed: request %d (%s %s) answered \"%s\", without failures \"%s\"; "
+                            "the answer: \"",
+                    aw_failing(), i, a->reqs[i].method, a->reqs[i].path, g_last_text, g_ref_text[i]);
+            for (const char *c = g_resp; *c && c < g_resp + 2000; c++) fputc(*c >= ' ' ? *c : '.', stderr);
+            fputs("\"\n", stderr);
+        }
         if (r < 0) defect = true;
         if (r <= 0 && s == EKV_OK) s = EKV_ERR_NOMEM;
     }

@@ -32,11 +32,18 @@ extern bool aw_defect;
 /* Summed over every walk so far. */
 extern long aw_sites, aw_clean, aw_absorbed;
 
+/* The allocation that fails in the run now going on (0: the first run,
+ * without failures): a scenario keeps that run's results to name what
+ * differs in a later one. */
+long aw_failing(void);
+
 /* Walks scenario fn (a CHECK per walk; a line on stdout with the counts).
  * Progress on stderr when $EKV_ALLOC_FAIL_PROGRESS is set (or the GPU
  * walk's $EKV_ALLOC_FAIL_GPU); $EKV_ALLOC_FAIL_FROM=N then resumes at N,
  * $EKV_ALLOC_FAIL_TO=M stops after M, $EKV_ALLOC_FAIL_TRACE=1 prints the call
- * stack of each failing allocation, $EKV_ALLOC_FAIL_MSGS=1 each error's message. */
+ * stack of each failing allocation, $EKV_ALLOC_FAIL_MSGS=1 each error's message;
+ * $EKV_ALLOC_FAIL_STRIDE=k fails every k-th allocation only (1, 1+k, ...). A run that succeeds
+ * with other results prints the failed allocation's call stack. */
 void aw_walk(const char *name, aw_scenario fn, void *arg);
 
 /* The unwrapped allocator, for a test's own buffers (not failure sites). */
