@@ -270,7 +270,10 @@ static double g_ref_sum[REQS_MAX];
 static char g_ref_text[REQS_MAX][SHOWN_MAX];
 static char g_last_text[SHOWN_MAX];
 
-static void keep_text(const char *t, size_t n) {
+/* Adds text t to the checksum and keeps its start for the message above. */
+static void count_text(double *sum, const char *t) {
+    const size_t n = strlen(t);
+    *sum += hash_of(t, n);
     snprintf(g_last_text, sizeof g_last_text, "%.*s", (int)(n < SHOWN_MAX - 1 ? n : SHOWN_MAX - 1), t);
 }
 
@@ -297,7 +300,7 @@ static int one_request(int port, const struct req *q, int i, double *sum) {
         (q->kind == RK_STREAM_CHAT || q->kind == RK_STREAM_COMPLETION || q->kind == RK_STREAM_NATIVE) && st == 200;
     if (stream) {
         const int r = read_stream(q->kind, why, sizeof why);
-        if (r > 0) *sum += hash_of(g_text, strlen(g_text)), keep_text(g_text, strlen(g_text));
+        if (r > 0) count_text(sum, g_text);
         if (r < 0) fprintf(stderr, "  request %d (%s %s): 200 stream: %s\n", i, q->method, q->path, why);
         return r;
     }
@@ -309,7 +312,7 @@ static int one_request(int port, const struct req *q, int i, double *sum) {
         const char *t = q->kind == RK_JSON ? g_body : completion_text(o, q->kind);
         if (t) {
             /* JSON bodies other than completions: only their shape counts (ids, times, counters vary) */
-            if (q->kind != RK_JSON) *sum += hash_of(t, strlen(t)), keep_text(t, strlen(t));
+            if (q->kind != RK_JSON) count_text(sum, t);
             r = 1;
         } else {
             snprintf(why, sizeof why, "200 without a completion's text: %.60s", g_body);

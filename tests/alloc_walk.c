@@ -88,8 +88,8 @@ void aw_walk(const char *name, aw_scenario fn, void *arg) {
     g_trace = progress && getenv("EKV_ALLOC_FAIL_TRACE");
     const bool msgs = progress && getenv("EKV_ALLOC_FAIL_MSGS"); /* each clean error's message */
     /* every k-th allocation only (the ThreadSanitizer build, ~10x slower, walks a sample) */
-    const long stride = getenv("EKV_ALLOC_FAIL_STRIDE") && atol(getenv("EKV_ALLOC_FAIL_STRIDE")) > 1
-                            ? atol(getenv("EKV_ALLOC_FAIL_STRIDE")) : 1;
+    const char *every = getenv("EKV_ALLOC_FAIL_STRIDE");
+    const long stride = every && atol(every) > 1 ? atol(every) : 1;
     long runs = 0;
     for (long n = from ? atol(from) : 1; n <= (to && atol(to) < total ? atol(to) : total); n += stride) {
         runs++;
